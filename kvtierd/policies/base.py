@@ -1,0 +1,94 @@
+"""The placer interface and its registry.
+
+A placer decides, for every context, its placement ``(variant, tier)`` or ``dropped``, and
+answers each change with a :class:`~kvtierd.types.Plan` that the engine carries out. Placers
+are pure Python + numpy (no torch): the engine owns bytes, the placer owns decisions.
+
+Contract with the engine:
+
+* the engine calls :meth:`Placer.insert` when a context is new or its profile changed (it grew,
+  or was re-profiled) and executes the returned plan in order;
+* :meth:`Placer.access` records a hit (recency/frequency) and may return a plan (promotion);
+* :meth:`Placer.remove` forgets a context a client deleted;
+* :meth:`Placer.rebalance` recomputes every placement from scratch (after re-profiling);
+* executing a plan in order never puts a tier over its capacity.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from kvtierd.types import ContextProfile, Placement, Plan, TierModel
+
+
+@dataclass(frozen=True, slots=True)
+class PlacerParams:
+    """Knobs shared by placers; each placer reads the ones it needs.
+
+    ``alpha`` is EvicPress's quality weight in 1/seconds (utility = (alpha*quality - ttft_s)
+    * frequency); ``fixed_variant`` is the variant the ``fixed`` baseline applies.
+    """
+
+    alpha: float = 1.0
+    fixed_variant: str = ""
+
+
+class Placer(abc.ABC):
+    """Base of every placer; subclasses set ``name`` and are registered in ``PLACERS``."""
+
+    name: ClassVar[str]
+
+    def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
+        if not tiers:
+            raise ValueError("a placer needs at least one tier")
+        self.tiers: tuple[TierModel, ...] = tuple(tiers)
+        self.params = params or PlacerParams()
+
+    @abc.abstractmethod
+    def insert(self, profile: ContextProfile) -> Plan:
+        """Place a new context, or re-place one whose profile changed."""
+
+    @abc.abstractmethod
+    def access(self, context_id: str, now_s: float) -> Plan:
+        """Record a hit on a context; may return a plan (e.g. a promotion)."""
+
+    @abc.abstractmethod
+    def remove(self, context_id: str) -> None:
+        """Forget a context whose bytes the engine already deleted."""
+
+    @abc.abstractmethod
+    def placement(self, context_id: str) -> Placement:
+        """The context's current placement; raises ``KeyError`` for an unknown context."""
+
+    @abc.abstractmethod
+    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
+        """Recompute all placements from these profiles (every known context is included)."""
+
+
+PLACERS: dict[str, type[Placer]] = {}
+
+
+def register_placer(cls: type[Placer]) -> type[Placer]:
+    """Class decorator: add a placer to the registry under its ``name``."""
+    if not issubclass(cls, Placer):
+        raise TypeError(f"{cls!r} is not a Placer")
+    if cls.name in PLACERS:
+        raise ValueError(f"placer {cls.name!r} is already registered by {PLACERS[cls.name]!r}")
+    PLACERS[cls.name] = cls
+    return cls
+
+
+def placer_class(name: str) -> type[Placer]:
+    """Look a placer up by name; an unknown name lists the known ones."""
+    # Importing the package registers the built-in placers.
+    import kvtierd.policies  # noqa: F401
+
+    base = name.split(":", 1)[0]
+    try:
+        return PLACERS[base]
+    except KeyError:
+        known = ", ".join(sorted(PLACERS))
+        raise ValueError(f"unknown placer {name!r}; known placers: {known}") from None

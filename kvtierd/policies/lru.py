@@ -1,0 +1,162 @@
+"""``lru``: eviction only, no compression — the daemon's first placer and a paper baseline.
+
+New and re-accessed contexts go to the fastest tier; when a tier overflows, its least recently
+used contexts move one tier down; the last tier drops them (an unbounded tier keeps all).
+Pinned contexts are never moved down. Every operation is O(1) amortised (ordered dicts).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.types import (
+    DROPPED,
+    ORIGINAL_VARIANT,
+    ContextProfile,
+    Operation,
+    OpKind,
+    Placement,
+    Plan,
+    TierModel,
+)
+
+
+@dataclass(slots=True)
+class _Entry:
+    size_bytes: int
+    tier: int
+    pinned: bool
+
+
+@register_placer
+class LruPlacer(Placer):
+    name = "lru"
+
+    def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
+        super().__init__(tiers, params)
+        self._entries: dict[str, _Entry] = {}
+        # One recency list per tier, least recently used first.
+        self._lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in self.tiers]
+        self._used = [0] * len(self.tiers)
+
+    def _fits_anywhere(self, size_bytes: int) -> bool:
+        return any(t.capacity_bytes is None or size_bytes <= t.capacity_bytes for t in self.tiers)
+
+    def insert(self, profile: ContextProfile) -> Plan:
+        size = profile.variant(ORIGINAL_VARIANT).size_bytes
+        cid = profile.context_id
+        old = self._entries.get(cid)
+        source = self.placement(cid) if old else DROPPED
+        if old is not None:
+            self._detach(cid, old)
+        if not self._fits_anywhere(size):
+            self._entries.pop(cid, None)
+            op = Operation(OpKind.DROP, cid, source, DROPPED, "larger than every tier")
+            return Plan((op,)) if old is not None else Plan()
+        entry = _Entry(size, self._first_tier_for(size), profile.pinned)
+        self._attach(cid, entry)
+        target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+        kind = OpKind.PLACE if old is None else OpKind.MOVE
+        ops = [] if source == target else [Operation(kind, cid, source, target, "most recent")]
+        return Plan(tuple(ops)) + self._spill(entry.tier, protect=cid)
+
+    def access(self, context_id: str, now_s: float) -> Plan:
+        entry = self._entries.get(context_id)
+        if entry is None:
+            return Plan()
+        if entry.tier == 0 or entry.pinned:
+            self._lru[entry.tier].move_to_end(context_id)
+            return Plan()
+        source = self.placement(context_id)
+        self._detach(context_id, entry)
+        entry.tier = self._first_tier_for(entry.size_bytes)
+        self._attach(context_id, entry)
+        target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+        if source == target:
+            return Plan()
+        op = Operation(OpKind.MOVE, context_id, source, target, "promoted on access")
+        return Plan((op,)) + self._spill(entry.tier, protect=context_id)
+
+    def remove(self, context_id: str) -> None:
+        entry = self._entries.pop(context_id, None)
+        if entry is not None:
+            self._detach(context_id, entry)
+
+    def placement(self, context_id: str) -> Placement:
+        entry = self._entries[context_id]
+        return Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+
+    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
+        before = {cid: self.placement(cid) for cid in self._entries}
+        self._entries.clear()
+        self._lru = [OrderedDict() for _ in self.tiers]
+        self._used = [0] * len(self.tiers)
+        plan = Plan()
+        for profile in sorted(profiles, key=lambda p: p.last_access_s):
+            plan = plan + self.insert(profile)
+        # Express the result relative to what was placed before the rebalance.
+        ops = []
+        for cid, source in before.items():
+            target = self.placement(cid) if cid in self._entries else DROPPED
+            if source != target:
+                kind = OpKind.DROP if target.dropped else OpKind.MOVE
+                ops.append(Operation(kind, cid, source, target, "rebalance"))
+        for cid, entry in self._entries.items():
+            if cid not in before:
+                target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+                ops.append(Operation(OpKind.PLACE, cid, DROPPED, target, "rebalance"))
+        return Plan(tuple(ops))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _first_tier_for(self, size_bytes: int) -> int:
+        for i, tier in enumerate(self.tiers):
+            if tier.capacity_bytes is None or size_bytes <= tier.capacity_bytes:
+                return i
+        raise AssertionError("caller checked _fits_anywhere")
+
+    def _attach(self, cid: str, entry: _Entry) -> None:
+        self._entries[cid] = entry
+        self._lru[entry.tier][cid] = None
+        self._used[entry.tier] += entry.size_bytes
+
+    def _detach(self, cid: str, entry: _Entry) -> None:
+        del self._lru[entry.tier][cid]
+        self._used[entry.tier] -= entry.size_bytes
+
+    def _over(self, tier: int) -> bool:
+        cap = self.tiers[tier].capacity_bytes
+        return cap is not None and self._used[tier] > cap
+
+    def _spill(self, tier: int, protect: str) -> Plan:
+        """Move least recently used contexts down until every tier from ``tier`` fits."""
+        ops: list[Operation] = []
+        for level in range(tier, len(self.tiers)):
+            victims = (c for c in list(self._lru[level]) if c != protect)
+            while self._over(level):
+                cid = next(victims, None)
+                if cid is None:
+                    break  # only pinned or protected contexts left: nothing movable
+                entry = self._entries[cid]
+                if entry.pinned:
+                    continue
+                ops.append(self._demote(cid, entry, level))
+        return Plan(tuple(ops))
+
+    def _demote(self, cid: str, entry: _Entry, level: int) -> Operation:
+        source = Placement(ORIGINAL_VARIANT, self.tiers[level].name)
+        self._detach(cid, entry)
+        below = level + 1
+        while below < len(self.tiers):
+            cap = self.tiers[below].capacity_bytes
+            if cap is None or entry.size_bytes <= cap:
+                entry.tier = below
+                self._attach(cid, entry)
+                target = Placement(ORIGINAL_VARIANT, self.tiers[below].name)
+                return Operation(OpKind.MOVE, cid, source, target, "least recently used")
+            below += 1
+        del self._entries[cid]
+        return Operation(OpKind.DROP, cid, source, DROPPED, "least recently used, last tier full")
