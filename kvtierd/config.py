@@ -1,0 +1,268 @@
+"""Daemon configuration: typed, frozen, validated from YAML with errors that name file:line.
+
+``load_daemon_config(path)`` reads ``configs/kvtierd.yaml``-style files; ``default_config()``
+is the embedded default used by ``kvtierd serve`` without ``--config``: a CPU tier sized from
+available memory, an SSD tier in the data dir, a GPU tier only when CUDA is present.
+Every key is documented in docs/configuration.md; unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvtierd.errors import ConfigError
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}  # fmt: skip
+
+
+def parse_size(value: object, where: str = "size") -> int:
+    """``"64MiB"`` / ``"8GB"`` / ``1048576`` -> bytes."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a size like 8GiB or a byte count, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{where}: size must be >= 0, got {value}")
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "B").lower()
+            return int(float(m.group(1)) * _UNITS[unit])
+    raise ConfigError(
+        f"{where}: expected a size like 8GiB, 512MiB, 10GB or a byte count, got {value!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """One tier. ``kind`` picks the implementation (cpu, ssd, gpu, remote); ``options`` holds
+    kind-specific settings, each documented with its tier."""
+
+    name: str
+    kind: str
+    capacity_bytes: int
+    path: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: str
+    key_file: str
+    client_ca_file: str = ""  # set to require mutual TLS
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonConfig:
+    """The daemon's settings. ``socket_path`` is always served (mode 0600); ``tcp_address``
+    only when set, and then ``tls`` and a token are required."""
+
+    socket_path: str
+    data_dir: str
+    tiers: tuple[TierConfig, ...]
+    tcp_address: str = ""
+    tls: TlsConfig | None = None
+    token_file: str = ""
+    placer: str = "lru"
+    lease_s: float = 30.0
+    allocation_timeout_s: float = 60.0
+    max_object_bytes: int = 4 << 30
+    metrics_port: int = 0
+    log_json: bool = False
+
+    def tier(self, name: str) -> TierConfig:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        known = ", ".join(t.name for t in self.tiers)
+        raise ConfigError(f"no tier named {name!r}; configured tiers: {known}")
+
+
+def runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/kvtierd-{os.getuid()}"
+    return Path(base) / "kvtierd" if os.environ.get("XDG_RUNTIME_DIR") else Path(base)
+
+
+def data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "kvtierd"
+
+
+def _available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def default_config() -> DaemonConfig:
+    """The embedded default: CPU tier = 25% of available memory (at most 64 GiB), SSD tier =
+    64 GiB (at most half the free space) under the data dir, GPU tier only with CUDA."""
+    data = data_dir()
+    cpu_bytes = min(_available_memory_bytes() // 4, 64 << 30)
+    ssd_path = data / "ssd"
+    probe = ssd_path if ssd_path.exists() else data.parent if data.parent.exists() else Path("/")
+    st = os.statvfs(probe)
+    ssd_bytes = min(64 << 30, st.f_bavail * st.f_frsize // 2)
+    tiers = [
+        TierConfig("cpu", "cpu", cpu_bytes),
+        TierConfig("ssd", "ssd", ssd_bytes, str(ssd_path)),
+    ]
+    if _cuda_available():
+        tiers.insert(0, TierConfig("gpu", "gpu", 4 << 30))
+    return DaemonConfig(
+        socket_path=str(runtime_dir() / "kvtierd.sock"), data_dir=str(data), tiers=tuple(tiers)
+    )
+
+
+# -- YAML loading ---------------------------------------------------------------------------
+
+
+class _Source:
+    """Remembers the file and line of every mapping key so errors can point at them."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.lines: dict[tuple[str, ...], int] = {}
+        try:
+            node = yaml.compose(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        if node is not None:
+            self._walk(node, ())
+
+    def _walk(self, node: yaml.Node, at: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = (*at, str(k.value))
+                self.lines[key] = k.start_mark.line + 1
+                self._walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self.lines[(*at, str(i))] = v.start_mark.line + 1
+                self._walk(v, (*at, str(i)))
+
+    def where(self, at: tuple[str, ...]) -> str:
+        for n in range(len(at), 0, -1):
+            if at[:n] in self.lines:
+                return f"{self.path}:{self.lines[at[:n]]}: {'.'.join(at)}"
+        return f"{self.path}: {'.'.join(at) or '(top level)'}"
+
+
+def _check_keys(raw: dict[str, Any], allowed: set[str], src: _Source, at: tuple[str, ...]) -> None:
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(
+                f"{src.where((*at, key))}: unknown key; allowed keys: {', '.join(sorted(allowed))}"
+            )
+
+
+def _tier(raw: object, src: _Source, at: tuple[str, ...]) -> TierConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{src.where(at)}: a tier must be a mapping with name, kind, capacity")
+    _check_keys(raw, {"name", "kind", "capacity", "path", "options"}, src, at)
+    for key in ("name", "kind", "capacity"):
+        if key not in raw:
+            raise ConfigError(f"{src.where(at)}: tier is missing required key {key!r}")
+    options = raw.get("options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"{src.where((*at, 'options'))}: must be a mapping")
+    return TierConfig(
+        name=str(raw["name"]),
+        kind=str(raw["kind"]),
+        capacity_bytes=parse_size(raw["capacity"], src.where((*at, "capacity"))),
+        path=str(raw.get("path", "")),
+        options=dict(options),
+    )
+
+
+def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
+    """Read and validate a daemon config file; missing keys take the embedded defaults."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+    src = _Source(str(p), text)
+    raw = yaml.safe_load(text) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of settings")
+    base = default_config()
+    names = {f.name for f in fields(DaemonConfig)}
+    _check_keys(raw, names, src, ())
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "tiers":
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"{src.where(('tiers',))}: must be a non-empty list of tiers")
+            tiers = tuple(_tier(t, src, ("tiers", str(i))) for i, t in enumerate(value))
+            seen: set[str] = set()
+            for i, t in enumerate(tiers):
+                if t.name in seen:
+                    where = src.where(("tiers", str(i), "name"))
+                    raise ConfigError(f"{where}: duplicate tier name {t.name!r}")
+                seen.add(t.name)
+            values[key] = tiers
+        elif key == "tls":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{src.where(('tls',))}: must be a mapping")
+            _check_keys(value, {"cert_file", "key_file", "client_ca_file"}, src, ("tls",))
+            values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
+        elif key == "max_object_bytes":
+            values[key] = parse_size(value, src.where((key,)))
+        else:
+            values[key] = _scalar(key, value, getattr(base, key), src)
+    config = _replace(base, values)
+    validate(config, src.path)
+    return config
+
+
+def _scalar(key: str, value: object, default: object, src: _Source) -> object:
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        where = src.where((key,))
+        raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _replace(base: DaemonConfig, values: dict[str, Any]) -> DaemonConfig:
+    merged = {f.name: getattr(base, f.name) for f in fields(DaemonConfig)}
+    merged.update(values)
+    return DaemonConfig(**merged)
+
+
+def validate(config: DaemonConfig, origin: str = "config") -> None:
+    """Cross-field checks: TCP needs TLS and a token; sizes and timeouts are positive."""
+    if config.tcp_address and (config.tls is None or not config.token_file):
+        raise ConfigError(
+            f"{origin}: tcp_address {config.tcp_address!r} requires both tls (cert_file, "
+            "key_file) and token_file; the Unix socket needs neither"
+        )
+    if config.lease_s <= 0 or config.allocation_timeout_s <= 0:
+        raise ConfigError(f"{origin}: lease_s and allocation_timeout_s must be > 0")
+    if not config.tiers:
+        raise ConfigError(f"{origin}: at least one tier is required")
