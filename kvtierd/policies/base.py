@@ -63,6 +63,15 @@ class Placer(abc.ABC):
     def placement(self, context_id: str) -> Placement:
         """The context's current placement; raises ``KeyError`` for an unknown context."""
 
+    def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
+        """Record a context that already lives at ``placement`` (found when the daemon starts).
+
+        Unlike :meth:`insert` it does not choose a placement; the returned plan only resolves
+        an overflow. Placers that cannot honour an existing placement raise
+        ``NotImplementedError`` and the engine falls back to :meth:`insert`.
+        """
+        raise NotImplementedError(f"placer {self.name!r} cannot adopt existing placements")
+
     @abc.abstractmethod
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
         """Recompute all placements from these profiles (every known context is included)."""

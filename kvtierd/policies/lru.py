@@ -63,6 +63,18 @@ class LruPlacer(Placer):
         ops = [] if source == target else [Operation(kind, cid, source, target, "most recent")]
         return Plan(tuple(ops)) + self._spill(entry.tier, protect=cid)
 
+    def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
+        if placement.tier is None:
+            return Plan()
+        names = [t.name for t in self.tiers]
+        if placement.tier not in names:
+            raise ValueError(f"unknown tier {placement.tier!r}; tiers: {', '.join(names)}")
+        self.remove(profile.context_id)
+        size = profile.variant(ORIGINAL_VARIANT).size_bytes
+        entry = _Entry(size, names.index(placement.tier), profile.pinned)
+        self._attach(profile.context_id, entry)
+        return self._spill(entry.tier, protect=profile.context_id)
+
     def access(self, context_id: str, now_s: float) -> Plan:
         entry = self._entries.get(context_id)
         if entry is None:
