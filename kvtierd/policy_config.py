@@ -1,0 +1,317 @@
+"""Placement policy documents (``configs/policies/*.yaml``) validated into frozen typed objects.
+
+A policy names a placer and gives it its knobs. ``parse_policy(text, source)`` and
+``load_policy(path)`` return a :class:`PolicyConfig` or raise :class:`~kvtierd.errors.ConfigError`
+naming ``file:line``, the key and the allowed values; a bad document is rejected whole (nothing
+partial is ever returned), so a daemon that hot-reloads keeps its running policy on error.
+
+Keys (every one documented in docs/configuration.md; unknown keys are errors)::
+
+    name: evicpress            # label shown by `kvtierctl policy show`; default: the placer
+    description: "..."         # free text
+    placer: evicpress          # one of KNOWN_PLACERS
+    alpha: 1.0                 # evicpress: quality weight in 1/s (utility = (alpha*q - ttft)*freq)
+    selection: per_byte        # evicpress: per_byte | absolute (greedy rule on overflow)
+    variants:                  # evicpress: the configuration grid profiled per context
+      methods: [knorm, snapkv, int8, knorm+int8]
+      ratios: [1.0, 0.9, ..., 0.1]
+    profiling:                 # evicpress: re-profile when online quality drops by > threshold
+      reprofile_threshold: 0.05
+      interval_s: 300
+    frequency:                 # evicpress: exponentially decayed access frequency
+      half_life_s: 3600
+    variant: knorm@0.5         # fixed: the one variant every context is stored as
+
+This module sits in the bottom import layer (DESIGN.md §3.2): it must not import
+``kvtierd.policies`` or ``kvtierd.kernels``. The method names it accepts are therefore kept here as
+data; ``tests/test_policy_config.py`` holds them equal to ``kvtierd.kernels.variants``. Mapping a
+policy onto ``kvtierd.policies.PlacerParams`` is the engine's job; :data:`PLACER_PARAMS_FIELDS`
+says which attribute feeds which parameter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from kvtierd.config import _Source
+from kvtierd.errors import ConfigError
+
+ORIGINAL = "none"
+KNOWN_PLACERS: tuple[str, ...] = ("evicpress", "fixed", "lru")
+"""Placer names a policy may name (``kvtierd.policies.PLACERS`` must be a subset of these)."""
+DROP_METHODS: tuple[str, ...] = (
+    "keydiff", "knorm", "paged_eviction", "paged_eviction_block", "snapkv", "streamingllm",
+)  # fmt: skip
+"""Token-dropping methods (``kvtierd.kernels.variants.COUNT_RULES``)."""
+QUANT_METHODS: tuple[str, ...] = ("int8", "int4")
+"""Quantizations (``kvtierd.kernels.variants.QUANT_BITS``); they keep every token."""
+SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
+"""Greedy rules when a tier overflows: least utility drop per byte freed, or least drop."""
+DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
+
+PLACER_PARAMS_FIELDS: Mapping[str, str] = MappingProxyType(
+    {"alpha": "alpha", "fixed_variant": "fixed_variant", "selection": "selection"}
+)
+"""``PlacerParams`` field -> ``PolicyConfig`` attribute. The engine builds the placer with
+``placer_class(p.placer)(tiers, PlacerParams(**{f: getattr(p, a) for f, a in
+PLACER_PARAMS_FIELDS.items()}))``."""
+
+_COMMON_KEYS = ("name", "description", "placer")
+_PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "evicpress": ("alpha", "selection", "variants", "profiling", "frequency"),
+        "fixed": ("variant",),
+        "lru": (),
+    }
+)
+_SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "variants": ("methods", "ratios"),
+        "profiling": ("reprofile_threshold", "interval_s"),
+        "frequency": ("half_life_s",),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """A validated policy. ``variants`` is the expanded grid (always starting with ``"none"``)
+    in the variant grammar of ``kvtierd.kernels.variants`` (``knorm@0.5``, ``int8``,
+    ``knorm@0.5+int8``); ``fixed_variant`` is set only for the ``fixed`` placer.
+    ``text``/``source`` are the document as given, for ``Admin.GetPolicy``."""
+
+    name: str
+    placer: str
+    description: str = ""
+    alpha: float = 1.0
+    selection: str = "per_byte"
+    methods: tuple[str, ...] = ()
+    ratios: tuple[float, ...] = ()
+    variants: tuple[str, ...] = (ORIGINAL,)
+    fixed_variant: str = ""
+    reprofile_threshold: float = 0.05
+    reprofile_interval_s: float = 300.0
+    frequency_half_life_s: float = 3600.0
+    source: str = "embedded"
+    text: str = ""
+
+
+def default_policy() -> PolicyConfig:
+    """The policy a daemon runs before any is applied: LRU, no compression."""
+    return PolicyConfig(name="lru", placer="lru", text="name: lru\nplacer: lru\n")
+
+
+def load_policy(path: str | os.PathLike[str]) -> PolicyConfig:
+    """Read and validate a policy file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read policy file {p}: {e.strerror}") from e
+    return parse_policy(text, str(p))
+
+
+def parse_policy(text: str, source: str) -> PolicyConfig:
+    """Validate a whole policy document; ``source`` names it in error messages."""
+    src = _Source(source, text)
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:  # _Source already parsed it; kept for safe_load-only failures
+        raise ConfigError(f"{source}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a policy must be a mapping with at least a 'placer' key")
+    placer = _choice(raw.get("placer"), KNOWN_PLACERS, src, ("placer",), required=True)
+    allowed = (*_COMMON_KEYS, *_PLACER_KEYS[placer])
+    _check_keys(raw, allowed, src, (), f"keys for placer {placer!r}")
+    r = _Reader(raw, src)
+    fields: dict[str, Any] = {
+        "name": r.text(("name",), placer),
+        "description": r.text(("description",), ""),
+        "placer": placer,
+        "source": source,
+        "text": text,
+    }
+    if placer == "evicpress":
+        fields.update(_evicpress_fields(r))
+    elif placer == "fixed":
+        at = ("variant",)
+        if "variant" not in raw:
+            raise ConfigError(f"{src.where(at)}: placer 'fixed' requires key 'variant'")
+        variant = _variant(r.text(at, ""), src, at)
+        fields.update(fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL, variant))))
+    return PolicyConfig(**fields)
+
+
+def _evicpress_fields(r: _Reader) -> dict[str, Any]:
+    for section in _SECTION_KEYS:
+        value = r.raw.get(section)
+        if value is not None:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{r.src.where((section,))}: must be a mapping")
+            _check_keys(value, _SECTION_KEYS[section], r.src, (section,), "allowed keys")
+    methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
+    for i, m in enumerate(methods):
+        _method(m, r.src, ("variants", "methods", str(i)))
+    ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
+    return {
+        "alpha": r.number(("alpha",), 1.0, lambda x: x > 0, "> 0 (1/s)"),
+        "selection": _choice(r.get(("selection",), "per_byte"), SELECTIONS, r.src, ("selection",)),
+        "methods": methods,
+        "ratios": ratios,
+        "variants": expand_variants(methods, ratios),
+        "reprofile_threshold": r.number(
+            ("profiling", "reprofile_threshold"), 0.05, lambda x: 0 <= x < 1, "in [0, 1)"
+        ),
+        "reprofile_interval_s": r.number(
+            ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
+        ),
+        "frequency_half_life_s": r.number(
+            ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
+        ),
+    }
+
+
+def expand_variants(methods: tuple[str, ...], ratios: tuple[float, ...]) -> tuple[str, ...]:
+    """The grid of variant names: ``"none"`` first, then each method at each ratio.
+
+    A token-dropping method at ratio 1.0 is the original (or the bare quantization when composed
+    with one); a quantization alone ignores the ratio grid. Duplicates are removed, order kept.
+    """
+    out: dict[str, None] = {ORIGINAL: None}
+    for m in methods:
+        drop, _, quant = m.partition("+")
+        if drop in QUANT_METHODS:
+            out[drop] = None
+            continue
+        for ratio in ratios:
+            name = f"{drop}@{ratio:g}" if ratio < 1.0 else ""
+            if quant:
+                name = f"{name}+{quant}" if name else quant
+            out[name or ORIGINAL] = None
+    return tuple(out)
+
+
+# -- validation helpers ---------------------------------------------------------------------
+
+
+class _Reader:
+    """Typed access to nested keys of the raw document, with errors that point at file:line."""
+
+    def __init__(self, raw: dict[str, Any], src: _Source) -> None:
+        self.raw = raw
+        self.src = src
+
+    def get(self, at: tuple[str, ...], default: object) -> object:
+        node: object = self.raw
+        for key in at:
+            if not isinstance(node, dict) or key not in node or node[key] is None:
+                return default
+            node = node[key]
+        return node
+
+    def text(self, at: tuple[str, ...], default: str) -> str:
+        value = self.get(at, default)
+        if not isinstance(value, str) or (not value.strip() and default):
+            raise ConfigError(f"{self.src.where(at)}: expected a non-empty string, got {value!r}")
+        return value
+
+    def number(
+        self, at: tuple[str, ...], default: float, ok: Callable[[float], bool], rule: str
+    ) -> float:
+        value = self.get(at, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{self.src.where(at)}: expected a number {rule}, got {value!r}")
+        if math.isnan(value) or not ok(float(value)):
+            raise ConfigError(f"{self.src.where(at)}: must be {rule}, got {value!r}")
+        return float(value)
+
+    def str_list(self, at: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self.get(at, default)
+        if not isinstance(value, list | tuple) or not value:
+            raise ConfigError(f"{self.src.where(at)}: expected a non-empty list, got {value!r}")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                where = self.src.where((*at, str(i)))
+                raise ConfigError(f"{where}: expected a string, got {item!r}")
+        return tuple(dict.fromkeys(value))
+
+    def ratio_list(self, at: tuple[str, ...], default: tuple[float, ...]) -> tuple[float, ...]:
+        value = self.get(at, default)
+        if not isinstance(value, list | tuple) or not value:
+            raise ConfigError(f"{self.src.where(at)}: expected a non-empty list of ratios")
+        out: list[float] = []
+        for i, item in enumerate(value):
+            where = self.src.where((*at, str(i)))
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                raise ConfigError(f"{where}: expected a ratio in (0, 1], got {item!r}")
+            if not 0.0 < float(item) <= 1.0:
+                raise ConfigError(f"{where}: ratio must be in (0, 1] (kept/original), got {item}")
+            out.append(float(item))
+        return tuple(sorted(set(out), reverse=True))
+
+
+def _check_keys(
+    raw: dict[str, Any], allowed: tuple[str, ...], src: _Source, at: tuple[str, ...], what: str
+) -> None:
+    for key in raw:
+        if key not in allowed:
+            where = src.where((*at, str(key)))
+            raise ConfigError(f"{where}: unknown key; {what}: {', '.join(allowed) or '(none)'}")
+
+
+def _choice(
+    value: object,
+    allowed: tuple[str, ...],
+    src: _Source,
+    at: tuple[str, ...],
+    required: bool = False,
+) -> str:
+    if value is None and required:
+        raise ConfigError(f"{src.where(at)}: required key; allowed values: {', '.join(allowed)}")
+    if value not in allowed:
+        raise ConfigError(f"{src.where(at)}: {value!r} is not allowed; allowed values: "
+                          f"{', '.join(allowed)}")  # fmt: skip
+    return str(value)
+
+
+def _method(text: str, src: _Source, at: tuple[str, ...]) -> None:
+    """A grid method: a drop method, a quantization, or ``<drop>+<quant>``."""
+    drop, plus, quant = text.partition("+")
+    ok = (drop in QUANT_METHODS and not plus) or (
+        drop in DROP_METHODS and (not plus or quant in QUANT_METHODS)
+    )
+    if not ok:
+        raise ConfigError(
+            f"{src.where(at)}: unknown method {text!r}; allowed values: "
+            f"{', '.join((*DROP_METHODS, *QUANT_METHODS))} or <drop method>+<quantization> "
+            "(e.g. knorm+int8)"
+        )
+
+
+def _variant(text: str, src: _Source, at: tuple[str, ...]) -> str:
+    """A single variant: ``none``, ``int8``, ``knorm@0.5`` or ``knorm@0.5+int8``; normalised."""
+    drop, plus, quant = text.strip().partition("+")
+    method, _, ratio_text = drop.partition("@")
+    try:
+        ratio = float(ratio_text) if ratio_text else 1.0
+    except ValueError:
+        ratio = math.nan
+    bad_quant = bool(plus) and quant not in QUANT_METHODS
+    if text.strip() in (ORIGINAL, *QUANT_METHODS):
+        return text.strip()
+    if method in DROP_METHODS and ratio_text and 0.0 < ratio <= 1.0 and not bad_quant:
+        return expand_variants((f"{method}+{quant}" if plus else method,), (ratio,))[-1]
+    raise ConfigError(
+        f"{src.where(at)}: bad variant {text!r}; allowed values: none, "
+        f"{', '.join(QUANT_METHODS)}, <method>@<ratio> or <method>@<ratio>+<quantization> with "
+        f"method in {', '.join(DROP_METHODS)} and 0 < ratio <= 1"
+    )

@@ -1,0 +1,171 @@
+"""Policy YAML: presets load, bad documents are rejected whole with file:line, key and choices."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from kvtierd.errors import ConfigError
+from kvtierd.policy_config import (
+    DROP_METHODS,
+    KNOWN_PLACERS,
+    PLACER_PARAMS_FIELDS,
+    QUANT_METHODS,
+    PolicyConfig,
+    default_policy,
+    expand_variants,
+    load_policy,
+    parse_policy,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PRESETS = sorted((ROOT / "configs" / "policies").glob("*.yaml"))
+
+
+def test_presets_exist() -> None:
+    names = {p.stem for p in PRESETS}
+    assert {"evicpress", "lru", "fixed-knorm-0.5"} <= names
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_loads_and_names_itself_after_its_file(path: Path) -> None:
+    policy = load_policy(path)
+    assert policy.name == path.stem
+    assert policy.placer in KNOWN_PLACERS
+    assert policy.source == str(path)
+    assert policy.text == path.read_text()
+    assert policy.variants[0] == "none"
+
+
+def test_evicpress_preset_values() -> None:
+    p = load_policy(ROOT / "configs/policies/evicpress.yaml")
+    assert p.placer == "evicpress"
+    assert p.alpha == 1.0
+    assert p.selection == "per_byte"
+    assert p.ratios == (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+    assert "knorm+int8" in p.methods
+    assert p.reprofile_threshold == 0.05
+    assert p.frequency_half_life_s == 3600.0
+    # 3 drop methods x 9 ratios + int8 + int4 + knorm+int8 at 9 ratios + none
+    assert len(p.variants) == 1 + 27 + 2 + 9
+    assert {"knorm@0.5", "int8", "int4", "knorm@0.1+int8"} <= set(p.variants)
+
+
+def test_fixed_preset() -> None:
+    p = load_policy(ROOT / "configs/policies/fixed-knorm-0.5.yaml")
+    assert (p.placer, p.fixed_variant, p.variants) == ("fixed", "knorm@0.5", ("none", "knorm@0.5"))
+
+
+def test_defaults_of_a_minimal_evicpress_policy() -> None:
+    p = parse_policy("placer: evicpress\n", "mem.yaml")
+    assert p.name == "evicpress"
+    assert p.ratios[0] == 1.0 and p.ratios[-1] == 0.1 and len(p.ratios) == 10
+    assert p.selection == "per_byte"
+
+
+def test_expand_variants_grammar() -> None:
+    got = expand_variants(("knorm", "int8", "snapkv+int4"), (1.0, 0.5))
+    assert got == ("none", "knorm@0.5", "int8", "int4", "snapkv@0.5+int4")
+
+
+def test_policy_is_frozen() -> None:
+    p = default_policy()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.alpha = 2.0  # type: ignore[misc]
+    assert p.placer == "lru"
+
+
+BAD = [
+    ("placer: lru\nalpha: 2\n", 2, "alpha", "keys for placer 'lru': name, description, placer"),
+    ("name: x\nplacer: magic\n", 2, "placer", "allowed values: evicpress, fixed, lru"),
+    ("name: x\n", 0, "placer", "allowed values: evicpress, fixed, lru"),
+    (
+        "placer: evicpress\nvariants:\n  methods:\n    - knorm\n    - zip\n",
+        5,
+        "variants.methods.1",
+        "allowed values: keydiff, knorm",
+    ),
+    ("placer: evicpress\nvariants:\n  ratios: [1.0, 0]\n", 3, "variants.ratios.1", "(0, 1]"),
+    ("placer: evicpress\nalpha: -1\n", 2, "alpha", "> 0"),
+    ("placer: evicpress\nalpha: yes\n", 2, "alpha", "expected a number"),
+    ("placer: evicpress\nselection: best\n", 2, "selection", "per_byte, absolute"),
+    (
+        "placer: evicpress\nprofiling:\n  threshold: 0.1\n",
+        3,
+        "profiling.threshold",
+        "reprofile_threshold, interval_s",
+    ),
+    ("placer: evicpress\nfrequency:\n  half_life_s: 0\n", 3, "frequency.half_life_s", "> 0"),
+    ("placer: evicpress\nvariants: [knorm]\n", 2, "variants", "must be a mapping"),
+    ("placer: fixed\n", 0, "variant", "requires key 'variant'"),
+    ("placer: fixed\nvariant: knorm\n", 2, "variant", "<method>@<ratio>"),
+    ("placer: fixed\nvariant: knorm@0.5+int3\n", 2, "variant", "int8, int4"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "key", "allowed"), BAD)
+def test_bad_documents_name_line_key_and_allowed_values(
+    text: str, line: int, key: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_policy(text, "p.yaml")
+    msg = str(info.value)
+    assert msg.startswith(f"p.yaml:{line}: {key}") if line else msg.startswith("p.yaml")
+    assert key in msg
+    assert allowed in msg
+
+
+def test_not_yaml_and_not_a_mapping() -> None:
+    with pytest.raises(ConfigError, match=r"p.yaml: not valid YAML"):
+        parse_policy("placer: [\n", "p.yaml")
+    with pytest.raises(ConfigError, match=r"must be a mapping"):
+        parse_policy("- lru\n", "p.yaml")
+
+
+def test_load_policy_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read policy file"):
+        load_policy(tmp_path / "nope.yaml")
+
+
+def test_fixed_variant_is_normalised() -> None:
+    p = parse_policy("placer: fixed\nvariant: ' knorm@0.50+int8'\n", "p.yaml")
+    assert p.fixed_variant == "knorm@0.5+int8"
+
+
+# -- the data kept here must match the layers it may not import ------------------------------
+
+
+def test_method_names_match_the_kernel_variant_grammar() -> None:
+    from kvtierd.kernels import variants
+
+    assert set(DROP_METHODS) == set(variants.COUNT_RULES)
+    assert set(QUANT_METHODS) == set(variants.QUANT_BITS)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_expanded_variant_parses_in_the_kernel_grammar(path: Path) -> None:
+    from kvtierd.kernels.variants import parse_variant
+
+    for name in load_policy(path).variants:
+        assert str(parse_variant(name)) == name
+
+
+def test_registered_placers_are_allowed_in_policies() -> None:
+    from kvtierd.policies import PLACERS
+
+    assert set(PLACERS) <= set(KNOWN_PLACERS)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_mapping_onto_placer_params(path: Path) -> None:
+    from kvtierd.policies import PlacerParams
+
+    names = {f.name for f in dataclasses.fields(PlacerParams)}
+    assert set(PLACER_PARAMS_FIELDS) == names
+    policy = load_policy(path)
+    params = PlacerParams(**{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items()})
+    assert params.alpha == policy.alpha
+    assert params.fixed_variant == policy.fixed_variant
+    assert isinstance(policy, PolicyConfig)
