@@ -1,0 +1,218 @@
+"""Input layouts: where token ``t`` of layer ``l``, KV head ``h`` lives.
+
+Canonical contiguous layout (what the daemon and the profiler hold): separate ``keys`` and
+``values`` tensors of shape ``[L, H, N, D]`` (layers, KV heads, tokens, head dim), any strides.
+
+Every kernel reads its input through one addressing rule, so contiguous tensors, LMCache's
+``KV_2LTD`` chunks and vLLM's paged cache are the same thing to a kernel (Zipage App. C.2 reads
+its paged key cache the same way)::
+
+    keys_l = layer_keys[l]                    # [num_blocks, block_size, H, D], any strides
+    block  = block_table[t // block_size]     # int32 table of the request's blocks
+    k[l, h, t, :] = keys_l[block, t % block_size, h, :]
+
+* contiguous ``[L, H, N, D]``: ``layer_keys[l] = keys[l].permute(1, 0, 2)[None]`` (one block of
+  ``N`` tokens, table ``[0]``) — a view, no copy;
+* LMCache ``KV_2LTD`` ``[2, L, T, H*D]``: ``kv[0, l].unflatten(-1, (H, D))[None]`` — a view;
+* vLLM GPU backends (flash-attn layout), per layer ``[2, num_blocks, block_size, H, D]``:
+  ``cache[0]`` / ``cache[1]``;
+* vLLM-CPU, per layer ``[num_blocks, H, block_size, 2*D]`` viewed ``[nb, H, 2, bs, D]``
+  (``cpu_attn.py`` splits dim 2: index 0 is K) then permuted to ``[nb, bs, H, D]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from kvtierd.errors import InvalidArgumentError
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True, slots=True)
+class KVSource:
+    """One context's K and V, per layer, read through a block table (module docstring).
+
+    ``layer_keys[l]`` and ``layer_values[l]``: ``[num_blocks, block_size, H, D]`` views;
+    ``block_table``: int32 ``[>= ceil(N / block_size)]`` on the tensors' device.
+    """
+
+    layer_keys: tuple[torch.Tensor, ...]
+    layer_values: tuple[torch.Tensor, ...]
+    block_table: torch.Tensor
+    num_tokens: int
+    block_size: int
+
+    def __post_init__(self) -> None:
+        _validate_source(self)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_keys)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.layer_keys[0].shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.layer_keys[0].shape[3])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layer_keys[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layer_keys[0].device
+
+    @classmethod
+    def from_contiguous(cls, keys: torch.Tensor, values: torch.Tensor) -> KVSource:
+        """Wrap canonical ``[L, H, N, D]`` keys and values (no copy)."""
+        for name, t in (("keys", keys), ("values", values)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InvalidArgumentError(f"{name} must be a [L, H, N, D] tensor, got {shape}")
+        if keys.shape != values.shape:
+            raise InvalidArgumentError(
+                f"keys {tuple(keys.shape)} and values {tuple(values.shape)} differ in shape"
+            )
+        n = int(keys.shape[2])
+        table = torch.zeros(1, dtype=torch.int32, device=keys.device)
+        return cls(
+            layer_keys=tuple(k.permute(1, 0, 2).unsqueeze(0) for k in keys.unbind(0)),
+            layer_values=tuple(v.permute(1, 0, 2).unsqueeze(0) for v in values.unbind(0)),
+            block_table=table,
+            num_tokens=n,
+            block_size=max(n, 1),
+        )
+
+    @classmethod
+    def from_kv_2ltd(cls, kv: torch.Tensor, num_kv_heads: int) -> KVSource:
+        """Wrap an LMCache ``KV_2LTD`` tensor ``[2, L, T, H*D]`` (no copy)."""
+        if not isinstance(kv, torch.Tensor) or kv.dim() != 4 or kv.shape[0] != 2:
+            shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+            raise InvalidArgumentError(f"KV_2LTD tensor must be [2, L, T, H*D], got {shape}")
+        if num_kv_heads < 1 or kv.shape[3] % num_kv_heads:
+            raise InvalidArgumentError(
+                f"num_kv_heads={num_kv_heads} does not divide H*D={kv.shape[3]}"
+            )
+        d = int(kv.shape[3]) // num_kv_heads
+        n = int(kv.shape[2])
+        return cls(
+            layer_keys=tuple(x.view(n, num_kv_heads, d)[None] for x in kv[0].unbind(0)),
+            layer_values=tuple(x.view(n, num_kv_heads, d)[None] for x in kv[1].unbind(0)),
+            block_table=torch.zeros(1, dtype=torch.int32, device=kv.device),
+            num_tokens=n,
+            block_size=max(n, 1),
+        )
+
+    @classmethod
+    def from_vllm_paged(
+        cls,
+        layer_caches: Sequence[torch.Tensor],
+        block_table: torch.Tensor,
+        num_tokens: int,
+        *,
+        kv_layout: Literal["flash", "cpu"] = "flash",
+    ) -> KVSource:
+        """Wrap vLLM's per-layer paged KV tensors and one request's block table (no copy).
+
+        ``flash``: each layer ``[2, num_blocks, block_size, H, D]``; ``cpu`` (vLLM-CPU): each
+        layer ``[num_blocks, H, block_size, 2*D]``.
+        """
+        if not layer_caches:
+            raise InvalidArgumentError("layer_caches is empty")
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        for i, c in enumerate(layer_caches):
+            if kv_layout == "flash":
+                if c.dim() != 5 or c.shape[0] != 2:
+                    raise InvalidArgumentError(
+                        f"layer {i}: flash layout needs [2, nb, bs, H, D], got {tuple(c.shape)}"
+                    )
+                keys.append(c[0])
+                values.append(c[1])
+            elif kv_layout == "cpu":
+                if c.dim() != 4 or c.shape[3] % 2:
+                    raise InvalidArgumentError(
+                        f"layer {i}: cpu layout needs [nb, H, bs, 2*D], got {tuple(c.shape)}"
+                    )
+                nb, h, bs, d2 = (int(x) for x in c.shape)
+                v5 = c.view(nb, h, 2, bs, d2 // 2)
+                keys.append(v5[:, :, 0].permute(0, 2, 1, 3))
+                values.append(v5[:, :, 1].permute(0, 2, 1, 3))
+            else:
+                raise InvalidArgumentError(f"kv_layout must be 'flash' or 'cpu', got {kv_layout!r}")
+        return cls(
+            layer_keys=tuple(keys),
+            layer_values=tuple(values),
+            block_table=block_table,
+            num_tokens=num_tokens,
+            block_size=int(keys[0].shape[1]),
+        )
+
+    def token_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block id, slot) of every token, int64 ``[N]`` each."""
+        t = torch.arange(self.num_tokens, device=self.device)
+        blocks = self.block_table.to(torch.int64)[t // self.block_size]
+        return blocks, t % self.block_size
+
+    def to_dense(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Canonical contiguous ``[L, H, N, D]`` keys and values (a copy; the reference path)."""
+        blocks, slots = self.token_index()
+        k = torch.stack([x[blocks, slots].permute(1, 0, 2) for x in self.layer_keys])
+        v = torch.stack([x[blocks, slots].permute(1, 0, 2) for x in self.layer_values])
+        return k.contiguous(), v.contiguous()
+
+
+def _validate_source(s: KVSource) -> None:
+    if not s.layer_keys or len(s.layer_keys) != len(s.layer_values):
+        raise InvalidArgumentError(
+            f"need the same, non-zero number of key and value layers, got "
+            f"{len(s.layer_keys)} and {len(s.layer_values)}"
+        )
+    ref = s.layer_keys[0]
+    if ref.dtype not in SUPPORTED_DTYPES:
+        raise InvalidArgumentError(
+            f"dtype {ref.dtype} not supported; use one of {[str(d) for d in SUPPORTED_DTYPES]}"
+        )
+    for i, (k, v) in enumerate(zip(s.layer_keys, s.layer_values, strict=True)):
+        for name, t in (("keys", k), ("values", v)):
+            if t.dim() != 4:
+                raise InvalidArgumentError(
+                    f"layer {i} {name}: need [num_blocks, block_size, H, D], got {tuple(t.shape)}"
+                )
+            if t.shape != ref.shape or t.dtype != ref.dtype or t.device != ref.device:
+                raise InvalidArgumentError(
+                    f"layer {i} {name}: {tuple(t.shape)} {t.dtype} on {t.device} differs from "
+                    f"layer 0 keys {tuple(ref.shape)} {ref.dtype} on {ref.device}"
+                )
+    if s.num_tokens < 1:
+        raise InvalidArgumentError(f"num_tokens must be >= 1, got {s.num_tokens}")
+    if s.block_size < 1 or s.block_size != ref.shape[1]:
+        raise InvalidArgumentError(
+            f"block_size {s.block_size} does not match the layer tensors' dim 1 ({ref.shape[1]})"
+        )
+    bt = s.block_table
+    needed = -(-s.num_tokens // s.block_size)
+    if bt.dim() != 1 or bt.dtype != torch.int32 or bt.device != ref.device:
+        raise InvalidArgumentError(
+            f"block_table must be 1-D int32 on {ref.device}, got {tuple(bt.shape)} {bt.dtype} "
+            f"on {bt.device}"
+        )
+    if bt.numel() < needed:
+        raise InvalidArgumentError(
+            f"block_table has {bt.numel()} blocks, {s.num_tokens} tokens of block_size "
+            f"{s.block_size} need {needed}"
+        )
+    used = bt[:needed]
+    if bool((used < 0).any()) or bool((used >= ref.shape[0]).any()):
+        raise InvalidArgumentError(
+            f"block_table entries must be in [0, {ref.shape[0]}), got "
+            f"{used.min().item()}..{used.max().item()}"
+        )

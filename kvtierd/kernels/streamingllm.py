@@ -1,0 +1,44 @@
+"""``streamingllm``: the first ``sinks`` tokens plus the most recent ones (Xiao et al. 2023).
+
+The structured baseline. Score: ``+inf`` for the sinks, the position otherwise, so the top-M
+are the sinks and the ``M - sinks`` latest tokens. Reads no KV, so both backends score in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvtierd.kernels.base import TokenDropMethod
+from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.variants import COUNT_RULES, CountRule
+
+
+def positional_scores(
+    num_layers: int, num_kv_heads: int, num_tokens: int, sinks: int, device: torch.device
+) -> torch.Tensor:
+    s = torch.arange(num_tokens, dtype=torch.float32, device=device)
+    s[: min(sinks, num_tokens)] = float("inf")
+    return s.expand(num_layers, num_kv_heads, num_tokens).contiguous()
+
+
+class StreamingLLMMethod(TokenDropMethod):
+    name = "streamingllm"
+
+    def __init__(self, sinks: int = COUNT_RULES["streamingllm"].min_kept) -> None:
+        if sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {sinks}")
+        self.sinks = sinks
+
+    def count_rule(self) -> CountRule:
+        return CountRule(min_kept=self.sinks)
+
+    def score_reference(
+        self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None
+    ) -> torch.Tensor:
+        lyr, h, n, _ = keys.shape
+        return positional_scores(lyr, h, n, self.sinks, keys.device)
+
+    def score_triton(self, source: KVSource, queries: torch.Tensor | None) -> torch.Tensor:
+        return positional_scores(
+            source.num_layers, source.num_kv_heads, source.num_tokens, self.sinks, source.device
+        )
