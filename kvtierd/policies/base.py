@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from kvtierd.types import ContextProfile, Placement, Plan, TierModel
@@ -29,11 +29,15 @@ class PlacerParams:
     """Knobs shared by placers; each placer reads the ones it needs.
 
     ``alpha`` is EvicPress's quality weight in 1/seconds (utility = (alpha*quality - ttft_s)
-    * frequency); ``fixed_variant`` is the variant the ``fixed`` baseline applies.
+    * frequency); ``fixed_variant`` is the variant the ``fixed`` baseline applies (also given
+    as ``fixed:<variant>`` to :func:`make_placer`); ``selection`` is the greedy's rule when a
+    tier overflows: ``per_byte`` (least utility drop per byte freed) or ``absolute`` (least
+    utility drop), see ``kvtierd/policies/greedy_state.py``.
     """
 
     alpha: float = 1.0
     fixed_variant: str = ""
+    selection: str = "per_byte"
 
 
 class Placer(abc.ABC):
@@ -101,3 +105,18 @@ def placer_class(name: str) -> type[Placer]:
     except KeyError:
         known = ", ".join(sorted(PLACERS))
         raise ValueError(f"unknown placer {name!r}; known placers: {known}") from None
+
+
+def make_placer(
+    spec: str, tiers: Sequence[TierModel], params: PlacerParams | None = None
+) -> Placer:
+    """Build a placer from ``name`` or ``name:<argument>`` (``fixed:knorm@0.5``).
+
+    The argument after the colon becomes ``params.fixed_variant``; only ``fixed`` takes one.
+    """
+    cls = placer_class(spec)
+    params = params or PlacerParams()
+    _, sep, arg = spec.partition(":")
+    if sep:
+        params = replace(params, fixed_variant=arg)
+    return cls(tiers, params)

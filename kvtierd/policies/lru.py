@@ -29,6 +29,7 @@ class _Entry:
     size_bytes: int
     tier: int
     pinned: bool
+    variant: str = ORIGINAL_VARIANT
 
 
 @register_placer
@@ -45,9 +46,22 @@ class LruPlacer(Placer):
     def _fits_anywhere(self, size_bytes: int) -> bool:
         return any(t.capacity_bytes is None or size_bytes <= t.capacity_bytes for t in self.tiers)
 
+    def _variant_for(self, profile: ContextProfile) -> str:
+        """The variant this placer stores (the original; ``fixed`` overrides it)."""
+        return ORIGINAL_VARIANT
+
+    def _victims(self, level: int) -> list[str]:
+        """Contexts of a tier in eviction order (least recently used first; ``lfu`` overrides)."""
+        return list(self._lru[level])
+
+    def _touch(self, cid: str) -> None:
+        """Record a use (``lfu`` counts them)."""
+
     def insert(self, profile: ContextProfile) -> Plan:
-        size = profile.variant(ORIGINAL_VARIANT).size_bytes
+        variant = self._variant_for(profile)
+        size = profile.variant(variant).size_bytes
         cid = profile.context_id
+        self._touch(cid)
         old = self._entries.get(cid)
         source = self.placement(cid) if old else DROPPED
         if old is not None:
@@ -56,9 +70,9 @@ class LruPlacer(Placer):
             self._entries.pop(cid, None)
             op = Operation(OpKind.DROP, cid, source, DROPPED, "larger than every tier")
             return Plan((op,)) if old is not None else Plan()
-        entry = _Entry(size, self._first_tier_for(size), profile.pinned)
+        entry = _Entry(size, self._first_tier_for(size), profile.pinned, variant)
         self._attach(cid, entry)
-        target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+        target = Placement(variant, self.tiers[entry.tier].name)
         kind = OpKind.PLACE if old is None else OpKind.MOVE
         ops = [] if source == target else [Operation(kind, cid, source, target, "most recent")]
         return Plan(tuple(ops)) + self._spill(entry.tier, protect=cid)
@@ -70,8 +84,8 @@ class LruPlacer(Placer):
         if placement.tier not in names:
             raise ValueError(f"unknown tier {placement.tier!r}; tiers: {', '.join(names)}")
         self.remove(profile.context_id)
-        size = profile.variant(ORIGINAL_VARIANT).size_bytes
-        entry = _Entry(size, names.index(placement.tier), profile.pinned)
+        size = profile.variant(placement.variant).size_bytes
+        entry = _Entry(size, names.index(placement.tier), profile.pinned, placement.variant)
         self._attach(profile.context_id, entry)
         return self._spill(entry.tier, protect=profile.context_id)
 
@@ -79,6 +93,7 @@ class LruPlacer(Placer):
         entry = self._entries.get(context_id)
         if entry is None:
             return Plan()
+        self._touch(context_id)
         if entry.tier == 0 or entry.pinned:
             self._lru[entry.tier].move_to_end(context_id)
             return Plan()
@@ -86,7 +101,7 @@ class LruPlacer(Placer):
         self._detach(context_id, entry)
         entry.tier = self._first_tier_for(entry.size_bytes)
         self._attach(context_id, entry)
-        target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+        target = Placement(entry.variant, self.tiers[entry.tier].name)
         if source == target:
             return Plan()
         op = Operation(OpKind.MOVE, context_id, source, target, "promoted on access")
@@ -99,7 +114,7 @@ class LruPlacer(Placer):
 
     def placement(self, context_id: str) -> Placement:
         entry = self._entries[context_id]
-        return Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+        return Placement(entry.variant, self.tiers[entry.tier].name)
 
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
         before = {cid: self.placement(cid) for cid in self._entries}
@@ -118,7 +133,7 @@ class LruPlacer(Placer):
                 ops.append(Operation(kind, cid, source, target, "rebalance"))
         for cid, entry in self._entries.items():
             if cid not in before:
-                target = Placement(ORIGINAL_VARIANT, self.tiers[entry.tier].name)
+                target = Placement(entry.variant, self.tiers[entry.tier].name)
                 ops.append(Operation(OpKind.PLACE, cid, DROPPED, target, "rebalance"))
         return Plan(tuple(ops))
 
@@ -147,7 +162,7 @@ class LruPlacer(Placer):
         """Move least recently used contexts down until every tier from ``tier`` fits."""
         ops: list[Operation] = []
         for level in range(tier, len(self.tiers)):
-            victims = (c for c in list(self._lru[level]) if c != protect)
+            victims = (c for c in self._victims(level) if c != protect)
             while self._over(level):
                 cid = next(victims, None)
                 if cid is None:
@@ -159,7 +174,7 @@ class LruPlacer(Placer):
         return Plan(tuple(ops))
 
     def _demote(self, cid: str, entry: _Entry, level: int) -> Operation:
-        source = Placement(ORIGINAL_VARIANT, self.tiers[level].name)
+        source = Placement(entry.variant, self.tiers[level].name)
         self._detach(cid, entry)
         below = level + 1
         while below < len(self.tiers):
@@ -167,7 +182,7 @@ class LruPlacer(Placer):
             if cap is None or entry.size_bytes <= cap:
                 entry.tier = below
                 self._attach(cid, entry)
-                target = Placement(ORIGINAL_VARIANT, self.tiers[below].name)
+                target = Placement(entry.variant, self.tiers[below].name)
                 return Operation(OpKind.MOVE, cid, source, target, "least recently used")
             below += 1
         del self._entries[cid]

@@ -1,0 +1,180 @@
+"""The placement problem as dense arrays: TTFT and utility of every (variant, tier) per context.
+
+EvicPress §4.2: ``Util(method, ratio, tier) = (alpha * quality - TTFT) * frequency`` with
+
+* ``TTFT`` of a cached placement = ``size_bytes / load_bandwidth_bytes_per_s + load_overhead_s
+  + restore_s`` of the variant (dequantize, rotate) + the query's prefill;
+* ``TTFT`` of ``dropped`` = prefill of the context (``ContextProfile.prefill_s``) + the query's
+  prefill, at quality 1.0 (recomputed KV is exact).
+
+The query's prefill is the same in every option of a context, so it shifts a context's utilities
+by a constant and never changes a decision; placers leave it out (it is 0 here) and the
+simulator adds it to the TTFT it reports.
+
+A :class:`UtilityTable` holds ``n`` contexts x ``V`` variant slots x ``T`` tiers. Contexts with
+fewer variants are padded: a padded slot has ``valid == False`` and utility ``-inf``, so no
+solver ever picks it. Sizes are float64 bytes (exact for sizes below 2**53).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kvtierd.types import ContextProfile, TierModel
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def load_ttft_s(size_bytes: FloatArray, restore_s: FloatArray, tier: TierModel) -> FloatArray:
+    """Seconds to make a stored variant usable: transfer + per-load overhead + restore (§4.2)."""
+    return size_bytes / tier.load_bandwidth_bytes_per_s + tier.load_overhead_s + restore_s
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UtilityTable:
+    """Dense utilities of every configuration of ``n`` contexts (EvicPress §4.2, §4.4).
+
+    Shapes: ``size_bytes``, ``quality``, ``valid``: ``(n, V)``; ``util``: ``(n, V, T)``;
+    ``drop_util``, ``frequency``: ``(n,)``. ``variant_names[i][v]`` names slot ``v`` of context
+    ``i``. ``capacity_bytes[t]`` is ``None`` for an unbounded tier.
+    """
+
+    context_ids: tuple[str, ...]
+    variant_names: tuple[tuple[str, ...], ...]
+    size_bytes: FloatArray
+    quality: FloatArray
+    valid: BoolArray
+    util: FloatArray
+    drop_util: FloatArray
+    frequency: FloatArray
+    pinned: BoolArray
+    capacity_bytes: tuple[int | None, ...]
+
+    @property
+    def n_contexts(self) -> int:
+        return len(self.context_ids)
+
+    @property
+    def n_tiers(self) -> int:
+        return len(self.capacity_bytes)
+
+    @classmethod
+    def from_arrays(
+        cls,
+        *,
+        tiers: Sequence[TierModel],
+        alpha: float,
+        size_bytes: FloatArray,
+        quality: FloatArray,
+        restore_s: FloatArray,
+        frequency: FloatArray,
+        prefill_s: FloatArray,
+        valid: BoolArray | None = None,
+        context_ids: Sequence[str] | None = None,
+        variant_names: Sequence[Sequence[str]] | None = None,
+        pinned: BoolArray | None = None,
+    ) -> UtilityTable:
+        """Build a table from per-variant arrays ``(n, V)`` and per-context arrays ``(n,)``.
+
+        This is the fast path for the profiler and the benchmarks: no Python object per variant.
+        """
+        size = np.asarray(size_bytes, dtype=np.float64)
+        n, n_var = size.shape
+        ok = np.ones((n, n_var), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+        freq = np.asarray(frequency, dtype=np.float64)
+        qual = np.asarray(quality, dtype=np.float64)
+        rest = np.asarray(restore_s, dtype=np.float64)
+        util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
+        gain = alpha * qual
+        for t, tier in enumerate(tiers):
+            util[:, :, t] = (gain - load_ttft_s(size, rest, tier)) * freq[:, None]
+        util[~ok] = -np.inf
+        drop = (alpha - np.asarray(prefill_s, dtype=np.float64)) * freq
+        ids = tuple(context_ids) if context_ids is not None else tuple(str(i) for i in range(n))
+        names = (
+            tuple(tuple(v) for v in variant_names)
+            if variant_names is not None
+            else tuple(tuple(str(v) for v in range(n_var)) for _ in range(n))
+        )
+        pin = np.zeros(n, dtype=bool) if pinned is None else np.asarray(pinned, dtype=bool)
+        return cls(
+            context_ids=ids,
+            variant_names=names,
+            size_bytes=np.where(ok, size, 0.0),
+            quality=qual,
+            valid=ok,
+            util=util,
+            drop_util=drop,
+            frequency=freq,
+            pinned=pin,
+            capacity_bytes=tuple(t.capacity_bytes for t in tiers),
+        )
+
+    @classmethod
+    def from_profiles(
+        cls, profiles: Sequence[ContextProfile], tiers: Sequence[TierModel], alpha: float
+    ) -> UtilityTable:
+        """Build a table from profiles (one Python object per variant: the slow, general path)."""
+        n = len(profiles)
+        n_var = max((len(p.variants) for p in profiles), default=1)
+        size = np.zeros((n, n_var))
+        qual = np.zeros((n, n_var))
+        rest = np.zeros((n, n_var))
+        ok = np.zeros((n, n_var), dtype=bool)
+        for i, p in enumerate(profiles):
+            k = len(p.variants)
+            size[i, :k] = [v.size_bytes for v in p.variants]
+            qual[i, :k] = [v.quality for v in p.variants]
+            rest[i, :k] = [v.restore_s for v in p.variants]
+            ok[i, :k] = True
+        return cls.from_arrays(
+            tiers=tiers,
+            alpha=alpha,
+            size_bytes=size,
+            quality=qual,
+            restore_s=rest,
+            frequency=np.array([p.frequency for p in profiles], dtype=np.float64),
+            prefill_s=np.array([p.prefill_s for p in profiles], dtype=np.float64),
+            valid=ok,
+            context_ids=[p.context_id for p in profiles],
+            variant_names=[[v.variant for v in p.variants] for p in profiles],
+            pinned=np.array([p.pinned for p in profiles], dtype=bool),
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Assignment:
+    """A solution: per context a variant slot and a tier index; ``dropped[i]`` overrides both.
+
+    Shapes ``(n,)``. For a dropped context ``variant`` and ``tier`` are 0 and meaningless.
+    """
+
+    variant: IntArray
+    tier: IntArray
+    dropped: BoolArray
+
+    def total_utility(self, table: UtilityTable) -> float:
+        """Sum of the utilities of the chosen configurations (the objective of §4.4)."""
+        rows = np.arange(table.n_contexts)
+        cached = table.util[rows, self.variant, self.tier]
+        return float(np.where(self.dropped, table.drop_util, cached).sum())
+
+    def tier_usage_bytes(self, table: UtilityTable) -> FloatArray:
+        """Bytes used in each tier, shape ``(T,)``."""
+        rows = np.arange(table.n_contexts)
+        size = np.where(self.dropped, 0.0, table.size_bytes[rows, self.variant])
+        return np.bincount(self.tier, weights=size, minlength=table.n_tiers).astype(np.float64)
+
+    def feasible(self, table: UtilityTable) -> bool:
+        """True when no finite tier is over capacity and no chosen slot is padding."""
+        rows = np.arange(table.n_contexts)
+        if not np.all(self.dropped | table.valid[rows, self.variant]):
+            return False
+        used = self.tier_usage_bytes(table)
+        return all(c is None or used[t] <= c for t, c in enumerate(table.capacity_bytes))
