@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.types import (
     DROPPED,
     ORIGINAL_VARIANT,
@@ -42,6 +43,7 @@ class LruPlacer(Placer):
         # One recency list per tier, least recently used first.
         self._lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in self.tiers]
         self._used = [0] * len(self.tiers)
+        self._gone: dict[str, int] = {}  # sizes of contexts dropped while building a plan
 
     def _fits_anywhere(self, size_bytes: int) -> bool:
         return any(t.capacity_bytes is None or size_bytes <= t.capacity_bytes for t in self.tiers)
@@ -75,7 +77,7 @@ class LruPlacer(Placer):
         target = Placement(variant, self.tiers[entry.tier].name)
         kind = OpKind.PLACE if old is None else OpKind.MOVE
         ops = [] if source == target else [Operation(kind, cid, source, target, "most recent")]
-        return Plan(tuple(ops)) + self._spill(entry.tier, protect=cid)
+        return self._ordered(Plan(tuple(ops)) + self._spill(entry.tier, protect=cid), cid, size)
 
     def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
         if placement.tier is None:
@@ -105,7 +107,9 @@ class LruPlacer(Placer):
         if source == target:
             return Plan()
         op = Operation(OpKind.MOVE, context_id, source, target, "promoted on access")
-        return Plan((op,)) + self._spill(entry.tier, protect=context_id)
+        return self._ordered(
+            Plan((op,)) + self._spill(entry.tier, protect=context_id), context_id, entry.size_bytes
+        )
 
     def remove(self, context_id: str) -> None:
         entry = self._entries.pop(context_id, None)
@@ -138,6 +142,26 @@ class LruPlacer(Placer):
         return Plan(tuple(ops))
 
     # -- internals -------------------------------------------------------------------------
+
+    def _ordered(self, plan: Plan, cid: str, size_bytes: int) -> Plan:
+        """Net change per context, ordered so no prefix overflows a tier (spills run first).
+
+        ``cid`` is the inserted or promoted context (its size may be new); every other context
+        keeps its size. Dropped contexts are no longer in ``_entries``.
+        """
+        first: dict[str, Placement] = {}
+        last: dict[str, Placement] = {}
+        for op in plan.operations:
+            first.setdefault(op.context_id, op.source)
+            last[op.context_id] = op.target
+        changes = []
+        for c, src in first.items():
+            entry = self._entries.get(c)
+            size = size_bytes if c == cid else (entry.size_bytes if entry else self._gone.get(c, 0))
+            changes.append(Change(c, src, last[c], size, size, "lru"))
+        self._gone.clear()
+        used = {t.name: float(u) for t, u in zip(self.tiers, self._used, strict=True)}
+        return order_changes(changes, self.tiers, used)
 
     def _first_tier_for(self, size_bytes: int) -> int:
         for i, tier in enumerate(self.tiers):
@@ -186,4 +210,5 @@ class LruPlacer(Placer):
                 return Operation(OpKind.MOVE, cid, source, target, "least recently used")
             below += 1
         del self._entries[cid]
+        self._gone[cid] = entry.size_bytes
         return Operation(OpKind.DROP, cid, source, DROPPED, "least recently used, last tier full")
