@@ -73,7 +73,7 @@ class DaemonConfig:
     tcp_address: str = ""
     tls: TlsConfig | None = None
     token_file: str = ""
-    placer: str = "lru"
+    policy_file: str = ""  # a configs/policies/*.yaml document; empty = LRU, no compression
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30

@@ -73,6 +73,8 @@ class Tier(abc.ABC):
     """
 
     kind: ClassVar[str]
+    persistent: ClassVar[bool] = False
+    """Objects survive a daemon restart (the engine writes durable commits through to it)."""
 
     def __init__(self, config: TierConfig) -> None:
         self.config = config

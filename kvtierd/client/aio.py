@@ -1,0 +1,149 @@
+"""The asyncio client: the same operations as :class:`~kvtierd.client.KVClient`, awaitable.
+Byte copies run on a worker thread so the caller's event loop keeps going."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes, new_array
+from kvtierd.client.common import (
+    CHANNEL_OPTIONS,
+    STREAM_CHUNK_BYTES,
+    Endpoint,
+    LookupResult,
+    domain_error,
+    lookup_result,
+    spec,
+)
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+
+
+class AsyncKVClient:
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        address: str | None = None,
+        tls_ca_file: str = "",
+        token: str = "",
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
+        if self.endpoint.colocated:
+            self._channel = aio.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
+        else:
+            creds = self.endpoint.credentials()
+            self._channel = aio.secure_channel(self.endpoint.target, creds, CHANNEL_OPTIONS)
+        self.kv = pb_grpc.KVStoreStub(self._channel)
+        self.admin = pb_grpc.AdminStub(self._channel)
+        self.timeout_s = timeout_s
+        self._arena = ArenaMap()
+
+    async def close(self) -> None:
+        self._arena.close()
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncKVClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def call(self, fn: Any, request: Any) -> Any:
+        try:
+            return await fn(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise domain_error(e, self.endpoint) from None
+
+    async def put(
+        self,
+        key: str,
+        data: Any,
+        *,
+        context_id: str = "",
+        variant: str = "",
+        layout: str = "",
+        token_count: int = 0,
+        durable: bool = False,
+    ) -> pb.ObjectInfo:
+        p = as_payload(data)
+        s = spec(key, len(p.data), p.dtype, p.shape, context_id=context_id, variant=variant,
+                 layout=layout, token_count=token_count)  # fmt: skip
+        if not self.endpoint.colocated:
+
+            async def chunks() -> AsyncIterator[pb.PutChunk]:
+                yield pb.PutChunk(spec=s)
+                for start in range(0, len(p.data), STREAM_CHUNK_BYTES):
+                    yield pb.PutChunk(data=bytes(p.data[start : start + STREAM_CHUNK_BYTES]))
+
+            resp: pb.PutResponse = await self.call(self.kv.PutStream, chunks())
+            return resp.object
+        alloc_resp = await self.call(self.kv.Allocate, pb.AllocateRequest(objects=[s]))
+        (alloc,) = alloc_resp.allocations
+        try:
+            await asyncio.to_thread(copy_bytes, self._arena.region(alloc.region), p.data)
+        except BaseException:
+            await self.call(self.kv.Abort, pb.AbortRequest(allocation_ids=[alloc.allocation_id]))
+            raise
+        req = pb.CommitRequest(allocation_ids=[alloc.allocation_id], durable=durable)
+        commit: pb.CommitResponse = await self.call(self.kv.Commit, req)
+        return commit.objects[0]
+
+    async def lookup(self, keys: Sequence[str], hold_s: float = 0.0) -> LookupResult:
+        resp = await self.call(self.kv.Lookup, pb.LookupRequest(keys=list(keys), hold_s=hold_s))
+        return lookup_result(resp)
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, key: str, lease_s: float = 0.0
+    ) -> AsyncIterator[tuple[pb.ObjectInfo, memoryview]]:
+        resp = await self.call(self.kv.Get, pb.GetRequest(keys=[key], lease_s=lease_s))
+        (lease,) = resp.leases
+        try:
+            yield lease.object, self._arena.region(lease.region)
+        finally:
+            await self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
+
+    async def get(self, key: str, out: Any = None) -> Any:
+        if not self.endpoint.colocated:
+            return await self._get_stream(key, out)
+        async with self.lease(key) as (info, view):
+            if out is None:
+                out = new_array(info.spec)
+            await asyncio.to_thread(copy_bytes, bytes_view(out), view)
+        return out
+
+    async def _get_stream(self, key: str, out: Any) -> Any:
+        try:
+            filled = 0
+            dst = None
+            async for chunk in self.kv.GetStream(pb.GetStreamRequest(key=key)):
+                if chunk.HasField("info"):
+                    out = new_array(chunk.info.spec) if out is None else out
+                    dst = bytes_view(out)
+                    continue
+                assert dst is not None
+                dst[filled : filled + len(chunk.data)] = chunk.data
+                filled += len(chunk.data)
+        except grpc.RpcError as e:
+            raise domain_error(e, self.endpoint) from None
+        return out
+
+    async def delete(self, keys: Sequence[str]) -> int:
+        resp: pb.DeleteResponse = await self.call(self.kv.Delete, pb.DeleteRequest(keys=list(keys)))
+        return resp.deleted
+
+    async def touch(self, keys: Sequence[str]) -> int:
+        resp: pb.TouchResponse = await self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys)))
+        return resp.touched
+
+    async def status(self) -> pb.StatusResponse:
+        resp: pb.StatusResponse = await self.call(self.admin.Status, pb.StatusRequest())
+        return resp

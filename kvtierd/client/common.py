@@ -1,0 +1,122 @@
+"""What the sync and asyncio clients share: connection settings, spec building, results."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from kvtierd import errors
+from kvtierd.config import default_config
+from kvtierd.rpc import kvtier_pb2 as pb
+
+STREAM_CHUNK_BYTES = 4 << 20
+MAX_MESSAGE_BYTES = 64 << 20
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where the daemon is. A Unix socket means co-located (bytes through shared memory);
+    an ``address`` means TCP with TLS and a token (bytes streamed)."""
+
+    socket_path: str = ""
+    address: str = ""
+    tls_ca_file: str = ""
+    token: str = ""
+
+    @staticmethod
+    def resolve(
+        socket_path: str | None = None,
+        address: str | None = None,
+        tls_ca_file: str = "",
+        token: str = "",
+    ) -> Endpoint:
+        if address:
+            return Endpoint(address=address, tls_ca_file=tls_ca_file, token=token)
+        path = socket_path or os.environ.get("KVTIERD_SOCKET") or default_config().socket_path
+        return Endpoint(socket_path=path)
+
+    @property
+    def colocated(self) -> bool:
+        return bool(self.socket_path)
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.socket_path}" if self.socket_path else self.address
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        ca = Path(self.tls_ca_file).read_bytes() if self.tls_ca_file else None
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        if self.token:
+            token_creds = grpc.access_token_call_credentials(self.token)
+            return grpc.composite_channel_credentials(creds, token_creds)
+        return creds
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    found: tuple[bool, ...]
+    tiers: tuple[str, ...]
+    prefix_hits: int
+
+
+def lookup_result(resp: pb.LookupResponse) -> LookupResult:
+    return LookupResult(
+        found=tuple(r.found for r in resp.results),
+        tiers=tuple(r.tier for r in resp.results),
+        prefix_hits=resp.prefix_hits,
+    )
+
+
+# gRPC status -> the domain error the daemon raised (the reverse of the server's interceptor).
+_ERRORS: dict[grpc.StatusCode, type[errors.KvtierError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
+    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.CapacityError,
+    grpc.StatusCode.DATA_LOSS: errors.CorruptObjectError,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.LeaseError,
+    grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
+    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: errors.PermissionDeniedError,
+}
+
+
+def domain_error(e: grpc.RpcError, endpoint: Endpoint) -> errors.KvtierError:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    detail = e.details() if hasattr(e, "details") else str(e)
+    if code is grpc.StatusCode.UNAVAILABLE and "connect" in (detail or "").lower():
+        return errors.UnavailableError(
+            f"cannot reach kvtierd at {endpoint.target}: is it running? "
+            "(start it with ./scripts/serve or `kvtierd serve --config FILE`)"
+        )
+    return _ERRORS.get(code, errors.KvtierError)(detail or code.name)
+
+
+def spec(
+    key: str,
+    size_bytes: int,
+    dtype: str,
+    shape: tuple[int, ...],
+    *,
+    context_id: str,
+    variant: str,
+    layout: str,
+    token_count: int,
+) -> pb.ObjectSpec:
+    return pb.ObjectSpec(
+        key=key,
+        context_id=context_id,
+        variant=variant,
+        size_bytes=size_bytes,
+        dtype=dtype,
+        shape=list(shape),
+        layout=layout,
+        token_count=token_count,
+    )

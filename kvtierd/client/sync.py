@@ -1,0 +1,170 @@
+"""The blocking client. ``KVClient(socket_path)`` for co-located use (bytes through the
+daemon's shared-memory arena), ``KVClient(address=..., tls_ca_file=..., token=...)`` for a
+daemon on another host (bytes streamed in 4 MiB chunks)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes, new_array
+from kvtierd.client.common import (
+    CHANNEL_OPTIONS,
+    STREAM_CHUNK_BYTES,
+    Endpoint,
+    LookupResult,
+    domain_error,
+    lookup_result,
+    spec,
+)
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+
+class KVClient:
+    def __init__(
+        self,
+        socket_path: str | None = None,
+        *,
+        address: str | None = None,
+        tls_ca_file: str = "",
+        token: str = "",
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
+        if self.endpoint.colocated:
+            self._channel = grpc.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
+        else:
+            creds = self.endpoint.credentials()
+            target = self.endpoint.target
+            self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
+        self.kv = pb_grpc.KVStoreStub(self._channel)
+        self.admin = pb_grpc.AdminStub(self._channel)
+        self.timeout_s = timeout_s
+        self._arena = ArenaMap()
+
+    def close(self) -> None:
+        self._arena.close()
+        self._channel.close()
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, fn: Callable[..., T], request: Any) -> T:
+        """One RPC; gRPC errors come back as :mod:`kvtierd.errors` exceptions."""
+        try:
+            return fn(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise domain_error(e, self.endpoint) from None
+
+    # -- puts --------------------------------------------------------------------------------
+
+    def put(
+        self,
+        key: str,
+        data: Any,
+        *,
+        context_id: str = "",
+        variant: str = "",
+        layout: str = "",
+        token_count: int = 0,
+        durable: bool = False,
+    ) -> pb.ObjectInfo:
+        """Store bytes, a numpy array or a CPU torch tensor under ``key``."""
+        p = as_payload(data)
+        s = spec(
+            key,
+            len(p.data),
+            p.dtype,
+            p.shape,
+            context_id=context_id,
+            variant=variant,
+            layout=layout,
+            token_count=token_count,
+        )
+        if not self.endpoint.colocated:
+            return self._put_stream(s, p.data)
+        (alloc,) = self.call(self.kv.Allocate, pb.AllocateRequest(objects=[s])).allocations
+        try:
+            copy_bytes(self._arena.region(alloc.region), p.data)
+        except BaseException:
+            self.call(self.kv.Abort, pb.AbortRequest(allocation_ids=[alloc.allocation_id]))
+            raise
+        req = pb.CommitRequest(allocation_ids=[alloc.allocation_id], durable=durable)
+        return self.call(self.kv.Commit, req).objects[0]
+
+    def _put_stream(self, s: pb.ObjectSpec, data: memoryview) -> pb.ObjectInfo:
+        def chunks() -> Iterator[pb.PutChunk]:
+            yield pb.PutChunk(spec=s)
+            for start in range(0, len(data), STREAM_CHUNK_BYTES):
+                yield pb.PutChunk(data=bytes(data[start : start + STREAM_CHUNK_BYTES]))
+
+        return self.call(self.kv.PutStream, chunks()).object
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[str], hold_s: float = 0.0) -> LookupResult:
+        resp = self.call(self.kv.Lookup, pb.LookupRequest(keys=list(keys), hold_s=hold_s))
+        return lookup_result(resp)
+
+    @contextlib.contextmanager
+    def lease(self, key: str, lease_s: float = 0.0) -> Iterator[tuple[pb.ObjectInfo, memoryview]]:
+        """Zero-copy read: a view of the object's bytes in the arena, valid inside the block."""
+        (lease,) = self.call(self.kv.Get, pb.GetRequest(keys=[key], lease_s=lease_s)).leases
+        try:
+            yield lease.object, self._arena.region(lease.region)
+        finally:
+            self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
+
+    def get(self, key: str, out: Any = None) -> Any:
+        """Copy an object into ``out`` (numpy array / CPU tensor / bytearray) or a new numpy
+        array shaped as stored; returns it."""
+        if not self.endpoint.colocated:
+            return self._get_stream(key, out)
+        with self.lease(key) as (info, view):
+            if out is None:
+                out = new_array(info.spec)
+            copy_bytes(bytes_view(out), view)
+        return out
+
+    def _get_stream(self, key: str, out: Any) -> Any:
+        stream = self.kv.GetStream(pb.GetStreamRequest(key=key), timeout=self.timeout_s)
+        try:
+            first = next(stream)
+            if out is None:
+                out = new_array(first.info.spec)
+            dst, filled = bytes_view(out), 0
+            for chunk in stream:
+                dst[filled : filled + len(chunk.data)] = chunk.data
+                filled += len(chunk.data)
+        except grpc.RpcError as e:
+            raise domain_error(e, self.endpoint) from None
+        return out
+
+    def delete(self, keys: Sequence[str]) -> int:
+        return self.call(self.kv.Delete, pb.DeleteRequest(keys=list(keys))).deleted
+
+    def touch(self, keys: Sequence[str]) -> int:
+        return self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys))).touched
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def status(self) -> pb.StatusResponse:
+        return self.call(self.admin.Status, pb.StatusRequest())
+
+    def tiers(self) -> list[pb.TierInfo]:
+        return list(self.call(self.admin.ListTiers, pb.ListTiersRequest()).tiers)
+
+    def contexts(self, tier: str = "") -> list[pb.ContextSummary]:
+        return list(self.call(self.admin.ListContexts, pb.ListContextsRequest(tier=tier)).contexts)
+
+    def drain(self, tier: str) -> pb.DrainResponse:
+        return self.call(self.admin.Drain, pb.DrainRequest(tier=tier))

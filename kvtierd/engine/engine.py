@@ -1,0 +1,531 @@
+"""The engine: the single owner of index state (context -> objects -> tier), leases and
+access statistics. Servicers translate gRPC to calls on it; placement decisions come from a
+:class:`~kvtierd.policies.Placer`; the :class:`~kvtierd.engine.executor.Executor` carries
+plans out in the background.
+
+Everything here runs on the daemon's event loop, so index updates need no locks; byte copies
+and file I/O run on worker threads inside the tiers. A context's ``lock`` serialises the
+moves of its objects against reads that stage them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from kvtierd.config import DaemonConfig
+from kvtierd.engine.executor import Executor
+from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
+from kvtierd.engine.validate import validate_meta
+from kvtierd.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    CorruptObjectError,
+    InvalidArgumentError,
+    LeaseError,
+    NotFoundError,
+    UnavailableError,
+)
+from kvtierd.policies import Placer, PlacerParams, placer_class
+from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
+from kvtierd.storage import CpuTier, Tier, create_tier
+from kvtierd.storage.allocator import Block
+from kvtierd.types import (
+    DROPPED,
+    ContextProfile,
+    ObjectMeta,
+    Placement,
+    Plan,
+    TierModel,
+    VariantProfile,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.instance_id = secrets.token_hex(6)
+        self.started_s = time.monotonic()
+        self.tiers: dict[str, Tier] = {t.name: create_tier(t) for t in config.tiers}
+        cpus = [t for t in self.tiers.values() if isinstance(t, CpuTier)]
+        if len(cpus) != 1:
+            raise InvalidArgumentError(
+                f"exactly one tier of kind 'cpu' is required (the shared-memory data plane), "
+                f"found {len(cpus)}"
+            )
+        self.cpu: CpuTier = cpus[0]
+        self.objects: dict[str, ObjectRecord] = {}
+        self.contexts: dict[str, ContextRecord] = {}
+        self.allocations: dict[str, AllocationRecord] = {}
+        self.leases: dict[str, LeaseRecord] = {}
+        self._committed: OrderedDict[str, None] = OrderedDict()  # recent ids: double commits
+        self._block_refs: dict[int, int] = {}  # arena offset -> leases on it
+        self._orphans: dict[int, Block] = {}  # arena offset -> Block no tier owns any more
+        self._ids = itertools.count(1)
+        self.hits = 0
+        self.misses = 0
+        self.draining = False
+        self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
+        self.placer = self._make_placer(self.policy)
+        self.executor = Executor(self)
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _make_placer(self, policy: PolicyConfig) -> Placer:
+        try:
+            cls = placer_class(policy.placer)
+        except ValueError as e:
+            raise ConfigError(f"{policy.source}: {e}") from e
+        known = {f.name for f in dataclasses.fields(PlacerParams)}
+        params = PlacerParams(
+            **{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items() if f in known}
+        )
+        return cls(self.tier_models(), params)
+
+    async def apply_policy(self, policy: PolicyConfig) -> Plan:
+        """Hot reload: a new placer re-places every context; the old one stays on error."""
+        placer = self._make_placer(policy)
+        await self.executor.idle()
+        plan = placer.rebalance([self.profile(c) for c in self.contexts.values()])
+        self.placer, self.policy = placer, policy
+        await self.executor.run(plan)
+        return plan
+
+    def tier_models(self) -> list[TierModel]:
+        return [
+            TierModel(
+                name=t.name,
+                capacity_bytes=t.capacity_bytes or None,
+                load_bandwidth_bytes_per_s=t.read_meter.bytes_per_s,
+            )
+            for t in self.tiers.values()
+        ]
+
+    async def start(self) -> None:
+        started: list[Tier] = []
+        try:
+            for tier in self.tiers.values():
+                await tier.start()
+                started.append(tier)
+        except BaseException:
+            for tier in reversed(started):
+                await tier.close()
+            raise
+        # Bandwidths are known now: give the placer the calibrated figures.
+        self.placer = self._make_placer(self.policy)
+        self._rebuild_index()
+        self.executor.start()
+        self._reaper = asyncio.create_task(self._reap_forever(), name="kvtierd-reaper")
+
+    def _rebuild_index(self) -> None:
+        """Index every object the persistent tiers still hold (after a restart)."""
+        for tier in self.tiers.values():
+            for meta in tier.metas():
+                if meta.key in self.objects:
+                    logger.warning("object %r found in two tiers; keeping one copy", meta.key)
+                    continue
+                self.objects[meta.key] = ObjectRecord(meta, tier.name)
+                self._context_add(meta)
+        for ctx in self.contexts.values():
+            self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
+        if self.objects:
+            logger.info("rebuilt index: %d objects in %d contexts", len(self.objects),
+                        len(self.contexts))  # fmt: skip
+
+    async def close(self) -> None:
+        self.draining = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.executor.close()
+        for tier in self.tiers.values():
+            await tier.close()
+
+    def _adopt(self, ctx: ContextRecord, placement: Placement) -> Plan:
+        profile = self.profile(ctx)
+        try:
+            return self.placer.adopt(profile, placement)
+        except NotImplementedError:
+            return self.placer.insert(profile)
+
+    # -- puts through the arena ----------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.draining:
+            raise UnavailableError("the daemon is shutting down; retry against the new instance")
+
+    def allocate(self, metas: Sequence[ObjectMeta]) -> list[AllocationRecord]:
+        self._check_open()
+        largest = max((t.capacity_bytes or 1 << 62) for t in self.tiers.values())
+        seen: set[str] = set()
+        for meta in metas:
+            validate_meta(meta, min(largest, self.config.max_object_bytes))
+            if meta.key in self.objects or meta.key in seen or self._allocating(meta.key):
+                raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
+            seen.add(meta.key)
+        records: list[AllocationRecord] = []
+        try:
+            for meta in metas:
+                block = self.cpu.stage(meta.size_bytes)
+                rec = AllocationRecord(
+                    f"{self.instance_id}:a{next(self._ids)}", meta, block,
+                    time.monotonic() + self.config.allocation_timeout_s,
+                )  # fmt: skip
+                self.allocations[rec.allocation_id] = rec
+                records.append(rec)
+        except BaseException:
+            for rec in records:
+                self.abort([rec.allocation_id])
+            raise
+        return records
+
+    def _allocating(self, key: str) -> bool:
+        return any(a.meta.key == key for a in self.allocations.values())
+
+    def abort(self, allocation_ids: Sequence[str]) -> None:
+        for aid in allocation_ids:
+            rec = self.allocations.pop(aid, None)
+            if rec is not None:
+                self.cpu.free_block(rec.block)
+
+    async def commit(
+        self, allocation_ids: Sequence[str], durable: bool = False
+    ) -> list[ObjectMeta]:
+        self._check_open()
+        recs: list[AllocationRecord] = []
+        for aid in allocation_ids:
+            if aid in self._committed:
+                raise AlreadyExistsError(f"allocation {aid!r} was already committed")
+            if aid not in self.allocations:
+                raise NotFoundError(f"unknown or expired allocation {aid!r}; allocate again")
+            recs.append(self.allocations[aid])
+        metas = []
+        for rec in recs:
+            del self.allocations[rec.allocation_id]
+            self._committed[rec.allocation_id] = None
+            if len(self._committed) > 100_000:
+                self._committed.popitem(last=False)
+            metas.append(self._add_object(self.cpu.adopt(rec.meta, rec.block), self.cpu.name))
+        if durable:
+            await self._write_through(metas)
+        return metas
+
+    async def put_bytes(
+        self, meta: ObjectMeta, data: memoryview, durable: bool = False
+    ) -> ObjectMeta:
+        """Store bytes that arrived by stream (not through the arena)."""
+        (rec,) = self.allocate([meta])
+        try:
+            self.cpu.view(rec.block)[:] = data
+        except BaseException:
+            self.abort([rec.allocation_id])
+            raise
+        (stored,) = await self.commit([rec.allocation_id], durable)
+        return stored
+
+    def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
+        self.objects[meta.key] = ObjectRecord(meta, tier)
+        ctx = self._context_add(meta)
+        ctx.last_access_s = time.monotonic()
+        self.executor.submit(self.placer.insert(self.profile(ctx)))
+        return meta
+
+    def _context_add(self, meta: ObjectMeta) -> ContextRecord:
+        ctx = self.contexts.get(meta.context)
+        if ctx is None:
+            ctx = self.contexts[meta.context] = ContextRecord(meta.context, meta.variant)
+        ctx.keys[meta.key] = None
+        ctx.size_bytes += meta.size_bytes
+        return ctx
+
+    async def _write_through(self, metas: Sequence[ObjectMeta]) -> None:
+        """Give each object a copy on the first persistent tier before acknowledging."""
+        target = next((t for t in self.tiers.values() if t.persistent), None)
+        if target is None:
+            raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
+        for meta in metas:
+            obj = self.objects.get(meta.key)
+            if obj is None or obj.tier == target.name or obj.shadow:
+                continue
+            async with self.contexts[meta.context].lock:
+                if obj.tier == self.cpu.name:
+                    await target.put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
+                    obj.shadow = target.name
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0
+    ) -> tuple[list[ObjectRecord | None], int]:
+        now = time.monotonic()
+        found: list[ObjectRecord | None] = [self.objects.get(k) for k in keys]
+        prefix = next((i for i, f in enumerate(found) if f is None), len(found))
+        for rec in found:
+            if rec is not None and hold_s > 0:
+                ctx = self.contexts[rec.meta.context]
+                ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
+        return found, prefix
+
+    async def get(self, keys: Sequence[str], lease_s: float = 0.0) -> list[LeaseRecord]:
+        self._check_open()
+        lease_s = lease_s if lease_s > 0 else self.config.lease_s
+        leases: list[LeaseRecord] = []
+        try:
+            for key in keys:
+                leases.append(await self._lease_one(key, lease_s))
+        except BaseException:
+            self.release([lease.lease_id for lease in leases])
+            raise
+        for ctx_id in dict.fromkeys(lease.meta.context for lease in leases):
+            self._record_access(self.contexts[ctx_id])
+        return leases
+
+    async def _lease_one(self, key: str, lease_s: float) -> LeaseRecord:
+        obj = self.objects.get(key)
+        if obj is None:
+            self.misses += 1
+            raise NotFoundError(f"object {key!r} not found")
+        ctx = self.contexts[obj.meta.context]
+        async with ctx.lock:
+            obj = self.objects.get(key)
+            if obj is None:
+                raise NotFoundError(f"object {key!r} was removed while being read")
+            if obj.tier == self.cpu.name:
+                block = self.cpu.block_of(key)
+            else:
+                block = await self._stage_from(obj)
+                self._orphans[block.offset] = block
+        self._block_refs[block.offset] = self._block_refs.get(block.offset, 0) + 1
+        self.hits += 1
+        lease = LeaseRecord(
+            f"{self.instance_id}:l{next(self._ids)}", obj.meta, obj.tier, block,
+            time.monotonic() + lease_s,
+        )  # fmt: skip
+        self.leases[lease.lease_id] = lease
+        return lease
+
+    async def _stage_from(self, obj: ObjectRecord) -> Block:
+        block = self.cpu.stage(obj.meta.size_bytes)
+        try:
+            await self.tiers[obj.tier].read_into(obj.meta.key, self.cpu.view(block, padded=True))
+        except CorruptObjectError:
+            self.cpu.free_block(block)
+            self._forget_object(obj.meta.key)
+            raise
+        except BaseException:
+            self.cpu.free_block(block)
+            raise
+        return block
+
+    def release(self, lease_ids: Sequence[str]) -> None:
+        for lid in lease_ids:
+            lease = self.leases.pop(lid, None)
+            if lease is None:
+                if not lid.startswith(self.instance_id + ":"):
+                    raise LeaseError(
+                        f"lease {lid!r} is from a previous daemon instance (it restarted); "
+                        "get the object again"
+                    )
+                raise NotFoundError(f"unknown, expired or already released lease {lid!r}")
+            self._unref(lease.block)
+
+    def _unref(self, block: Block) -> None:
+        offset = block.offset
+        left = self._block_refs[offset] - 1
+        if left:
+            self._block_refs[offset] = left
+            return
+        del self._block_refs[offset]
+        orphan = self._orphans.pop(offset, None)
+        if orphan is not None:
+            self.cpu.free_block(orphan)
+
+    def touch(self, keys: Sequence[str]) -> int:
+        touched = {self.objects[k].meta.context for k in keys if k in self.objects}
+        for ctx_id in touched:
+            self._record_access(self.contexts[ctx_id])
+        return len(touched)
+
+    def _record_access(self, ctx: ContextRecord) -> None:
+        now = time.monotonic()
+        ctx.hits += 1
+        ctx.last_access_s = now
+        self.executor.submit(self.placer.access(ctx.context_id, now))
+
+    # -- removal -----------------------------------------------------------------------------
+
+    async def delete(self, keys: Sequence[str]) -> int:
+        deleted = 0
+        for key in keys:
+            obj = self.objects.get(key)
+            if obj is None:
+                continue
+            ctx = self.contexts[obj.meta.context]
+            async with ctx.lock:
+                if key in self.objects:
+                    await self._remove_object_bytes(self.objects[key])
+                    self._forget_object(key)
+                    deleted += 1
+        return deleted
+
+    async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
+        for tier_name in filter(None, (obj.tier, obj.shadow)):
+            await self._remove_from_tier(obj.meta.key, tier_name)
+
+    async def _remove_from_tier(self, key: str, tier_name: str) -> None:
+        if tier_name == self.cpu.name:
+            block = self.cpu.detach(key)
+            if self._block_refs.get(block.offset):
+                self._orphans[block.offset] = block  # freed by the last release
+            else:
+                self.cpu.free_block(block)
+        else:
+            with contextlib.suppress(NotFoundError):
+                await self.tiers[tier_name].delete(key)
+
+    def _forget_object(self, key: str) -> None:
+        """Drop the object from the index; keep the placer in step with its context."""
+        obj = self.objects.pop(key)
+        ctx = self.contexts[obj.meta.context]
+        del ctx.keys[key]
+        ctx.size_bytes -= obj.meta.size_bytes
+        if not ctx.keys:
+            del self.contexts[ctx.context_id]
+            self.placer.remove(ctx.context_id)
+        else:
+            self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
+
+    async def evict(self, context_ids: Sequence[str]) -> int:
+        evicted = 0
+        for cid in context_ids:
+            ctx = self.contexts.get(cid)
+            if ctx is None:
+                raise NotFoundError(f"context {cid!r} not found")
+            await self.drop_context(ctx)
+            self.placer.remove(cid)
+            evicted += 1
+        return evicted
+
+    async def drop_context(self, ctx: ContextRecord) -> None:
+        """Delete every object of a context (leased arena blocks are freed on release)."""
+        async with ctx.lock:
+            for key in list(ctx.keys):
+                await self._remove_object_bytes(self.objects.pop(key))
+            ctx.keys.clear()
+            ctx.size_bytes = 0
+            self.contexts.pop(ctx.context_id, None)
+
+    async def move_context(self, ctx: ContextRecord, target: str) -> int:
+        """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""
+        moved = 0
+        async with ctx.lock:
+            for key in list(ctx.keys):
+                obj = self.objects.get(key)
+                if obj is None or obj.tier == target:
+                    continue
+                moved += await self._move_object(obj, target)
+        return moved
+
+    async def _move_object(self, obj: ObjectRecord, target: str) -> int:
+        meta, source = obj.meta, obj.tier
+        if obj.shadow == target:
+            # A durable copy is already there: dropping the faster copy is the whole move.
+            await self._remove_from_tier(meta.key, source)
+            obj.tier, obj.shadow = target, ""
+            return meta.size_bytes
+        if target == self.cpu.name:
+            block = await self._stage_from(obj)
+            self.cpu.adopt(meta, block)
+        elif source == self.cpu.name:
+            await self.tiers[target].put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
+        else:
+            block = await self._stage_from(obj)
+            try:
+                await self.tiers[target].put(meta, self.cpu.view(block))
+            finally:
+                self.cpu.free_block(block)
+        keep = obj.shadow if obj.shadow != source else ""  # a durable copy stays where it is
+        await self._remove_from_tier(meta.key, source)
+        obj.tier, obj.shadow = target, keep
+        return meta.size_bytes
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def set_pinned(self, context_ids: Sequence[str], pinned: bool) -> int:
+        changed = 0
+        for cid in context_ids:
+            ctx = self.contexts.get(cid)
+            if ctx is None:
+                raise NotFoundError(f"context {cid!r} not found")
+            if ctx.pinned != pinned:
+                ctx.pinned = pinned
+                changed += 1
+                self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
+        return changed
+
+    async def drain(self, tier_name: str) -> tuple[int, int]:
+        """Move every context out of ``tier_name`` to the next tier down, or drop it."""
+        names = list(self.tiers)
+        if tier_name not in names:
+            raise NotFoundError(f"no tier {tier_name!r}; tiers: {', '.join(names)}")
+        below = names[names.index(tier_name) + 1 :]
+        moved = dropped = 0
+        for ctx in [c for c in self.contexts.values() if self.placement_of(c).tier == tier_name]:
+            if below:
+                await self.move_context(ctx, below[0])
+                self.executor.submit(self._adopt(ctx, Placement(ctx.variant, below[0])))
+                moved += 1
+            else:
+                await self.drop_context(ctx)
+                self.placer.remove(ctx.context_id)
+                dropped += 1
+        return moved, dropped
+
+    async def rebalance(self) -> Plan:
+        plan = self.placer.rebalance([self.profile(c) for c in self.contexts.values()])
+        await self.executor.run(plan)
+        return plan
+
+    def placement_of(self, ctx: ContextRecord) -> Placement:
+        """Where the context's bytes are (its first object's tier; moves keep them together)."""
+        if not ctx.keys:
+            return DROPPED
+        return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
+
+    def profile(self, ctx: ContextRecord) -> ContextProfile:
+        original = VariantProfile(ctx.variant, ctx.size_bytes)
+        return ContextProfile(
+            context_id=ctx.context_id,
+            variants=(original,),
+            frequency=float(max(ctx.hits, 1)),
+            last_access_s=ctx.last_access_s,
+            pinned=ctx.pinned or ctx.hold_until_s > time.monotonic(),
+        )
+
+    # -- background --------------------------------------------------------------------------
+
+    async def _reap_forever(self, period_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            self.reap(time.monotonic())
+
+    def reap(self, now_s: float) -> None:
+        """Expire leases and abandoned allocations (a client that died mid-put)."""
+        for lid in [lid for lid, lease in self.leases.items() if lease.deadline_s < now_s]:
+            logger.warning("lease %s on %r expired unreleased", lid, self.leases[lid].meta.key)
+            self.release([lid])
+        for aid in [a for a, rec in self.allocations.items() if rec.deadline_s < now_s]:
+            logger.warning("allocation %s for %r expired uncommitted", aid,
+                           self.allocations[aid].meta.key)  # fmt: skip
+            self.abort([aid])

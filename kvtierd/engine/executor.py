@@ -1,0 +1,99 @@
+"""Carries placer plans out in the background, one operation at a time, in plan order.
+
+Plans come from the event loop (``submit`` never blocks the put or load path); operations are
+*reconciling*: a ``move``/``place`` brings every object of the context to the target tier,
+whatever subset is already there, so a plan that races with a later one still converges.
+A failed operation is logged and counted and the engine's index stays the truth; a crash of
+the executor task itself marks the daemon unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from kvtierd.errors import KvtierError
+from kvtierd.types import Operation, OpKind, Plan
+
+if TYPE_CHECKING:
+    from kvtierd.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+class Executor:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._queue: asyncio.Queue[Plan] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self.done = Counter[str]()
+        self.failed = Counter[str]()
+        self.deferred: list[Operation] = []
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run_forever(), name="kvtierd-executor")
+        self._task.add_done_callback(self._on_exit)
+
+    def _on_exit(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.error = task.exception()
+            logger.error("plan executor died: %r", self.error)
+
+    @property
+    def healthy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def submit(self, plan: Plan) -> None:
+        if plan:
+            self._queue.put_nowait(plan)
+
+    async def idle(self) -> None:
+        """Wait until every submitted plan has been carried out."""
+        await self._queue.join()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run_forever(self) -> None:
+        while True:
+            plan = await self._queue.get()
+            try:
+                await self.run(plan)
+            finally:
+                self._queue.task_done()
+
+    async def run(self, plan: Plan) -> None:
+        retry, self.deferred = self.deferred, []
+        for op in (*retry, *plan.operations):
+            try:
+                await self.apply(op)
+            except KvtierError as e:
+                self.failed[op.kind.value] += 1
+                logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
+            else:
+                self.done[op.kind.value] += 1
+
+    async def apply(self, op: Operation) -> None:
+        ctx = self.engine.contexts.get(op.context_id)
+        if ctx is None:
+            return  # deleted since the plan was made
+        if op.kind is OpKind.DROP:
+            if ctx.hold_until_s > time.monotonic():
+                self.deferred.append(op)  # a client looked it up and is about to load it
+                return
+            await self.engine.drop_context(ctx)
+        elif op.kind is OpKind.COMPRESS or op.target.variant != ctx.variant:
+            raise KvtierError(
+                f"operation {op.kind.value} to variant {op.target.variant!r} needs compression, "
+                "which this daemon's executor does not run yet"
+            )
+        elif op.target.tier is not None:
+            await self.engine.move_context(ctx, op.target.tier)

@@ -1,0 +1,58 @@
+"""The engine's records: objects, contexts, allocations and leases.
+
+These are mutable and private to the engine (the one owner of index state); the rest of the
+system sees frozen :mod:`kvtierd.types` values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from kvtierd.storage.allocator import Block
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+
+@dataclass(slots=True)
+class ObjectRecord:
+    """One object: where its bytes are (``tier``) and, if written through, a persistent copy."""
+
+    meta: ObjectMeta
+    tier: str
+    shadow: str = ""  # a persistent tier also holding the bytes (durable commit), or ""
+
+
+@dataclass(slots=True)
+class ContextRecord:
+    """One context: its objects (in put order), access statistics and protection."""
+
+    context_id: str
+    variant: str = ORIGINAL_VARIANT
+    keys: dict[str, None] = field(default_factory=dict)  # ordered set
+    size_bytes: int = 0
+    hits: int = 0
+    last_access_s: float = 0.0
+    pinned: bool = False
+    hold_until_s: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(slots=True)
+class AllocationRecord:
+    """A put in flight: a staged arena block the client is writing."""
+
+    allocation_id: str
+    meta: ObjectMeta
+    block: Block
+    deadline_s: float
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    """A reader's claim on an arena block: the block is neither moved nor freed under it."""
+
+    lease_id: str
+    meta: ObjectMeta
+    tier: str
+    block: Block
+    deadline_s: float

@@ -1,0 +1,148 @@
+"""The ``Admin`` servicer: status, tiers, contexts, evict/pin/drain, rebalance, policy."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kvtierd import __version__
+from kvtierd.engine import Engine
+from kvtierd.engine.state import ContextRecord
+from kvtierd.errors import InvalidArgumentError, NotFoundError
+from kvtierd.policy_config import parse_policy
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.server.convert import record_info
+from kvtierd.server.health import HealthMonitor
+from kvtierd.types import OpKind
+
+_ORDERS = {
+    "recency": lambda c: -c.last_access_s,
+    "frequency": lambda c: -c.hits,
+    "size": lambda c: -c.size_bytes,
+    "id": lambda c: c.context_id,
+}
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    def __init__(self, engine: Engine, health: HealthMonitor) -> None:
+        self.engine = engine
+        self.health = health
+
+    def _summary(self, ctx: ContextRecord) -> pb.ContextSummary:
+        placement = self.engine.placement_of(ctx)
+        return pb.ContextSummary(
+            context_id=ctx.context_id,
+            variant=placement.variant,
+            tier=placement.tier or "",
+            size_bytes=ctx.size_bytes,
+            objects=len(ctx.keys),
+            frequency=self.engine.profile(ctx).frequency,
+            last_access_age_s=max(0.0, time.monotonic() - ctx.last_access_s),
+            pinned=ctx.pinned,
+            hits=ctx.hits,
+        )
+
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        e = self.engine
+        return pb.StatusResponse(
+            version=__version__,
+            instance_id=e.instance_id,
+            uptime_s=time.monotonic() - e.started_s,
+            placer=e.placer.name,
+            contexts=len(e.contexts),
+            objects=len(e.objects),
+            leases=len(e.leases),
+            allocations=len(e.allocations),
+            draining=e.draining,
+            health=self.health.describe(),
+            hits=e.hits,
+            misses=e.misses,
+        )
+
+    async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:
+        tiers = []
+        for tier in self.engine.tiers.values():
+            s = tier.stats()
+            tiers.append(
+                pb.TierInfo(
+                    name=s.name,
+                    kind=tier.kind,
+                    capacity_bytes=s.capacity_bytes,
+                    used_bytes=s.used_bytes,
+                    object_count=s.object_count,
+                    read_bandwidth_bytes_per_s=s.read_bandwidth_bytes_per_s,
+                    write_bandwidth_bytes_per_s=s.write_bandwidth_bytes_per_s,
+                    fragmentation=s.fragmentation,
+                    healthy=s.healthy,
+                    detail=s.detail,
+                )
+            )
+        return pb.ListTiersResponse(tiers=tiers)
+
+    async def ListContexts(
+        self, request: pb.ListContextsRequest, context: Any
+    ) -> pb.ListContextsResponse:
+        order = request.order_by or "recency"
+        if order not in _ORDERS:
+            raise InvalidArgumentError(
+                f"order_by {order!r} is not one of: {', '.join(sorted(_ORDERS))}"
+            )
+        if request.tier and request.tier not in self.engine.tiers:
+            known = ", ".join(self.engine.tiers)
+            raise NotFoundError(f"no tier {request.tier!r}; tiers: {known}")
+        ctxs = [
+            c
+            for c in self.engine.contexts.values()
+            if not request.tier or self.engine.placement_of(c).tier == request.tier
+        ]
+        ctxs.sort(key=_ORDERS[order])
+        if request.limit:
+            ctxs = ctxs[: request.limit]
+        return pb.ListContextsResponse(contexts=[self._summary(c) for c in ctxs])
+
+    async def DescribeContext(
+        self, request: pb.DescribeContextRequest, context: Any
+    ) -> pb.DescribeContextResponse:
+        ctx = self.engine.contexts.get(request.context_id)
+        if ctx is None:
+            raise NotFoundError(f"context {request.context_id!r} not found")
+        objects = [record_info(self.engine.objects[k]) for k in ctx.keys]
+        return pb.DescribeContextResponse(
+            summary=self._summary(ctx),
+            objects=objects,
+            reason=f"placed by the {self.engine.placer.name!r} placer",
+        )
+
+    async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictResponse:
+        return pb.EvictResponse(evicted=await self.engine.evict(request.context_ids))
+
+    async def Pin(self, request: pb.PinRequest, context: Any) -> pb.PinResponse:
+        return pb.PinResponse(changed=self.engine.set_pinned(request.context_ids, True))
+
+    async def Unpin(self, request: pb.PinRequest, context: Any) -> pb.PinResponse:
+        return pb.PinResponse(changed=self.engine.set_pinned(request.context_ids, False))
+
+    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+        moved, dropped = await self.engine.drain(request.tier)
+        return pb.DrainResponse(moved=moved, dropped=dropped)
+
+    async def GetPolicy(self, request: pb.PolicyRequest, context: Any) -> pb.PolicyResponse:
+        p = self.engine.policy
+        return pb.PolicyResponse(name=p.name, yaml=p.text, source=p.source)
+
+    async def ApplyPolicy(self, request: pb.ApplyPolicyRequest, context: Any) -> pb.PolicyResponse:
+        policy = parse_policy(request.yaml, request.source or "policy")
+        if not request.dry_run:
+            await self.engine.apply_policy(policy)
+        return pb.PolicyResponse(name=policy.name, yaml=policy.text, source=policy.source)
+
+    async def Rebalance(self, request: pb.RebalanceRequest, context: Any) -> pb.RebalanceResponse:
+        plan = await self.engine.rebalance()
+        kinds = [op.kind for op in plan.operations]
+        return pb.RebalanceResponse(
+            operations=len(kinds),
+            moved=kinds.count(OpKind.MOVE),
+            dropped=kinds.count(OpKind.DROP),
+            compressed=kinds.count(OpKind.COMPRESS),
+        )

@@ -1,0 +1,53 @@
+"""proto <-> domain conversions. Servicers only translate; the engine decides."""
+
+from __future__ import annotations
+
+from kvtierd.engine.state import ObjectRecord
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.storage.allocator import Block
+from kvtierd.storage.arena import Arena
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+
+def meta_from_spec(spec: pb.ObjectSpec) -> ObjectMeta:
+    return ObjectMeta(
+        key=spec.key,
+        size_bytes=spec.size_bytes,
+        context_id=spec.context_id,
+        variant=spec.variant or ORIGINAL_VARIANT,
+        dtype=spec.dtype or "uint8",
+        shape=tuple(spec.shape),
+        layout=spec.layout,
+        token_count=spec.token_count,
+        kept_indices=spec.kept_indices,
+        checksum=spec.checksum,
+    )
+
+
+def spec_from_meta(meta: ObjectMeta) -> pb.ObjectSpec:
+    return pb.ObjectSpec(
+        key=meta.key,
+        context_id=meta.context_id,
+        variant=meta.variant,
+        size_bytes=meta.size_bytes,
+        dtype=meta.dtype,
+        shape=list(meta.shape),
+        layout=meta.layout,
+        token_count=meta.token_count,
+        kept_indices=meta.kept_indices,
+        checksum=meta.checksum,
+    )
+
+
+def info(meta: ObjectMeta, tier: str) -> pb.ObjectInfo:
+    return pb.ObjectInfo(spec=spec_from_meta(meta), tier=tier, checksum=meta.checksum)
+
+
+def record_info(rec: ObjectRecord) -> pb.ObjectInfo:
+    return info(rec.meta, rec.tier)
+
+
+def region(arena: Arena, block: Block) -> pb.ArenaRegion:
+    return pb.ArenaRegion(
+        arena_path=str(arena.path), arena_id=arena.id, offset=block.offset, length=block.length
+    )

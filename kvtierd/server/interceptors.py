@@ -1,0 +1,135 @@
+"""Server interceptors: one maps :mod:`kvtierd.errors` to gRPC status codes, one checks the
+bearer token on TCP listeners.
+
+The error interceptor wraps every method handler, so servicers raise domain errors and never
+call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
+exception's class and message (logged with its traceback here, never sent to the client).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from kvtierd import errors
+
+logger = logging.getLogger(__name__)
+
+# Most specific first: the first matching class decides.
+STATUS_OF: tuple[tuple[type[errors.KvtierError], grpc.StatusCode], ...] = (
+    (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (errors.CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.CorruptObjectError, grpc.StatusCode.DATA_LOSS),
+    (errors.LeaseError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.KvtierError, grpc.StatusCode.INTERNAL),
+)
+
+
+def status_of(error: BaseException) -> grpc.StatusCode:
+    for cls, code in STATUS_OF:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+ErrorHook = Callable[[grpc.StatusCode], None]
+
+
+class ErrorInterceptor(aio.ServerInterceptor):
+    def __init__(self, on_error: ErrorHook | None = None) -> None:
+        self._on_error = on_error
+
+    async def _fail(self, context: Any, method: str, e: Exception) -> None:
+        code = status_of(e)
+        if code is grpc.StatusCode.INTERNAL:
+            logger.exception("%s failed", method)
+            message = f"internal error in {method}: {type(e).__name__}: {e}"
+        else:
+            message = str(e)
+        if self._on_error is not None:
+            self._on_error(code)
+        await context.abort(code, message)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = details.method
+        fail = self._fail
+        if handler.unary_unary:
+            inner_uu: Any = handler.unary_unary
+
+            async def unary_unary(request: Any, context: Any) -> Any:
+                try:
+                    return await inner_uu(request, context)
+                except Exception as e:
+                    await fail(context, method, e)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            inner_su: Any = handler.stream_unary
+
+            async def stream_unary(requests: Any, context: Any) -> Any:
+                try:
+                    return await inner_su(requests, context)
+                except Exception as e:
+                    await fail(context, method, e)
+
+            return grpc.stream_unary_rpc_method_handler(
+                stream_unary, handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_us: Any = handler.unary_stream
+
+            async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                try:
+                    async for item in inner_us(request, context):
+                        yield item
+                except Exception as e:
+                    await fail(context, method, e)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, handler.request_deserializer, handler.response_serializer
+            )
+        return handler
+
+
+class TokenInterceptor(aio.ServerInterceptor):
+    """Rejects calls without ``authorization: Bearer <token>`` (TCP listeners only)."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        details: grpc.HandlerCallDetails,
+    ) -> Any:
+        metadata = dict(details.invocation_metadata or ())
+        given = str(metadata.get("authorization", "")).encode()
+        if hmac.compare_digest(given, self._expected):
+            return await continuation(details)
+
+        async def deny(request: Any, context: Any) -> None:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong bearer token (metadata 'authorization: Bearer <token>')",
+            )
+
+        return grpc.unary_unary_rpc_method_handler(deny)

@@ -1,0 +1,138 @@
+"""The ``KVStore`` servicer: translates requests to engine calls and results to replies."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kvtierd.engine import Engine
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.server.convert import info, meta_from_spec, record_info, region
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+MAX_CHUNK_BYTES = 16 << 20
+MAX_BATCH = 100_000
+
+
+def _check_batch(n: int, what: str) -> None:
+    if n == 0:
+        raise InvalidArgumentError(f"{what}: the request names no keys")
+    if n > MAX_BATCH:
+        raise InvalidArgumentError(f"{what}: {n} keys in one request; at most {MAX_BATCH}")
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+        _check_batch(len(request.keys), "Lookup")
+        if request.hold_s < 0:
+            raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
+        found, prefix = self.engine.lookup(request.keys, request.hold_s)
+        results = [
+            pb.LookupResult(found=True, tier=f.tier, size_bytes=f.meta.size_bytes)
+            if f is not None
+            else pb.LookupResult()
+            for f in found
+        ]
+        return pb.LookupResponse(results=results, prefix_hits=prefix)
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        _check_batch(len(request.objects), "Allocate")
+        recs = self.engine.allocate([meta_from_spec(s) for s in request.objects])
+        arena = self.engine.cpu.arena
+        return pb.AllocateResponse(
+            allocations=[
+                pb.Allocation(allocation_id=r.allocation_id, region=region(arena, r.block))
+                for r in recs
+            ]
+        )
+
+    async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.CommitResponse:
+        _check_batch(len(request.allocation_ids), "Commit")
+        metas = await self.engine.commit(request.allocation_ids, request.durable)
+        return pb.CommitResponse(objects=[record_info(self.engine.objects[m.key]) for m in metas])
+
+    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
+        self.engine.abort(request.allocation_ids)
+        return pb.AbortResponse()
+
+    async def Get(self, request: pb.GetRequest, context: Any) -> pb.GetResponse:
+        _check_batch(len(request.keys), "Get")
+        if request.lease_s < 0:
+            raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
+        leases = await self.engine.get(request.keys, request.lease_s)
+        arena = self.engine.cpu.arena
+        lease_s = request.lease_s or self.engine.config.lease_s
+        return pb.GetResponse(
+            leases=[
+                pb.Lease(
+                    lease_id=lease.lease_id,
+                    object=info(lease.meta, lease.tier),
+                    region=region(arena, lease.block),
+                    expires_in_s=lease_s,
+                )
+                for lease in leases
+            ]
+        )
+
+    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        self.engine.release(request.lease_ids)
+        return pb.ReleaseResponse()
+
+    async def PutStream(
+        self, request_iterator: AsyncIterator[pb.PutChunk], context: Any
+    ) -> pb.PutResponse:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.HasField("spec"):
+            raise InvalidArgumentError("PutStream: the first message must carry the object spec")
+        (rec,) = self.engine.allocate([meta_from_spec(first.spec)])
+        try:
+            view = self.engine.cpu.view(rec.block)
+            filled = 0
+            async for chunk in request_iterator:
+                if chunk.HasField("spec"):
+                    raise InvalidArgumentError("PutStream: a second spec in one stream")
+                n = len(chunk.data)
+                if filled + n > len(view):
+                    raise InvalidArgumentError(
+                        f"PutStream: more than the {len(view)} bytes the spec announced"
+                    )
+                view[filled : filled + n] = chunk.data
+                filled += n
+            if filled != len(view):
+                raise InvalidArgumentError(
+                    f"PutStream: stream ended after {filled} of {len(view)} bytes"
+                )
+        except BaseException:
+            # Includes the client going away mid-stream (cancellation): nothing partial stays.
+            self.engine.abort([rec.allocation_id])
+            raise
+        (meta,) = await self.engine.commit([rec.allocation_id])
+        return pb.PutResponse(object=record_info(self.engine.objects[meta.key]))
+
+    async def GetStream(
+        self, request: pb.GetStreamRequest, context: Any
+    ) -> AsyncIterator[pb.GetChunk]:
+        chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
+        if chunk > MAX_CHUNK_BYTES:
+            raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
+        (lease,) = await self.engine.get([request.key])
+        try:
+            yield pb.GetChunk(info=info(lease.meta, lease.tier))
+            view = self.engine.cpu.view(lease.block)
+            for start in range(0, len(view), chunk):
+                yield pb.GetChunk(data=bytes(view[start : start + chunk]))
+        finally:
+            self.engine.release([lease.lease_id])
+
+    async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
+        _check_batch(len(request.keys), "Delete")
+        return pb.DeleteResponse(deleted=await self.engine.delete(request.keys))
+
+    async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
+        _check_batch(len(request.keys), "Touch")
+        return pb.TouchResponse(touched=self.engine.touch(request.keys))

@@ -1,0 +1,28 @@
+"""Shared fixtures: a real daemon in a subprocess, on a socket in the test's tmp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_proc import DaemonProcess, write_config
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """``start_daemon(cpu="64MiB", ssd="256MiB", **settings)`` -> a running daemon."""
+    started: list[DaemonProcess] = []
+
+    def start(name: str = "d", **kwargs: Any) -> DaemonProcess:
+        directory = tmp_path / name
+        config = write_config(directory, **kwargs)
+        d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log")
+        started.append(d)
+        return d.start()
+
+    yield start
+    for d in started:
+        d.kill()

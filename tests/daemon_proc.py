@@ -1,0 +1,101 @@
+"""Start a real ``kvtierd serve`` in a subprocess for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_config(
+    directory: Path,
+    cpu: str = "64MiB",
+    ssd: str = "256MiB",
+    extra_tiers: list[dict[str, Any]] | None = None,
+    **settings: Any,
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    tiers = [
+        {"name": "cpu", "kind": "cpu", "capacity": cpu, "options": {"staging_bytes": "128MiB"}},
+        {"name": "ssd", "kind": "ssd", "capacity": ssd, "path": str(directory / "ssd")},
+        *(extra_tiers or []),
+    ]
+    doc = {
+        "socket_path": str(directory / "kvtierd.sock"),
+        "data_dir": str(directory / "data"),
+        "tiers": tiers,
+        **settings,
+    }
+    path = directory / "kvtierd.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@dataclass
+class DaemonProcess:
+    config: Path
+    socket_path: str
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self, timeout_s: float = 30.0) -> DaemonProcess:
+        from kvtierd.client import KVClient
+
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvtierd.server.main",
+                    "serve",
+                    "--config",
+                    str(self.config),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=REPO,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kvtierd exited with {self.proc.returncode}:\n{self.logs()}")
+            if os.path.exists(self.socket_path):
+                try:
+                    with KVClient(self.socket_path, timeout_s=2) as c:
+                        c.status()
+                    return self
+                except Exception:
+                    pass
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"kvtierd did not answer within {timeout_s}s:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def stop(self, timeout_s: float = 20.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
