@@ -1,0 +1,423 @@
+"""The SSD tier: one self-describing file per object (DESIGN.md §3.5), aligned parallel I/O.
+
+Files and format: :mod:`kvtierd.storage.ssd_files` and :mod:`kvtierd.storage.ssd_format`.
+A put writes a temp file (O_DIRECT where the filesystem allows), fsyncs it, renames it into
+place and fsyncs the directory, so an object is either wholly visible or absent, also after a
+SIGKILL or power loss. ``start()`` rebuilds the index from the file headers alone. Every read
+verifies the data checksum (xxh3_64) and the header; a file that fails is moved to
+``quarantine/``, counted in :attr:`SsdTier.quarantined_count`, forgotten and never served.
+
+Bytes move in ``chunk_bytes`` pieces, ``queue_depth`` of them in flight, with ``os.preadv`` /
+``os.pwritev`` on the tier's own thread pool — never on the event loop. We use raw preadv on a
+thread pool rather than aiofiles (DESIGN.md §3.10): aiofiles runs the same blocking calls on a
+thread pool but only through a seek + read file object, one call in flight per handle, and was
+slower in ``benchmarks/bench_ssd.py`` (figures in benchmarks/RESULTS.md).
+
+Keys are unique within the tier whatever the tenant (the engine namespaces them); the file name
+is xxh3_128 of ``(tenant, key)``, so no client string reaches a path. Zero-byte objects are
+allowed (a header-only file).
+
+Options (``TierConfig.options``):
+
+``o_direct``: ``"auto"`` (default) | ``true`` | ``false``
+    ``auto`` uses O_DIRECT when the filesystem accepts it (probed at start, and any put that
+    gets EINVAL switches the tier to buffered I/O); ``true`` makes start fail when it does not.
+``queue_depth``: int, default 4
+    I/O threads = chunks in flight across all transfers (1..64).
+``chunk_bytes``: size, default 4 MiB
+    Piece size of a transfer, a multiple of 4096 bytes; also the size of each bounce buffer.
+``fsync``: bool, default true
+    fsync each object and its directory at put. ``false`` trades crash durability for speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import errno
+import functools
+import logging
+import os
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from kvtierd.errors import (
+    AlreadyExistsError,
+    CorruptObjectError,
+    InvalidArgumentError,
+    NotFoundError,
+    StorageFullError,
+    UnavailableError,
+)
+from kvtierd.storage.aligned_io import BouncePool, open_file
+from kvtierd.storage.base import Tier, Timer, register_tier
+from kvtierd.storage.ssd_files import (
+    Layout,
+    StoredFile,
+    commit_file,
+    quarantine_file,
+    remove_quietly,
+    scan_subdir,
+)
+from kvtierd.storage.ssd_format import data_checksum, encode_header
+from kvtierd.storage.ssd_options import SsdOptions
+from kvtierd.storage.ssd_probe import calibrate, probe_o_direct
+from kvtierd.storage.ssd_transfer import plan_chunks, read_chunk, read_header, write_chunk
+from kvtierd.storage.ssd_transfer import write_header as _write_header
+from kvtierd.types import ObjectMeta, TierStats
+
+if TYPE_CHECKING:
+    from kvtierd.config import TierConfig
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@register_tier
+class SsdTier(Tier):
+    """Objects as files under ``config.path``; see the module docstring for options."""
+
+    kind: ClassVar[str] = "ssd"
+
+    def __init__(self, config: TierConfig) -> None:
+        super().__init__(config)
+        if not config.path:
+            raise InvalidArgumentError(f"ssd tier {config.name!r} needs a path")
+        self.options = SsdOptions.from_mapping(config.options)
+        self.layout = Layout(Path(config.path))
+        self.direct = False
+        self.quarantined_count = 0
+        self.calibrated = False
+        self._index: dict[str, StoredFile] = {}
+        self._used_bytes = 0
+        self._writing: set[str] = set()
+        self._removing: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._bounce: BouncePool | None = None
+        self._closing = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Create dirs, drop uncommitted temp files, rebuild the index, calibrate bandwidth."""
+        q = self.options.queue_depth
+        self._pool = ThreadPoolExecutor(max_workers=q, thread_name_prefix=f"ssd-{self.name}")
+        self._bounce = BouncePool(q, self.options.chunk_bytes)
+        await self._run(self.layout.create)
+        removed = await self._run(self.layout.remove_temp_files)
+        self.direct = await self._run(probe_o_direct, self.layout, self.options.o_direct)
+        await self._rebuild_index()
+        self.calibrated = await calibrate(self, self.layout)
+        logger.info(
+            "ssd tier %s at %s: %d objects, %d bytes, %d temp files removed, %d quarantined, "
+            "o_direct=%s, calibrated=%s, read %.2f GB/s, write %.2f GB/s",
+            self.name, self.layout.root, len(self._index), self._used_bytes, removed,
+            self.quarantined_count, self.direct, self.calibrated, self.read_meter.bytes_per_s / 1e9,
+            self.write_meter.bytes_per_s / 1e9,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Refuse new operations, wait for in-flight ones, stop the I/O threads."""
+        self._closing = True
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._pool is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+            self._pool = None
+        if self._bounce is not None:
+            self._bounce.close()
+            self._bounce = None
+
+    async def _rebuild_index(self) -> None:
+        scans = await asyncio.gather(
+            *(self._run(scan_subdir, d, self.layout) for d in self.layout.subdirs())
+        )
+        self._index.clear()
+        self._used_bytes = 0
+        for good, bad in scans:
+            for b in bad:
+                await self._run(quarantine_file, b.path, self.layout)
+                self.quarantined_count += 1
+                logger.warning("ssd tier %s: quarantined %s at start", self.name, b.reason)
+            for f in good:
+                self._remember(f)
+
+    # -- Tier interface -------------------------------------------------------------------
+
+    async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
+        view = _byte_view(data, "put data")
+        if view.nbytes != meta.size_bytes:
+            raise InvalidArgumentError(
+                f"put {meta.key!r}: size_bytes is {meta.size_bytes} but {view.nbytes} bytes given"
+            )
+        if meta.key in self._index or meta.key in self._writing:
+            raise AlreadyExistsError(f"object {meta.key!r} already exists in tier {self.name}")
+        self._writing.add(meta.key)  # claimed before any await: a second put sees it
+        try:
+            return await self._spawn(self._put(meta, view))
+        finally:
+            self._writing.discard(meta.key)
+
+    async def read_into(self, key: str, dst: memoryview) -> ObjectMeta:
+        view = _byte_view(dst, "read destination")
+        if view.readonly:
+            raise InvalidArgumentError(f"read {key!r}: the destination buffer is read-only")
+        return await self._spawn(self._read(key, view))
+
+    async def delete(self, key: str) -> None:
+        entry = self._index.get(key)
+        if entry is None:
+            raise NotFoundError(f"object {key!r} not found in tier {self.name}")
+        self._forget(key)
+        await self._spawn(self._remove_file(key, self._run(_unlink_if_present, entry.path)))
+
+    def get_meta(self, key: str) -> ObjectMeta:
+        entry = self._index.get(key)
+        if entry is None:
+            raise NotFoundError(f"object {key!r} not found in tier {self.name}")
+        return entry.meta
+
+    def metas(self) -> Iterator[ObjectMeta]:
+        return iter([e.meta for e in self._index.values()])
+
+    def used_bytes(self) -> int:
+        return self._used_bytes
+
+    def object_count(self) -> int:
+        return len(self._index)
+
+    def stats(self) -> TierStats:
+        """Base stats; ``detail`` names quarantined files and a skipped calibration."""
+        notes = [f"{self.quarantined_count} quarantined"] if self.quarantined_count else []
+        if not self.calibrated:
+            notes.append("bandwidth not calibrated (no room for the probe file)")
+        return dataclasses.replace(super().stats(), detail="; ".join(notes))
+
+    # -- put ------------------------------------------------------------------------------
+
+    async def _put(self, meta: ObjectMeta, view: memoryview) -> ObjectMeta:
+        pending = self._removing.get(meta.key)
+        if pending is not None:  # a delete of this key must unlink before we rename over it
+            await pending.wait()
+        final = self.layout.object_path(meta.tenant, meta.key)
+        with Timer() as t:
+            stored = await self.write_file(meta, view, final)
+        self._remember(StoredFile(stored, final, len(encode_header(stored))))
+        self.write_meter.record(meta.size_bytes, t.seconds)
+        return stored
+
+    async def write_file(self, meta: ObjectMeta, view: memoryview, final: str) -> ObjectMeta:
+        """Write ``view`` as an object file at ``final`` (temp → fsync → rename → fsync dir).
+
+        Not indexed: :meth:`put` indexes; calibration uses this for a throwaway file.
+        """
+        temp = self.layout.temp_path(final)
+        try:
+            try:
+                stored = await self._write_temp(temp, meta, view, self.direct)
+            except OSError as e:
+                if not (e.errno == errno.EINVAL and self.direct and self.options.o_direct_auto):
+                    raise
+                logger.warning("ssd tier %s: O_DIRECT write refused (%s); buffered", self.name, e)
+                self.direct = False
+                await self._run(remove_quietly, temp)
+                stored = await self._write_temp(temp, meta, view, False)
+            await self._run(commit_file, temp, final, self.options.fsync)
+        except BaseException as e:
+            await self._run(remove_quietly, temp)
+            if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+                raise StorageFullError(
+                    f"tier {self.name}: no space for {meta.size_bytes} bytes of {meta.key!r} "
+                    f"under {self.layout.root}: {os.strerror(e.errno)}"
+                ) from e
+            raise
+        return stored
+
+    async def _write_temp(
+        self, temp: str, meta: ObjectMeta, view: memoryview, direct: bool
+    ) -> ObjectMeta:
+        assert self._bounce is not None
+        fd = await self._run(functools.partial(open_file, temp, write=True, direct=direct))
+        try:
+            header_len = len(encode_header(meta))  # kept_indices fix it; the checksum does not
+            chunks = plan_chunks(meta.size_bytes, self.options.chunk_bytes, view, direct)
+            calls: list[Callable[[], Any]] = [functools.partial(data_checksum, view)]
+            calls += [
+                functools.partial(write_chunk, fd, view, header_len, c, self._bounce)
+                for c in chunks
+            ]
+            checksum = (await self._run_all(calls))[0]
+            if meta.checksum not in (0, checksum):
+                raise InvalidArgumentError(
+                    f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to "
+                    f"{checksum:#x}"
+                )
+            stored = dataclasses.replace(meta, checksum=checksum)
+            await self._run(self._finish_file, fd, encode_header(stored), direct)
+            return stored
+        finally:
+            os.close(fd)
+
+    def _finish_file(self, fd: int, header: bytes, direct: bool) -> None:
+        assert self._bounce is not None
+        _write_header(fd, header, self._bounce, direct)  # last: a file is whole only after it
+        if self.options.fsync:
+            os.fsync(fd)
+
+    # -- read -----------------------------------------------------------------------------
+
+    async def _read(self, key: str, dst: memoryview) -> ObjectMeta:
+        entry = self._index.get(key)
+        if entry is None:
+            raise NotFoundError(f"object {key!r} not found in tier {self.name}")
+        if dst.nbytes < entry.meta.size_bytes:
+            raise InvalidArgumentError(
+                f"read {key!r}: destination holds {dst.nbytes} bytes, object has "
+                f"{entry.meta.size_bytes}"
+            )
+        with Timer() as t:
+            meta = await self.read_file(entry, dst, lambda: self._index.get(key) is entry)
+        self.read_meter.record(meta.size_bytes, t.seconds)
+        return meta
+
+    async def read_file(
+        self, entry: StoredFile, dst: memoryview, current: Callable[[], bool]
+    ) -> ObjectMeta:
+        """Read and verify ``entry``'s bytes into ``dst``; ``current()`` says whether the index
+        still holds this very entry (if not, a failed check means "deleted meanwhile")."""
+        direct = self.direct
+        try:
+            fd = await self._run(
+                functools.partial(open_file, entry.path, write=False, direct=direct)
+            )
+        except FileNotFoundError as e:
+            raise NotFoundError(f"object {entry.meta.key!r} not found in tier {self.name}") from e
+        try:
+            # The open fd pins the inode: a concurrent delete unlinks the name, not our bytes.
+            return await self._read_fd(fd, entry, dst, direct, current)
+        finally:
+            os.close(fd)
+
+    async def _read_fd(
+        self, fd: int, entry: StoredFile, dst: memoryview, direct: bool, current: Callable[[], bool]
+    ) -> ObjectMeta:
+        assert self._bounce is not None
+        meta, where = entry.meta, f"tier {self.name}: {entry.path}"
+        chunks = plan_chunks(meta.size_bytes, self.options.chunk_bytes, dst, direct)
+        calls: list[Callable[[], Any]] = [functools.partial(read_header, fd, self._bounce, where)]
+        calls += [
+            functools.partial(
+                read_chunk, fd, dst, entry.header_len, c, pool=self._bounce, where=where
+            )
+            for c in chunks
+        ]
+        try:
+            header = (await self._run_all(calls))[0]
+            if header.meta != meta or header.header_len != entry.header_len:
+                raise CorruptObjectError(f"{where}: header does not match the indexed object")
+            checksum = await self._run(data_checksum, dst[: meta.size_bytes])
+            if checksum != meta.checksum:
+                raise CorruptObjectError(
+                    f"{where}: data checksum {checksum:#x}, header says {meta.checksum:#x}"
+                )
+        except (CorruptObjectError, OSError) as e:
+            if isinstance(e, OSError) and e.errno != errno.EIO:
+                raise
+            if not current():  # replaced or deleted while we read: not corruption
+                raise NotFoundError(f"object {meta.key!r} was removed during the read") from e
+            await self._quarantine(meta.key, entry, os.fstat(fd).st_ino)
+            raise CorruptObjectError(f"{e}; the file was quarantined") from e
+        return meta
+
+    async def _quarantine(self, key: str, entry: StoredFile, inode: int) -> None:
+        self._forget(key)
+        self.quarantined_count += 1
+        logger.error("ssd tier %s: quarantining %s (%r)", self.name, entry.path, key)
+        await self._remove_file(key, self._run(quarantine_file, entry.path, self.layout, inode))
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _remember(self, f: StoredFile) -> None:
+        self._index[f.meta.key] = f
+        self._used_bytes += f.meta.size_bytes
+
+    def _forget(self, key: str) -> None:
+        entry = self._index.pop(key)
+        self._used_bytes -= entry.meta.size_bytes
+
+    async def _remove_file(self, key: str, removal: Coroutine[Any, Any, Any]) -> None:
+        """Run a file removal while puts of ``key`` wait (they would rename onto its name)."""
+        done = asyncio.Event()
+        self._removing[key] = done
+        try:
+            await removal
+        finally:
+            done.set()
+            if self._removing.get(key) is done:
+                del self._removing[key]
+
+    async def _spawn(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run an operation as a task the caller's cancellation cannot interrupt: the I/O
+        threads cannot be stopped mid-call, and a half-cleaned-up put would leak its file."""
+        if self._closing or self._pool is None:
+            coro.close()
+            raise UnavailableError(f"tier {self.name} is not started or is closing")
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no "never retrieved"
+        return await asyncio.shield(task)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            raise UnavailableError(f"tier {self.name} is not started or is closed")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, _Once(fn, args))
+
+    async def _run_all(self, calls: list[Callable[[], Any]]) -> list[Any]:
+        """Run calls on the I/O threads, wait for *all* (a failed chunk must not let us close
+        the fd under a still-running one), then raise the first error."""
+        results = await asyncio.gather(*(self._run(c) for c in calls), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+
+class _Once:
+    """A call that drops its arguments as soon as it returns.
+
+    The executor's work item outlives the call by a moment (it is deleted only after the
+    result has been handed to the event loop); if it still held a slice of the caller's
+    buffer, a caller that closes its mmap right after ``read_into`` returns would get
+    ``BufferError: cannot close exported pointers exist``.
+    """
+
+    __slots__ = ("_args", "_fn")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._fn: Callable[..., Any] | None = fn
+        self._args = args
+
+    def __call__(self) -> Any:
+        fn, args = self._fn, self._args
+        self._fn, self._args = None, ()
+        assert fn is not None, "a _Once call runs once"
+        return fn(*args)
+
+
+def _byte_view(data: memoryview, what: str) -> memoryview:
+    """``data`` as a flat unsigned-byte view; non-contiguous buffers cannot be moved as one."""
+    if not data.c_contiguous:
+        raise InvalidArgumentError(f"{what} must be a C-contiguous buffer")
+    return data if data.format == "B" and data.ndim == 1 else data.cast("B")
+
+
+def _unlink_if_present(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # already quarantined: the goal holds
+        os.unlink(path)

@@ -1,0 +1,153 @@
+"""Directory layout and whole-file operations of the SSD tier (synchronous; run on I/O threads).
+
+Layout under the tier's ``path``::
+
+    objects/<2 hex>/<32 hex>.kvt   committed objects, fanned out by the first byte of the name
+    tmp/                           objects being written (removed at start: never committed)
+    quarantine/                    files that failed a header or checksum check, kept for autopsy
+
+Objects are written under ``tmp/``, fsynced, renamed into ``objects/`` and the directory is
+fsynced: after a crash an object is either complete under its final name or not there at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtierd.errors import CorruptObjectError
+from kvtierd.storage.aligned_io import fsync_dir
+from kvtierd.storage.ssd_format import OBJECT_SUFFIX, decode_header, header_len_from_prefix
+from kvtierd.storage.ssd_format import object_name as _object_name
+from kvtierd.types import ObjectMeta
+
+_FANOUT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """A committed object found on disk: its metadata, path and data offset (bytes)."""
+
+    meta: ObjectMeta
+    path: str
+    header_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class BadFile:
+    """A file that is not a valid object, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The tier's directories."""
+
+    root: Path
+
+    @property
+    def objects(self) -> Path:
+        return self.root / "objects"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine"
+
+    def subdirs(self) -> list[Path]:
+        return [self.objects / f"{i:02x}" for i in range(_FANOUT)]
+
+    def object_path(self, tenant: str, key: str) -> str:
+        name = _object_name(tenant, key)
+        return str(self.objects / name[:2] / name)
+
+    def temp_path(self, final: str) -> str:
+        return str(self.tmp / f"{Path(final).stem}.{uuid.uuid4().hex}.tmp")
+
+    def create(self) -> None:
+        """Create every directory (idempotent) and make their names durable."""
+        for d in (self.tmp, self.quarantine, *self.subdirs()):
+            d.mkdir(parents=True, exist_ok=True)
+        fsync_dir(str(self.objects))
+        fsync_dir(str(self.root))
+
+    def remove_temp_files(self) -> int:
+        """Delete leftovers of writes that never committed; returns how many."""
+        removed = 0
+        for entry in os.scandir(self.tmp):
+            if entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed += 1
+        return removed
+
+
+def scan_subdir(subdir: Path, layout: Layout) -> tuple[list[StoredFile], list[BadFile]]:
+    """Read the header of every object file in one fan-out directory.
+
+    A file is bad when its header does not decode, its name is not the hash of its own
+    ``(tenant, key)`` (a misplaced or renamed file), or it is shorter than its data.
+    """
+    good: list[StoredFile] = []
+    bad: list[BadFile] = []
+    for entry in os.scandir(subdir):
+        if not entry.name.endswith(OBJECT_SUFFIX) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            good.append(_inspect(entry.path, layout))
+        except CorruptObjectError as e:
+            bad.append(BadFile(entry.path, str(e)))
+    return good, bad
+
+
+def _inspect(path: str, layout: Layout) -> StoredFile:
+    with open(path, "rb") as f:
+        page = f.read(4096)
+        header_len = header_len_from_prefix(page, path)
+        raw = page if header_len <= len(page) else page + f.read(header_len - len(page))
+        file_bytes = os.fstat(f.fileno()).st_size
+    header = decode_header(raw, path)
+    meta = header.meta
+    if layout.object_path(meta.tenant, meta.key) != path:
+        raise CorruptObjectError(f"{path}: file name does not match the key in its header")
+    if file_bytes < header.header_len + meta.size_bytes:
+        raise CorruptObjectError(
+            f"{path}: truncated: {file_bytes} bytes, header says "
+            f"{header.header_len + meta.size_bytes}"
+        )
+    return StoredFile(meta=meta, path=path, header_len=header.header_len)
+
+
+def quarantine_file(path: str, layout: Layout, expect_inode: int | None = None) -> bool:
+    """Move ``path`` into ``quarantine/``; False if it is gone or (when ``expect_inode`` is
+    given) was replaced by another file meanwhile — then it is not ours to move."""
+    try:
+        if expect_inode is not None and os.stat(path).st_ino != expect_inode:
+            return False
+        target = layout.quarantine / f"{Path(path).name}.{time.time_ns()}"
+        os.rename(path, target)
+    except FileNotFoundError:
+        return False
+    fsync_dir(str(layout.quarantine))
+    return True
+
+
+def commit_file(temp: str, final: str, sync: bool) -> None:
+    """Rename a fully written temp file to its final name, durably when ``sync``."""
+    os.rename(temp, final)
+    if sync:
+        fsync_dir(str(Path(final).parent))
+
+
+def remove_quietly(path: str) -> None:
+    """Remove a temp file during error cleanup; a missing file is already the goal."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

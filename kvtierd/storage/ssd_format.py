@@ -1,0 +1,142 @@
+"""The on-disk format of an SSD-tier object file (DESIGN.md §3.5: self-describing files).
+
+One object = one file::
+
+    offset 0            fixed prefix (32 bytes, little-endian, see _PREFIX)
+    offset 32           metadata as UTF-8 JSON (key, context_id, variant, dtype, shape, layout,
+                        token_count, tenant, size_bytes, checksum as 16 hex digits)
+    then                kept_indices, raw bytes (opaque int32 array, often the largest field)
+    then                zero padding up to header_len (a multiple of 4096)
+    offset header_len   the object's raw bytes (size_bytes), zero-padded to a multiple of 4096
+                        when written with O_DIRECT
+
+The prefix holds the magic, the format version, ``header_len``, the lengths of the JSON and the
+kept indices, and ``header_checksum`` = xxh3_64 of the whole header up to the padding with that
+field zeroed, so a damaged header is detected before any field is trusted. The data checksum
+(``checksum`` in the JSON, xxh3_64 of the ``size_bytes`` data bytes) is verified on every read.
+The index can be rebuilt from these headers alone.
+
+File names are xxh3_128 of ``(tenant, key)`` in hex — no client string ever reaches a path.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from kvtierd.errors import CorruptObjectError
+from kvtierd.storage.aligned_io import ALIGN, round_up
+from kvtierd.types import ObjectMeta
+
+MAGIC = b"KVTSSD\r\n"  # \r\n catches files mangled by newline conversion, as PNG's magic does
+FORMAT_VERSION = 1
+OBJECT_SUFFIX = ".kvt"
+_PREFIX = struct.Struct("<8sHHIIIQ")  # magic, version, flags, header_len, json_len, kept_len, sum
+PREFIX_BYTES = _PREFIX.size
+_MAX_HEADER_BYTES = 64 << 20  # a header this large is damage, not a real object
+_STR_FIELDS = ("key", "context_id", "variant", "dtype", "layout", "tenant")
+_INT_FIELDS = ("size_bytes", "token_count")
+
+
+def object_name(tenant: str, key: str) -> str:
+    """The file name of ``(tenant, key)``: 32 hex digits of xxh3_128 plus the suffix."""
+    digest = xxhash.xxh3_128_hexdigest(f"{len(tenant)}:{tenant}\x00{key}".encode())
+    return digest + OBJECT_SUFFIX
+
+
+def data_checksum(view: memoryview) -> int:
+    """xxh3_64 of the object's bytes, as stored in ``ObjectMeta.checksum``."""
+    return int(xxhash.xxh3_64_intdigest(view))
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A decoded header: the object's metadata and where its data starts (bytes)."""
+
+    meta: ObjectMeta
+    header_len: int
+
+
+def encode_header(meta: ObjectMeta) -> bytes:
+    """Serialize ``meta`` (with its data checksum set) into a header padded to 4096 bytes."""
+    doc: dict[str, object] = {name: getattr(meta, name) for name in _STR_FIELDS + _INT_FIELDS}
+    doc["shape"] = list(meta.shape)
+    # Fixed width, so the header length (= the data offset) is known before the checksum is.
+    doc["checksum"] = f"{meta.checksum:016x}"
+    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    used = PREFIX_BYTES + len(body) + len(meta.kept_indices)
+    header_len = round_up(used, ALIGN)
+    out = bytearray(header_len)
+    out[PREFIX_BYTES : PREFIX_BYTES + len(body)] = body
+    out[PREFIX_BYTES + len(body) : used] = meta.kept_indices
+    args = (MAGIC, FORMAT_VERSION, 0, header_len, len(body), len(meta.kept_indices))
+    _PREFIX.pack_into(out, 0, *args, 0)
+    checksum = xxhash.xxh3_64_intdigest(memoryview(out)[:used])
+    _PREFIX.pack_into(out, 0, *args, checksum)
+    return bytes(out)
+
+
+def header_len_from_prefix(prefix: bytes, where: str) -> int:
+    """The total header length (bytes) announced by the first ``PREFIX_BYTES`` of a file.
+
+    Lets a reader that fetched one page learn whether it must read more before decoding.
+    """
+    if len(prefix) < PREFIX_BYTES:
+        raise CorruptObjectError(f"{where}: file too short for a header ({len(prefix)} bytes)")
+    magic, version, _flags, header_len, _j, _k, _sum = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise CorruptObjectError(f"{where}: bad magic {magic!r}, not a kvtierd SSD object")
+    if version != FORMAT_VERSION:
+        raise CorruptObjectError(
+            f"{where}: format version {version}, this build reads {FORMAT_VERSION}"
+        )
+    if header_len < ALIGN or header_len % ALIGN or header_len > _MAX_HEADER_BYTES:
+        raise CorruptObjectError(f"{where}: implausible header length {header_len}")
+    return int(header_len)
+
+
+def decode_header(raw: bytes | memoryview, where: str) -> Header:
+    """Parse and verify a header (at least ``header_len`` bytes of the file's start).
+
+    Raises ``CorruptObjectError`` naming ``where`` for any inconsistency: bad magic, unknown
+    version, bad lengths, header checksum mismatch, malformed or ill-typed JSON fields.
+    """
+    raw = bytes(raw[: min(len(raw), _MAX_HEADER_BYTES)])
+    header_len = header_len_from_prefix(raw, where)
+    _m, _v, _f, _h, json_len, kept_len, stored_sum = _PREFIX.unpack_from(raw)
+    used = PREFIX_BYTES + json_len + kept_len
+    if used > header_len or len(raw) < header_len:
+        raise CorruptObjectError(f"{where}: header fields overrun the header ({used} bytes)")
+    zeroed = bytearray(raw[:used])
+    zeroed[PREFIX_BYTES - 8 : PREFIX_BYTES] = bytes(8)
+    if xxhash.xxh3_64_intdigest(bytes(zeroed)) != stored_sum:
+        raise CorruptObjectError(f"{where}: header checksum mismatch")
+    try:
+        doc = json.loads(raw[PREFIX_BYTES : PREFIX_BYTES + json_len].decode())
+        meta = _meta_from_doc(doc, raw[PREFIX_BYTES + json_len : used])
+    except (ValueError, TypeError, KeyError) as e:
+        raise CorruptObjectError(f"{where}: malformed header metadata: {e}") from e
+    return Header(meta=meta, header_len=header_len)
+
+
+def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
+    if not isinstance(doc, dict):
+        raise TypeError("metadata is not a JSON object")
+    strs = {name: doc[name] for name in _STR_FIELDS}
+    ints = {name: doc[name] for name in _INT_FIELDS}
+    shape = doc["shape"]
+    checksum = doc["checksum"]
+    if not all(isinstance(v, str) for v in strs.values()):
+        raise TypeError("a string field has another type")
+    if not all(type(v) is int and v >= 0 for v in ints.values()):
+        raise TypeError("an integer field is not a non-negative integer")
+    if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+        raise TypeError("shape is not a list of integers")
+    if not isinstance(checksum, str) or len(checksum) != 16:
+        raise TypeError("checksum is not 16 hex digits")
+    return ObjectMeta(
+        shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), **strs, **ints
+    )

@@ -1,0 +1,148 @@
+"""Chunked, aligned transfers of one object's bytes between a ``memoryview`` and its file.
+
+Everything here is synchronous and runs on the SSD tier's I/O threads, one chunk per call, so
+that the tier can keep ``queue_depth`` chunks in flight (the disk reads ~1.6x faster at QD16
+than at QD1, notes/machine-limits.md). Offsets and lengths are bytes.
+
+With O_DIRECT a chunk goes straight to/from the caller's view when the view is page-aligned;
+otherwise it is staged in a reused bounce buffer. The final partial page of an object (when
+``size_bytes`` is not a multiple of 4096) always goes through a bounce buffer: O_DIRECT moves
+whole pages, and the caller's view may continue past ``size_bytes`` into memory that belongs
+to someone else (e.g. the next object of the shared-memory arena), which we must not overwrite.
+Without O_DIRECT every chunk goes straight to/from the view and nothing is padded.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+
+from kvtierd.errors import CorruptObjectError
+from kvtierd.storage.aligned_io import (
+    ALIGN,
+    BouncePool,
+    is_aligned,
+    pread_full,
+    pwrite_full,
+    round_down,
+)
+from kvtierd.storage.ssd_format import Header, decode_header, header_len_from_prefix
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One piece of a transfer: ``length`` file bytes at ``offset`` of the data region.
+
+    ``valid`` is how many of them are object bytes (less than ``length`` only for the padded
+    final page); ``staged`` means the bytes pass through a bounce buffer.
+    """
+
+    offset: int
+    length: int
+    valid: int
+    staged: bool
+
+
+def plan_chunks(size_bytes: int, chunk_bytes: int, view: memoryview, direct: bool) -> list[Chunk]:
+    """Split a ``size_bytes`` transfer into chunks of at most ``chunk_bytes`` (a multiple of
+    4096, no larger than a bounce buffer)."""
+    if not direct:
+        return [
+            Chunk(
+                off, min(chunk_bytes, size_bytes - off), min(chunk_bytes, size_bytes - off), False
+            )
+            for off in range(0, size_bytes, chunk_bytes)
+        ]
+    body = round_down(size_bytes)
+    staged = not is_aligned(view)
+    chunks = [
+        Chunk(off, min(chunk_bytes, body - off), min(chunk_bytes, body - off), staged)
+        for off in range(0, body, chunk_bytes)
+    ]
+    if size_bytes > body:
+        chunks.append(Chunk(body, ALIGN, size_bytes - body, True))
+    return chunks
+
+
+def write_chunk(fd: int, src: memoryview, data_offset: int, chunk: Chunk, pool: BouncePool) -> None:
+    """Write one chunk of ``src`` to the file at ``data_offset + chunk.offset``."""
+    at = data_offset + chunk.offset
+    piece = src[chunk.offset : chunk.offset + chunk.valid]
+    if not chunk.staged:
+        pwrite_full(fd, piece, at)
+        return
+    buf = pool.acquire()
+    try:
+        with memoryview(buf) as staging:
+            staging[: chunk.valid] = piece
+            if chunk.length > chunk.valid:  # zero the page tail: no stale bytes reach the disk
+                staging[chunk.valid : chunk.length] = bytes(chunk.length - chunk.valid)
+            pwrite_full(fd, staging[: chunk.length], at)
+    finally:
+        pool.release(buf)
+
+
+def read_chunk(
+    fd: int, dst: memoryview, data_offset: int, chunk: Chunk, *, pool: BouncePool, where: str
+) -> None:
+    """Read one chunk into ``dst``; a file that ends early raises ``CorruptObjectError``."""
+    at = data_offset + chunk.offset
+    if not chunk.staged:
+        got = pread_full(fd, dst[chunk.offset : chunk.offset + chunk.length], at)
+    else:
+        buf = pool.acquire()
+        try:
+            with memoryview(buf) as staging:
+                got = pread_full(fd, staging[: chunk.length], at)
+                n = min(got, chunk.valid)
+                dst[chunk.offset : chunk.offset + n] = staging[:n]
+        finally:
+            pool.release(buf)
+    if got < chunk.valid:
+        raise CorruptObjectError(
+            f"{where}: truncated: {got} of {chunk.valid} bytes at data offset {chunk.offset}"
+        )
+
+
+def write_header(fd: int, header: bytes, pool: BouncePool, direct: bool) -> None:
+    """Write the (4096-padded) header at offset 0, staged when O_DIRECT needs alignment."""
+    if not direct:
+        pwrite_full(fd, memoryview(header), 0)
+        return
+    with _Staging(pool, len(header)) as staging:
+        staging[: len(header)] = header
+        pwrite_full(fd, staging[: len(header)], 0)
+
+
+def read_header(fd: int, pool: BouncePool, where: str) -> Header:
+    """Read and decode the header at offset 0 (one page, more if the header announces it)."""
+    with _Staging(pool, ALIGN) as first:
+        got = pread_full(fd, first[:ALIGN], 0)
+        page = bytes(first[:got])
+    header_len = header_len_from_prefix(page, where)
+    if header_len <= ALIGN:
+        return decode_header(page, where)
+    with _Staging(pool, header_len) as whole:
+        got = pread_full(fd, whole[:header_len], 0)
+        return decode_header(whole[:got], where)
+
+
+class _Staging:
+    """An aligned scratch buffer of at least ``nbytes``: a pooled bounce buffer when it fits,
+    else a one-off mmap (only for headers with very large ``kept_indices``)."""
+
+    def __init__(self, pool: BouncePool, nbytes: int) -> None:
+        self._pool = pool
+        self._own = nbytes > pool.size_bytes
+        self._buf = mmap.mmap(-1, nbytes) if self._own else pool.acquire()
+
+    def __enter__(self) -> memoryview:
+        self._view = memoryview(self._buf)
+        return self._view
+
+    def __exit__(self, *exc: object) -> None:
+        self._view.release()
+        if self._own:
+            self._buf.close()
+        else:
+            self._pool.release(self._buf)
