@@ -13,7 +13,8 @@ Variant string grammar (DESIGN.md §2, ratio = kept size / original size)::
 Kept count ``M`` for ``N`` tokens (same ``M`` in every layer and KV head):
 
 1. ``M = floor(ratio * N + 0.5)`` (round half up, never Python's banker's rounding);
-2. with ``chunk_tokens = C > 1``: ``M = C * floor(M / C + 0.5)``, at least ``C``, at most ``N``;
+2. with ``chunk_tokens = C > 1`` and ``M < N``: ``M = C * floor(M / C + 0.5)``, at least ``C``,
+   at most ``N`` (``M = N`` — ratio 1.0 — is the identity and is never rounded);
 3. ``M = max(M, min(min_kept, N), 1)`` — ``min_kept`` is the method's always-kept tokens
    (snapkv's query window, streamingllm's sinks), so tiny ratios keep at least those;
 4. page methods (``paged_eviction_block``, page size ``B``): whole pages are kept or dropped and
@@ -163,7 +164,7 @@ def kept_token_count(
             )
         return _page_count(n, target, rule.page_tokens)
     m = target
-    if chunk_tokens > 1:
+    if chunk_tokens > 1 and m < n:  # M = N (ratio 1.0) stays the identity
         m = min(max(chunk_tokens * _round_half_up(m / chunk_tokens), chunk_tokens), n)
     return max(m, min(rule.min_kept, n), 1)
 

@@ -1,0 +1,72 @@
+"""int8 / int4: Triton codes bit-equal to the reference, round-trip error bounds, composition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _kernel_helpers import DTYPES, TOL, make_kv
+
+from kvtierd.kernels.api import compress_dense, dense_kv
+from kvtierd.kernels.quant import dequantize, quantize, unpack_codes
+from kvtierd.kernels.results import QuantizedTensor
+
+
+@pytest.mark.parametrize("axis", ["channel", "token"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("shape", [(2, 3, 77, 24), (1, 2, 5, 64), (1, 1, 33, 30)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_quant_matches_reference(
+    dtype: torch.dtype, shape: tuple[int, int, int, int], bits: int, axis: str
+) -> None:
+    x, _ = make_kv(*shape, dtype=dtype)
+    ref = quantize(x, bits, 16, axis, backend="torch")  # type: ignore[arg-type]
+    tri = quantize(x, bits, 16, axis, backend="triton")  # type: ignore[arg-type]
+    assert torch.equal(tri.codes, ref.codes)
+    assert torch.equal(tri.scale, ref.scale) and torch.equal(tri.zero, ref.zero)
+    d_ref, d_tri = dequantize(ref, "torch"), dequantize(tri, "triton")
+    torch.testing.assert_close(d_tri, d_ref, **TOL[dtype])
+    _check_error_bound(x, ref, d_ref)
+
+
+def _check_error_bound(x: torch.Tensor, q: QuantizedTensor, deq: torch.Tensor) -> None:
+    """|x - x'| <= scale/2 + fp16 rounding of zero and scale + output dtype rounding."""
+    g, n, d = q.group_size, x.shape[2], x.shape[3]
+    if q.axis == "channel":
+        s = q.scale.float().repeat_interleave(g, dim=2)[:, :, :n]
+        z = q.zero.float().repeat_interleave(g, dim=2)[:, :, :n]
+    else:
+        s = q.scale.float().repeat_interleave(g, dim=3)[..., :d]
+        z = q.zero.float().repeat_interleave(g, dim=3)[..., :d]
+    qmax = 2**q.bits - 1
+    xf = x.float()
+    bound = 0.5 * s + 2**-10 * (z.abs() + qmax * s) + 1e-6
+    eps = torch.finfo(x.dtype).eps
+    err = (deq.float() - xf).abs()
+    assert bool((err <= bound + eps * xf.abs()).all()), float((err - bound).max())
+    assert bool((unpack_codes(q) <= qmax).all())
+
+
+def test_constant_group_is_exact() -> None:
+    x = torch.full((1, 1, 32, 16), 0.75)
+    for axis in ("channel", "token"):
+        q = quantize(x, 4, 16, axis, backend="triton")  # type: ignore[arg-type]
+        assert torch.equal(dequantize(q, "triton"), x)
+
+
+@pytest.mark.parametrize("variant", ["int8", "int4", "knorm@0.5+int8", "snapkv@0.3+int4"])
+def test_composed_variants(variant: str) -> None:
+    k, v = make_kv(2, 2, 96, 32, torch.bfloat16)
+    q = torch.randn(2, 4, 64, 32, dtype=torch.bfloat16)
+    ref = compress_dense(k, v, variant, queries=q, backend="torch")
+    tri = compress_dense(k, v, variant, queries=q, backend="triton")
+    assert isinstance(ref.keys, QuantizedTensor) and isinstance(tri.keys, QuantizedTensor)
+    assert ref.keys.axis == "channel" and isinstance(ref.values, QuantizedTensor)
+    assert ref.values.axis == "token"
+    assert torch.equal(tri.kept, ref.kept)
+    assert torch.equal(tri.keys.codes, ref.keys.codes)
+    dk, dv = dense_kv(ref, "torch")
+    assert dk.shape == (2, 2, ref.num_kept, 32) and dk.dtype == torch.bfloat16
+    idx = ref.kept.long().unsqueeze(-1).expand(-1, -1, -1, 32)
+    assert (dv.float() - v.gather(2, idx).float()).abs().max() < (
+        0.3 if "int4" in variant else 0.03
+    )
