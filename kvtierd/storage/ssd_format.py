@@ -52,6 +52,19 @@ def data_checksum(view: memoryview) -> int:
     return int(xxhash.xxh3_64_intdigest(view))
 
 
+class DataHasher:
+    """Incremental :func:`data_checksum`: ``update`` with consecutive pieces, then ``digest``."""
+
+    def __init__(self) -> None:
+        self._state = xxhash.xxh3_64()
+
+    def update(self, piece: memoryview) -> None:
+        self._state.update(piece)
+
+    def digest(self) -> int:
+        return int(self._state.intdigest())
+
+
 @dataclass(frozen=True, slots=True)
 class Header:
     """A decoded header: the object's metadata and where its data starts (bytes)."""
