@@ -8,10 +8,10 @@ verifies the data checksum (xxh3_64) and the header; a file that fails is moved 
 ``quarantine/``, counted in :attr:`SsdTier.quarantined_count`, forgotten and never served.
 
 Bytes move in ``chunk_bytes`` pieces, ``queue_depth`` of them in flight, with ``os.preadv`` /
-``os.pwritev`` on the tier's own thread pool — never on the event loop. We use raw preadv on a
-thread pool rather than aiofiles (DESIGN.md §3.10): aiofiles runs the same blocking calls on a
-thread pool but only through a seek + read file object, one call in flight per handle, and was
-slower in ``benchmarks/bench_ssd.py`` (figures in benchmarks/RESULTS.md).
+``os.pwritev`` on the tier's own thread pool — never on the event loop. Not aiofiles (DESIGN.md
+§3.10): it runs the same blocking calls on the loop's shared default executor, only through a
+seek + read file object (one call in flight per handle), and was no faster in
+``benchmarks/bench_ssd.py`` (figures in benchmarks/RESULTS.md).
 
 Keys are unique within the tier whatever the tenant (the engine namespaces them); the file name
 is xxh3_128 of ``(tenant, key)``, so no client string reaches a path. Zero-byte objects are
@@ -40,7 +40,6 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -50,7 +49,6 @@ from kvtierd.errors import (
     InvalidArgumentError,
     NotFoundError,
     StorageFullError,
-    UnavailableError,
 )
 from kvtierd.storage.aligned_io import BouncePool, open_file
 from kvtierd.storage.base import Tier, Timer, register_tier
@@ -65,6 +63,7 @@ from kvtierd.storage.ssd_files import (
 from kvtierd.storage.ssd_format import DataHasher, data_checksum, encode_header
 from kvtierd.storage.ssd_options import SsdOptions
 from kvtierd.storage.ssd_probe import calibrate, probe_o_direct
+from kvtierd.storage.ssd_runner import IoRunner
 from kvtierd.storage.ssd_transfer import plan_chunks, read_chunk, read_header, write_chunk
 from kvtierd.storage.ssd_transfer import write_header as _write_header
 from kvtierd.types import ObjectMeta, TierStats
@@ -97,21 +96,18 @@ class SsdTier(Tier):
         self._used_bytes = 0
         self._writing: set[str] = set()
         self._removing: dict[str, asyncio.Event] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._pool: ThreadPoolExecutor | None = None
+        self._io = IoRunner(config.name, self.options.queue_depth)
         self._bounce: BouncePool | None = None
-        self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Create dirs, drop uncommitted temp files, rebuild the index, calibrate bandwidth."""
-        q = self.options.queue_depth
-        self._pool = ThreadPoolExecutor(max_workers=q, thread_name_prefix=f"ssd-{self.name}")
-        self._bounce = BouncePool(q, self.options.chunk_bytes)
-        await self._run(self.layout.create)
-        removed = await self._run(self.layout.remove_temp_files)
-        self.direct = await self._run(probe_o_direct, self.layout, self.options.o_direct)
+        self._io.start()
+        self._bounce = BouncePool(self.options.queue_depth, self.options.chunk_bytes)
+        await self._io.run(self.layout.create)
+        removed = await self._io.run(self.layout.remove_temp_files)
+        self.direct = await self._io.run(probe_o_direct, self.layout, self.options.o_direct)
         await self._rebuild_index()
         self.calibrated = await calibrate(self, self.layout)
         logger.info(
@@ -124,25 +120,20 @@ class SsdTier(Tier):
 
     async def close(self) -> None:
         """Refuse new operations, wait for in-flight ones, stop the I/O threads."""
-        self._closing = True
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        if self._pool is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
-            self._pool = None
+        await self._io.close()
         if self._bounce is not None:
             self._bounce.close()
             self._bounce = None
 
     async def _rebuild_index(self) -> None:
         scans = await asyncio.gather(
-            *(self._run(scan_subdir, d, self.layout) for d in self.layout.subdirs())
+            *(self._io.run(scan_subdir, d, self.layout) for d in self.layout.subdirs())
         )
         self._index.clear()
         self._used_bytes = 0
         for good, bad in scans:
             for b in bad:
-                await self._run(quarantine_file, b.path, self.layout)
+                await self._io.run(quarantine_file, b.path, self.layout)
                 self.quarantined_count += 1
                 logger.warning("ssd tier %s: quarantined %s at start", self.name, b.reason)
             for f in good:
@@ -160,7 +151,7 @@ class SsdTier(Tier):
             raise AlreadyExistsError(f"object {meta.key!r} already exists in tier {self.name}")
         self._writing.add(meta.key)  # claimed before any await: a second put sees it
         try:
-            return await self._spawn(self._put(meta, view))
+            return await self._io.spawn(self._put(meta, view))
         finally:
             self._writing.discard(meta.key)
 
@@ -168,14 +159,14 @@ class SsdTier(Tier):
         view = _byte_view(dst, "read destination")
         if view.readonly:
             raise InvalidArgumentError(f"read {key!r}: the destination buffer is read-only")
-        return await self._spawn(self._read(key, view))
+        return await self._io.spawn(self._read(key, view))
 
     async def delete(self, key: str) -> None:
         entry = self._index.get(key)
         if entry is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
         self._forget(key)
-        await self._spawn(self._remove_file(key, self._run(_unlink_if_present, entry.path)))
+        await self._io.spawn(self._remove_file(key, self._io.run(_unlink_if_present, entry.path)))
 
     def get_meta(self, key: str) -> ObjectMeta:
         entry = self._index.get(key)
@@ -226,11 +217,11 @@ class SsdTier(Tier):
                     raise
                 logger.warning("ssd tier %s: O_DIRECT write refused (%s); buffered", self.name, e)
                 self.direct = False
-                await self._run(remove_quietly, temp)
+                await self._io.run(remove_quietly, temp)
                 stored = await self._write_temp(temp, meta, view, False)
-            await self._run(commit_file, temp, final, self.options.fsync)
+            await self._io.run(commit_file, temp, final, self.options.fsync)
         except BaseException as e:
-            await self._run(remove_quietly, temp)
+            await self._io.run(remove_quietly, temp)
             if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
                 raise StorageFullError(
                     f"tier {self.name}: no space for {meta.size_bytes} bytes of {meta.key!r} "
@@ -243,7 +234,7 @@ class SsdTier(Tier):
         self, temp: str, meta: ObjectMeta, view: memoryview, direct: bool
     ) -> ObjectMeta:
         assert self._bounce is not None
-        fd = await self._run(functools.partial(open_file, temp, write=True, direct=direct))
+        fd = await self._io.run(functools.partial(open_file, temp, write=True, direct=direct))
         try:
             header_len = len(encode_header(meta))  # kept_indices fix it; the checksum does not
             chunks = plan_chunks(meta.size_bytes, self.options.chunk_bytes, view, direct)
@@ -252,14 +243,14 @@ class SsdTier(Tier):
                 functools.partial(write_chunk, fd, view, header_len, c, self._bounce)
                 for c in chunks
             ]
-            checksum = (await self._run_all(calls))[0]
+            checksum = (await self._io.run_all(calls))[0]
             if meta.checksum not in (0, checksum):
                 raise InvalidArgumentError(
                     f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to "
                     f"{checksum:#x}"
                 )
             stored = dataclasses.replace(meta, checksum=checksum)
-            await self._run(self._finish_file, fd, encode_header(stored), direct)
+            await self._io.run(self._finish_file, fd, encode_header(stored), direct)
             return stored
         finally:
             os.close(fd)
@@ -293,7 +284,7 @@ class SsdTier(Tier):
         still holds this very entry (if not, a failed check means "deleted meanwhile")."""
         direct = self.direct
         try:
-            fd = await self._run(
+            fd = await self._io.run(
                 functools.partial(open_file, entry.path, write=False, direct=direct)
             )
         except FileNotFoundError as e:
@@ -327,7 +318,7 @@ class SsdTier(Tier):
                 hasher.update(dst[c.offset : c.offset + c.valid])
 
         try:
-            header = (await self._run_all(calls, hash_chunk))[0]
+            header = (await self._io.run_all(calls, hash_chunk))[0]
             if header.meta != meta or header.header_len != entry.header_len:
                 raise CorruptObjectError(f"{where}: header does not match the indexed object")
             checksum = hasher.digest()
@@ -348,7 +339,7 @@ class SsdTier(Tier):
         self._forget(key)
         self.quarantined_count += 1
         logger.error("ssd tier %s: quarantining %s (%r)", self.name, entry.path, key)
-        await self._remove_file(key, self._run(quarantine_file, entry.path, self.layout, inode))
+        await self._remove_file(key, self._io.run(quarantine_file, entry.path, self.layout, inode))
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -370,68 +361,6 @@ class SsdTier(Tier):
             done.set()
             if self._removing.get(key) is done:
                 del self._removing[key]
-
-    async def _spawn(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run an operation as a task the caller's cancellation cannot interrupt: the I/O
-        threads cannot be stopped mid-call, and a half-cleaned-up put would leak its file."""
-        if self._closing or self._pool is None:
-            coro.close()
-            raise UnavailableError(f"tier {self.name} is not started or is closing")
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no "never retrieved"
-        return await asyncio.shield(task)
-
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._pool is None:
-            raise UnavailableError(f"tier {self.name} is not started or is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._pool, _Once(fn, args))
-
-    def _submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        if self._pool is None:
-            raise UnavailableError(f"tier {self.name} is not started or is closed")
-        return asyncio.get_running_loop().run_in_executor(self._pool, _Once(fn, ()))
-
-    async def _run_all(
-        self, calls: list[Callable[[], Any]], each: Callable[[int, Any], None] | None = None
-    ) -> list[Any]:
-        """Run calls on the I/O threads; ``each(i, result)`` sees results in call order as they
-        arrive (to overlap hashing with the I/O still in flight). Always waits for *all* calls
-        — a failed chunk must not let us close the fd under a still-running one — and raises
-        the first error in call order."""
-        futs = [self._submit(c) for c in calls]
-        try:
-            results = []
-            for i, fut in enumerate(futs):
-                results.append(await fut)
-                if each is not None:
-                    each(i, results[-1])
-            return results
-        finally:
-            await asyncio.gather(*futs, return_exceptions=True)
-
-
-class _Once:
-    """A call that drops its arguments as soon as it returns.
-
-    The executor's work item outlives the call by a moment (it is deleted only after the
-    result has been handed to the event loop); if it still held a slice of the caller's
-    buffer, a caller that closes its mmap right after ``read_into`` returns would get
-    ``BufferError: cannot close exported pointers exist``.
-    """
-
-    __slots__ = ("_args", "_fn")
-
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self._fn: Callable[..., Any] | None = fn
-        self._args = args
-
-    def __call__(self) -> Any:
-        fn, args = self._fn, self._args
-        self._fn, self._args = None, ()
-        assert fn is not None, "a _Once call runs once"
-        return fn(*args)
 
 
 def _byte_view(data: memoryview, what: str) -> memoryview:
