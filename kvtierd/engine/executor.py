@@ -52,6 +52,11 @@ class Executor:
         if plan:
             self._queue.put_nowait(plan)
 
+    @property
+    def pending(self) -> int:
+        """Plans submitted and not yet finished (queued or running)."""
+        return int(self._queue._unfinished_tasks)  # type: ignore[attr-defined]
+
     async def idle(self) -> None:
         """Wait until every submitted plan has been carried out."""
         await self._queue.join()

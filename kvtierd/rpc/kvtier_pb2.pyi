@@ -678,6 +678,7 @@ class StatusResponse(_message.Message):
     HEALTH_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
+    PENDING_PLANS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -691,6 +692,8 @@ class StatusResponse(_message.Message):
     """"SERVING" or what is wrong"""
     hits: _builtins.int
     misses: _builtins.int
+    pending_plans: _builtins.int
+    """placer plans not yet carried out by the executor"""
     def __init__(
         self,
         *,
@@ -706,10 +709,11 @@ class StatusResponse(_message.Message):
         health: _builtins.str = ...,
         hits: _builtins.int = ...,
         misses: _builtins.int = ...,
+        pending_plans: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "placer", b"placer", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

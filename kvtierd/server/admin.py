@@ -58,6 +58,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             health=self.health.describe(),
             hits=e.hits,
             misses=e.misses,
+            pending_plans=e.executor.pending,
         )
 
     async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:

@@ -45,6 +45,38 @@ def status_of(error: BaseException) -> grpc.StatusCode:
 ErrorHook = Callable[[grpc.StatusCode], None]
 
 
+class _Malformed:
+    """Stands in for a request whose bytes did not parse, so the handler can answer
+    INVALID_ARGUMENT (a deserializer that raises makes gRPC answer UNKNOWN)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:
+            return _Malformed(e)
+
+    return parse
+
+
+def _check(request: Any, method: str) -> Any:
+    if isinstance(request, _Malformed):
+        raise errors.InvalidArgumentError(f"malformed request to {method}: {request.error}")
+    return request
+
+
+async def _checked(requests: AsyncIterator[Any], method: str) -> AsyncIterator[Any]:
+    async for request in requests:
+        yield _check(request, method)
+
+
 class ErrorInterceptor(aio.ServerInterceptor):
     def __init__(self, on_error: ErrorHook | None = None) -> None:
         self._on_error = on_error
@@ -75,37 +107,37 @@ class ErrorInterceptor(aio.ServerInterceptor):
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 try:
-                    return await inner_uu(request, context)
+                    return await inner_uu(_check(request, method), context)
                 except Exception as e:
                     await fail(context, method, e)
 
             return grpc.unary_unary_rpc_method_handler(
-                unary_unary, handler.request_deserializer, handler.response_serializer
+                unary_unary, _tolerant(handler.request_deserializer), handler.response_serializer
             )
         if handler.stream_unary:
             inner_su: Any = handler.stream_unary
 
             async def stream_unary(requests: Any, context: Any) -> Any:
                 try:
-                    return await inner_su(requests, context)
+                    return await inner_su(_checked(requests, method), context)
                 except Exception as e:
                     await fail(context, method, e)
 
             return grpc.stream_unary_rpc_method_handler(
-                stream_unary, handler.request_deserializer, handler.response_serializer
+                stream_unary, _tolerant(handler.request_deserializer), handler.response_serializer
             )
         if handler.unary_stream:
             inner_us: Any = handler.unary_stream
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 try:
-                    async for item in inner_us(request, context):
+                    async for item in inner_us(_check(request, method), context):
                         yield item
                 except Exception as e:
                     await fail(context, method, e)
 
             return grpc.unary_stream_rpc_method_handler(
-                unary_stream, handler.request_deserializer, handler.response_serializer
+                unary_stream, _tolerant(handler.request_deserializer), handler.response_serializer
             )
         return handler
 

@@ -82,6 +82,7 @@ class SsdTier(Tier):
     """Objects as files under ``config.path``; see the module docstring for options."""
 
     kind: ClassVar[str] = "ssd"
+    persistent: ClassVar[bool] = True
 
     def __init__(self, config: TierConfig) -> None:
         super().__init__(config)
