@@ -45,7 +45,7 @@ from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
 
 ORIGINAL = "none"
-KNOWN_PLACERS: tuple[str, ...] = ("evicpress", "fixed", "lru")
+KNOWN_PLACERS: tuple[str, ...] = ("evicpress", "fixed", "lfu", "lru", "prefill")
 """Placer names a policy may name (``kvtierd.policies.PLACERS`` must be a subset of these)."""
 DROP_METHODS: tuple[str, ...] = (
     "keydiff", "knorm", "paged_eviction", "paged_eviction_block", "snapkv", "streamingllm",
@@ -70,7 +70,9 @@ _PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "evicpress": ("alpha", "selection", "variants", "profiling", "frequency"),
         "fixed": ("variant",),
+        "lfu": (),
         "lru": (),
+        "prefill": (),
     }
 )
 _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -146,7 +148,7 @@ def parse_policy(text: str, source: str) -> PolicyConfig:
         at = ("variant",)
         if "variant" not in raw:
             raise ConfigError(f"{src.where(at)}: placer 'fixed' requires key 'variant'")
-        variant = _variant(r.text(at, ""), src, at)
+        variant = check_variant(r.text(at, ""), src.where(at))
         fields.update(fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL, variant))))
     return PolicyConfig(**fields)
 
@@ -297,8 +299,9 @@ def _method(text: str, src: _Source, at: tuple[str, ...]) -> None:
         )
 
 
-def _variant(text: str, src: _Source, at: tuple[str, ...]) -> str:
-    """A single variant: ``none``, ``int8``, ``knorm@0.5`` or ``knorm@0.5+int8``; normalised."""
+def check_variant(text: str, where: str = "variant") -> str:
+    """A single variant: ``none``, ``int8``, ``knorm@0.5`` or ``knorm@0.5+int8``, normalised
+    (``knorm@0.50`` -> ``knorm@0.5``); raises :class:`ConfigError` naming ``where``."""
     drop, plus, quant = text.strip().partition("+")
     method, _, ratio_text = drop.partition("@")
     try:
@@ -311,7 +314,7 @@ def _variant(text: str, src: _Source, at: tuple[str, ...]) -> str:
     if method in DROP_METHODS and ratio_text and 0.0 < ratio <= 1.0 and not bad_quant:
         return expand_variants((f"{method}+{quant}" if plus else method,), (ratio,))[-1]
     raise ConfigError(
-        f"{src.where(at)}: bad variant {text!r}; allowed values: none, "
+        f"{where}: bad variant {text!r}; allowed values: none, "
         f"{', '.join(QUANT_METHODS)}, <method>@<ratio> or <method>@<ratio>+<quantization> with "
         f"method in {', '.join(DROP_METHODS)} and 0 < ratio <= 1"
     )

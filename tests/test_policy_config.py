@@ -79,8 +79,13 @@ def test_policy_is_frozen() -> None:
 
 BAD = [
     ("placer: lru\nalpha: 2\n", 2, "alpha", "keys for placer 'lru': name, description, placer"),
-    ("name: x\nplacer: magic\n", 2, "placer", "allowed values: evicpress, fixed, lru"),
-    ("name: x\n", 0, "placer", "allowed values: evicpress, fixed, lru"),
+    (
+        "name: x\nplacer: magic\n",
+        2,
+        "placer",
+        "allowed values: evicpress, fixed, lfu, lru, prefill",
+    ),
+    ("name: x\n", 0, "placer", "allowed values: evicpress, fixed, lfu, lru, prefill"),
     (
         "placer: evicpress\nvariants:\n  methods:\n    - knorm\n    - zip\n",
         5,
