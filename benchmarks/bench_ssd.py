@@ -115,86 +115,87 @@ async def aio_transfer(path: str, buf: memoryview, depth: int, write: bool) -> N
 # -- the run -----------------------------------------------------------------------------------
 
 
-async def timed(n_bytes: int, fn: Callable[[], Awaitable[object]]) -> float:
-    start = time.perf_counter()
-    await fn()
-    return n_bytes / (time.perf_counter() - start) / 1e9
+class Bench:
+    """One run's buffers, tier, raw thread pool and results (GB/s per case, one per round)."""
 
+    def __init__(self, root: Path, tier: SsdTier, depth: int, objects: int) -> None:
+        self.root, self.tier, self.depth, self.objects = root, tier, depth, objects
+        self.total = objects * OBJECT_BYTES
+        self.pool = ThreadPoolExecutor(depth)
+        self.src, self.dst = aligned(OBJECT_BYTES), aligned(OBJECT_BYTES)
+        self.odd = memoryview(bytearray(OBJECT_BYTES + 1))[1:]  # unaligned: the bounce path
+        self.res: dict[str, list[float]] = {}
+        self.dropped = False
 
-async def run(args: argparse.Namespace) -> int:
-    root = Path(tempfile.mkdtemp(prefix="kvtierd-bench-ssd-", dir=args.dir))
-    depth, n = args.queue_depth, args.objects
-    total = n * OBJECT_BYTES
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(depth)
-    src, dst = aligned(OBJECT_BYTES), aligned(OBJECT_BYTES)
-    odd = memoryview(bytearray(OBJECT_BYTES + 1))[1:]  # not page-aligned: the bounce path
-    tier = SsdTier(TierConfig("ssd", "ssd", 1 << 40, str(root / "tier"), {"queue_depth": depth}))
-    await tier.start()
-    if not tier.direct:
-        print("the filesystem refuses O_DIRECT: nothing to compare", file=sys.stderr)
-        return 2
-    (root / "raw").mkdir()
-    (root / "aio").mkdir()
-    res: dict[str, list[float]] = {}
-    dropped = False
+    async def case(
+        self, name: str, each: Callable[[str], Awaitable[object]], items: list[str]
+    ) -> None:
+        async def all_items() -> None:
+            for item in items:
+                await each(item)
 
-    def add(name: str, gbps: float) -> None:
-        res.setdefault(name, []).append(gbps)
+        start = time.perf_counter()
+        await all_items()
+        self.res.setdefault(name, []).append(self.total / (time.perf_counter() - start) / 1e9)
 
-    for r in range(args.rounds):
-        raws = [str(root / "raw" / f"{i}") for i in range(n)]
-        aios = [str(root / "aio" / f"{i}") for i in range(n)]
-        keys = [f"r{r}o{i}" for i in range(n)]
+    async def round(self, r: int) -> None:
+        loop, tier = asyncio.get_running_loop(), self.tier
+        raws = [str(self.root / "raw" / f"{i}") for i in range(self.objects)]
+        aios = [str(self.root / "aio" / f"{i}") for i in range(self.objects)]
+        keys = [f"r{r}o{i}" for i in range(self.objects)]
+        paths = [tier.layout.object_path("", k) for k in keys]
 
-        async def raw_w(fsync: bool, paths: list[str] = raws) -> None:
-            for p in paths:
-                await loop.run_in_executor(None, raw_write, pool, p, src, fsync)
+        async def aio_write(p: str) -> None:
+            await aio_transfer(p, self.src, self.depth, write=True)
+            await loop.run_in_executor(None, _fsync_path, p)
 
-        async def tier_w(ks: list[str] = keys) -> None:
-            for k in ks:
-                await tier.put(ObjectMeta(key=k, size_bytes=OBJECT_BYTES), src)
+        def raw_w(fsync: bool) -> Callable[[str], Awaitable[None]]:
+            return lambda p: loop.run_in_executor(None, raw_write, self.pool, p, self.src, fsync)
 
-        async def aio_w(paths: list[str] = aios) -> None:
-            for p in paths:
-                await aio_transfer(p, src, depth, write=True)
-                await loop.run_in_executor(None, _fsync_path, p)
-
-        add("write raw O_DIRECT", await timed(total, lambda: raw_w(False)))
-        add("write raw O_DIRECT + fsync", await timed(total, lambda: raw_w(True)))
-        add("write tier (O_DIRECT, fsync)", await timed(total, tier_w))
-        add("write aiofiles O_DIRECT + fsync", await timed(total, aio_w))
-        tier_paths = [tier.layout.object_path("", k) for k in keys]
-
-        async def raw_r(paths: list[str] = tier_paths) -> None:
-            for p in paths:
-                await loop.run_in_executor(None, raw_read, pool, p, dst)
-
-        async def tier_r(ks: list[str] = keys) -> None:
-            for k in ks:
-                await tier.read_into(k, dst)
-
-        async def tier_r_odd(ks: list[str] = keys) -> None:
-            for k in ks:
-                await tier.read_into(k, odd)
-
-        async def aio_r(paths: list[str] = tier_paths) -> None:
-            for p in paths:
-                await aio_transfer(p, dst, depth, write=False)
-
-        for name, fn in [("read raw O_DIRECT", raw_r), ("read tier", tier_r),
-                         ("read tier, unaligned dst", tier_r_odd),
-                         ("read aiofiles O_DIRECT", aio_r)]:  # fmt: skip
-            dropped = drop_caches()
-            add(name, await timed(total, fn))
+        await self.case("write raw O_DIRECT", raw_w(False), raws)
+        await self.case("write raw O_DIRECT + fsync", raw_w(True), raws)
+        await self.case(
+            "write tier (O_DIRECT, fsync)",
+            lambda k: tier.put(ObjectMeta(key=k, size_bytes=OBJECT_BYTES), self.src),
+            keys,
+        )
+        await self.case("write aiofiles O_DIRECT + fsync", aio_write, aios)
+        reads: list[tuple[str, Callable[[str], Awaitable[object]], list[str]]] = [
+            ("read raw O_DIRECT",
+             lambda p: loop.run_in_executor(None, raw_read, self.pool, p, self.dst), paths),
+            ("read tier", lambda k: tier.read_into(k, self.dst), keys),
+            ("read tier, unaligned dst", lambda k: tier.read_into(k, self.odd), keys),
+            ("read aiofiles O_DIRECT",
+             lambda p: aio_transfer(p, self.dst, self.depth, write=False), paths),
+        ]  # fmt: skip
+        for name, each, items in reads:
+            self.dropped = drop_caches()
+            await self.case(name, each, items)
         for k in keys:  # every pass writes fresh files, as the tier does
             await tier.delete(k)
         for p in raws + aios:
             os.unlink(p)
-    await tier.close()
-    pool.shutdown()
-    shutil.rmtree(root)
-    report(res, args, dropped)
+
+
+async def run(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="kvtierd-bench-ssd-", dir=args.dir))
+    depth = args.queue_depth
+    tier = SsdTier(TierConfig("ssd", "ssd", 1 << 40, str(root / "tier"), {"queue_depth": depth}))
+    await tier.start()
+    try:
+        if not tier.direct:
+            print("the filesystem refuses O_DIRECT: nothing to compare", file=sys.stderr)
+            return 2
+        (root / "raw").mkdir()
+        (root / "aio").mkdir()
+        bench = Bench(root, tier, depth, args.objects)
+        for r in range(args.rounds):
+            await bench.round(r)
+        bench.pool.shutdown()
+    finally:
+        await tier.close()
+        shutil.rmtree(root)
+    report(bench.res, args, bench.dropped)
     return 0
 
 

@@ -45,6 +45,16 @@ def buffer_address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
+def copy_bytes(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` (same length) without holding the GIL during the copy.
+
+    A memoryview slice assignment copies under the GIL, which serializes the I/O threads'
+    bounce copies with each other and with the event loop (measured: unaligned reads capped
+    at ~1 GB/s); numpy releases the GIL for a plain byte copy.
+    """
+    np.copyto(np.frombuffer(dst, dtype=np.uint8), np.frombuffer(src, dtype=np.uint8))
+
+
 def is_aligned(view: memoryview, align: int = ALIGN) -> bool:
     """Whether ``view`` starts at an ``align``-byte boundary (an empty view never is)."""
     return view.nbytes > 0 and buffer_address(view) % align == 0

@@ -21,6 +21,7 @@ from kvtierd.errors import CorruptObjectError
 from kvtierd.storage.aligned_io import (
     ALIGN,
     BouncePool,
+    copy_bytes,
     is_aligned,
     pread_full,
     pwrite_full,
@@ -74,7 +75,7 @@ def write_chunk(fd: int, src: memoryview, data_offset: int, chunk: Chunk, pool: 
     buf = pool.acquire()
     try:
         with memoryview(buf) as staging:
-            staging[: chunk.valid] = piece
+            copy_bytes(staging[: chunk.valid], piece)
             if chunk.length > chunk.valid:  # zero the page tail: no stale bytes reach the disk
                 staging[chunk.valid : chunk.length] = bytes(chunk.length - chunk.valid)
             pwrite_full(fd, staging[: chunk.length], at)
@@ -95,7 +96,7 @@ def read_chunk(
             with memoryview(buf) as staging:
                 got = pread_full(fd, staging[: chunk.length], at)
                 n = min(got, chunk.valid)
-                dst[chunk.offset : chunk.offset + n] = staging[:n]
+                copy_bytes(dst[chunk.offset : chunk.offset + n], staging[:n])
         finally:
             pool.release(buf)
     if got < chunk.valid:
