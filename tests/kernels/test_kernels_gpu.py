@@ -1,5 +1,8 @@
 """The same comparisons on real CUDA (compiled Triton, not the interpreter); skipped without CUDA.
 
+Run compiled: ``TRITON_INTERPRET=0 .venv/bin/pytest -m gpu tests/kernels`` (conftest only
+defaults the variable to 1, which would interpret these too).
+
 On a GPU, Triton may contract multiply-adds into FMAs and rounds bf16 to nearest, so float
 outputs are compared with the tolerance table; kept sets and copies stay exact.
 """
