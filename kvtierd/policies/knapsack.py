@@ -24,11 +24,16 @@ import numpy as np
 
 from kvtierd.policies.model import Assignment, BoolArray, FloatArray, IntArray, UtilityTable
 
+SMALL_INSTANCE = 5000
+"""Up to this many contexts :func:`greedy_assign` prices slower tiers and polishes by default."""
+
 LEAVE = -1
 """Choice index meaning "not in this tier" in the per-tier solver's result."""
 
 
-def greedy_assign(table: UtilityTable, rounds: int = 2, max_improve_rounds: int = 64) -> Assignment:
+def greedy_assign(
+    table: UtilityTable, rounds: int | None = None, max_improve_rounds: int | None = None
+) -> Assignment:
     """Place every context by the per-byte greedy, then improve it by local search.
 
     Round 1 values the option of leaving a tier at the best utility below, as if the slower
@@ -37,6 +42,11 @@ def greedy_assign(table: UtilityTable, rounds: int = 2, max_improve_rounds: int 
     pushing out contexts the slower tier cannot hold either. The best round (by true utility)
     is polished by :func:`improve`.
     """
+    # Pricing and polishing matter when contexts are large next to a tier (few contexts); with
+    # thousands the greedy is already within 1e-5 of the LP bound, so skip them for speed.
+    small = table.n_contexts <= SMALL_INSTANCE
+    rounds = (2 if small else 1) if rounds is None else rounds
+    max_improve_rounds = (64 if small else 0) if max_improve_rounds is None else max_improve_rounds
     prices: FloatArray = np.zeros(table.n_tiers)
     best: Assignment | None = None
     best_util = -np.inf
