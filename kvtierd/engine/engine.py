@@ -134,7 +134,8 @@ class Engine:
                 if meta.key in self.objects:
                     logger.warning("object %r found in two tiers; keeping one copy", meta.key)
                     continue
-                self.objects[meta.key] = ObjectRecord(meta, tier.name)
+                # Found on persistent storage: keep it persistent (it may have been durable).
+                self.objects[meta.key] = ObjectRecord(meta, tier.name, durable=True)
                 self._context_add(meta)
         for ctx in self.contexts.values():
             self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
@@ -255,11 +256,12 @@ class Engine:
         if target is None:
             raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
         for meta in metas:
-            obj = self.objects.get(meta.key)
-            if obj is None or obj.tier == target.name or obj.shadow:
-                continue
             async with self.contexts[meta.context].lock:
-                if obj.tier == self.cpu.name:
+                obj = self.objects.get(meta.key)
+                if obj is None:
+                    continue  # deleted meanwhile
+                obj.durable = True
+                if obj.tier == self.cpu.name and not obj.shadow:
                     await target.put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
                     obj.shadow = target.name
 
@@ -444,9 +446,26 @@ class Engine:
             await self._remove_from_tier(meta.key, source)
             obj.tier, obj.shadow = target, ""
             return meta.size_bytes
+        await self._copy_object(obj, target)
+        # A durable object keeps its persistent copy when promoted to a volatile tier, so a
+        # crash after the promotion cannot lose it.
+        keep = (
+            obj.durable
+            and not obj.shadow
+            and self.tiers[source].persistent
+            and not self.tiers[target].persistent
+        )
+        if keep:
+            obj.shadow = source
+        else:
+            await self._remove_from_tier(meta.key, source)
+        obj.tier = target
+        return meta.size_bytes
+
+    async def _copy_object(self, obj: ObjectRecord, target: str) -> None:
+        meta, source = obj.meta, obj.tier
         if target == self.cpu.name:
-            block = await self._stage_from(obj)
-            self.cpu.adopt(meta, block)
+            self.cpu.adopt(meta, await self._stage_from(obj))
         elif source == self.cpu.name:
             await self.tiers[target].put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
         else:
@@ -455,10 +474,6 @@ class Engine:
                 await self.tiers[target].put(meta, self.cpu.view(block))
             finally:
                 self.cpu.free_block(block)
-        keep = obj.shadow if obj.shadow != source else ""  # a durable copy stays where it is
-        await self._remove_from_tier(meta.key, source)
-        obj.tier, obj.shadow = target, keep
-        return meta.size_bytes
 
     # -- admin -------------------------------------------------------------------------------
 

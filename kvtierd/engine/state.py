@@ -20,6 +20,7 @@ class ObjectRecord:
     meta: ObjectMeta
     tier: str
     shadow: str = ""  # a persistent tier also holding the bytes (durable commit), or ""
+    durable: bool = False  # committed durable (or found on persistent storage at start)
 
 
 @dataclass(slots=True)
