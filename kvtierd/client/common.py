@@ -59,6 +59,45 @@ class Endpoint:
         return creds
 
 
+GET_STREAM = "/kvtierd.v1.KVStore/GetStream"
+PUT_STREAM = "/kvtierd.v1.KVStore/PutStream"
+_DATA_TAG = 0x12  # GetChunk.data / PutChunk.data: field 2, length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def data_frame(view: memoryview) -> bytes:
+    """``PutChunk(data=view)`` on the wire, built with one copy (protobuf would make two)."""
+    return b"".join((bytes((_DATA_TAG,)), _varint(len(view)), view))
+
+
+def encode_put_chunk(message: pb.PutChunk | bytes) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def decode_get_chunk(data: bytes) -> pb.GetChunk | memoryview:
+    """A data frame becomes a zero-copy view of the received bytes; the header is parsed."""
+    if data[:1] == bytes((_DATA_TAG,)):
+        length, shift, i = 0, 0, 1
+        while True:
+            b = data[i]
+            length |= (b & 0x7F) << shift
+            i += 1
+            if b < 0x80:
+                break
+            shift += 7
+        if i + length == len(data):
+            return memoryview(data)[i:]
+    return pb.GetChunk.FromString(data)
+
+
 @dataclass(frozen=True, slots=True)
 class LookupResult:
     found: tuple[bool, ...]
@@ -67,9 +106,11 @@ class LookupResult:
 
 
 def lookup_result(resp: pb.LookupResponse) -> LookupResult:
+    names = list(resp.tiers)
+    found = tuple(resp.found)
     return LookupResult(
-        found=tuple(r.found for r in resp.results),
-        tiers=tuple(r.tier for r in resp.results),
+        found=found,
+        tiers=tuple(names[i] if f else "" for f, i in zip(found, resp.tier_index, strict=True)),
         prefix_hits=resp.prefix_hits,
     )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import grpc
@@ -13,13 +14,19 @@ import grpc
 from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes, new_array
 from kvtierd.client.common import (
     CHANNEL_OPTIONS,
+    GET_STREAM,
+    PUT_STREAM,
     STREAM_CHUNK_BYTES,
     Endpoint,
     LookupResult,
+    data_frame,
+    decode_get_chunk,
     domain_error,
+    encode_put_chunk,
     lookup_result,
     spec,
 )
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 
@@ -35,8 +42,12 @@ class KVClient:
         tls_ca_file: str = "",
         token: str = "",
         timeout_s: float = 60.0,
+        stream: bool = False,
     ) -> None:
+        """``stream=True`` moves bytes by gRPC streams even over a Unix socket (the path a
+        client on another host takes), instead of through the shared-memory arena."""
         self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
+        self.use_arena = self.endpoint.colocated and not stream
         if self.endpoint.colocated:
             self._channel = grpc.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
         else:
@@ -44,11 +55,19 @@ class KVClient:
             target = self.endpoint.target
             self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
         self.kv = pb_grpc.KVStoreStub(self._channel)
+        self._put_stream_call = self._channel.stream_unary(
+            PUT_STREAM, encode_put_chunk, pb.PutResponse.FromString
+        )
+        self._get_stream_call = self._channel.unary_stream(
+            GET_STREAM, pb.GetStreamRequest.SerializeToString, decode_get_chunk
+        )
         self.admin = pb_grpc.AdminStub(self._channel)
         self.timeout_s = timeout_s
         self._arena = ArenaMap()
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
 
     def close(self) -> None:
+        self._copier.shutdown()
         self._arena.close()
         self._channel.close()
 
@@ -90,11 +109,11 @@ class KVClient:
             layout=layout,
             token_count=token_count,
         )
-        if not self.endpoint.colocated:
+        if not self.use_arena:
             return self._put_stream(s, p.data)
         (alloc,) = self.call(self.kv.Allocate, pb.AllocateRequest(objects=[s])).allocations
         try:
-            copy_bytes(self._arena.region(alloc.region), p.data)
+            copy_bytes(self._arena.region(alloc.region), p.data, self._copier)
         except BaseException:
             self.call(self.kv.Abort, pb.AbortRequest(allocation_ids=[alloc.allocation_id]))
             raise
@@ -102,12 +121,13 @@ class KVClient:
         return self.call(self.kv.Commit, req).objects[0]
 
     def _put_stream(self, s: pb.ObjectSpec, data: memoryview) -> pb.ObjectInfo:
-        def chunks() -> Iterator[pb.PutChunk]:
+        def chunks() -> Iterator[pb.PutChunk | bytes]:
             yield pb.PutChunk(spec=s)
             for start in range(0, len(data), STREAM_CHUNK_BYTES):
-                yield pb.PutChunk(data=bytes(data[start : start + STREAM_CHUNK_BYTES]))
+                yield data_frame(data[start : start + STREAM_CHUNK_BYTES])
 
-        return self.call(self.kv.PutStream, chunks()).object
+        resp: pb.PutResponse = self.call(self._put_stream_call, chunks())
+        return resp.object
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -127,26 +147,32 @@ class KVClient:
     def get(self, key: str, out: Any = None) -> Any:
         """Copy an object into ``out`` (numpy array / CPU tensor / bytearray) or a new numpy
         array shaped as stored; returns it."""
-        if not self.endpoint.colocated:
+        if not self.use_arena:
             return self._get_stream(key, out)
         with self.lease(key) as (info, view):
             if out is None:
                 out = new_array(info.spec)
-            copy_bytes(bytes_view(out), view)
+            copy_bytes(bytes_view(out), view, self._copier)
         return out
 
     def _get_stream(self, key: str, out: Any) -> Any:
-        stream = self.kv.GetStream(pb.GetStreamRequest(key=key), timeout=self.timeout_s)
+        stream = self._get_stream_call(pb.GetStreamRequest(key=key), timeout=self.timeout_s)
         try:
             first = next(stream)
+            assert isinstance(first, pb.GetChunk)
             if out is None:
                 out = new_array(first.info.spec)
             dst, filled = bytes_view(out), 0
             for chunk in stream:
-                dst[filled : filled + len(chunk.data)] = chunk.data
-                filled += len(chunk.data)
+                data = chunk if isinstance(chunk, memoryview) else memoryview(chunk.data)
+                dst[filled : filled + len(data)] = data
+                filled += len(data)
         except grpc.RpcError as e:
             raise domain_error(e, self.endpoint) from None
+        if filled != len(dst):
+            raise InvalidArgumentError(
+                f"object {key!r}: {filled} bytes for a {len(dst)}-byte buffer"
+            )
         return out
 
     def delete(self, keys: Sequence[str]) -> int:

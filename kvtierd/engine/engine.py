@@ -63,6 +63,7 @@ class Engine:
                 f"found {len(cpus)}"
             )
         self.cpu: CpuTier = cpus[0]
+        self.tier_index = {name: i for i, name in enumerate(self.tiers)}
         self.objects: dict[str, ObjectRecord] = {}
         self.contexts: dict[str, ContextRecord] = {}
         self.allocations: dict[str, AllocationRecord] = {}

@@ -169,49 +169,46 @@ class LookupRequest(_message.Message):
 Global___LookupRequest: _TypeAlias = LookupRequest  # noqa: Y015
 
 @_typing.final
-class LookupResult(_message.Message):
+class LookupResponse(_message.Message):
+    """Parallel arrays, one entry per requested key (packed: a batch of 1,000 keys is one small
+    message instead of 1,000 sub-messages).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FOUND_FIELD_NUMBER: _builtins.int
-    TIER_FIELD_NUMBER: _builtins.int
+    TIER_INDEX_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
-    found: _builtins.bool
-    tier: _builtins.str
-    size_bytes: _builtins.int
-    def __init__(
-        self,
-        *,
-        found: _builtins.bool = ...,
-        tier: _builtins.str = ...,
-        size_bytes: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "size_bytes", b"size_bytes", "tier", b"tier"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___LookupResult: _TypeAlias = LookupResult  # noqa: Y015
-
-@_typing.final
-class LookupResponse(_message.Message):
-    DESCRIPTOR: _descriptor.Descriptor
-
-    RESULTS_FIELD_NUMBER: _builtins.int
+    TIERS_FIELD_NUMBER: _builtins.int
     PREFIX_HITS_FIELD_NUMBER: _builtins.int
     prefix_hits: _builtins.int
     """number of leading keys found"""
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___LookupResult]: ...
+    def found(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
+    @_builtins.property
+    def tier_index(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """index into `tiers` (meaningless where not found)"""
+
+    @_builtins.property
+    def size_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """0 where not found"""
+
+    @_builtins.property
+    def tiers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the daemon's tier names, fastest first"""
+
     def __init__(
         self,
         *,
-        results: _abc.Iterable[Global___LookupResult] | None = ...,
+        found: _abc.Iterable[_builtins.bool] | None = ...,
+        tier_index: _abc.Iterable[_builtins.int] | None = ...,
+        size_bytes: _abc.Iterable[_builtins.int] | None = ...,
+        tiers: _abc.Iterable[_builtins.str] | None = ...,
         prefix_hits: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefix_hits", b"prefix_hits", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "prefix_hits", b"prefix_hits", "size_bytes", b"size_bytes", "tier_index", b"tier_index", "tiers", b"tiers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

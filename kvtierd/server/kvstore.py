@@ -16,6 +16,24 @@ MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_DATA_TAG = b"\x12"  # field 2 (GetChunk.data / PutChunk.data), wire type 2 (length-delimited)
+
+
+def data_frame(view: memoryview) -> bytes:
+    """The wire form of ``GetChunk(data=view)`` built with one copy out of the arena
+    (protobuf would copy into a bytes object first, then again to serialize)."""
+    return b"".join((_DATA_TAG, _varint(len(view)), view))
+
+
 def _check_batch(n: int, what: str) -> None:
     if n == 0:
         raise InvalidArgumentError(f"{what}: the request names no keys")
@@ -32,13 +50,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if request.hold_s < 0:
             raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
         found, prefix = self.engine.lookup(request.keys, request.hold_s)
-        results = [
-            pb.LookupResult(found=True, tier=f.tier, size_bytes=f.meta.size_bytes)
-            if f is not None
-            else pb.LookupResult()
-            for f in found
-        ]
-        return pb.LookupResponse(results=results, prefix_hits=prefix)
+        index = self.engine.tier_index
+        resp = pb.LookupResponse(prefix_hits=prefix, tiers=list(index))
+        resp.found.extend([f is not None for f in found])
+        resp.tier_index.extend([index[f.tier] if f is not None else 0 for f in found])
+        resp.size_bytes.extend([f.meta.size_bytes if f is not None else 0 for f in found])
+        return resp
 
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         _check_batch(len(request.objects), "Allocate")
@@ -114,9 +131,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         (meta,) = await self.engine.commit([rec.allocation_id])
         return pb.PutResponse(object=record_info(self.engine.objects[meta.key]))
 
-    async def GetStream(
+    # Yields pre-serialized data frames next to messages (see data_frame).
+    async def GetStream(  # type: ignore[override]
         self, request: pb.GetStreamRequest, context: Any
-    ) -> AsyncIterator[pb.GetChunk]:
+    ) -> AsyncIterator[pb.GetChunk | bytes]:
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
         if chunk > MAX_CHUNK_BYTES:
             raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
@@ -125,7 +143,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             yield pb.GetChunk(info=info(lease.meta, lease.tier))
             view = self.engine.cpu.view(lease.block)
             for start in range(0, len(view), chunk):
-                yield pb.GetChunk(data=bytes(view[start : start + chunk]))
+                yield data_frame(view[start : start + chunk])
         finally:
             self.engine.release([lease.lease_id])
 

@@ -113,7 +113,7 @@ def test_short_or_long_stream_is_refused_and_leaves_nothing(daemon):
     with pytest.raises(grpc.RpcError) as e:
         s.PutStream(iter([pb.PutChunk(data=b"x")]))
     assert "first message must carry the object spec" in e.value.details()
-    assert not stub(daemon).Lookup(pb.LookupRequest(keys=["short"])).results[0].found
+    assert not stub(daemon).Lookup(pb.LookupRequest(keys=["short"])).found[0]
     status = pb_grpc.AdminStub(grpc.insecure_channel(f"unix:{daemon.socket_path}")).Status(
         pb.StatusRequest()
     )
@@ -136,7 +136,7 @@ def test_client_gone_mid_stream_leaves_no_partial_object(daemon):
         if admin.Status(pb.StatusRequest()).allocations == 0:
             break
     assert admin.Status(pb.StatusRequest()).allocations == 0
-    assert not s.Lookup(pb.LookupRequest(keys=["gone"])).results[0].found
+    assert not s.Lookup(pb.LookupRequest(keys=["gone"])).found[0]
 
 
 @pytest.mark.parametrize(
