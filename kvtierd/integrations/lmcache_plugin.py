@@ -1,0 +1,228 @@
+"""LMCache storage plugin that keeps LMCache's chunks in kvtierd.
+
+Enable it in the LMCache YAML (``configs/lmcache/kvtierd.yaml``)::
+
+    local_cpu: false
+    pre_caching_hash_algorithm: sha256_cbor
+    storage_plugins: [kvtierd]
+    extra_config:
+      storage_plugin.kvtierd.module_path: kvtierd.integrations.lmcache_plugin
+      storage_plugin.kvtierd.class_name: KvtierdStoragePlugin
+      kvtierd.socket_path: /run/kvtierd/kvtierd.sock
+
+Chunks go through the daemon's shared-memory arena. All chunks of one put (one request) are
+one context. Lookups with ``pin`` hold the objects in the daemon (``kvtierd.hold_s``) until the
+load. A request's variant comes from its ``lmcache.tag.kvtierd_variant`` (else
+``kvtierd.variant``): shape-preserving ones (int8/int4) encode every chunk; token-dropping ones
+additionally build the placeholder variant of the request's context (``placeholder_store``).
+
+LMCache catches and logs every exception a plugin raises and carries on as if nothing was
+cached, so each failure is logged here at ERROR with its traceback and counted in ``stats``
+before it is re-raised; tests assert hits, never just generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+from lmcache.v1.memory_management import MemoryFormat
+from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
+
+from kvtierd.client import KVClient
+from kvtierd.errors import KvtierError
+from kvtierd.integrations.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
+from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
+from kvtierd.integrations.plugin_settings import PluginSettings, PluginStats, key_string, tag
+from kvtierd.kernels.variants import parse_variant
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
+    """LMCache ``StoragePluginInterface`` backed by a kvtierd daemon (module docstring)."""
+
+    def __init__(
+        self,
+        dst_device: str = "cpu",
+        config: Any = None,
+        metadata: Any = None,
+        local_cpu_backend: Any = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(dst_device, config, metadata, local_cpu_backend, loop)
+        self.settings = PluginSettings.from_extra_config(dict(config.extra_config or {}))
+        self.num_kv_heads = int(metadata.kv_shape[3])
+        self.chunk_tokens = int(metadata.kv_shape[2])
+        self.stats = PluginStats()
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
+        self._lock = threading.Lock()
+        self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
+        status = self._guard("connect", self.client.status)
+        logger.info(
+            "kvtierd plugin: daemon %s at %s (variant %s)",
+            status.version,
+            self.settings.socket_path,
+            self.settings.variant,
+        )
+
+    # -- failures are loud --------------------------------------------------------------------
+
+    def _guard(self, op: str, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except Exception as e:
+            with self._lock:
+                self.stats.errors += 1
+                self.stats.last_error = f"{op}: {type(e).__name__}: {e}"
+            logger.exception("kvtierd plugin: %s failed; LMCache will treat it as a miss", op)
+            raise
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _prefix_hits(self, keys: Sequence[Any], pin: bool) -> int:
+        hold = self.settings.hold_s if pin else 0.0
+        result = self.client.lookup([key_string(k) for k in keys], hold_s=hold)
+        with self._lock:
+            self.stats.lookups += 1
+            self.stats.hit_chunks += result.prefix_hits
+        return result.prefix_hits
+
+    def contains(self, key: Any, pin: bool = False) -> bool:
+        return self._guard("contains", lambda: self._prefix_hits([key], pin)) == 1
+
+    def batched_contains(self, keys: list[Any], pin: bool = False) -> int:
+        return self._guard("batched_contains", lambda: self._prefix_hits(keys, pin))
+
+    async def batched_async_contains(
+        self, lookup_id: str, keys: list[Any], pin: bool = False
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.batched_contains, keys, pin)
+
+    def exists_in_put_tasks(self, key: Any) -> bool:
+        return False  # puts complete before batched_submit_put_task returns
+
+    def pin(self, key: Any) -> bool:
+        return self.contains(key, pin=True)
+
+    def unpin(self, key: Any) -> bool:
+        return True  # the daemon's hold expires on its own (kvtierd.hold_s)
+
+    # -- puts ---------------------------------------------------------------------------------
+
+    def batched_submit_put_task(
+        self,
+        keys: Sequence[Any],
+        objs: list[Any],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[Any], None] | None = None,
+    ) -> None:
+        # LMCache drops its reference to ``objs`` when this returns: store synchronously.
+        self._guard("put", lambda: self._put(keys, objs))
+        if on_complete_callback is not None:
+            for key in keys:
+                on_complete_callback(key)
+
+    async def async_batched_submit_put_task(
+        self,
+        keys: Sequence[Any],
+        objs: list[Any],
+        transfer_spec: Any = None,
+        on_complete_callback: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.batched_submit_put_task(keys, objs, transfer_spec, on_complete_callback)
+
+    def _put(self, keys: Sequence[Any], objs: list[Any]) -> None:
+        if not keys:
+            return
+        variant = parse_variant(tag(keys[0], "kvtierd_variant") or self.settings.variant)
+        chunk_variant = variant.quant or "none"
+        context_id = tag(keys[0], "kvtierd_context") or key_string(keys[0])
+        if chunk_variant != "none":
+            # The daemon's profile of a context starts from its original; a context stored
+            # only quantized gets its own id so the two never mix (see the report of issue 6).
+            context_id = f"{context_id}/{chunk_variant}"
+        # LMCache re-puts chunks it already stored (e.g. when a request finishes): skip them.
+        present = self.client.lookup([key_string(k) for k in keys]).found
+        items = []
+        for key, obj, found in zip(keys, objs, present, strict=True):
+            if found:
+                continue
+            kv = obj.tensor
+            fmt = chunk_format(kv, self.num_kv_heads, chunk_variant)
+            data = encode_chunk(kv, fmt)
+            items.append(
+                PutItem(
+                    key=key_string(key),
+                    data=data,
+                    context_id=context_id,
+                    variant=chunk_variant,
+                    layout=fmt.layout(),
+                    token_count=fmt.shape[2],
+                    shape=tuple(data.shape) if not fmt.quant else (),
+                )
+            )
+        stored = put_many(self.client, items, durable=self.settings.durable)
+        with self._lock:
+            self.stats.put_chunks += len(items)
+            self.stats.put_bytes += stored
+        if variant.drops_tokens:
+            from kvtierd.integrations.placeholder_store import store_placeholder_variant
+
+            store_placeholder_variant(self, keys, objs, str(variant))
+
+    # -- gets ---------------------------------------------------------------------------------
+
+    def batched_get_blocking(self, keys: list[Any]) -> list[Any]:
+        return self._guard("get", lambda: self._get(keys))
+
+    def _get(self, keys: Sequence[Any]) -> list[Any]:
+        out: list[Any] = []
+        with lease_many(self.client, [key_string(k) for k in keys]) as views:
+            for info, view in views:
+                fmt = ChunkFormat.parse(info.spec.layout)
+                obj = self.local_cpu_backend.allocate(
+                    torch.Size(fmt.shape), getattr(torch, fmt.dtype), MemoryFormat.KV_2LTD
+                )
+                if obj is None:
+                    raise KvtierError(f"LMCache could not allocate a {fmt.shape} chunk buffer")
+                decode_chunk(torch.frombuffer(view, dtype=torch.uint8), fmt, obj.tensor)
+                out.append(obj)
+        with self._lock:
+            self.stats.get_chunks += len(out)
+        return out
+
+    def get_blocking(self, key: Any) -> Any:
+        return self.batched_get_blocking([key])[0]
+
+    def get_non_blocking(self, key: Any, location: str | None = None) -> Future[Any]:
+        return self._pool.submit(self.get_blocking, key)
+
+    async def batched_get_non_blocking(
+        self, lookup_id: str, keys: list[Any], transfer_spec: Any = None
+    ) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.batched_get_blocking, keys)
+
+    # -- the rest -----------------------------------------------------------------------------
+
+    def remove(self, key: Any, force: bool = True) -> bool:
+        return self._guard("remove", lambda: self.client.delete([key_string(key)])) == 1
+
+    def get_allocator_backend(self) -> Any:
+        return self.local_cpu_backend
+
+    def touch_cache(self) -> None:
+        return None  # recency is kept by the daemon on every lookup and get
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self.client.close()
+        logger.info("kvtierd plugin closed: %s", self.stats)

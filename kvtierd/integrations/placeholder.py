@@ -1,0 +1,143 @@
+"""Placeholder identities for token-dropped contexts (DESIGN.md §1).
+
+A context of ``N`` tokens compressed to ``M`` kept entries is loaded into unmodified vLLM as the
+prompt ``[M placeholder ids] + suffix``. The placeholder ids are a deterministic pseudo-random
+sequence per (context, variant), so vLLM's prefix cache never confuses two of them, and the
+plugin stores the ``M`` kept entries (keys rotated by ``M - N``) under the LMCache chunk keys of
+that sequence. A :class:`Manifest`, stored in the daemon under a key derived from the context's
+tokens, tells the router the placeholder ids and chunk keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtierd.errors import InvalidArgumentError
+
+MANIFEST_PREFIX = "kvtierd-ph@"
+
+# rope_type values whose rotation angle does not depend on the sequence length: a constant
+# delta rotation is exact for them (YaRN's mscale is already inside the stored keys).
+_EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def context_digest(model: str, token_ids: Sequence[int]) -> str:
+    """The identity of a context: model + its token ids (hex, 32 characters)."""
+    h = hashlib.sha256(model.encode())
+    h.update(b"\0")
+    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+    return h.hexdigest()[:32]
+
+
+def manifest_key(digest: str) -> str:
+    return f"{MANIFEST_PREFIX}{digest}"
+
+
+def kept_key(digest: str) -> str:
+    return f"{MANIFEST_PREFIX}{digest}@kept"
+
+
+def placeholder_ids(
+    digest: str, variant: str, count: int, vocab_size: int, reserved: Sequence[int] = ()
+) -> list[int]:
+    """``count`` ids in ``[0, vocab_size)`` avoiding ``reserved`` (special tokens), seeded by
+    (context, variant): the same in every process, different for every context and variant."""
+    allowed = np.setdiff1d(np.arange(vocab_size), np.asarray(reserved, dtype=np.int64))
+    if allowed.size < 2:
+        raise InvalidArgumentError(f"vocabulary of {vocab_size} leaves no placeholder ids")
+    seed = int.from_bytes(hashlib.sha256(f"{digest}/{variant}".encode()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.choice(allowed, size=count, replace=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What the router needs to serve a context from its token-dropped variant."""
+
+    digest: str
+    variant: str
+    num_tokens: int
+    num_kept: int
+    rope_delta: int
+    placeholder_ids: tuple[int, ...]
+    chunk_keys: tuple[str, ...]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        d = json.loads(data)
+        return cls(
+            digest=d["digest"],
+            variant=d["variant"],
+            num_tokens=int(d["num_tokens"]),
+            num_kept=int(d["num_kept"]),
+            rope_delta=int(d["rope_delta"]),
+            placeholder_ids=tuple(int(x) for x in d["placeholder_ids"]),
+            chunk_keys=tuple(d["chunk_keys"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRope:
+    """The rope parameters of a Hugging Face config that token dropping needs."""
+
+    theta: float
+    head_dim: int
+    rotary_dim: int
+    vocab_size: int
+    special_ids: tuple[int, ...]
+
+
+def model_rope(config: Mapping[str, Any]) -> ModelRope:
+    """Read a HF ``config.json``; refuse models whose position encoding makes a constant delta
+    rotation inexact (ALiBi, dynamic NTK, LongRoPE, M-RoPE) with the reason."""
+    model_type = str(config.get("model_type", ""))
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    why = ""
+    if config.get("alibi") or config.get("position_embedding_type") == "alibi" or model_type in (
+        "bloom", "mpt", "baichuan"):  # fmt: skip
+        why = "ALiBi position biases are not rotations"
+    elif "mrope_section" in params or rope_type in ("mrope", "default_mrope"):
+        why = "M-RoPE mixes several position axes"
+    elif rope_type not in _EXACT_ROPE_TYPES:
+        why = f"rope_type {rope_type!r} has length-dependent frequencies"
+    if why:
+        raise InvalidArgumentError(
+            f"model type {model_type!r} cannot load token-dropped contexts exactly: {why}; "
+            "use a shape-preserving variant (int8, int4, none) for it"
+        )
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    partial = float(config.get("partial_rotary_factor", 1.0))
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    special = [config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")]
+    flat: list[int] = []
+    for s in special:
+        flat.extend(s if isinstance(s, list) else [] if s is None else [int(s)])
+    return ModelRope(
+        theta=theta,
+        head_dim=head_dim,
+        rotary_dim=int(head_dim * partial),
+        vocab_size=int(config["vocab_size"]),
+        special_ids=tuple(flat),
+    )
+
+
+def read_model_rope(model: str) -> ModelRope:
+    """:func:`model_rope` of a local model directory's ``config.json``."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        raise InvalidArgumentError(
+            f"token dropping needs the model's config.json; {path} does not exist"
+        )
+    return model_rope(json.loads(path.read_text()))

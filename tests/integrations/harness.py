@@ -1,0 +1,63 @@
+"""Shared pieces of the vLLM end-to-end tests: LMCache config, running the engine subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+CHUNK = 16
+
+
+def lmcache_config(socket_path: str, **kvtierd: Any) -> dict[str, Any]:
+    extra = {
+        "storage_plugin.kvtierd.module_path": "kvtierd.integrations.lmcache_plugin",
+        "storage_plugin.kvtierd.class_name": "KvtierdStoragePlugin",
+        "kvtierd.socket_path": socket_path,
+    }
+    extra.update({f"kvtierd.{k}": v for k, v in kvtierd.items()})
+    return {
+        "chunk_size": CHUNK,
+        "local_cpu": False,
+        "max_local_cpu_size": 0.5,
+        "pre_caching_hash_algorithm": "sha256_cbor",
+        "storage_plugins": ["kvtierd"],
+        "extra_config": extra,
+    }
+
+
+def run_engine(
+    work: Path,
+    model: Path,
+    steps: list[dict[str, Any]],
+    lmcache: dict[str, Any] | None,
+    timeout_s: float = 240.0,
+) -> dict[str, Any]:
+    """One engine process through ``steps``; returns its named results (raises with its log)."""
+    work.mkdir(parents=True, exist_ok=True)
+    n = len(list(work.glob("spec-*.json")))
+    spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"engine-{n}.log"
+    spec.write_text(json.dumps({"model": str(model), "lmcache": lmcache, "steps": steps}))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "wb") as f:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tests.integrations.engine_run", str(spec), str(out)],
+                cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
+                check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"engine timed out; log:\n{_tail(log)}") from e
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(f"engine exited with {proc.returncode}; log:\n{_tail(log)}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result["_log"] = str(log)
+    return result
+
+
+def _tail(log: Path, n: int = 80) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])

