@@ -1,1 +1,58 @@
+"""The EvicPress profiler (paper §4.1, §4.3, §6.3): quality per variant, TTFT model, decayed
+frequency, drift-triggered re-profiling, profiles persisted per context. See docs/profiler.md.
 
+Importing this package loads neither torch nor transformers: the quality evaluators
+(``attention``, ``answer``) are imported on first lookup through :func:`make_evaluator`, the
+restore-cost measurement imports the kernels when it first runs.
+"""
+
+from kvtierd.profiler.frequency import DecayedCounter, FrequencyTracker
+from kvtierd.profiler.profiler import Profiler
+from kvtierd.profiler.quality import (
+    EVALUATORS,
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    evaluator_class,
+    make_evaluator,
+    register_evaluator,
+)
+from kvtierd.profiler.queries import INITIAL_QUERIES, QueryStore
+from kvtierd.profiler.reprofile import (
+    Decision,
+    DriftSample,
+    ReprofileLoop,
+    ReprofileScheduler,
+    TokenBucket,
+)
+from kvtierd.profiler.store import ProfileRecord, ProfileStore
+from kvtierd.profiler.ttft import RestoreCost, TierLoad, TtftModel
+
+__all__ = [
+    "EVALUATORS",
+    "INITIAL_QUERIES",
+    "ContextKV",
+    "DecayedCounter",
+    "Decision",
+    "DriftSample",
+    "FrequencyTracker",
+    "ProfileLayout",
+    "ProfileRecord",
+    "ProfileStore",
+    "Profiler",
+    "ProfilingQuery",
+    "QualityEvaluator",
+    "QualityResult",
+    "QueryStore",
+    "ReprofileLoop",
+    "ReprofileScheduler",
+    "RestoreCost",
+    "TierLoad",
+    "TokenBucket",
+    "TtftModel",
+    "evaluator_class",
+    "make_evaluator",
+    "register_evaluator",
+]

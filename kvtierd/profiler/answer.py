@@ -1,0 +1,177 @@
+"""``answer``: the paper's quality metric (EvicPress §4.2, §6.1).
+
+For each profiling query, greedy-decode an answer from the full KV and from every variant's KV
+(:mod:`.greedy`, variants batched), embed the answers with MiniLM-L6-v2 (:mod:`.embedder`) and
+score ``cos(answer_full, answer_variant)``; a variant's quality is the mean over queries.
+
+The model is any Hugging Face causal LM in a local directory (``model_path``), loaded on first
+use with ``local_files_only=True``; its KV geometry (layers, KV heads, head dim) must match the
+context's KV. The context KV must come from the same model (the daemon stores what vLLM computed
+with it); :meth:`AnswerEvaluator.encode_context` prefills text or token ids when only those are
+known (a batch job over contexts stored as tokens, and the tests).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.profiler.embedder import MiniLmEmbedder
+from kvtierd.profiler.greedy import greedy_decode
+from kvtierd.profiler.quality import (
+    DEFAULT_LAYOUT,
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    register_evaluator,
+)
+from kvtierd.profiler.variant_kv import pad_left, variant_kvs
+
+
+@register_evaluator
+class AnswerEvaluator(QualityEvaluator):
+    """Answer similarity between the full KV and each variant's KV (module docstring)."""
+
+    name = "answer"
+
+    def __init__(
+        self,
+        model_path: str,
+        max_new_tokens: int = 16,
+        max_batch: int = 8,
+        device: str = "cpu",
+        embedder: MiniLmEmbedder | None = None,
+    ) -> None:
+        if max_new_tokens < 1 or max_batch < 1:
+            raise InvalidArgumentError(
+                f"max_new_tokens and max_batch must be >= 1, got {max_new_tokens}, {max_batch}"
+            )
+        self.model_path = model_path
+        self.max_new_tokens = max_new_tokens
+        self.max_batch = max_batch
+        self.device = device
+        self.embedder = embedder or MiniLmEmbedder(device=device)
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+
+    def load(self) -> tuple[Any, Any]:
+        """The model and tokenizer, loaded once from ``model_path`` (never from the hub)."""
+        with self._lock:
+            if self._model is None:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                try:
+                    tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+                    model: Any = AutoModelForCausalLM.from_pretrained(
+                        self.model_path, local_files_only=True
+                    )
+                except OSError as e:
+                    raise InvalidArgumentError(
+                        f"cannot load a causal LM from {self.model_path!r}: {e}"
+                    ) from e
+                self._model, self._tokenizer = model.to(self.device).eval(), tok
+            return self._model, self._tokenizer
+
+    def query_ids(self, query: ProfilingQuery) -> list[int]:
+        if query.token_ids:
+            return list(query.token_ids)
+        _, tok = self.load()
+        ids = list(tok(query.text, add_special_tokens=False).input_ids)
+        if not ids:
+            raise InvalidArgumentError(f"query {query.text!r} tokenizes to nothing")
+        return ids
+
+    @torch.inference_mode()
+    def encode_context(self, context: str | Sequence[int]) -> ContextKV:
+        """Prefill a context (text or token ids) and return its KV ``[L, H, N, D]``."""
+        model, tok = self.load()
+        ids = (
+            list(tok(context, add_special_tokens=False).input_ids)
+            if isinstance(context, str)
+            else list(context)
+        )
+        if not ids:
+            raise InvalidArgumentError("empty context")
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        cache = model(input_ids=x, use_cache=True).past_key_values
+        keys = torch.stack([layer.keys[0] for layer in cache.layers])
+        values = torch.stack([layer.values[0] for layer in cache.layers])
+        return ContextKV(keys=keys, values=values, token_ids=tuple(ids))
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        """Mean answer similarity per variant over ``queries`` (at least one)."""
+        if not queries:
+            raise InvalidArgumentError("the answer evaluator needs at least one profiling query")
+        t0 = time.perf_counter()
+        model, tok = self.load()
+        self._check_geometry(model, kv)
+        kv = _on(kv, self.device, model.dtype)
+        items = variant_kvs(kv, ["none", *variants], layout)
+        per_query: dict[str, list[float]] = {v: [] for v in variants}
+        for query in queries:
+            answers = self._answers(model, kv, items, self.query_ids(query))
+            texts = [tok.decode(a, skip_special_tokens=True).strip() for a in answers]
+            sims = self.embedder.similarity([texts[0]] * len(variants), texts[1:])
+            for v, s in zip(variants, sims, strict=True):
+                per_query[v].append(s)
+        return QualityResult(
+            evaluator=self.name,
+            quality=MappingProxyType({v: sum(s) / len(s) for v, s in per_query.items()}),
+            num_queries=len(queries),
+            elapsed_s=time.perf_counter() - t0,
+            per_query=MappingProxyType({v: tuple(s) for v, s in per_query.items()}),
+        )
+
+    def _answers(
+        self, model: Any, kv: ContextKV, items: list[Any], query_ids: list[int]
+    ) -> list[list[int]]:
+        eos = model.generation_config.eos_token_id
+        eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        out: list[list[int]] = []
+        for start in range(0, len(items), self.max_batch):
+            out += greedy_decode(
+                model,
+                pad_left(items[start : start + self.max_batch]),
+                query_ids,
+                context_tokens=kv.num_tokens,
+                max_new_tokens=self.max_new_tokens,
+                eos_token_ids=eos_ids,
+            )
+        return out
+
+    @staticmethod
+    def _check_geometry(model: Any, kv: ContextKV) -> None:
+        cfg = model.config.get_text_config()
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        want = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
+        have = (int(kv.keys.shape[0]), int(kv.keys.shape[1]), int(kv.keys.shape[3]))
+        if want != have:
+            raise InvalidArgumentError(
+                f"context KV has (layers, kv heads, head dim) {have}, the model expects {want}"
+            )
+
+
+def _on(kv: ContextKV, device: str, dtype: torch.dtype) -> ContextKV:
+    wq = kv.window_queries
+    return ContextKV(
+        keys=kv.keys.to(device, dtype),
+        values=kv.values.to(device, dtype),
+        window_queries=None if wq is None else wq.to(device, dtype),
+        token_ids=kv.token_ids,
+    )

@@ -1,0 +1,97 @@
+"""Exponentially decayed access counts: the ``frequency`` term of the utility (EvicPress §4.2).
+
+An access at time ``t_i`` with weight ``w_i`` counts ``w_i * 2 ** (-(t - t_i) / half_life_s)``
+at time ``t``; the counter is the sum over accesses. It is kept as one value and the time it
+refers to, so an access costs O(1) and the sum is exact (up to float rounding):
+
+    value(t) = value(t_ref) * 2 ** (-(t - t_ref) / half_life_s)
+
+Times are wall-clock seconds (``time.time()``), not monotonic: counts are persisted and must
+keep decaying across a daemon restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from kvtierd.errors import InvalidArgumentError
+
+
+def _check_half_life(half_life_s: float) -> None:
+    if not (half_life_s > 0 and math.isfinite(half_life_s)):
+        raise InvalidArgumentError(f"half_life_s must be a positive number, got {half_life_s}")
+
+
+@dataclass(slots=True)
+class DecayedCounter:
+    """A decayed count (module docstring). ``value`` is the count at ``t_ref_s``."""
+
+    half_life_s: float
+    value: float = 0.0
+    t_ref_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_half_life(self.half_life_s)
+
+    def decay(self, dt_s: float) -> float:
+        """Factor ``2 ** (-dt_s / half_life_s)``."""
+        return math.exp2(-dt_s / self.half_life_s)
+
+    def add(self, now_s: float, weight: float = 1.0) -> None:
+        """Record an access at ``now_s``; a late (out-of-order) access is decayed to ``t_ref``."""
+        if weight < 0:
+            raise InvalidArgumentError(f"weight must be >= 0, got {weight}")
+        if now_s >= self.t_ref_s or self.value == 0.0:
+            self.value = self.value * self.decay(now_s - self.t_ref_s) + weight
+            self.t_ref_s = now_s
+        else:
+            self.value += weight * self.decay(self.t_ref_s - now_s)
+
+    def value_at(self, now_s: float) -> float:
+        """The count at ``now_s`` (never mutates)."""
+        return self.value * self.decay(now_s - self.t_ref_s)
+
+
+class FrequencyTracker:
+    """Decayed counts per context, with a half-life the policy may change at run time."""
+
+    def __init__(self, half_life_s: float) -> None:
+        _check_half_life(half_life_s)
+        self.half_life_s = half_life_s
+        self._counters: dict[str, DecayedCounter] = {}
+
+    def record(self, context_id: str, now_s: float, weight: float = 1.0) -> None:
+        c = self._counters.get(context_id)
+        if c is None:
+            c = self._counters[context_id] = DecayedCounter(self.half_life_s)
+        c.add(now_s, weight)
+
+    def frequency(self, context_id: str, now_s: float) -> float:
+        """Decayed count; 0.0 for a context never recorded."""
+        c = self._counters.get(context_id)
+        return 0.0 if c is None else c.value_at(now_s)
+
+    def set_half_life(self, half_life_s: float, now_s: float) -> None:
+        """Switch half-life: counts so far keep their value at ``now_s`` and decay at the new
+        rate from then on (the past cannot be re-weighted: only the sum is kept)."""
+        _check_half_life(half_life_s)
+        for cid, c in self._counters.items():
+            self._counters[cid] = DecayedCounter(half_life_s, c.value_at(now_s), now_s)
+        self.half_life_s = half_life_s
+
+    def forget(self, context_id: str) -> None:
+        self._counters.pop(context_id, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counters)
+
+    def state(self, context_id: str) -> tuple[float, float]:
+        """``(value, t_ref_s)`` for persistence."""
+        c = self._counters[context_id]
+        return c.value, c.t_ref_s
+
+    def restore(self, states: Mapping[str, tuple[float, float]]) -> None:
+        for cid, (value, t_ref) in states.items():
+            self._counters[cid] = DecayedCounter(self.half_life_s, float(value), float(t_ref))

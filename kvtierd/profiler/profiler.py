@@ -1,0 +1,259 @@
+"""The facade the engine calls: profile contexts, record traffic, detect drift (EvicPress §4.1).
+
+    profiler = Profiler(make_evaluator("attention"), ttft, policy=policy,
+                        directory=data_dir / "profiler", is_busy=engine.loads_queued)
+    profiler.load()                                      # after a restart
+    profile = profiler.profile(cid, keys, values)        # -> ContextProfile for the placer
+    profiler.record_query(cid, ProfilingQuery(text=q))   # on every served request
+    sample = profiler.check_drift(cid, keys, values, placed_variant)
+    if profiler.due_for_reprofile(sample) is Decision.REPROFILE: ...
+
+A profile holds, per variant of the policy's grid, its exact size (``variant_size_bytes``), its
+quality (the evaluator, on the context's profiling queries) and its restore cost (the TTFT
+model); plus the context's prefill time and decayed access frequency.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtierd.kernels.variants import variant_size_bytes
+from kvtierd.policy_config import PolicyConfig
+from kvtierd.profiler.frequency import FrequencyTracker
+from kvtierd.profiler.quality import (
+    DEFAULT_LAYOUT,
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+)
+from kvtierd.profiler.queries import QueryStore
+from kvtierd.profiler.reprofile import (
+    Decision,
+    DriftSample,
+    ReprofileLoop,
+    ReprofileScheduler,
+)
+from kvtierd.profiler.store import ProfileRecord, ProfileStore
+from kvtierd.profiler.ttft import TtftModel
+from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, VariantProfile
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Profiler:
+    """Profiles, queries, frequencies and re-profiling decisions for every context.
+
+    ``directory`` (``None``: in memory only) holds ``profiles/`` and ``queries/``, one JSON file
+    per context each. ``wall_clock`` dates profiles and decays frequencies (survives restarts);
+    ``clock`` (monotonic) drives the rate limit and ``ContextProfile.last_access_s``.
+    Not thread-safe: the engine calls it from one thread (or serialises calls).
+    """
+
+    def __init__(
+        self,
+        evaluator: QualityEvaluator,
+        ttft: TtftModel,
+        *,
+        policy: PolicyConfig,
+        directory: str | os.PathLike[str] | None = None,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+        is_busy: Callable[[], bool] = lambda: False,
+        reprofile_rate_per_s: float = 1 / 60,
+        reprofile_burst: float = 4,
+        query_sample_size: int = 32,
+        wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.evaluator = evaluator
+        self.ttft = ttft
+        self.policy = policy
+        self.layout = layout
+        self.wall_clock = wall_clock
+        self.clock = clock
+        root = None if directory is None else Path(directory)
+        self.queries = QueryStore(
+            None if root is None else root / "queries", sample_size=query_sample_size
+        )
+        self.store = None if root is None else ProfileStore(root / "profiles")
+        self.frequency = FrequencyTracker(policy.frequency_half_life_s)
+        self.scheduler = ReprofileScheduler(
+            policy.reprofile_threshold,
+            is_busy,
+            rate_per_s=reprofile_rate_per_s,
+            burst=reprofile_burst,
+            clock=clock,
+        )
+        self._records: dict[str, ProfileRecord] = {}
+        self._last_access: dict[str, float] = {}
+
+    # -- profiles ----------------------------------------------------------------------------
+
+    def profile(
+        self,
+        context_id: str,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        *,
+        queries: Sequence[ProfilingQuery] = (),
+        variants: Sequence[str] | None = None,
+        window_queries: torch.Tensor | None = None,
+    ) -> ContextProfile:
+        """Profile one context's ``[L, H, N, D]`` KV on its profiling queries (``queries`` are
+        added to the user-supplied ones first) over ``variants`` (default: the policy's grid);
+        persist and return the :class:`ContextProfile`."""
+        if queries:
+            self.queries.add_user(context_id, list(queries))
+        kv = ContextKV(keys=keys, values=values, window_queries=window_queries)
+        names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
+        source, qs = self.queries.profiling_set(context_id)
+        lossy = [v for v in names if v != ORIGINAL_VARIANT]
+        result = self.evaluator.evaluate(kv, lossy, qs, layout=self.layout) if lossy else None
+        lyr, h, n, d = (int(s) for s in keys.shape)
+        profiles = []
+        for v in names:
+            size = variant_size_bytes(
+                lyr,
+                h,
+                d,
+                n,
+                keys.element_size(),
+                v,
+                chunk_tokens=self.layout.chunk_tokens,
+                group_size=self.layout.group_size,
+            )
+            quality = 1.0 if result is None or v == ORIGINAL_VARIANT else result[v]
+            profiles.append(VariantProfile(v, size, quality, self.ttft.restore_s(v, size)))
+        now = self.wall_clock()
+        if self.frequency.frequency(context_id, now) == 0.0:
+            self.record_access(context_id)  # the put that brought the context is its first use
+        record = ProfileRecord(
+            profile=ContextProfile(context_id, tuple(profiles), prefill_s=self.ttft.prefill_s(n)),
+            evaluator=self.evaluator.name,
+            query_source=source,
+            num_queries=result.num_queries if result else 0,
+            num_tokens=n,
+            profiled_at_s=now,
+        )
+        self._records[context_id] = record
+        self.queries.mark_profiled(context_id)
+        self._save(context_id)
+        return self.profile_of(context_id)
+
+    def profile_of(self, context_id: str) -> ContextProfile:
+        """The context's profile with its frequency and last access as of now."""
+        p = self._records[context_id].profile
+        return replace(
+            p,
+            frequency=self.frequency.frequency(context_id, self.wall_clock()),
+            last_access_s=self._last_access.get(context_id, 0.0),
+        )
+
+    def record(self, context_id: str) -> ProfileRecord | None:
+        return self._records.get(context_id)
+
+    def profiles(self) -> list[ContextProfile]:
+        return [self.profile_of(cid) for cid in self._records]
+
+    def forget(self, context_id: str) -> None:
+        """The context left the daemon: drop its profile, queries and counts (files too)."""
+        self._records.pop(context_id, None)
+        self._last_access.pop(context_id, None)
+        self.frequency.forget(context_id)
+        self.queries.forget(context_id)
+        if self.store is not None:
+            self.store.delete(context_id)
+
+    # -- traffic -----------------------------------------------------------------------------
+
+    def record_access(self, context_id: str, weight: float = 1.0) -> None:
+        """A load of the context (frequency only; in memory until :meth:`flush`)."""
+        self.frequency.record(context_id, self.wall_clock(), weight)
+        self._last_access[context_id] = self.clock()
+
+    def record_query(self, context_id: str, query: ProfilingQuery) -> None:
+        """A served request on the context: count the access and keep the query as a sample."""
+        self.record_access(context_id)
+        self.queries.record(context_id, query, persist=False)
+
+    # -- drift -------------------------------------------------------------------------------
+
+    def check_drift(
+        self,
+        context_id: str,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        variant: str,
+        *,
+        window_queries: torch.Tensor | None = None,
+    ) -> DriftSample | None:
+        """Quality of the stored ``variant`` on the newest real queries vs its profiled quality;
+        ``None`` when the context has no profile or no new traffic since it was profiled."""
+        record = self._records.get(context_id)
+        recent = self.queries.recent(context_id)
+        if record is None or not recent or self.queries.new_since_profile(context_id) == 0:
+            return None
+        profiled = record.profile.variant(variant).quality
+        online = 1.0
+        if variant != ORIGINAL_VARIANT:
+            kv = ContextKV(keys=keys, values=values, window_queries=window_queries)
+            online = self.evaluator.evaluate(kv, [variant], recent, layout=self.layout)[variant]
+        return DriftSample(context_id, variant, profiled, online, len(recent))
+
+    def due_for_reprofile(self, sample: DriftSample | None) -> Decision:
+        return self.scheduler.decide(sample)
+
+    def reprofile_candidates(self) -> list[str]:
+        """Profiled contexts with real queries recorded since their last profile."""
+        return [c for c in self._records if self.queries.new_since_profile(c) > 0]
+
+    def reprofile_loop(
+        self,
+        measure: Callable[[str], Awaitable[DriftSample | None]],
+        reprofile: Callable[[str], Awaitable[None]],
+    ) -> ReprofileLoop:
+        """The periodic loop over :meth:`reprofile_candidates` every ``policy.interval_s``."""
+        return ReprofileLoop(
+            self.scheduler,
+            candidates=self.reprofile_candidates,
+            measure=measure,
+            reprofile=reprofile,
+            interval_s=self.policy.reprofile_interval_s,
+        )
+
+    # -- persistence -------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Reload profiles, frequencies and queries persisted before a restart."""
+        self.queries.load()
+        if self.store is None:
+            return 0
+        states = {}
+        for r in self.store.records():
+            self._records[r.context_id] = r
+            states[r.context_id] = (r.frequency_value, r.frequency_t_ref_s)
+        self.frequency.restore(states)
+        return len(states)
+
+    def flush(self) -> None:
+        """Persist frequencies and sampled queries (call periodically and at shutdown)."""
+        for cid in self._records:
+            self._save(cid)
+        self.queries.flush()
+
+    def _save(self, context_id: str) -> None:
+        if self.store is None:
+            return
+        record = self._records[context_id]
+        value, t_ref = (
+            self.frequency.state(context_id) if context_id in set(self.frequency) else (0.0, 0.0)
+        )
+        record = replace(record, frequency_value=value, frequency_t_ref_s=t_ref)
+        self._records[context_id] = record
+        self.store.save(record)

@@ -1,0 +1,166 @@
+"""Quality evaluators: one interface, one registry (EvicPress §4.3, quality term of §4.2).
+
+An evaluator answers "how close is the model's behaviour over a variant's KV to its behaviour
+over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
+(1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`) and
+``answer`` (the paper's metric, :mod:`.answer`). Register more with :func:`register_evaluator`;
+every evaluator is constructed as ``cls(**options)``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ContextKV:
+    """One context's original KV as the model produced it (RoPE already applied to keys).
+
+    ``keys``/``values``: ``[L, H, N, D]``. ``window_queries``: ``[L, Hq, W, D]`` RoPE-applied
+    queries of the context's last ``W`` tokens when known — ``snapkv`` variants need them and the
+    ``attention`` evaluator uses them as probes. ``token_ids``: the context's tokens when known.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    window_queries: torch.Tensor | None = None
+    token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        k, v = self.keys, self.values
+        if k.dim() != 4 or k.shape != v.shape:
+            raise InvalidArgumentError(
+                f"keys and values must be equal [L, H, N, D], got {tuple(k.shape)} and "
+                f"{tuple(v.shape)}"
+            )
+        q = self.window_queries
+        if q is not None and (q.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]):
+            raise InvalidArgumentError(
+                f"window_queries must be [L={k.shape[0]}, Hq, W, D={k.shape[3]}], "
+                f"got {tuple(q.shape)}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.keys.shape[2])
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileLayout:
+    """How the daemon stores variants: the kernels' ``chunk_tokens`` and quantization
+    ``group_size``. Sizes and qualities must be computed with the same values as the stored
+    objects, so the engine passes its own here."""
+
+    chunk_tokens: int = 1
+    group_size: int = DEFAULT_GROUP_SIZE
+
+    def __post_init__(self) -> None:
+        if self.chunk_tokens < 1 or self.group_size < 1:
+            raise InvalidArgumentError(
+                f"chunk_tokens and group_size must be >= 1, got {self.chunk_tokens}, "
+                f"{self.group_size}"
+            )
+
+
+DEFAULT_LAYOUT = ProfileLayout()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingQuery:
+    """A question asked about a context: its text and/or its token ids (model tokenizer)."""
+
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.text and not self.token_ids:
+            raise InvalidArgumentError("a profiling query needs text or token_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class QualityResult:
+    """Per-variant quality in ``[0, 1]`` averaged over ``num_queries`` queries."""
+
+    evaluator: str
+    quality: Mapping[str, float]
+    num_queries: int
+    elapsed_s: float = 0.0
+    per_query: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __getitem__(self, variant: str) -> float:
+        try:
+            return self.quality[variant]
+        except KeyError:
+            known = ", ".join(self.quality)
+            raise KeyError(f"no quality for variant {variant!r} (have: {known})") from None
+
+
+class QualityEvaluator(ABC):
+    """Scores variants of one context. Subclasses set ``name`` and implement :meth:`evaluate`."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        """Quality of every variant in ``[0, 1]`` (``"none"``, if asked, scores 1.0 through the
+        metric itself, not by special-casing). Raises rather than returning partial results."""
+
+
+EVALUATORS: dict[str, type[QualityEvaluator]] = {}
+"""name -> evaluator class. Filled by :func:`register_evaluator`."""
+
+
+def register_evaluator(cls: type[QualityEvaluator]) -> type[QualityEvaluator]:
+    """Class decorator: add ``cls`` under ``cls.name``; a duplicate name raises."""
+    if not (isinstance(cls, type) and issubclass(cls, QualityEvaluator)):
+        raise TypeError(f"{cls!r} is not a QualityEvaluator subclass")
+    name = getattr(cls, "name", "")
+    if not name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if name in EVALUATORS:
+        raise ValueError(
+            f"quality evaluator {name!r} is already registered ({EVALUATORS[name].__name__})"
+        )
+    EVALUATORS[name] = cls
+    return cls
+
+
+def evaluator_class(name: str) -> type[QualityEvaluator]:
+    _register_builtins()
+    try:
+        return EVALUATORS[name]
+    except KeyError:
+        known = ", ".join(sorted(EVALUATORS))
+        raise InvalidArgumentError(f"unknown quality evaluator {name!r}; known: {known}") from None
+
+
+def make_evaluator(name: str, options: Mapping[str, Any] | None = None) -> QualityEvaluator:
+    """Build a registered evaluator; a bad option names the evaluator."""
+    cls = evaluator_class(name)
+    try:
+        return cls(**dict(options or {}))
+    except TypeError as e:
+        raise InvalidArgumentError(f"bad options for quality evaluator {name!r}: {e}") from e
+
+
+def _register_builtins() -> None:
+    # Importing the modules registers them (their decorators run once per process); done on
+    # first lookup so that importing this module loads neither torch nor transformers.
+    from kvtierd.profiler import answer, attention  # noqa: F401

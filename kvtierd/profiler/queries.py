@@ -1,0 +1,151 @@
+"""Profiling queries per context: supplied by users, sampled from real traffic, or a local set.
+
+EvicPress §4.3 profiles each context on ~50 questions that GPT-5 generated about its paragraphs,
+then re-profiles on the newest real queries. kvtierd has no generator model, so a context is
+profiled on (in this order of preference):
+
+1. ``user`` queries — given through the API / ``kvtierctl`` (kept, at most ``max_user``);
+2. ``traffic`` — the newest ``sample_size`` real queries seen for the context (a bounded window:
+   drift means the *recent* distribution moved, so older queries must age out);
+3. ``INITIAL_QUERIES`` — a fixed, context-agnostic local set, used only when 1 and 2 are empty.
+   It is much weaker than the paper's generated questions: it probes summaries and recall in
+   general and knows nothing about which facts the context holds.
+
+Persisted as one JSON file per context (:class:`~kvtierd.profiler.files.JsonDir`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.profiler.files import JsonDir
+from kvtierd.profiler.quality import ProfilingQuery
+
+INITIAL_QUERIES: tuple[ProfilingQuery, ...] = tuple(
+    ProfilingQuery(text=t)
+    for t in (
+        "Summarize the text above in two sentences.",
+        "What is the main topic of the text above?",
+        "List the names, numbers and dates mentioned above.",
+        "What is the last thing the text above says?",
+        "What question does the text above answer?",
+    )
+)
+
+
+@dataclass(slots=True)
+class _Entry:
+    user: list[ProfilingQuery]
+    traffic: deque[ProfilingQuery]
+    new_since_profile: int = 0
+
+
+class QueryStore:
+    """Queries per context (module docstring); ``directory=None`` keeps them in memory only."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        sample_size: int = 32,
+        max_user: int = 256,
+    ) -> None:
+        if sample_size < 1 or max_user < 1:
+            raise InvalidArgumentError(
+                f"sample_size and max_user must be >= 1, got {sample_size}, {max_user}"
+            )
+        self.sample_size = sample_size
+        self.max_user = max_user
+        self._files = None if directory is None else JsonDir(directory)
+        self._entries: dict[str, _Entry] = {}
+
+    def _entry(self, context_id: str) -> _Entry:
+        e = self._entries.get(context_id)
+        if e is None:
+            e = self._entries[context_id] = _Entry([], deque(maxlen=self.sample_size))
+        return e
+
+    def add_user(self, context_id: str, queries: list[ProfilingQuery]) -> None:
+        """Add user-supplied profiling queries (the oldest beyond ``max_user`` are dropped)."""
+        e = self._entry(context_id)
+        e.user = [*e.user, *queries][-self.max_user :]
+        self._save(context_id)
+
+    def record(self, context_id: str, query: ProfilingQuery, *, persist: bool = True) -> None:
+        """A real query for the context was served: keep it in the newest-queries window."""
+        e = self._entry(context_id)
+        e.traffic.append(query)
+        e.new_since_profile += 1
+        if persist:
+            self._save(context_id)
+
+    def profiling_set(self, context_id: str) -> tuple[str, tuple[ProfilingQuery, ...]]:
+        """``(source, queries)`` to profile on: user + traffic, else the initial local set."""
+        e = self._entries.get(context_id)
+        if e is not None and (e.user or e.traffic):
+            source = "user+traffic" if e.user and e.traffic else ("user" if e.user else "traffic")
+            return source, tuple(dict.fromkeys([*e.user, *e.traffic]))
+        return "initial", INITIAL_QUERIES
+
+    def recent(self, context_id: str) -> tuple[ProfilingQuery, ...]:
+        """The newest real queries (the drift check's sample)."""
+        e = self._entries.get(context_id)
+        return tuple(e.traffic) if e is not None else ()
+
+    def new_since_profile(self, context_id: str) -> int:
+        e = self._entries.get(context_id)
+        return 0 if e is None else e.new_since_profile
+
+    def mark_profiled(self, context_id: str) -> None:
+        self._entry(context_id).new_since_profile = 0
+        self._save(context_id)
+
+    def forget(self, context_id: str) -> None:
+        self._entries.pop(context_id, None)
+        if self._files is not None:
+            self._files.delete(context_id)
+
+    def flush(self) -> None:
+        for cid in self._entries:
+            self._save(cid)
+
+    def load(self) -> int:
+        """Read every persisted context back (after a restart); returns how many."""
+        if self._files is None:
+            return 0
+        n = 0
+        for doc in self._files.documents():
+            e = self._entry(doc["context_id"])
+            e.user = [_query(q) for q in doc.get("user", [])][-self.max_user :]
+            e.traffic.extend(_query(q) for q in doc.get("traffic", []))
+            e.new_since_profile = int(doc.get("new_since_profile", 0))
+            n += 1
+        return n
+
+    def _save(self, context_id: str) -> None:
+        if self._files is None:
+            return
+        e = self._entries[context_id]
+        self._files.write(
+            context_id,
+            {
+                "user": [_doc(q) for q in e.user],
+                "traffic": [_doc(q) for q in e.traffic],
+                "new_since_profile": e.new_since_profile,
+            },
+        )
+
+
+def _doc(q: ProfilingQuery) -> dict[str, object]:
+    return {"text": q.text, "token_ids": list(q.token_ids)}
+
+
+def _query(d: dict[str, object]) -> ProfilingQuery:
+    ids = d.get("token_ids", [])
+    return ProfilingQuery(
+        text=str(d.get("text", "")),
+        token_ids=tuple(int(i) for i in ids) if isinstance(ids, list) else (),
+    )

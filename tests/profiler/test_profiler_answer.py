@@ -1,0 +1,88 @@
+"""The ``answer`` evaluator end to end: a tiny local Llama, our kernels, MiniLM, offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.profiler import ProfilingQuery, make_evaluator
+from kvtierd.profiler.answer import AnswerEvaluator
+from kvtierd.profiler.greedy import greedy_decode
+from kvtierd.profiler.variant_kv import pad_left, variant_kvs
+
+CONTEXT = (
+    "Marie Curie was born in Warsaw in 1867. She moved to Paris to study physics and "
+    "chemistry at the Sorbonne, where she met Pierre Curie. Together they discovered polonium "
+    "and radium. She won the Nobel Prize in Physics in 1903 and in Chemistry in 1911. "
+) * 3
+QUERIES = [
+    ProfilingQuery(text="Where was Marie Curie born?"),
+    ProfilingQuery(text="Which elements did the Curies discover?"),
+    ProfilingQuery(text="When did she win the Nobel Prize in Chemistry?"),
+]
+
+
+@pytest.fixture(scope="module")
+def evaluator(tiny_llama_dir: Path) -> AnswerEvaluator:
+    ev = make_evaluator("answer", {"model_path": str(tiny_llama_dir), "max_new_tokens": 8})
+    assert isinstance(ev, AnswerEvaluator)
+    return ev
+
+
+def test_answers_continue_the_uncompressed_run(evaluator: AnswerEvaluator) -> None:
+    """Decoding from the stored KV (positions from N) equals generating from the whole prompt."""
+    model, _tok = evaluator.load()
+    kv = evaluator.encode_context(CONTEXT)
+    q = evaluator.query_ids(QUERIES[0])
+    (ours,) = greedy_decode(
+        model, pad_left(variant_kvs(kv, ["none"])), q,
+        context_tokens=kv.num_tokens, max_new_tokens=8, eos_token_ids=frozenset(),
+    )  # fmt: skip
+    prompt = torch.tensor([[*kv.token_ids, *q]])
+    ref = model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert ours == ref[0, prompt.shape[1] :].tolist()
+
+
+def test_padding_a_row_does_not_change_its_answer(evaluator: AnswerEvaluator) -> None:
+    model, _ = evaluator.load()
+    kv = evaluator.encode_context(CONTEXT)
+    q = evaluator.query_ids(QUERIES[1])
+    items = variant_kvs(kv, ["none", "knorm@0.5"])
+    alone = greedy_decode(model, pad_left(items[1:]), q, context_tokens=kv.num_tokens,
+                          max_new_tokens=8, eos_token_ids=frozenset())  # fmt: skip
+    batched = greedy_decode(model, pad_left(items), q, context_tokens=kv.num_tokens,
+                            max_new_tokens=8, eos_token_ids=frozenset())  # fmt: skip
+    assert batched[1] == alone[0]
+
+
+def test_quality_of_variants(evaluator: AnswerEvaluator) -> None:
+    kv = evaluator.encode_context(CONTEXT)
+    names = ["none", "int8", "knorm@0.9", "streamingllm@0.1", "knorm@0.1+int4"]
+    res = evaluator.evaluate(kv, names, QUERIES)
+    assert res.evaluator == "answer" and res.num_queries == 3
+    assert res["none"] == 1.0  # identical answers -> identical strings -> exactly 1
+    assert all(0.0 <= res[n] <= 1.0 for n in names)
+    assert len(res.per_query["int8"]) == 3
+    assert res["streamingllm@0.1"] < 1.0
+    assert res["knorm@0.1+int4"] < 1.0
+    assert res["int8"] >= res["knorm@0.1+int4"]
+    assert res.elapsed_s > 0
+
+
+def test_kv_of_another_model_is_rejected(evaluator: AnswerEvaluator) -> None:
+    from kvtierd.profiler import ContextKV
+
+    kv = ContextKV(keys=torch.zeros(3, 2, 8, 16), values=torch.zeros(3, 2, 8, 16))
+    with pytest.raises(InvalidArgumentError, match="the model expects"):
+        evaluator.evaluate(kv, ["int8"], QUERIES[:1])
+    with pytest.raises(InvalidArgumentError, match="at least one"):
+        evaluator.evaluate(kv, ["int8"], [])
+
+
+def test_missing_model_directory_fails_without_downloading(tmp_path: Path) -> None:
+    ev = AnswerEvaluator(model_path=str(tmp_path / "absent"))
+    with pytest.raises(InvalidArgumentError, match="cannot load a causal LM"):
+        ev.load()

@@ -1,0 +1,219 @@
+"""The Profiler facade: profiles the placer can use, persistence across restarts, drift."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import torch
+
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
+from kvtierd.kernels.api import compress_dense
+from kvtierd.policy_config import parse_policy
+from kvtierd.profiler import (
+    EVALUATORS,
+    INITIAL_QUERIES,
+    ContextKV,
+    Decision,
+    ProfileLayout,
+    Profiler,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    QueryStore,
+    RestoreCost,
+    TierLoad,
+    TtftModel,
+    evaluator_class,
+    make_evaluator,
+    register_evaluator,
+)
+from kvtierd.profiler.quality import DEFAULT_LAYOUT
+
+POLICY = parse_policy(
+    "placer: evicpress\nvariants: {methods: [knorm, int8], ratios: [1.0, 0.5]}\n"
+    "profiling: {reprofile_threshold: 0.1, interval_s: 1}\nfrequency: {half_life_s: 100}\n",
+    "test.yaml",
+)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def ttft() -> TtftModel:
+    restore = RestoreCost()
+    restore.set("int8", 1e-10)
+    return TtftModel(
+        [TierLoad("cpu", 10e9, 1e-4, 1 << 30), TierLoad("ssd", 1e9, 1e-3)],
+        prefill_tokens_per_s=1000.0,
+        restore=restore,
+    )
+
+
+def kv(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 2, 96, 16, generator=g).half(),
+            torch.randn(2, 2, 96, 16, generator=g).half())  # fmt: skip
+
+
+def make(tmp_path: Path | None, clock: Clock, **kw: object) -> Profiler:
+    return Profiler(
+        make_evaluator("attention"), ttft(), policy=POLICY, directory=tmp_path,
+        wall_clock=clock, clock=clock, **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_profile_has_exact_sizes_qualities_and_costs(tmp_path: Path) -> None:
+    p = make(tmp_path, Clock())
+    keys, values = kv()
+    prof = p.profile("ctx", keys, values)
+    assert [v.variant for v in prof.variants] == list(POLICY.variants)
+    for v in prof.variants:
+        stored = compress_dense(keys, values, v.variant)
+        assert v.size_bytes == stored.payload_bytes
+        assert 0.0 <= v.quality <= 1.0
+    assert prof.variant("none").quality == 1.0
+    assert prof.variant("knorm@0.5").quality < 1.0
+    assert prof.variant("int8").restore_s == pytest.approx(1e-10 * prof.variant("int8").size_bytes)
+    assert prof.variant("knorm@0.5").restore_s == 0.0  # stored pre-rotated: nothing to restore
+    assert prof.prefill_s == pytest.approx(96 / 1000.0)
+    assert prof.frequency == 1.0  # the put is the first access
+    rec = p.record("ctx")
+    assert rec is not None and rec.query_source == "initial" and rec.num_tokens == 96
+
+
+def test_profiles_survive_a_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    p = make(tmp_path, clock)
+    keys, values = kv()
+    before = p.profile("ctx/α", keys, values, queries=[ProfilingQuery(text="who?")])
+    p.record_query("ctx/α", ProfilingQuery(text="when?"))
+    p.flush()
+    clock.t += 100.0  # one half-life later, in a new process
+    q = make(tmp_path, clock)
+    assert q.load() == 1
+    after = q.profile_of("ctx/α")
+    assert after.variants == before.variants
+    assert after.prefill_s == before.prefill_s
+    assert after.frequency == pytest.approx(1.0)  # (1 + 1) accesses, halved once
+    assert q.queries.profiling_set("ctx/α") == (
+        "user+traffic",
+        (ProfilingQuery(text="who?"), ProfilingQuery(text="when?")),
+    )
+    assert q.reprofile_candidates() == ["ctx/α"]
+    q.forget("ctx/α")
+    assert make(tmp_path, clock).load() == 0
+
+
+def test_a_corrupt_profile_file_is_an_error_not_a_silent_skip(tmp_path: Path) -> None:
+    p = make(tmp_path, Clock())
+    p.profile("ctx", *kv())
+    (f,) = (tmp_path / "profiles").glob("*.json")
+    f.write_text("{not json")
+    with pytest.raises(CorruptObjectError, match="cannot read"):
+        make(tmp_path, Clock()).load()
+
+
+def test_query_store_sample_is_bounded_and_newest() -> None:
+    s = QueryStore(sample_size=3)
+    assert s.profiling_set("c") == ("initial", INITIAL_QUERIES)
+    for i in range(5):
+        s.record("c", ProfilingQuery(text=str(i)))
+    assert [q.text for q in s.recent("c")] == ["2", "3", "4"]
+    assert s.new_since_profile("c") == 5
+    s.mark_profiled("c")
+    assert s.new_since_profile("c") == 0
+    with pytest.raises(InvalidArgumentError, match="text or token_ids"):
+        ProfilingQuery()
+
+
+@register_evaluator
+class TopicEvaluator(QualityEvaluator):
+    """Quality depends on the queries: questions about 'tail' facts suffer under compression.
+    Stands in for a model whose answers change with the query distribution (drift)."""
+
+    name = "test-topic"
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        tail = sum("tail" in q.text for q in queries) / len(queries)
+        q = {v: 1.0 if v == "none" else 0.95 - 0.6 * tail for v in variants}
+        return QualityResult(self.name, MappingProxyType(q), len(queries))
+
+
+def test_drift_fires_when_real_queries_move_and_not_while_busy() -> None:
+    clock, busy = Clock(), [False]
+    p = Profiler(
+        TopicEvaluator(), ttft(), policy=POLICY, wall_clock=clock, clock=clock,
+        is_busy=lambda: busy[0],
+    )  # fmt: skip
+    keys, values = kv()
+    p.profile("c", keys, values, queries=[ProfilingQuery(text="head fact")])
+    assert p.check_drift("c", keys, values, "knorm@0.5") is None  # no traffic yet
+    p.record_query("c", ProfilingQuery(text="another head fact"))
+    same = p.check_drift("c", keys, values, "knorm@0.5")
+    assert same is not None and same.drop == pytest.approx(0.0)
+    assert p.due_for_reprofile(same) is Decision.NO_DRIFT
+    for i in range(3):
+        p.record_query("c", ProfilingQuery(text=f"a tail fact {i}"))
+    moved = p.check_drift("c", keys, values, "knorm@0.5")
+    assert moved is not None and moved.drop == pytest.approx(0.45)
+    busy[0] = True
+    assert p.due_for_reprofile(moved) is Decision.BUSY
+    busy[0] = False
+    assert p.due_for_reprofile(moved) is Decision.REPROFILE
+    again = p.profile("c", keys, values)  # re-profiled on user + traffic queries
+    assert again.variant("knorm@0.5").quality == pytest.approx(0.95 - 0.6 * 3 / 5)
+    assert p.reprofile_candidates() == []
+
+
+def test_registry_rejects_duplicates_and_lists_known_names() -> None:
+    assert {"attention", "answer", "test-topic"} <= set(EVALUATORS) | {
+        evaluator_class("attention").name,
+        evaluator_class("answer").name,
+    }
+    with pytest.raises(ValueError, match="already registered"):
+        register_evaluator(TopicEvaluator)
+    with pytest.raises(InvalidArgumentError, match=r"unknown quality evaluator 'nope'; known: .*"
+                       r"answer, attention"):  # fmt: skip
+        make_evaluator("nope")
+    with pytest.raises(InvalidArgumentError, match="bad options"):
+        make_evaluator("attention", {"no_such_option": 1})
+
+
+def test_ttft_model() -> None:
+    m = ttft()
+    assert m.load_s(10**9, "ssd") == pytest.approx(1.0 + 1e-3)
+    assert m.ttft_s("int8", 10**9, "cpu") == pytest.approx(0.1 + 1e-4 + 0.1)
+    m.update_tier("ssd", load_bandwidth_bytes_per_s=2e9)
+    assert m.load_s(10**9, "ssd") == pytest.approx(0.5 + 1e-3)
+    tiers = m.tier_models()
+    assert [(t.name, t.capacity_bytes) for t in tiers] == [("cpu", 1 << 30), ("ssd", None)]
+    with pytest.raises(KeyError, match="unknown tier 'gpu'"):
+        m.load_s(1, "gpu")
+    with pytest.raises(InvalidArgumentError):
+        TierLoad("x", 0.0)
+
+
+def test_restore_cost_is_measured_once_per_kind() -> None:
+    r = RestoreCost(reference_tokens=256, repeats=1)
+    s = r.seconds_per_byte("int4")
+    assert 0 < s < 1e-6  # dequantizing is far faster than 1 MB/s
+    assert r.seconds_per_byte("int4") == s  # cached
+    assert r.restore_s("knorm@0.5", 1000) == 0.0
+    assert r.restore_s("knorm@0.5", 1000, rotate_on_load=True) > 0.0
+    with pytest.raises(InvalidArgumentError, match="unknown restore kind"):
+        r.seconds_per_byte("fp8")
