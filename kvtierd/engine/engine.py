@@ -17,11 +17,13 @@ import itertools
 import logging
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from kvtierd.config import DaemonConfig
+from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.executor import Executor
+from kvtierd.engine.moves import Moves
 from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
 from kvtierd.errors import (
@@ -33,6 +35,7 @@ from kvtierd.errors import (
     NotFoundError,
     UnavailableError,
 )
+from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
@@ -50,7 +53,7 @@ from kvtierd.types import (
 logger = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(AdminOps, Moves):
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.instance_id = secrets.token_hex(6)
@@ -74,6 +77,8 @@ class Engine:
         self._ids = itertools.count(1)
         self.hits = 0
         self.misses = 0
+        self.tier_hits: Counter[str] = Counter()
+        self.metrics = Metrics()
         self.draining = False
         self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
         self.placer = self._make_placer(self.policy)
@@ -92,15 +97,6 @@ class Engine:
             **{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items() if f in known}
         )
         return cls(self.tier_models(), params)
-
-    async def apply_policy(self, policy: PolicyConfig) -> Plan:
-        """Hot reload: a new placer re-places every context; the old one stays on error."""
-        placer = self._make_placer(policy)
-        await self.executor.idle()
-        plan = placer.rebalance([self.profile(c) for c in self.contexts.values()])
-        self.placer, self.policy = placer, policy
-        await self.executor.run(plan)
-        return plan
 
     def tier_models(self) -> list[TierModel]:
         return [
@@ -180,10 +176,14 @@ class Engine:
         try:
             for meta in metas:
                 block = self.cpu.stage(meta.size_bytes)
+                now = time.monotonic()
                 rec = AllocationRecord(
-                    f"{self.instance_id}:a{next(self._ids)}", meta, block,
-                    time.monotonic() + self.config.allocation_timeout_s,
-                )  # fmt: skip
+                    allocation_id=f"{self.instance_id}:a{next(self._ids)}",
+                    meta=meta,
+                    block=block,
+                    deadline_s=now + self.config.allocation_timeout_s,
+                    created_s=now,
+                )
                 self.allocations[rec.allocation_id] = rec
                 records.append(rec)
         except BaseException:
@@ -219,6 +219,9 @@ class Engine:
             if len(self._committed) > 100_000:
                 self._committed.popitem(last=False)
             metas.append(self._add_object(self.cpu.adopt(rec.meta, rec.block), self.cpu.name))
+            seconds = time.monotonic() - rec.created_s  # includes the client's copy in
+            self.metrics.observe_store(self.cpu.name, seconds, rec.meta.size_bytes)
+        self.publish_tier_state()
         if durable:
             await self._write_through(metas)
         return metas
@@ -295,9 +298,11 @@ class Engine:
         return leases
 
     async def _lease_one(self, key: str, lease_s: float) -> LeaseRecord:
+        started = time.perf_counter()
         obj = self.objects.get(key)
         if obj is None:
             self.misses += 1
+            self.metrics.record_miss()
             raise NotFoundError(f"object {key!r} not found")
         ctx = self.contexts[obj.meta.context]
         async with ctx.lock:
@@ -311,11 +316,14 @@ class Engine:
                 self._orphans[block.offset] = block
         self._block_refs[block.offset] = self._block_refs.get(block.offset, 0) + 1
         self.hits += 1
+        self.tier_hits[obj.tier] += 1
+        self.metrics.record_hit(obj.tier)
         lease = LeaseRecord(
             f"{self.instance_id}:l{next(self._ids)}", obj.meta, obj.tier, block,
             time.monotonic() + lease_s,
         )  # fmt: skip
         self.leases[lease.lease_id] = lease
+        self.metrics.observe_load(obj.tier, time.perf_counter() - started, obj.meta.size_bytes)
         return lease
 
     async def _stage_from(self, obj: ObjectRecord) -> Block:
@@ -397,6 +405,14 @@ class Engine:
             with contextlib.suppress(NotFoundError):
                 await self.tiers[tier_name].delete(key)
 
+    def publish_tier_state(self) -> None:
+        """Tier occupancy into the metrics (after each change, and from the health loop)."""
+        for tier in self.tiers.values():
+            st = tier.stats()
+            self.metrics.set_tier_state(
+                st.name, st.used_bytes, st.object_count, st.capacity_bytes, st.healthy
+            )
+
     def _forget_object(self, key: str) -> None:
         """Drop the object from the index; keep the placer in step with its context."""
         obj = self.objects.pop(key)
@@ -408,110 +424,6 @@ class Engine:
             self.placer.remove(ctx.context_id)
         else:
             self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
-
-    async def evict(self, context_ids: Sequence[str]) -> int:
-        evicted = 0
-        for cid in context_ids:
-            ctx = self.contexts.get(cid)
-            if ctx is None:
-                raise NotFoundError(f"context {cid!r} not found")
-            await self.drop_context(ctx)
-            self.placer.remove(cid)
-            evicted += 1
-        return evicted
-
-    async def drop_context(self, ctx: ContextRecord) -> None:
-        """Delete every object of a context (leased arena blocks are freed on release)."""
-        async with ctx.lock:
-            for key in list(ctx.keys):
-                await self._remove_object_bytes(self.objects.pop(key))
-            ctx.keys.clear()
-            ctx.size_bytes = 0
-            self.contexts.pop(ctx.context_id, None)
-
-    async def move_context(self, ctx: ContextRecord, target: str) -> int:
-        """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""
-        moved = 0
-        async with ctx.lock:
-            for key in list(ctx.keys):
-                obj = self.objects.get(key)
-                if obj is None or obj.tier == target:
-                    continue
-                moved += await self._move_object(obj, target)
-        return moved
-
-    async def _move_object(self, obj: ObjectRecord, target: str) -> int:
-        meta, source = obj.meta, obj.tier
-        if obj.shadow == target:
-            # A durable copy is already there: dropping the faster copy is the whole move.
-            await self._remove_from_tier(meta.key, source)
-            obj.tier, obj.shadow = target, ""
-            return meta.size_bytes
-        await self._copy_object(obj, target)
-        # A durable object keeps its persistent copy when promoted to a volatile tier, so a
-        # crash after the promotion cannot lose it.
-        keep = (
-            obj.durable
-            and not obj.shadow
-            and self.tiers[source].persistent
-            and not self.tiers[target].persistent
-        )
-        if keep:
-            obj.shadow = source
-        else:
-            await self._remove_from_tier(meta.key, source)
-        obj.tier = target
-        return meta.size_bytes
-
-    async def _copy_object(self, obj: ObjectRecord, target: str) -> None:
-        meta, source = obj.meta, obj.tier
-        if target == self.cpu.name:
-            self.cpu.adopt(meta, await self._stage_from(obj))
-        elif source == self.cpu.name:
-            await self.tiers[target].put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
-        else:
-            block = await self._stage_from(obj)
-            try:
-                await self.tiers[target].put(meta, self.cpu.view(block))
-            finally:
-                self.cpu.free_block(block)
-
-    # -- admin -------------------------------------------------------------------------------
-
-    def set_pinned(self, context_ids: Sequence[str], pinned: bool) -> int:
-        changed = 0
-        for cid in context_ids:
-            ctx = self.contexts.get(cid)
-            if ctx is None:
-                raise NotFoundError(f"context {cid!r} not found")
-            if ctx.pinned != pinned:
-                ctx.pinned = pinned
-                changed += 1
-                self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
-        return changed
-
-    async def drain(self, tier_name: str) -> tuple[int, int]:
-        """Move every context out of ``tier_name`` to the next tier down, or drop it."""
-        names = list(self.tiers)
-        if tier_name not in names:
-            raise NotFoundError(f"no tier {tier_name!r}; tiers: {', '.join(names)}")
-        below = names[names.index(tier_name) + 1 :]
-        moved = dropped = 0
-        for ctx in [c for c in self.contexts.values() if self.placement_of(c).tier == tier_name]:
-            if below:
-                await self.move_context(ctx, below[0])
-                self.executor.submit(self._adopt(ctx, Placement(ctx.variant, below[0])))
-                moved += 1
-            else:
-                await self.drop_context(ctx)
-                self.placer.remove(ctx.context_id)
-                dropped += 1
-        return moved, dropped
-
-    async def rebalance(self) -> Plan:
-        plan = self.placer.rebalance([self.profile(c) for c in self.contexts.values()])
-        await self.executor.run(plan)
-        return plan
 
     def placement_of(self, ctx: ContextRecord) -> Placement:
         """Where the context's bytes are (its first object's tier; moves keep them together)."""

@@ -77,7 +77,13 @@ class Executor:
 
     async def run(self, plan: Plan) -> None:
         retry, self.deferred = self.deferred, []
-        for op in (*retry, *plan.operations):
+        try:
+            await self._run_ops((*retry, *plan.operations))
+        finally:
+            self.engine.publish_tier_state()
+
+    async def _run_ops(self, ops: tuple[Operation, ...]) -> None:
+        for op in ops:
             try:
                 await self.apply(op)
             except KvtierError as e:
@@ -85,6 +91,8 @@ class Executor:
                 logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
             else:
                 self.done[op.kind.value] += 1
+                self.engine.metrics.record_operation(op.kind.value)
+                self.engine.metrics.record_placement(op.target.variant, op.target.tier)
 
     async def apply(self, op: Operation) -> None:
         ctx = self.engine.contexts.get(op.context_id)

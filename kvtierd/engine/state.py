@@ -46,6 +46,7 @@ class AllocationRecord:
     meta: ObjectMeta
     block: Block
     deadline_s: float
+    created_s: float
 
 
 @dataclass(slots=True)

@@ -76,6 +76,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     write_bandwidth_bytes_per_s=s.write_bandwidth_bytes_per_s,
                     fragmentation=s.fragmentation,
                     healthy=s.healthy,
+                    hits=self.engine.tier_hits[s.name],
                     detail=s.detail,
                 )
             )

@@ -66,6 +66,9 @@ class Daemon:
         self.socket_path = Path(config.socket_path)
         self._stop = asyncio.Event()
 
+    def _errors(self) -> ErrorInterceptor:
+        return ErrorInterceptor(lambda code: self.engine.metrics.record_error(code.name))
+
     def _server(self, interceptors: list[aio.ServerInterceptor]) -> aio.Server:
         server = aio.server(interceptors=interceptors, options=_OPTIONS)
         pb_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.engine), server)
@@ -83,7 +86,10 @@ class Daemon:
     async def start(self) -> None:
         await self.engine.start()
         _prepare_socket(self.socket_path)
-        unix = self._server([ErrorInterceptor()])
+        if self.config.metrics_port:
+            port = self.engine.metrics.start_http_server(self.config.metrics_port)
+            logger.info("metrics on http://127.0.0.1:%d/metrics", port)
+        unix = self._server([self._errors()])
         old = os.umask(0o177)  # the socket file is created 0600, no window with wider bits
         try:
             unix.add_insecure_port(f"unix:{self.socket_path}")  # binds here
@@ -113,7 +119,7 @@ class Daemon:
             root_certificates=ca,
             require_client_auth=ca is not None,
         )
-        server = self._server([TokenInterceptor(token), ErrorInterceptor()])
+        server = self._server([TokenInterceptor(token), self._errors()])
         server.add_secure_port(self.config.tcp_address, creds)
         await server.start()
         return server
@@ -134,6 +140,7 @@ class Daemon:
         await asyncio.gather(*(s.stop(GRACE_S) for s in self.servers))
         await self.health.stop()
         await self.engine.close()
+        self.engine.metrics.close()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         logger.info("kvtierd stopped")

@@ -42,7 +42,9 @@ class HealthMonitor:
         return "; ".join(self.problems()) or "SERVING"
 
     async def update(self) -> None:
+        self.engine.publish_tier_state()
         state = self.describe()
+        self.engine.metrics.set_healthy(state == "SERVING")
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if state == "SERVING"

@@ -150,10 +150,6 @@ def test_contexts_of_a_busy_daemon_show_hits(
     assert row["hits"] == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon gap: Admin.ListTiers does not fill TierInfo.hits (kvtierd/server/admin.py)",
-)
 def test_tiers_report_hits_per_tier(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable
 ) -> None:

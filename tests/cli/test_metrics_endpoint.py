@@ -40,11 +40,6 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon gap: kvtierd serve does not yet create kvtierd.metrics.Metrics nor serve "
-    "metrics_port (see the calls listed in kvtierd/metrics.py)",
-)
 def test_metrics_scraped_after_traffic(start_daemon: Callable[..., DaemonProcess]) -> None:
     port = free_port()
     d = start_daemon(cpu="4MiB", metrics_port=port)

@@ -88,12 +88,6 @@ def test_the_daemon_rejects_a_bad_document_with_its_line(
         assert c.call(c.admin.GetPolicy, pb.PolicyRequest()).name == "lru"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon gap: Engine.apply_policy runs a fresh placer's rebalance(), whose plan is "
-    "relative to that placer's own empty state, so contexts keep their old placements "
-    "(PrefillPlacer.rebalance returns an empty plan; EvicPressPlacer too)",
-)
 def test_hot_reload_is_observed_in_placements(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable
 ) -> None:
