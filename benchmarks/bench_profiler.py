@@ -6,8 +6,8 @@
 (cast to fp32 inside), the default policy grid minus snapkv (knorm, int8, knorm+int8 x 10 ratios
 = 19 variants, ``none`` excluded). ``answer``: the tiny local Llama of the tests (2 layers,
 2 KV heads x 16 dims), 8 variants, 2 queries, 8 new tokens each — its cost is dominated by
-MiniLM and the decode loop, not the model, so it shows the evaluator's overhead. Also given as a ratio to one attention pass
-over the full KV (same process).
+MiniLM and the decode loop, not the model, so it shows the evaluator's overhead. Attention is
+also given as a ratio to one attention pass over the full KV (same process).
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ class DecayedCounter:
         """Record an access at ``now_s``; a late (out-of-order) access is decayed to ``t_ref``."""
         if weight < 0:
             raise InvalidArgumentError(f"weight must be >= 0, got {weight}")
-        if now_s >= self.t_ref_s or self.value == 0.0:
+        if self.value == 0.0:  # nothing to decay (and no 2**(+large) for an earlier access)
+            self.value, self.t_ref_s = weight, now_s
+        elif now_s >= self.t_ref_s:
             self.value = self.value * self.decay(now_s - self.t_ref_s) + weight
             self.t_ref_s = now_s
         else:
