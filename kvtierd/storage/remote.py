@@ -115,22 +115,26 @@ class RemoteTier(Tier):
         self._probe_task.add_done_callback(self._probe_ended)
 
     async def close(self) -> None:
-        """Stop the probe, close both clients, wait for in-flight writes. Idempotent."""
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        """Stop the probe, close both clients, wait for in-flight writes (each bounded by the
+        socket timeouts; cut writes leave only expiring staged parts). Idempotent. Every wait
+        is bounded by ``op_timeout_s``: a client that does not close in time raises
+        ``TimeoutError`` after everything else is released."""
+        probe, self._probe_task = self._probe_task, None
+        if probe is not None:
+            probe.cancel()
             # asyncio.wait, not gather: a probe stuck in a client call must not hold close()
-            await asyncio.wait({self._probe_task}, timeout=self.options.op_timeout_s)
-            self._probe_task = None
-        if self._aio is not None:
-            await self._aio.aclose()
-            self._aio = None
-        if self._pool is not None:
-            # In-flight writes end within socket_timeout_s; their staged parts expire if cut.
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-        if self._sync is not None:
-            self._sync.close()
-            self._sync = None
+            await asyncio.wait({probe}, timeout=self.options.op_timeout_s)
+        aio, pool, sync = self._aio, self._pool, self._sync
+        self._aio, self._pool, self._sync = None, None, None
+        self._objects_r, self._objects_w = None, None
+        try:
+            if aio is not None:
+                await asyncio.wait_for(aio.aclose(), self.options.op_timeout_s)
+        finally:
+            if pool is not None:  # joined off the event loop: writers may still be sending
+                await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
+            if sync is not None:
+                sync.close()
 
     async def _calibrate(self) -> None:
         """One put + read + delete of ``CALIBRATION_BYTES`` to seed both bandwidth meters."""

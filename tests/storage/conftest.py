@@ -9,6 +9,8 @@ teardown.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -26,6 +28,7 @@ from kvtierd.config import TierConfig
 from kvtierd.storage.remote import RemoteTier
 
 RemoteTierFactory = Callable[..., Awaitable[RemoteTier]]
+CLOSE_TIMEOUT_S = 20.0
 
 
 def _cluster(base: Path) -> Iterator[RedisClusterProcs]:
@@ -83,4 +86,12 @@ async def remote_tier(
 
     yield make
     for tier in tiers:
-        await tier.close()
+        try:
+            await asyncio.wait_for(tier.close(), CLOSE_TIMEOUT_S)
+        except TimeoutError:
+            stacks = io.StringIO()
+            for task in asyncio.all_tasks():
+                task.print_stack(file=stacks)
+            pytest.fail(
+                f"{tier.name}.close() took over {CLOSE_TIMEOUT_S}s; tasks:\n{stacks.getvalue()}"
+            )
