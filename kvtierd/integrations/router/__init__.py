@@ -1,0 +1,32 @@
+"""``kvtierd router``: OpenAI-compatible proxy that loads compressed contexts into vLLM.
+
+Entry point for the CLI: ``kvtierd.integrations.router.main(argv)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from aiohttp import web
+
+    from kvtierd.integrations.router.app import RouterConfig, make_app
+
+    p = argparse.ArgumentParser(prog="kvtierd router", description=__doc__)
+    p.add_argument("--upstream", required=True, help="vLLM server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--socket", default="", help="kvtierd socket (default: $KVTIERD_SOCKET)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk_size")
+    p.add_argument("--hold-s", type=float, default=30.0, help="pin placeholder chunks this long")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    config = RouterConfig(args.upstream.rstrip("/"), args.socket, args.chunk_size, args.hold_s)
+    web.run_app(make_app(config), host=args.host, port=args.port, print=None)
+    return 0
+
+
+__all__ = ["main"]

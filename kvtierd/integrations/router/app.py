@@ -1,0 +1,211 @@
+"""``kvtierd router``: an OpenAI-compatible HTTP proxy in front of ``vllm serve``.
+
+``/v1/completions`` and ``/v1/chat/completions`` (streaming or not) go to vLLM; a request whose
+prompt starts with a context stored compressed is sent as ``[M placeholder ids] + suffix``
+with the context named in ``kv_transfer_params`` (``rewrite.py``). If vLLM fails such a request
+(its ``kv_load_failure_policy`` is ``fail`` by default: a failed load is an error, never a
+prefill of placeholder ids), the router sends the real prompt. A request may carry
+``"kvtierd": {"context_tokens": N, "variant": "knorm@0.5"}`` to have its first ``N`` tokens
+stored in that variant. Chat requests are rewritten after vLLM's chat template
+(``/tokenize`` with ``messages``) and sent as completions, answered in chat format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kvtierd.client import AsyncKVClient
+from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite, store_tags
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    upstream: str  # e.g. http://127.0.0.1:8000
+    socket_path: str
+    chunk_tokens: int = 256
+    hold_s: float = 30.0
+
+
+class Router:
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
+        self._client: AsyncKVClient | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.model_root = ""
+        self.rewrites = 0
+        self.fallbacks = 0
+
+    @property
+    def client(self) -> AsyncKVClient:
+        # grpc.aio channels belong to the loop they are made on: make it inside the server's.
+        if self._client is None:
+            self._client = AsyncKVClient(self.config.socket_path or None)
+        return self._client
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        return self.session
+
+    async def _root(self) -> str:
+        """The model path vLLM loaded (LMCache's model name, part of every context digest)."""
+        if not self.model_root:
+            async with self.http.get(f"{self.config.upstream}/v1/models") as r:
+                self.model_root = str((await r.json())["data"][0]["root"])
+        return self.model_root
+
+    async def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        req: dict[str, Any] = {"model": body.get("model", "")}
+        if "messages" in body:
+            req.update(messages=body["messages"], add_generation_prompt=True)
+        elif isinstance(body.get("prompt"), list) and all(
+            isinstance(x, int) for x in body["prompt"]
+        ):
+            return list(body["prompt"])
+        else:
+            req["prompt"] = body["prompt"]
+        async with self.http.post(f"{self.config.upstream}/tokenize", json=req) as r:
+            r.raise_for_status()
+            return [int(x) for x in (await r.json())["tokens"]]
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        try:
+            async with self.http.get(f"{self.config.upstream}/health") as r:
+                upstream_ok = r.status == 200
+            status = await self.client.status()
+        except Exception as e:
+            return web.json_response({"status": "unhealthy", "error": str(e)}, status=503)
+        ok = upstream_ok and status.health == "SERVING"
+        body = {"status": "ok" if ok else "unhealthy", "daemon": status.health,
+                "upstream": upstream_ok, "rewrites": self.rewrites,
+                "fallbacks": self.fallbacks}  # fmt: skip
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        return await self._forward("/v1/models", None, request)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body: dict[str, Any] = await request.json()
+        store = body.pop("kvtierd", None)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        try:
+            tokens = await self._tokenize(body)
+            model = await self._root()
+            if store is not None:
+                tags = store_tags(model, tokens, store)
+                return await self._forward(path, _with_params(body, tags), request)
+            rw = await find_rewrite(
+                self.client, model, tokens, self.config.chunk_tokens, self.config.hold_s
+            )
+        except (aiohttp.ClientError, ValueError, KeyError) as e:
+            return web.json_response({"error": {"message": str(e)}}, status=400)
+        if rw is None:
+            return await self._forward(path, body, request)
+        return await self._rewritten(body, rw, request, chat=chat)
+
+    async def _rewritten(
+        self, body: dict[str, Any], rw: Rewrite, request: web.Request, *, chat: bool
+    ) -> web.StreamResponse:
+        new = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
+        new["prompt"] = rw.prompt_ids
+        new = _with_params(new, rw.kv_transfer_params)
+        if body.get("stream"):
+            self.rewrites += 1
+            return await self._forward("/v1/completions", new, request, chat=chat)
+        async with self.http.post(f"{self.config.upstream}/v1/completions", json=new) as r:
+            data = await r.json()
+            ok = r.status == 200 and all(
+                c.get("finish_reason") not in ("error", "abort") for c in data.get("choices", [])
+            )
+        if not ok:
+            self.fallbacks += 1
+            logger.warning("placeholder load of %s failed (%s); sending the real prompt",
+                           rw.manifest.digest, data)  # fmt: skip
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            return await self._forward(path, body, request)
+        self.rewrites += 1
+        headers = {"x-kvtierd-context": f"{rw.manifest.digest}/{rw.manifest.variant}"}
+        return web.json_response(_as_chat(data) if chat else data, headers=headers)
+
+    async def _forward(
+        self, path: str, body: dict[str, Any] | None, request: web.Request, *, chat: bool = False
+    ) -> web.StreamResponse:
+        url = f"{self.config.upstream}{path}"
+        method = "GET" if body is None else "POST"
+        async with self.http.request(method, url, json=body) as r:
+            if not (body or {}).get("stream"):
+                payload = await r.read()
+                return web.Response(body=payload, status=r.status, content_type=r.content_type)
+            out = web.StreamResponse(status=r.status, headers={"Content-Type": r.content_type})
+            await out.prepare(request)
+            async for line in r.content:
+                await out.write(_chat_line(line) if chat else line)
+            await out.write_eof()
+            return out
+
+
+def _with_params(body: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
+    params = dict(body.get("kv_transfer_params") or {})
+    params.update(tags)
+    return {**body, "kv_transfer_params": params}
+
+
+def _as_chat(data: dict[str, Any]) -> dict[str, Any]:
+    """A completions answer in chat-completions form (for a rewritten chat request)."""
+    choices = [
+        {"index": c["index"], "finish_reason": c.get("finish_reason"),
+         "message": {"role": "assistant", "content": c.get("text", "")}}
+        for c in data.get("choices", [])
+    ]  # fmt: skip
+    return {**data, "object": "chat.completion", "choices": choices,
+            "created": data.get("created", int(time.time()))}  # fmt: skip
+
+
+def _chat_line(line: bytes) -> bytes:
+    if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+        return line
+    data = json.loads(line[6:])
+    choices = [
+        {"index": c["index"], "finish_reason": c.get("finish_reason"),
+         "delta": {"content": c.get("text", "")}}
+        for c in data.get("choices", [])
+    ]  # fmt: skip
+    chunk = {**data, "object": "chat.completion.chunk", "choices": choices}
+    return b"data: " + json.dumps(chunk).encode() + b"\n"
+
+
+def make_app(config: RouterConfig) -> web.Application:
+    router = Router(config)
+    app = web.Application()
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_post("/v1/chat/completions", router.chat)
+
+    async def close(_: web.Application) -> None:
+        if router.session is not None:
+            await router.session.close()
+        if router._client is not None:
+            await router._client.close()
+
+    app.on_cleanup.append(close)
+    app["router"] = router
+    return app

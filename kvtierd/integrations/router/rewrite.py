@@ -1,0 +1,67 @@
+"""Which stored compressed context a prompt starts with, and the request that loads it.
+
+The router tokenizes the prompt, derives the digest of every chunk-aligned prefix, asks the
+daemon for their manifests in one Lookup, and takes the longest stored one. It then holds the
+placeholder chunks (Lookup with ``hold_s``) so they cannot be evicted before vLLM loads them;
+if any is missing the request goes out unchanged (fail closed: a placeholder prompt must never
+be prefilled from its ids).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtierd.client import AsyncKVClient
+from kvtierd.integrations.placeholder import Manifest, context_digest, manifest_key
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """A request's prompt as placeholder ids + suffix, and the tags that name its context."""
+
+    prompt_ids: list[int]
+    manifest: Manifest
+
+    @property
+    def kv_transfer_params(self) -> dict[str, str]:
+        return {
+            "lmcache.tag.kvtierd_context": self.manifest.digest,
+            "lmcache.tag.kvtierd_variant": self.manifest.variant,
+        }
+
+
+async def find_rewrite(
+    client: AsyncKVClient, model: str, token_ids: list[int], chunk_tokens: int, hold_s: float
+) -> Rewrite | None:
+    """The rewrite of ``token_ids`` through its longest stored compressed prefix, or None."""
+    lengths = list(range(chunk_tokens, len(token_ids), chunk_tokens))  # >= 1 suffix token
+    if not lengths:
+        return None
+    digests = [context_digest(model, token_ids[:n]) for n in lengths]
+    found = await client.lookup([manifest_key(d) for d in digests])
+    for n, digest, ok in sorted(zip(lengths, digests, found.found, strict=True), reverse=True):
+        if not ok:
+            continue
+        raw = await client.get(manifest_key(digest))
+        manifest = Manifest.from_bytes(bytes(raw))
+        if manifest.num_tokens != n:
+            continue
+        held = await client.lookup(list(manifest.chunk_keys), hold_s=hold_s)
+        if held.prefix_hits != len(manifest.chunk_keys):
+            continue  # partly evicted: serve the real prompt
+        return Rewrite(list(manifest.placeholder_ids) + token_ids[n:], manifest)
+    return None
+
+
+def store_tags(model: str, token_ids: list[int], spec: dict[str, Any]) -> dict[str, str]:
+    """Tags asking the plugin to store the first ``context_tokens`` of a request as
+    ``variant`` (the request's ``"kvtierd"`` field)."""
+    n = int(spec["context_tokens"])
+    if not 0 < n <= len(token_ids):
+        raise ValueError(f"kvtierd.context_tokens={n} outside the prompt's {len(token_ids)}")
+    return {
+        "lmcache.tag.kvtierd_context": context_digest(model, token_ids[:n]),
+        "lmcache.tag.kvtierd_variant": str(spec["variant"]),
+        "lmcache.tag.kvtierd_context_tokens": str(n),
+    }

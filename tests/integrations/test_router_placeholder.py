@@ -1,0 +1,106 @@
+"""Token-dropped contexts through ``kvtierd router`` into an unmodified ``vllm serve`` (issue 6,
+test c): at ratio 1.0 (``M = N``) the placeholder prompt gives the no-cache output exactly; at
+ratio 0.5 vLLM's logprobs match a ``transformers`` forward pass on the same weights with the
+same kept tokens at their original positions (kvpress semantics), within bf16 rounding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtierd.client import KVClient
+from kvtierd.integrations.placeholder import context_digest, kept_key
+from tests.daemon_proc import DaemonProcess, write_config
+from tests.integrations.harness import CHUNK, lmcache_config
+from tests.integrations.servers import post, start_router, start_vllm, stop
+from tests.integrations.tiny_model import words
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+
+CTX1 = [30 + (11 * i) % 900 for i in range(64)]
+CTX2 = [40 + (17 * i) % 900 for i in range(64)]
+SUFFIX = [500, 501, 502, 503, 504, 505]
+LOGPROB_TOLERANCE = 0.1  # bf16 rounding of two different attention implementations
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    work = tmp_path_factory.mktemp("router")
+    config = write_config(work / "daemon")
+    sock = str(work / "daemon" / "kvtierd.sock")
+    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
+    procs = []
+    try:
+        vllm, vurl = start_vllm(work, tiny_model, lmcache_config(sock))
+        procs.append(vllm)
+        router, rurl = start_router(work, vurl, sock, CHUNK)
+        procs.append(router)
+        yield {"router": rurl, "vllm": vurl, "socket": sock, "model": str(tiny_model)}
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        daemon.kill()
+
+
+def complete(
+    stack: dict[str, Any], prompt: list[int], **extra: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
+    body = {"model": stack["model"], "prompt": words(prompt), "max_tokens": 6,
+            "temperature": 0.0, "logprobs": 5, **extra}  # fmt: skip
+    return post(f"{stack['router']}/v1/completions", body)
+
+
+def test_ratio_one_placeholder_output_equals_no_cache(stack: dict[str, Any]) -> None:
+    first, _ = complete(stack, CTX1 + SUFFIX, kvtierd={"context_tokens": 64, "variant": "knorm@1"})
+    second, headers = complete(stack, CTX1 + SUFFIX)
+    digest = context_digest(stack["model"], CTX1)
+    assert headers.get("x-kvtierd-context") == f"{digest}/knorm@1"
+    assert second["usage"]["prompt_tokens"] == 64 + len(SUFFIX)
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert second["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+        first["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6
+    )
+
+
+def test_ratio_half_matches_transformers_reference(stack: dict[str, Any]) -> None:
+    import torch
+
+    complete(stack, CTX2 + SUFFIX, kvtierd={"context_tokens": 64, "variant": "knorm@0.5"})
+    got, headers = complete(stack, CTX2 + SUFFIX)
+    digest = context_digest(stack["model"], CTX2)
+    assert headers.get("x-kvtierd-context") == f"{digest}/knorm@0.5"
+    assert got["usage"]["prompt_tokens"] == 32 + len(SUFFIX)
+    with KVClient(stack["socket"]) as c:
+        kept = torch.from_numpy(c.get(kept_key(digest)).copy())  # [L, H, M] int32
+    assert tuple(kept.shape) == (2, 2, 32)
+    ref = reference_logprobs(Path(stack["model"]), CTX2, SUFFIX, kept)
+    top = got["choices"][0]["logprobs"]["top_logprobs"][0]  # "wNNN" -> logprob
+    diffs = {w: abs(lp - float(ref[int(w[1:]) + 3])) for w, lp in top.items()}
+    assert max(diffs.values()) < LOGPROB_TOLERANCE, diffs
+    assert int(got["choices"][0]["text"].split()[0][1:]) + 3 == int(ref.argmax())
+
+
+def reference_logprobs(model_dir: Path, ctx: list[int], suffix: list[int], kept: Any) -> Any:
+    """kvpress semantics: full-context KV, keep ``kept`` per layer and head, then the suffix at
+    its original positions ``N, N+1, ...``; log-softmax of the last position."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        cache = model(torch.tensor([ctx]), use_cache=True).past_key_values
+        for layer, lc in enumerate(cache.layers):
+            idx = kept[layer].long()[None, :, :, None].expand(1, -1, -1, lc.keys.shape[-1])
+            lc.keys = lc.keys.gather(2, idx)
+            lc.values = lc.values.gather(2, idx)
+        n, m, s = len(ctx), kept.shape[-1], len(suffix)
+        out = model(
+            torch.tensor([suffix]),
+            past_key_values=cache,
+            position_ids=torch.arange(n, n + s)[None],
+            attention_mask=torch.ones(1, m + s, dtype=torch.long),
+        )
+    return torch.log_softmax(out.logits[0, -1].float(), dim=-1)
