@@ -63,6 +63,19 @@ class TlsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantConfig:
+    """A namespace of keys and contexts. On TCP the bearer token in ``token_file`` identifies
+    the tenant; on the Unix socket (trusted, mode 0600) the ``x-kvtierd-tenant`` metadata
+    does. ``quota_bytes`` caps the tenant's bytes per tier name; ``admin`` allows the Admin
+    service over TCP."""
+
+    name: str
+    token_file: str = ""
+    quota_bytes: dict[str, int] = field(default_factory=dict)
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """The daemon's settings. ``socket_path`` is always served (mode 0600); ``tcp_address``
     only when set, and then ``tls`` and a token are required."""
@@ -73,6 +86,7 @@ class DaemonConfig:
     tcp_address: str = ""
     tls: TlsConfig | None = None
     token_file: str = ""
+    tenants: tuple[TenantConfig, ...] = ()
     policy_file: str = ""  # a configs/policies/*.yaml document; empty = LRU, no compression
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
@@ -213,7 +227,7 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     names = {f.name for f in fields(DaemonConfig)}
     _check_keys(raw, names, src, ())
     values: dict[str, Any] = {}
-    for key, value in raw.items():
+    for key, value in sorted(raw.items(), key=lambda kv: kv[0] != "tiers"):
         if key == "tiers":
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"{src.where(('tiers',))}: must be a non-empty list of tiers")
@@ -230,6 +244,8 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
                 raise ConfigError(f"{src.where(('tls',))}: must be a mapping")
             _check_keys(value, {"cert_file", "key_file", "client_ca_file"}, src, ("tls",))
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
+        elif key == "tenants":
+            values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
         elif key == "max_object_bytes":
             values[key] = parse_size(value, src.where((key,)))
         else:
@@ -237,6 +253,41 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     config = _replace(base, values)
     validate(config, src.path)
     return config
+
+
+_TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _tenants(raw: object, src: _Source, tier_names: set[str]) -> tuple[TenantConfig, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{src.where(('tenants',))}: must be a list of tenants")
+    tenants: list[TenantConfig] = []
+    for i, t in enumerate(raw):
+        at = ("tenants", str(i))
+        if not isinstance(t, dict) or "name" not in t:
+            raise ConfigError(f"{src.where(at)}: a tenant is a mapping with at least a name")
+        _check_keys(t, {"name", "token_file", "quota", "admin"}, src, at)
+        name = str(t["name"])
+        if not _TENANT_NAME.match(name) or name in {x.name for x in tenants}:
+            raise ConfigError(
+                f"{src.where((*at, 'name'))}: tenant names are unique, 1-64 of A-Z a-z 0-9 _ . -"
+            )
+        quota = t.get("quota") or {}
+        if not isinstance(quota, dict):
+            raise ConfigError(f"{src.where((*at, 'quota'))}: a mapping of tier name to size")
+        for tier in quota:
+            if tier not in tier_names:
+                raise ConfigError(
+                    f"{src.where((*at, 'quota', str(tier)))}: unknown tier {tier!r}; "
+                    f"tiers: {', '.join(sorted(tier_names))}"
+                )
+        quotas = {
+            str(k): parse_size(v, src.where((*at, "quota", str(k)))) for k, v in quota.items()
+        }
+        tenants.append(
+            TenantConfig(name, str(t.get("token_file", "")), quotas, bool(t.get("admin", False)))
+        )
+    return tuple(tenants)
 
 
 def _scalar(key: str, value: object, default: object, src: _Source) -> object:

@@ -48,5 +48,9 @@ class PermissionDeniedError(KvtierError):
     """The caller may not touch this object (another tenant's) or presented no valid token."""
 
 
+class UnauthenticatedError(PermissionDeniedError):
+    """No credentials, or credentials the daemon does not know."""
+
+
 class ConfigError(InvalidArgumentError):
     """A configuration file is invalid; the message names the file, line, key and allowed values."""

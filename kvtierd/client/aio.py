@@ -34,6 +34,7 @@ class AsyncKVClient:
         tls_ca_file: str = "",
         token: str = "",
         timeout_s: float = 60.0,
+        tenant: str = "",
     ) -> None:
         self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
         if self.endpoint.colocated:
@@ -44,6 +45,10 @@ class AsyncKVClient:
         self.kv = pb_grpc.KVStoreStub(self._channel)
         self.admin = pb_grpc.AdminStub(self._channel)
         self.timeout_s = timeout_s
+        # On the Unix socket a tenant names itself; over TCP the token decides.
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("x-kvtierd-tenant", tenant),) if tenant else ()
+        )
         self._arena = ArenaMap()
 
     async def close(self) -> None:
@@ -58,7 +63,7 @@ class AsyncKVClient:
 
     async def call(self, fn: Any, request: Any) -> Any:
         try:
-            return await fn(request, timeout=self.timeout_s)
+            return await fn(request, timeout=self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as e:
             raise domain_error(e, self.endpoint) from None
 
@@ -124,7 +129,8 @@ class AsyncKVClient:
         try:
             filled = 0
             dst = None
-            async for chunk in self.kv.GetStream(pb.GetStreamRequest(key=key)):
+            stream = self.kv.GetStream(pb.GetStreamRequest(key=key), metadata=self.metadata)
+            async for chunk in stream:
                 if chunk.HasField("info"):
                     out = new_array(chunk.info.spec) if out is None else out
                     dst = bytes_view(out)

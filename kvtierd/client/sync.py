@@ -42,6 +42,7 @@ class KVClient:
         tls_ca_file: str = "",
         token: str = "",
         timeout_s: float = 60.0,
+        tenant: str = "",
         stream: bool = False,
     ) -> None:
         """``stream=True`` moves bytes by gRPC streams even over a Unix socket (the path a
@@ -63,6 +64,10 @@ class KVClient:
         )
         self.admin = pb_grpc.AdminStub(self._channel)
         self.timeout_s = timeout_s
+        # On the Unix socket a tenant names itself; over TCP the token decides.
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("x-kvtierd-tenant", tenant),) if tenant else ()
+        )
         self._arena = ArenaMap()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
 
@@ -80,7 +85,7 @@ class KVClient:
     def call(self, fn: Callable[..., T], request: Any) -> T:
         """One RPC; gRPC errors come back as :mod:`kvtierd.errors` exceptions."""
         try:
-            return fn(request, timeout=self.timeout_s)
+            return fn(request, timeout=self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as e:
             raise domain_error(e, self.endpoint) from None
 
@@ -156,7 +161,9 @@ class KVClient:
         return out
 
     def _get_stream(self, key: str, out: Any) -> Any:
-        stream = self._get_stream_call(pb.GetStreamRequest(key=key), timeout=self.timeout_s)
+        stream = self._get_stream_call(
+            pb.GetStreamRequest(key=key), timeout=self.timeout_s, metadata=self.metadata
+        )
         try:
             first = next(stream)
             assert isinstance(first, pb.GetChunk)

@@ -38,7 +38,7 @@ class AdminOps:
             if ctx.pinned != pinned:
                 ctx.pinned = pinned
                 changed += 1
-                e.executor.submit(e._adopt(ctx, e.placement_of(ctx)))
+                e.executor.submit(e.adopt_placement(ctx, e.placement_of(ctx)))
         return changed
 
     async def drain(self, tier_name: str) -> tuple[int, int]:
@@ -52,7 +52,7 @@ class AdminOps:
         for ctx in [c for c in e.contexts.values() if e.placement_of(c).tier == tier_name]:
             if below:
                 await e.move_context(ctx, below[0])
-                e.executor.submit(e._adopt(ctx, Placement(ctx.variant, below[0])))
+                e.executor.submit(e.adopt_placement(ctx, Placement(ctx.variant, below[0])))
                 moved += 1
             else:
                 await e.drop_context(ctx)

@@ -28,6 +28,7 @@ from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, O
 from kvtierd.engine.validate import validate_meta
 from kvtierd.errors import (
     AlreadyExistsError,
+    CapacityError,
     ConfigError,
     CorruptObjectError,
     InvalidArgumentError,
@@ -78,6 +79,8 @@ class Engine(AdminOps, Moves):
         self.hits = 0
         self.misses = 0
         self.tier_hits: Counter[str] = Counter()
+        self.usage: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> bytes
+        self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
         self.metrics = Metrics()
         self.draining = False
         self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
@@ -133,9 +136,10 @@ class Engine(AdminOps, Moves):
                     continue
                 # Found on persistent storage: keep it persistent (it may have been durable).
                 self.objects[meta.key] = ObjectRecord(meta, tier.name, durable=True)
+                self.account(meta, tier.name, +1)
                 self._context_add(meta)
         for ctx in self.contexts.values():
-            self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
+            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
         if self.objects:
             logger.info("rebuilt index: %d objects in %d contexts", len(self.objects),
                         len(self.contexts))  # fmt: skip
@@ -150,7 +154,7 @@ class Engine(AdminOps, Moves):
         for tier in self.tiers.values():
             await tier.close()
 
-    def _adopt(self, ctx: ContextRecord, placement: Placement) -> Plan:
+    def adopt_placement(self, ctx: ContextRecord, placement: Placement) -> Plan:
         profile = self.profile(ctx)
         try:
             return self.placer.adopt(profile, placement)
@@ -172,6 +176,7 @@ class Engine(AdminOps, Moves):
             if meta.key in self.objects or meta.key in seen or self._allocating(meta.key):
                 raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
             seen.add(meta.key)
+        self._check_quota(metas)
         records: list[AllocationRecord] = []
         try:
             for meta in metas:
@@ -191,6 +196,44 @@ class Engine(AdminOps, Moves):
                 self.abort([rec.allocation_id])
             raise
         return records
+
+    def _check_quota(self, metas: Sequence[ObjectMeta]) -> None:
+        """A tenant's objects (stored and in flight) stay within the sum of its tier quotas."""
+        asked: Counter[str] = Counter()
+        for meta in metas:
+            asked[meta.tenant] += meta.size_bytes
+        for tenant, nbytes in asked.items():
+            quota = self.quotas.get(tenant)
+            if not quota:
+                continue
+            total = sum(quota.values())
+            held = sum(v for (t, _), v in self.usage.items() if t == tenant)
+            held += sum(
+                a.meta.size_bytes for a in self.allocations.values() if a.meta.tenant == tenant
+            )
+            if held + nbytes > total:
+                raise CapacityError(
+                    f"tenant {tenant!r} quota exceeded: {held} bytes held, {nbytes} more asked, "
+                    f"quota {total} bytes over tiers {', '.join(quota)}"
+                )
+
+    def quota_tier(self, ctx: ContextRecord, wanted: str) -> str | None:
+        """The first tier from ``wanted`` down where the context fits the tenant's quota
+        (``None``: nowhere, drop it). Tiers without a quota for the tenant are unlimited."""
+        quota = self.quotas.get(ctx.tenant)
+        names = list(self.tiers)
+        for name in names[names.index(wanted) :]:
+            limit = quota.get(name) if quota else None
+            if limit is None:
+                return name
+            here = sum(
+                self.objects[k].meta.size_bytes
+                for k in ctx.keys
+                if name in (self.objects[k].tier, self.objects[k].shadow)
+            )
+            if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
+                return name
+        return None
 
     def _allocating(self, key: str) -> bool:
         return any(a.meta.key == key for a in self.allocations.values())
@@ -241,6 +284,7 @@ class Engine(AdminOps, Moves):
 
     def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
         self.objects[meta.key] = ObjectRecord(meta, tier)
+        self.account(meta, tier, +1)
         ctx = self._context_add(meta)
         ctx.last_access_s = time.monotonic()
         self.executor.submit(self.placer.insert(self.profile(ctx)))
@@ -249,7 +293,8 @@ class Engine(AdminOps, Moves):
     def _context_add(self, meta: ObjectMeta) -> ContextRecord:
         ctx = self.contexts.get(meta.context)
         if ctx is None:
-            ctx = self.contexts[meta.context] = ContextRecord(meta.context, meta.variant)
+            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
+            self.contexts[meta.context] = ctx
         ctx.keys[meta.key] = None
         ctx.size_bytes += meta.size_bytes
         return ctx
@@ -268,6 +313,7 @@ class Engine(AdminOps, Moves):
                 if obj.tier == self.cpu.name and not obj.shadow:
                     await target.put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
                     obj.shadow = target.name
+                    self.account(meta, target.name, +1)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -392,9 +438,15 @@ class Engine(AdminOps, Moves):
 
     async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
         for tier_name in filter(None, (obj.tier, obj.shadow)):
-            await self._remove_from_tier(obj.meta.key, tier_name)
+            await self._remove_from_tier(obj.meta, tier_name)
 
-    async def _remove_from_tier(self, key: str, tier_name: str) -> None:
+    def account(self, meta: ObjectMeta, tier: str, sign: int) -> None:
+        """Keep per-tenant bytes per tier (quotas) in step with where copies are."""
+        self.usage[meta.tenant, tier] += sign * meta.size_bytes
+
+    async def _remove_from_tier(self, meta: ObjectMeta, tier_name: str) -> None:
+        key = meta.key
+        self.account(meta, tier_name, -1)
         if tier_name == self.cpu.name:
             block = self.cpu.detach(key)
             if self._block_refs.get(block.offset):
@@ -423,7 +475,7 @@ class Engine(AdminOps, Moves):
             del self.contexts[ctx.context_id]
             self.placer.remove(ctx.context_id)
         else:
-            self.executor.submit(self._adopt(ctx, self.placement_of(ctx)))
+            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
 
     def placement_of(self, ctx: ContextRecord) -> Placement:
         """Where the context's bytes are (its first object's tier; moves keep them together)."""

@@ -17,7 +17,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import KvtierError
-from kvtierd.types import Operation, OpKind, Plan
+from kvtierd.types import Operation, OpKind, Placement, Plan
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
@@ -109,4 +109,14 @@ class Executor:
                 "which this daemon's executor does not run yet"
             )
         elif op.target.tier is not None:
-            await self.engine.move_context(ctx, op.target.tier)
+            tier = self.engine.quota_tier(ctx, op.target.tier)
+            if tier is None:
+                logger.info("context %r dropped: tenant %r quota full in every tier from %s",
+                            ctx.context_id, ctx.tenant, op.target.tier)  # fmt: skip
+                await self.engine.drop_context(ctx)
+                self.engine.placer.remove(ctx.context_id)
+                return
+            await self.engine.move_context(ctx, tier)
+            if tier != op.target.tier:
+                # The tenant's quota overrode the placer: tell it where the context went.
+                self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))

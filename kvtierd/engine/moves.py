@@ -42,7 +42,7 @@ class Moves:
         meta, source = obj.meta, obj.tier
         if obj.shadow == target:
             # A durable copy is already there: dropping the faster copy is the whole move.
-            await e._remove_from_tier(meta.key, source)
+            await e._remove_from_tier(meta, source)
             obj.tier, obj.shadow = target, ""
             return meta.size_bytes
         started = time.perf_counter()
@@ -59,7 +59,7 @@ class Moves:
         if keep:
             obj.shadow = source
         else:
-            await e._remove_from_tier(meta.key, source)
+            await e._remove_from_tier(meta, source)
         obj.tier = target
         return meta.size_bytes
 
@@ -76,3 +76,4 @@ class Moves:
                 await e.tiers[target].put(meta, e.cpu.view(block))
             finally:
                 e.cpu.free_block(block)
+        e.account(meta, target, +1)

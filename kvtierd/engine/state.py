@@ -29,6 +29,7 @@ class ContextRecord:
 
     context_id: str
     variant: str = ORIGINAL_VARIANT
+    tenant: str = ""
     keys: dict[str, None] = field(default_factory=dict)  # ordered set
     size_bytes: int = 0
     hits: int = 0

@@ -14,6 +14,7 @@ from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import record_info
 from kvtierd.server.health import HealthMonitor
+from kvtierd.server.identity import Caller
 from kvtierd.types import OpKind
 
 _ORDERS = {
@@ -109,7 +110,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         ctx = self.engine.contexts.get(request.context_id)
         if ctx is None:
             raise NotFoundError(f"context {request.context_id!r} not found")
-        objects = [record_info(self.engine.objects[k]) for k in ctx.keys]
+        objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
         return pb.DescribeContextResponse(
             summary=self._summary(ctx),
             objects=objects,

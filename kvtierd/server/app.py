@@ -28,7 +28,8 @@ from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.admin import AdminServicer
 from kvtierd.server.health import HealthMonitor
-from kvtierd.server.interceptors import ErrorInterceptor, TokenInterceptor
+from kvtierd.server.identity import Identities
+from kvtierd.server.interceptors import ErrorInterceptor, Identify
 from kvtierd.server.kvstore import KVStoreServicer
 
 logger = logging.getLogger(__name__)
@@ -62,12 +63,13 @@ class Daemon:
         self.config = config
         self.engine = Engine(config)
         self.health = HealthMonitor(self.engine)
+        self.identities = Identities(config)
         self.servers: list[aio.Server] = []
         self.socket_path = Path(config.socket_path)
         self._stop = asyncio.Event()
 
-    def _errors(self) -> ErrorInterceptor:
-        return ErrorInterceptor(lambda code: self.engine.metrics.record_error(code.name))
+    def _interceptor(self, identify: Identify) -> ErrorInterceptor:
+        return ErrorInterceptor(identify, lambda code: self.engine.metrics.record_error(code.name))
 
     def _server(self, interceptors: list[aio.ServerInterceptor]) -> aio.Server:
         server = aio.server(interceptors=interceptors, options=_OPTIONS)
@@ -89,7 +91,7 @@ class Daemon:
         if self.config.metrics_port:
             port = self.engine.metrics.start_http_server(self.config.metrics_port)
             logger.info("metrics on http://127.0.0.1:%d/metrics", port)
-        unix = self._server([self._errors()])
+        unix = self._server([self._interceptor(self.identities.unix)])
         old = os.umask(0o177)  # the socket file is created 0600, no window with wider bits
         try:
             unix.add_insecure_port(f"unix:{self.socket_path}")  # binds here
@@ -110,16 +112,13 @@ class Daemon:
         tls = self.config.tls
         if tls is None or not self.config.token_file:
             raise ConfigError("tcp_address requires tls and token_file")
-        token = Path(self.config.token_file).read_text().strip()
-        if not token:
-            raise ConfigError(f"token_file {self.config.token_file} is empty")
         ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
         creds = grpc.ssl_server_credentials(
             [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
             root_certificates=ca,
             require_client_auth=ca is not None,
         )
-        server = self._server([TokenInterceptor(token), self._errors()])
+        server = self._server([self._interceptor(self.identities.tcp)])
         server.add_secure_port(self.config.tcp_address, creds)
         await server.start()
         return server

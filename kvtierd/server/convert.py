@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from kvtierd.engine.state import ObjectRecord
 from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.server.identity import Caller
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import Arena
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
 
-def meta_from_spec(spec: pb.ObjectSpec) -> ObjectMeta:
+def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
+    """Keys and context ids become daemon-wide names scoped by the caller's tenant."""
     return ObjectMeta(
-        key=spec.key,
+        key=caller.scoped(spec.key),
         size_bytes=spec.size_bytes,
-        context_id=spec.context_id,
+        context_id=caller.scoped(spec.context_id),
+        tenant=caller.tenant,
         variant=spec.variant or ORIGINAL_VARIANT,
         dtype=spec.dtype or "uint8",
         shape=tuple(spec.shape),
@@ -24,10 +27,10 @@ def meta_from_spec(spec: pb.ObjectSpec) -> ObjectMeta:
     )
 
 
-def spec_from_meta(meta: ObjectMeta) -> pb.ObjectSpec:
+def spec_from_meta(meta: ObjectMeta, caller: Caller) -> pb.ObjectSpec:
     return pb.ObjectSpec(
-        key=meta.key,
-        context_id=meta.context_id,
+        key=caller.unscoped(meta.key),
+        context_id=caller.unscoped(meta.context_id),
         variant=meta.variant,
         size_bytes=meta.size_bytes,
         dtype=meta.dtype,
@@ -39,12 +42,12 @@ def spec_from_meta(meta: ObjectMeta) -> pb.ObjectSpec:
     )
 
 
-def info(meta: ObjectMeta, tier: str) -> pb.ObjectInfo:
-    return pb.ObjectInfo(spec=spec_from_meta(meta), tier=tier, checksum=meta.checksum)
+def info(meta: ObjectMeta, tier: str, caller: Caller) -> pb.ObjectInfo:
+    return pb.ObjectInfo(spec=spec_from_meta(meta, caller), tier=tier, checksum=meta.checksum)
 
 
-def record_info(rec: ObjectRecord) -> pb.ObjectInfo:
-    return info(rec.meta, rec.tier)
+def record_info(rec: ObjectRecord, caller: Caller) -> pb.ObjectInfo:
+    return info(rec.meta, rec.tier, caller)
 
 
 def region(arena: Arena, block: Block) -> pb.ArenaRegion:

@@ -8,7 +8,6 @@ exception's class and message (logged with its traceback here, never sent to the
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,11 +16,13 @@ import grpc
 from grpc import aio
 
 from kvtierd import errors
+from kvtierd.server.identity import CALLER, Caller
 
 logger = logging.getLogger(__name__)
 
 # Most specific first: the first matching class decides.
 STATUS_OF: tuple[tuple[type[errors.KvtierError], grpc.StatusCode], ...] = (
+    (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
     (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
@@ -89,9 +90,25 @@ async def _checked(requests: AsyncIterator[Any], method: str) -> AsyncIterator[A
         yield _check(request, method)
 
 
+Identify = Callable[[Any], Caller]
+ADMIN_PREFIX = "/kvtierd.v1.Admin/"
+
+
 class ErrorInterceptor(aio.ServerInterceptor):
-    def __init__(self, on_error: ErrorHook | None = None) -> None:
+    """Identifies the caller (into :data:`CALLER`), then runs the handler and maps domain
+    errors to status codes."""
+
+    def __init__(self, identify: Identify, on_error: ErrorHook | None = None) -> None:
+        self._identify = identify
         self._on_error = on_error
+
+    def _enter(self, context: Any, method: str) -> None:
+        caller = self._identify(context.invocation_metadata())
+        if method.startswith(ADMIN_PREFIX) and not caller.admin:
+            raise errors.PermissionDeniedError(
+                f"tenant {caller.tenant!r} may not call the Admin service (needs admin: true)"
+            )
+        CALLER.set(caller)
 
     async def _fail(self, context: Any, method: str, e: Exception) -> None:
         code = status_of(e)
@@ -113,12 +130,13 @@ class ErrorInterceptor(aio.ServerInterceptor):
         if handler is None:
             return handler
         method = details.method
-        fail = self._fail
+        fail, enter = self._fail, self._enter
         if handler.unary_unary:
             inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: Any) -> Any:
                 try:
+                    enter(context, method)
                     return await inner_uu(_check(request, method), context)
                 except Exception as e:
                     await fail(context, method, e)
@@ -131,6 +149,7 @@ class ErrorInterceptor(aio.ServerInterceptor):
 
             async def stream_unary(requests: Any, context: Any) -> Any:
                 try:
+                    enter(context, method)
                     return await inner_su(_checked(requests, method), context)
                 except Exception as e:
                     await fail(context, method, e)
@@ -143,6 +162,7 @@ class ErrorInterceptor(aio.ServerInterceptor):
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 try:
+                    enter(context, method)
                     async for item in inner_us(_check(request, method), context):
                         yield item
                 except Exception as e:
@@ -154,28 +174,3 @@ class ErrorInterceptor(aio.ServerInterceptor):
                 _passthrough(handler.response_serializer),
             )
         return handler
-
-
-class TokenInterceptor(aio.ServerInterceptor):
-    """Rejects calls without ``authorization: Bearer <token>`` (TCP listeners only)."""
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        details: grpc.HandlerCallDetails,
-    ) -> Any:
-        metadata = dict(details.invocation_metadata or ())
-        given = str(metadata.get("authorization", "")).encode()
-        if hmac.compare_digest(given, self._expected):
-            return await continuation(details)
-
-        async def deny(request: Any, context: Any) -> None:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong bearer token (metadata 'authorization: Bearer <token>')",
-            )
-
-        return grpc.unary_unary_rpc_method_handler(deny)

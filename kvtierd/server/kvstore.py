@@ -6,10 +6,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kvtierd.engine import Engine
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.errors import InvalidArgumentError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import info, meta_from_spec, record_info, region
+from kvtierd.server.identity import CALLER, Caller
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
@@ -49,7 +50,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         _check_batch(len(request.keys), "Lookup")
         if request.hold_s < 0:
             raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
-        found, prefix = self.engine.lookup(request.keys, request.hold_s)
+        caller = CALLER.get()
+        keys = [caller.scoped(k) for k in request.keys]
+        found, prefix = self.engine.lookup(keys, request.hold_s)
         index = self.engine.tier_index
         resp = pb.LookupResponse(prefix_hits=prefix, tiers=list(index))
         resp.found.extend([f is not None for f in found])
@@ -59,7 +62,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
         _check_batch(len(request.objects), "Allocate")
-        recs = self.engine.allocate([meta_from_spec(s) for s in request.objects])
+        caller = CALLER.get()
+        recs = self.engine.allocate([meta_from_spec(s, caller) for s in request.objects])
         arena = self.engine.cpu.arena
         return pb.AllocateResponse(
             allocations=[
@@ -70,10 +74,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.CommitResponse:
         _check_batch(len(request.allocation_ids), "Commit")
+        caller = CALLER.get()
+        self._own_allocations(request.allocation_ids, caller)
         metas = await self.engine.commit(request.allocation_ids, request.durable)
-        return pb.CommitResponse(objects=[record_info(self.engine.objects[m.key]) for m in metas])
+        infos = [record_info(self.engine.objects[m.key], caller) for m in metas]
+        return pb.CommitResponse(objects=infos)
+
+    def _own_allocations(self, allocation_ids: Any, caller: Caller) -> None:
+        for aid in allocation_ids:
+            rec = self.engine.allocations.get(aid)
+            if rec is not None and rec.meta.tenant != caller.tenant:
+                raise PermissionDeniedError(f"allocation {aid!r} belongs to another tenant")
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
+        self._own_allocations(request.allocation_ids, CALLER.get())
         self.engine.abort(request.allocation_ids)
         return pb.AbortResponse()
 
@@ -81,14 +95,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         _check_batch(len(request.keys), "Get")
         if request.lease_s < 0:
             raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
-        leases = await self.engine.get(request.keys, request.lease_s)
+        caller = CALLER.get()
+        leases = await self.engine.get([caller.scoped(k) for k in request.keys], request.lease_s)
         arena = self.engine.cpu.arena
         lease_s = request.lease_s or self.engine.config.lease_s
         return pb.GetResponse(
             leases=[
                 pb.Lease(
                     lease_id=lease.lease_id,
-                    object=info(lease.meta, lease.tier),
+                    object=info(lease.meta, lease.tier, caller),
                     region=region(arena, lease.block),
                     expires_in_s=lease_s,
                 )
@@ -97,6 +112,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
 
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+        caller = CALLER.get()
+        for lid in request.lease_ids:
+            lease = self.engine.leases.get(lid)
+            if lease is not None and lease.meta.tenant != caller.tenant:
+                raise PermissionDeniedError(f"lease {lid!r} belongs to another tenant")
         self.engine.release(request.lease_ids)
         return pb.ReleaseResponse()
 
@@ -106,7 +126,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("spec"):
             raise InvalidArgumentError("PutStream: the first message must carry the object spec")
-        (rec,) = self.engine.allocate([meta_from_spec(first.spec)])
+        caller = CALLER.get()
+        (rec,) = self.engine.allocate([meta_from_spec(first.spec, caller)])
         try:
             view = self.engine.cpu.view(rec.block)
             filled = 0
@@ -129,7 +150,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             self.engine.abort([rec.allocation_id])
             raise
         (meta,) = await self.engine.commit([rec.allocation_id])
-        return pb.PutResponse(object=record_info(self.engine.objects[meta.key]))
+        return pb.PutResponse(object=record_info(self.engine.objects[meta.key], caller))
 
     # Yields pre-serialized data frames next to messages (see data_frame).
     async def GetStream(  # type: ignore[override]
@@ -138,9 +159,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
         if chunk > MAX_CHUNK_BYTES:
             raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
-        (lease,) = await self.engine.get([request.key])
+        caller = CALLER.get()
+        (lease,) = await self.engine.get([caller.scoped(request.key)])
         try:
-            yield pb.GetChunk(info=info(lease.meta, lease.tier))
+            yield pb.GetChunk(info=info(lease.meta, lease.tier, caller))
             view = self.engine.cpu.view(lease.block)
             for start in range(0, len(view), chunk):
                 yield data_frame(view[start : start + chunk])
@@ -149,8 +171,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
         _check_batch(len(request.keys), "Delete")
-        return pb.DeleteResponse(deleted=await self.engine.delete(request.keys))
+        caller = CALLER.get()
+        deleted = await self.engine.delete([caller.scoped(k) for k in request.keys])
+        return pb.DeleteResponse(deleted=deleted)
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
-        return pb.TouchResponse(touched=self.engine.touch(request.keys))
+        caller = CALLER.get()
+        return pb.TouchResponse(touched=self.engine.touch([caller.scoped(k) for k in request.keys]))
