@@ -31,9 +31,11 @@ from kvtierd.storage.remote_format import object_keys
 from kvtierd.types import ObjectMeta
 
 try:  # see conftest.py
-    from tests.storage.redis_cluster import RedisClusterProcs
+    from tests.storage import redis_cluster as redis_cluster_module
 except ModuleNotFoundError:
-    from redis_cluster import RedisClusterProcs  # type: ignore[no-redef]
+    import redis_cluster as redis_cluster_module  # type: ignore[no-redef]
+
+RedisClusterProcs = redis_cluster_module.RedisClusterProcs
 
 pytestmark = pytest.mark.redis
 
@@ -166,14 +168,27 @@ async def test_partial_write_is_invisible(remote_tier, raw_redis) -> None:
     assert [n for n in _keys_of(raw_redis, tier.options.namespace) if tag in n] == []
 
 
-async def test_missing_part_is_a_miss_and_cleaned(remote_tier, raw_redis) -> None:
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+async def test_missing_or_short_part_is_a_miss_and_cleaned(remote_tier, raw_redis, damage) -> None:
     tier = await remote_tier(value_bytes="1MiB")
     await _put(tier, "k", _payload(3 * MiB))
     part = next(n for n in _keys_of(raw_redis, tier.options.namespace) if n.endswith(":2"))
-    raw_redis.delete(part)
+    if damage == "delete":
+        raw_redis.delete(part)
+    else:
+        raw_redis.set(part, b"short")
     with pytest.raises(NotFoundError, match="incomplete"):
         await _get(tier, "k", 3 * MiB)
     assert _keys_of(raw_redis, tier.options.namespace) == []
+
+
+def test_missing_redis_server_fails_with_a_clear_message(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(redis_cluster_module.shutil, "which", lambda name: None)
+    monkeypatch.setattr(redis_cluster_module, "REDIS_SERVER", str(tmp_path / "no-redis-server"))
+    with pytest.raises(
+        redis_cluster_module.RedisClusterError, match="redis-server is not installed"
+    ):
+        RedisClusterProcs(tmp_path)
 
 
 async def test_checksum_mismatch_detected_and_deleted(remote_tier, raw_redis) -> None:
