@@ -227,8 +227,8 @@ async def test_ttl_expiry(remote_tier, raw_redis) -> None:
 
 
 async def test_two_daemons_share_objects(remote_tier) -> None:
-    a = await remote_tier(value_bytes="1MiB", namespace="shared-ns")
-    b = await remote_tier(value_bytes="1MiB", namespace="shared-ns")
+    a = await remote_tier(value_bytes="1MiB")
+    b = await remote_tier(value_bytes="1MiB", namespace=a.options.namespace)
     data = _payload(5 * MiB)
     stored = await _put(a, "ctx", data, tenant="acme")
     assert b.get_meta("ctx", tenant="acme") == stored  # asks Redis, not a local cache
@@ -239,6 +239,19 @@ async def test_two_daemons_share_objects(remote_tier) -> None:
     assert not a.contains("ctx", tenant="acme")
     with pytest.raises(NotFoundError):
         await _get(a, "ctx", len(data), tenant="acme")
+
+
+async def test_racing_puts_of_one_key_never_mix_parts(remote_tier, raw_redis) -> None:
+    a = await remote_tier(value_bytes="1MiB")
+    b = await remote_tier(value_bytes="1MiB", namespace=a.options.namespace)
+    blobs = [_payload(4 * MiB, seed=3), _payload(4 * MiB, seed=5)]
+    results = await asyncio.gather(
+        _put(a, "k", blobs[0]), _put(b, "k", blobs[1]), return_exceptions=True
+    )
+    won = [i for i, r in enumerate(results) if isinstance(r, ObjectMeta)]
+    assert len(won) == 1 and isinstance(results[1 - won[0]], AlreadyExistsError), results
+    assert await _get(a, "k", 4 * MiB) == blobs[won[0]]
+    assert len(_keys_of(raw_redis, a.options.namespace)) == 1 + 4  # the loser's parts are gone
 
 
 async def test_namespace_and_tenant_isolation(remote_tier) -> None:
