@@ -111,6 +111,9 @@ class RemoteTier(Tier):
             await self.close()
             nodes = ", ".join(f"{h}:{p}" for h, p in self.options.nodes)
             raise UnavailableError(f"remote tier {self.name}: cluster {nodes} unreachable") from e
+        except BaseException:
+            await self.close()  # never leave clients or threads behind a failed start
+            raise
         self._probe_task = asyncio.create_task(self._probe_loop(), name=f"{self.name}-probe")
         self._probe_task.add_done_callback(self._probe_ended)
 
@@ -151,12 +154,10 @@ class RemoteTier(Tier):
                 await self._health.probe(self._aio, self.options.connect_timeout_s + 0.5)
 
     def _probe_ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled() or task.exception() is None:
-            return
-        error = task.exception()
-        assert error is not None  # for mypy: checked just above
-        logger.error("remote tier %s: health probe died: %r", self.name, error)
-        self._health.failed("health probe", error)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:  # the probe only ends by close(): anything else is reported
+            logger.error("remote tier %s: health probe died: %r", self.name, error)
+            self._health.failed("health probe", error)
 
     @property
     def _writer(self) -> ObjectWriter:
