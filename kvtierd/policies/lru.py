@@ -49,8 +49,11 @@ class LruPlacer(Placer):
         return any(t.capacity_bytes is None or size_bytes <= t.capacity_bytes for t in self.tiers)
 
     def _variant_for(self, profile: ContextProfile) -> str:
-        """The variant this placer stores (the original; ``fixed`` overrides it)."""
-        return ORIGINAL_VARIANT
+        """The variant this placer stores: the original, or — for a context a client stored
+        already compressed — the form it has (eviction only never changes it; ``fixed``
+        overrides this)."""
+        names = [v.variant for v in profile.variants]
+        return ORIGINAL_VARIANT if ORIGINAL_VARIANT in names else names[0]
 
     def _victims(self, level: int) -> list[str]:
         """Contexts of a tier in eviction order (least recently used first; ``lfu`` overrides)."""

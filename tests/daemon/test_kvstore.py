@@ -239,3 +239,12 @@ def test_lease_from_previous_instance_after_restart(start_daemon):
     with KVClient(d.socket_path) as c:  # the durable object survived, served from SSD
         assert c.lookup(["p"]).tiers == ("ssd",)
         assert bytes(c.get("p")) == b"persist" * 1000
+
+
+def test_context_stored_already_compressed(client):
+    # A client (the LMCache plugin) may store a context only in a compressed form.
+    info = client.put("q", np.zeros(4096, np.int8), context_id="doc/int8", variant="int8")
+    assert info.spec.variant == "int8" and info.tier == "cpu"
+    assert client.lookup(["q"]).found == (True,)
+    (ctx,) = [c for c in client.contexts() if c.context_id == "doc/int8"]
+    assert ctx.variant == "int8"

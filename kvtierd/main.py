@@ -1,0 +1,38 @@
+"""``kvtierd`` command: ``kvtierd serve`` runs the daemon, ``kvtierd router`` the
+OpenAI-compatible proxy that routes requests for compressed contexts (docs/integration.md).
+
+This module sits above the server and the integrations (which must not import each other),
+so it is the one place that knows both commands.
+"""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: kvtierd {serve,router} ...
+
+  serve    run the daemon (kvtierd serve --help)
+  router   run the OpenAI-compatible router in front of vLLM (kvtierd router --help)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command == "serve":
+        from kvtierd.server.main import main as serve
+
+        return serve(["serve", *rest])
+    if command == "router":
+        from kvtierd.integrations.router import main as router
+
+        return router(rest)
+    print(f"kvtierd: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
