@@ -77,14 +77,8 @@ def online(table: UtilityTable, selection: str) -> float:
     """Algorithm 1 as the daemon runs it: one insert at a time, in context order."""
     tiers = [TierModel(str(t), c, 1.0) for t, c in enumerate(table.capacity_bytes)]
     placer = EvicPressPlacer(tiers, PlacerParams(selection=selection))
-    from kvtierd.policies.greedy_state import Row
-
-    state = placer._state
     for i in range(table.n_contexts):
-        row = Row(str(i), table.size_bytes[i], table.util[i], float(table.drop_util[i]))
-        v, t = state.best_start(row)
-        state.add(row, v, t)
-        state.resolve(0 if t is None else t)
+        placer.insert_row(table, i)
     return placer.total_utility()
 
 

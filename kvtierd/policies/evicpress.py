@@ -5,24 +5,32 @@
   operation (compress in place, move down with any variant, drop) is applied, recursing into
   slower tiers. Lazy heaps make each operation ``O(log n)``
   (:mod:`kvtierd.policies.greedy_state`).
+* :meth:`EvicPressPlacer.adopt` records a placement found at daemon start as it is and only
+  resolves an overflow it causes.
 * :meth:`EvicPressPlacer.rebalance` recomputes every placement from fresh profiles: with the
-  ``per_byte`` rule through the vectorised hull greedy (:mod:`kvtierd.policies.knapsack`),
-  with ``absolute`` by running Algorithm 1 on all contexts at once.
-* :meth:`EvicPressPlacer.access` changes nothing: placement follows the profiled frequency, not
-  recency (the profiler re-inserts a context whose frequency changed).
+  ``per_byte`` rule through the vectorised hull greedy (:mod:`kvtierd.policies.knapsack`) and,
+  on small instances, its improvement phase (:mod:`kvtierd.policies.exchange`); with
+  ``absolute`` by running Algorithm 1 on all contexts at once. State is installed as arrays
+  and the plan is built only when read (:mod:`kvtierd.policies.rebalance_plan`).
+* :meth:`EvicPressPlacer.access` counts a hit: the context's frequency grows by one, its
+  utilities scale with it (``O(V T)``) and its heap entry is renewed (``O(log n)``), so it is
+  costlier to demote from now on and is promoted by the next :meth:`insert` of it or
+  :meth:`rebalance` (which takes ``max(profiled frequency, frequency counted here)``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from kvtierd.policies.base import Placer, PlacerParams, register_placer
-from kvtierd.policies.greedy_state import GreedyState, Row, Selection, Step
+from kvtierd.policies.greedy_state import DROP, GreedyState, Selection, Step
 from kvtierd.policies.knapsack import greedy_assign
 from kvtierd.policies.model import Assignment, UtilityTable
 from kvtierd.policies.plan_order import Change, order_changes
+from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 
@@ -36,111 +44,160 @@ class EvicPressPlacer(Placer):
         super().__init__(tiers, params)
         self.selection = Selection.parse(self.params.selection)
         self._caps = tuple(t.capacity_bytes for t in self.tiers)
+        self._tier_index = {t.name: i for i, t in enumerate(self.tiers)}
         self._state = GreedyState(self._caps, self.selection)
-        self._names: dict[str, tuple[str, ...]] = {}
 
     # -- the Placer interface ----------------------------------------------------------------
 
     def insert(self, profile: ContextProfile) -> Plan:
+        table = UtilityTable.from_profiles(
+            [self._merge_counted(profile)], self.tiers, self.params.alpha
+        )
+        return self.insert_row(table, 0)
+
+    def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
+        """Record a context that already lives at ``placement``; only resolve an overflow."""
         cid = profile.context_id
-        before = self._snapshot(cid)
-        self._state.discard(cid)
-        table = UtilityTable.from_profiles([profile], self.tiers, self.params.alpha)
-        row = _row(table, 0)
-        self._names[cid] = table.variant_names[0]
-        variant, tier = self._state.best_start(row)
-        self._state.add(row, variant, tier)
-        steps = self._state.resolve(0 if tier is None else tier)
-        # The earliest source of each touched context is its placement before this insert.
-        touched = {s.key: self._step_source(s) for s in reversed(steps)}
-        touched[cid] = before
-        return self._plan(touched, "utility (Algorithm 1)")
+        tier = DROP if placement.tier is None else self._tier_of(placement.tier)
+        slot = self._readd(profile)
+        if tier == DROP:
+            return Plan()
+        names = self._state.slots.names[slot]
+        if placement.variant not in names:
+            self.remove(cid)
+            raise ValueError(f"context {cid!r} has no variant {placement.variant!r}")
+        self._state.place(slot, names.index(placement.variant), tier)
+        before = self._snapshot(cid)  # it is already there: not a change
+        return self._resolve(cid, before, tier, "overflow on adopt")
 
     def access(self, context_id: str, now_s: float) -> Plan:
-        # Placement follows the profiled frequency (§4.3), not recency: nothing to do per hit.
+        """Count a hit (see the module doc); placement changes wait for insert/rebalance."""
+        slot = self._state.slots.index.get(context_id)
+        if slot is not None:
+            self._state.rescale(slot, float(self._state.slots.freq[slot]) + 1.0)
         return Plan()
 
     def remove(self, context_id: str) -> None:
         self._state.discard(context_id)
-        self._names.pop(context_id, None)
 
     def placement(self, context_id: str) -> Placement:
-        row = self._state.rows[context_id]
-        if row.tier is None:
+        s = self._state.slots
+        slot = s.index[context_id]
+        t = int(s.tier[slot])
+        if t < 0:
             return DROPPED
-        return Placement(self._names[context_id][row.variant], self.tiers[row.tier].name)
+        return Placement(s.names[slot][int(s.variant[slot])], self.tiers[t].name)
 
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        table = UtilityTable.from_profiles(profiles, self.tiers, self.params.alpha)
+        s = self._state.slots
+        counted = [s.freq[i] if (i := s.index.get(p.context_id)) is not None else 0.0
+                   for p in profiles]  # fmt: skip
+        merged = [
+            replace(p, frequency=float(f)) if f > p.frequency else p
+            for p, f in zip(profiles, counted, strict=True)
+        ]
+        table = UtilityTable.from_profiles(merged, self.tiers, self.params.alpha)
         return self.rebalance_table(table)
 
     # -- extensions ------------------------------------------------------------------------
 
     def rebalance_table(self, table: UtilityTable) -> Plan:
-        """:meth:`rebalance` from a prebuilt table (the profiler's fast path: no objects)."""
-        before = {cid: self._snapshot(cid) for cid in self._state.rows}
+        """:meth:`rebalance` from a prebuilt table (the profiler's fast path: no objects).
+
+        The table's arrays become the placer's state (shared; copied on the first later
+        write). The returned plan is built when first read.
+        """
+        before = Snapshot.of(self._state.slots)
         assignment = solve(table, self.selection)
-        state = GreedyState(self._caps, self.selection)
-        for i in range(table.n_contexts):
-            row = _row(table, i)
-            tier = None if assignment.dropped[i] else int(assignment.tier[i])
-            state.add(row, int(assignment.variant[i]), tier, queue=False)
-        self._state = state
-        self._names = dict(zip(table.context_ids, table.variant_names, strict=True))
-        gone = [cid for cid in before if cid not in state.rows]
-        touched = before | {cid: (DROPPED, 0.0) for cid in table.context_ids if cid not in before}
-        return self._plan(touched, "rebalance", gone=gone)
+        tier = np.where(assignment.dropped, DROP, assignment.tier)
+        self._state = GreedyState.from_table(table, assignment.variant, tier, self.selection)
+        after = Snapshot.of(self._state.slots)
+        used = list(self._state.used)
+        return LazyPlan(lambda: rebalance_plan(before, after, self.tiers, used))
+
+    def insert_row(self, table: UtilityTable, row: int) -> Plan:
+        """:meth:`insert` of row ``row`` of a prebuilt table (no profile objects)."""
+        cid = table.context_ids[row]
+        before = self._snapshot(cid)
+        self._state.discard(cid)
+        slot = self._state.add(cid, table.variant_names[row], table, row)
+        s = self._state.slots
+        variant, tier = self._state.best_start(s.size[slot], s.util[slot], float(s.drop[slot]))
+        if tier != DROP:
+            self._state.place(slot, variant, tier)
+        return self._resolve(cid, before, max(tier, 0), "utility (Algorithm 1)")
 
     def total_utility(self) -> float:
         """Sum of the current placements' utilities (the objective of §4.4)."""
-        total = 0.0
-        for row in self._state.rows.values():
-            total += row.drop_util if row.tier is None else float(row.util[row.variant, row.tier])
-        return total
+        return self._state.total_utility()
 
     def used_bytes(self) -> list[float]:
         """Bytes placed in each tier, fastest first."""
         return list(self._state.used)
 
+    def frequency(self, context_id: str) -> float:
+        """The access frequency the placer now uses for a context (profile + counted hits)."""
+        s = self._state.slots
+        return float(s.freq[s.index[context_id]])
+
     # -- internals -------------------------------------------------------------------------
 
+    def _tier_of(self, name: str) -> int:
+        try:
+            return self._tier_index[name]
+        except KeyError:
+            known = ", ".join(self._tier_index)
+            raise ValueError(f"unknown tier {name!r}; tiers: {known}") from None
+
+    def _merge_counted(self, profile: ContextProfile) -> ContextProfile:
+        """``profile`` with the hits counted by :meth:`access` if they exceed its frequency."""
+        s = self._state.slots
+        slot = s.index.get(profile.context_id)
+        if slot is not None and s.freq[slot] > profile.frequency:
+            return replace(profile, frequency=float(s.freq[slot]))
+        return profile
+
+    def _readd(self, profile: ContextProfile) -> int:
+        """Forget the context's old slot and give it a fresh one (dropped) from ``profile``."""
+        table = UtilityTable.from_profiles(
+            [self._merge_counted(profile)], self.tiers, self.params.alpha
+        )
+        self._state.discard(profile.context_id)
+        return self._state.add(profile.context_id, table.variant_names[0], table, 0)
+
+    def _resolve(self, cid: str, before: tuple[Placement, float], start: int, reason: str) -> Plan:
+        steps = self._state.resolve(start)
+        # The earliest source of each touched context is its placement before this call.
+        touched = {s.key: self._step_source(s) for s in reversed(steps)}
+        touched[cid] = before
+        return self._plan(touched, reason)
+
     def _snapshot(self, cid: str) -> tuple[Placement, float]:
-        row = self._state.rows.get(cid)
-        if row is None or row.tier is None:
+        s = self._state.slots
+        slot = s.index.get(cid)
+        if slot is None or s.tier[slot] < 0:
             return DROPPED, 0.0
-        return self.placement(cid), float(row.size[row.variant])
+        return self.placement(cid), float(s.size[slot, s.variant[slot]])
 
     def _step_source(self, step: Step) -> tuple[Placement, float]:
-        row = self._state.rows[step.key]
         if step.src_tier is None:
             return DROPPED, 0.0
-        name = self._names[step.key][step.src_variant]
-        return Placement(name, self.tiers[step.src_tier].name), float(row.size[step.src_variant])
+        s = self._state.slots
+        slot = s.index[step.key]
+        name = s.names[slot][step.src_variant]
+        return Placement(name, self.tiers[step.src_tier].name), float(
+            s.size[slot, step.src_variant]
+        )
 
-    def _plan(
-        self, sources: dict[str, tuple[Placement, float]], reason: str, gone: Sequence[str] = ()
-    ) -> Plan:
+    def _plan(self, sources: dict[str, tuple[Placement, float]], reason: str) -> Plan:
         """Net changes from ``sources`` (placement before) to now, safely ordered."""
         changes = []
         for cid, (src, src_bytes) in sources.items():
-            if cid in gone:
-                changes.append(Change(cid, src, DROPPED, src_bytes, 0.0, "not in rebalance"))
-                continue
             dst, dst_bytes = self._snapshot(cid)
             if dst != src:
                 changes.append(Change(cid, src, dst, src_bytes, dst_bytes, reason))
         used = {t.name: u for t, u in zip(self.tiers, self._state.used, strict=True)}
         return order_changes(changes, self.tiers, used)
-
-
-def _row(table: UtilityTable, i: int) -> Row:
-    return Row(
-        key=table.context_ids[i],
-        size=table.size_bytes[i],
-        util=table.util[i],
-        drop_util=float(table.drop_util[i]),
-        pinned=bool(table.pinned[i]),
-    )
 
 
 def solve(table: UtilityTable, selection: Selection = Selection.PER_BYTE) -> Assignment:
@@ -152,19 +209,21 @@ def solve(table: UtilityTable, selection: Selection = Selection.PER_BYTE) -> Ass
 
 def algorithm1_offline(table: UtilityTable, selection: Selection) -> Assignment:
     """Algorithm 1 on all contexts: each at its best configuration, then resolve overflows."""
-    state = GreedyState(table.capacity_bytes, selection)
-    for i in range(table.n_contexts):
-        row = _row(table, i)
-        variant, tier = state.best_start(row)
-        state.add(row, variant, tier)
-    state.resolve(0)
     n = table.n_contexts
-    variant_arr = np.zeros(n, dtype=np.int64)
-    tier_arr = np.zeros(n, dtype=np.int64)
-    dropped = np.zeros(n, dtype=bool)
-    for i, cid in enumerate(table.context_ids):
-        row = state.rows[cid]
-        variant_arr[i] = row.variant
-        tier_arr[i] = 0 if row.tier is None else row.tier
-        dropped[i] = row.tier is None
-    return Assignment(variant=variant_arr, tier=tier_arr, dropped=dropped)
+    state = GreedyState.from_table(
+        table, np.zeros(n, dtype=np.int64), np.full(n, DROP, dtype=np.int64), selection
+    )
+    for i in range(n):
+        variant, tier = state.best_start(
+            table.size_bytes[i], table.util[i], float(table.drop_util[i])
+        )
+        if tier != DROP:
+            state.place(i, variant, tier)
+    state.resolve(0)
+    tier_arr = state.slots.tier[:n].copy()
+    dropped = tier_arr < 0
+    return Assignment(
+        variant=np.where(dropped, 0, state.slots.variant[:n]).astype(np.int64),
+        tier=np.maximum(tier_arr, 0).astype(np.int64),
+        dropped=dropped,
+    )

@@ -1,11 +1,16 @@
 """Incremental state of EvicPress's greedy placer (Appendix A, Algorithm 1) with lazy heaps.
 
+Contexts live in *slots* of numpy arrays: sizes ``(S, V)``, utilities ``(S, V, T)``, and per slot
+the chosen variant index and tier index (``-1`` = dropped). A full rebalance installs its whole
+table and assignment in one step (:meth:`GreedyState.from_table`): no Python object per context.
+
 Each finite tier keeps a min-heap of its contexts keyed by the *score* of their cheapest
 operation that frees space in that tier: compress in place to a smaller variant, move down to any
 slower tier with any variant that fits there, or drop. A context's cheapest operation depends only
 on its own state, so an entry stays valid until that context changes; then its ``version`` is
 bumped and a new entry pushed (lazy invalidation: stale entries are skipped when popped, and a
-heap is rebuilt when more than half of it is stale). Every operation is ``O(log n)``.
+heap is rebuilt when more than half of it is stale). Every operation is ``O(log n)``. After a bulk
+install a tier's heap is built (vectorised, one ``heapify``) the first time that tier overflows.
 
 Selection rules (``PlacerParams.selection``):
 
@@ -24,7 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtierd.errors import CapacityError, InvalidArgumentError
-from kvtierd.policies.model import BoolArray, FloatArray
+from kvtierd.policies.model import FloatArray, IntArray, UtilityTable
+from kvtierd.policies.slots import Slots
+
+DROP = -1
+"""Tier index of a dropped context."""
 
 
 class Selection(enum.Enum):
@@ -42,24 +51,6 @@ class Selection(enum.Enum):
             raise InvalidArgumentError(f"unknown selection rule {name!r}; known: {known}") from None
 
 
-@dataclass(slots=True)
-class Row:
-    """One context as the greedy sees it: sizes ``(V,)`` bytes, utilities ``(V, T)``.
-
-    ``tier is None`` means dropped. Padded/invalid variants have utility ``-inf``.
-    """
-
-    key: str
-    size: FloatArray
-    util: FloatArray
-    drop_util: float
-    pinned: bool = False
-    variant: int = 0
-    tier: int | None = None
-    version: int = 0
-    queued: bool = False
-
-
 @dataclass(frozen=True, slots=True)
 class Step:
     """A change the greedy made: ``key`` went from ``(src_variant, src_tier)`` to the target.
@@ -74,165 +65,230 @@ class Step:
     dst_tier: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Op:
-    score: float
-    variant: int
-    tier: int | None
-
-
 class GreedyState:
-    """Per-tier used bytes, contexts and lazy heaps; :meth:`resolve` is Algorithm 1's loop."""
+    """Per-tier used bytes, context slots and lazy heaps; :meth:`resolve` is Algorithm 1's loop."""
 
     def __init__(self, capacities: tuple[int | None, ...], selection: Selection) -> None:
         self.capacities = capacities
         self.selection = selection
-        self.rows: dict[str, Row] = {}
+        self.caps = np.array([np.inf if c is None else float(c) for c in capacities])
+        self.slots = Slots(len(capacities))
         self.used = [0.0] * len(capacities)
-        self._heaps: list[list[tuple[float, int, str, int]]] = [[] for _ in capacities]
+        self._heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in capacities]
         self._live = [0] * len(capacities)
         self._seq = 0
         self._unqueued: set[int] = set()
 
-    def best_start(self, row: Row) -> tuple[int, int | None]:
+    @classmethod
+    def from_table(
+        cls,
+        table: UtilityTable,
+        variant: IntArray,
+        tier: IntArray,
+        selection: Selection,
+    ) -> GreedyState:
+        """A state holding every context of ``table`` at ``(variant, tier)`` (tier -1: dropped).
+
+        The table's arrays are shared, not copied (they are copied on the first write).
+        """
+        state = cls(table.capacity_bytes, selection)
+        state.slots = Slots.from_table(table, variant, tier)
+        placed = tier >= 0
+        size = table.size_bytes[np.flatnonzero(placed), variant[placed]]
+        used = np.bincount(tier[placed], weights=size, minlength=table.n_tiers)
+        state.used = [float(u) for u in used]
+        state._unqueued = {t for t in range(table.n_tiers) if used[t] > 0}
+        return state
+
+    def best_start(self, size: FloatArray, util: FloatArray, drop_util: float) -> tuple[int, int]:
         """The best configuration ignoring other contexts (Algorithm 1 line 1), fastest on ties.
 
-        Only variants that fit in the tier alone are considered; dropping wins when nothing
-        cached beats it.
+        Only variants that fit in the tier alone are considered; dropping (tier -1) wins when
+        nothing cached beats it.
         """
-        util = np.where(self._fits_mask(row.size), row.util, -np.inf)
-        flat = int(np.argmax(util.T))  # tier-major order: ties go to the faster tier
-        tier, variant = divmod(flat, util.shape[0])
-        if not np.isfinite(util[variant, tier]) or util[variant, tier] < row.drop_util:
-            return 0, None
+        masked = np.where(size[:, None] <= self.caps[None, :], util, -np.inf)
+        flat = int(np.argmax(masked.T))  # tier-major order: ties go to the faster tier
+        tier, variant = divmod(flat, masked.shape[0])
+        if not np.isfinite(masked[variant, tier]) or masked[variant, tier] < drop_util:
+            return 0, DROP
         return variant, tier
 
-    def add(self, row: Row, variant: int, tier: int | None, *, queue: bool = True) -> None:
-        """Put a context at ``(variant, tier)``; the caller then calls :meth:`resolve`.
+    def add(self, key: str, names: tuple[str, ...], table: UtilityTable, row: int) -> int:
+        """Give row ``row`` of ``table`` a slot, dropped; :meth:`place` then puts it somewhere."""
+        return self.slots.add(key, names, table, row)
 
-        ``queue=False`` (bulk loads after a rebalance) defers the heap entry: the tier's heap is
-        rebuilt the first time it overflows, so a rebalance pays no Python work per context.
-        """
-        row.variant, row.tier = variant, tier
-        # Versions are unique across rows so a re-inserted context never matches a stale entry.
-        self._seq += 1
-        row.version = self._seq
-        self.rows[row.key] = row
-        if tier is not None:
-            self.used[tier] += float(row.size[variant])
-            if queue:
-                self._push(row)
-            else:
-                self._unqueued.add(tier)
+    def place(self, slot: int, variant: int, tier: int) -> None:
+        """Put a (dropped) slot at ``(variant, tier)``; the caller then calls :meth:`resolve`."""
+        s = self.slots
+        s.variant[slot], s.tier[slot] = variant, tier
+        self._bump(slot)
+        if tier >= 0:
+            self.used[tier] += float(s.size[slot, variant])
+            self._push(slot)
 
-    def discard(self, key: str) -> Row | None:
-        """Forget a context; its heap entry goes stale."""
-        row = self.rows.pop(key, None)
-        if row is not None and row.tier is not None:
-            self.used[row.tier] -= float(row.size[row.variant])
-            if row.queued:
-                self._live[row.tier] -= 1
-            row.version += 1
-        return row
+    def discard(self, key: str) -> bool:
+        """Forget a context; its heap entry goes stale. False if it was unknown."""
+        slot = self.slots.index.get(key)
+        if slot is None:
+            return False
+        s = self.slots
+        t = int(s.tier[slot])
+        if t >= 0:
+            self.used[t] -= float(s.size[slot, s.variant[slot]])
+            if s.queued[slot]:
+                self._live[t] -= 1
+        s.queued[slot] = False
+        self._bump(slot)
+        s.release(key)
+        return True
+
+    def rescale(self, slot: int, frequency: float) -> None:
+        """Give a slot a new access frequency and renew its heap entry (``O(log n)``)."""
+        s = self.slots
+        if not s.rescale(slot, frequency):
+            return
+        t = int(s.tier[slot])
+        if t >= 0 and s.queued[slot]:
+            self._live[t] -= 1
+            s.queued[slot] = False
+            self._bump(slot)  # the old entry is stale now
+            self._push(slot)
 
     def resolve(self, start_tier: int = 0) -> list[Step]:
         """While a tier is over capacity, apply its cheapest operation; recurse downwards."""
         steps: list[Step] = []
-        for t in range(start_tier, len(self.capacities)):
+        for t in range(max(0, start_tier), len(self.capacities)):
             cap = self.capacities[t]
             while cap is not None and self.used[t] > cap:
-                row, op = self._pop(t)
-                steps.append(self._apply(row, op))
+                slot, op = self._pop(t)
+                steps.append(self._apply(slot, op))
         return steps
 
-    # -- internals -------------------------------------------------------------------------
+    def total_utility(self) -> float:
+        """Sum of the current placements' utilities."""
+        s = self.slots
+        live = np.flatnonzero(s.alive)
+        v, t = s.variant[live], s.tier[live]
+        cached = s.util[live, v, np.maximum(t, 0)]
+        return float(np.where(t >= 0, cached, s.drop[live]).sum())
 
-    def _fits_mask(self, size: FloatArray) -> BoolArray:
-        caps = np.array([np.inf if c is None else float(c) for c in self.capacities])
-        return size[:, None] <= caps[None, :]
+    # -- the cheapest operation of each context ----------------------------------------------
 
-    def best_op(self, row: Row) -> _Op | None:
-        """The cheapest operation that frees space in the row's tier, or ``None``."""
-        if row.tier is None:
-            return None
-        v, t = row.variant, row.tier
-        cur, s = float(row.util[v, t]), float(row.size[v])
-        if s <= 0.0:
-            return None
-        # Candidates, in a fixed order for deterministic ties: compress, move (tier-major), drop.
-        comp = np.where((row.size < s) & np.isfinite(row.util[:, t]), row.util[:, t], -np.inf)
-        lower = np.where(self._fits_mask(row.size)[:, t + 1 :], row.util[:, t + 1 :], -np.inf)
-        gain = np.concatenate([comp, lower.T.ravel(), [row.drop_util]])
-        freed = np.concatenate([s - row.size, np.full(lower.size + 1, s)])
-        drop = cur - gain
-        score = drop / freed if self.selection is Selection.PER_BYTE else drop
-        score = np.where(np.isfinite(gain), score, np.inf)
-        k = int(np.argmin(score))
-        if not np.isfinite(score[k]):
-            return None
-        n_var = row.size.shape[0]
-        if k < n_var:
-            return _Op(float(score[k]), k, t)
-        if k == gain.shape[0] - 1:
-            return _Op(float(score[k]), 0, None)
-        tier_off, variant = divmod(k - n_var, n_var)
-        return _Op(float(score[k]), variant, t + 1 + tier_off)
+    def best_ops(self, slots: IntArray, t: int) -> tuple[FloatArray, IntArray, IntArray]:
+        """Vectorised cheapest operation of ``slots`` (all in finite tier ``t``).
 
-    def _push(self, row: Row) -> None:
-        t = row.tier
-        if t is None or self.capacities[t] is None or row.pinned:
+        Returns ``score`` (``inf`` when nothing frees space), target variant and target tier
+        (-1 = drop) per slot. Candidates in a fixed order for deterministic ties: compress,
+        move (tier-major), drop.
+        """
+        s = self.slots
+        m = slots.size
+        size = s.size[slots]
+        cur_v = s.variant[slots]
+        cur_s = size[np.arange(m), cur_v]
+        cur_u = s.util[slots, cur_v, t]
+        n_var = size.shape[1]
+        comp = s.util[slots, :, t]
+        comp = np.where((size < cur_s[:, None]) & np.isfinite(comp), comp, -np.inf)
+        lower = s.util[slots, :, t + 1 :]
+        lower = np.where(size[:, :, None] <= self.caps[None, None, t + 1 :], lower, -np.inf)
+        gain = np.concatenate(
+            [comp, lower.transpose(0, 2, 1).reshape(m, -1), s.drop[slots, None]], 1
+        )
+        freed = np.concatenate(
+            [cur_s[:, None] - size, np.repeat(cur_s[:, None], gain.shape[1] - n_var, 1)], 1
+        )
+        loss = cur_u[:, None] - gain
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = loss / freed if self.selection is Selection.PER_BYTE else loss
+        score = np.where(np.isfinite(gain) & (freed > 0), score, np.inf)
+        k = np.argmin(score, axis=1)
+        best = score[np.arange(m), k]
+        tier_off, var = np.divmod(k - n_var, n_var)
+        tgt_t = np.where(k < n_var, t, np.where(k == gain.shape[1] - 1, DROP, t + 1 + tier_off))
+        tgt_v = np.where(k < n_var, k, np.where(tgt_t == DROP, 0, var))
+        return best, tgt_v.astype(np.int64), tgt_t.astype(np.int64)
+
+    # -- heaps -------------------------------------------------------------------------------
+
+    def _bump(self, slot: int) -> None:
+        self._seq += 1
+        self.slots.version[slot] = self._seq
+
+    def _push(self, slot: int) -> None:
+        s = self.slots
+        t = int(s.tier[slot])
+        if t < 0 or self.capacities[t] is None or s.pinned[slot]:
             return
-        op = self.best_op(row)
-        if op is None:
+        score, _, _ = self.best_ops(np.array([slot]), t)
+        if not np.isfinite(score[0]):
             return
         self._seq += 1
         heap = self._heaps[t]
-        heapq.heappush(heap, (op.score, self._seq, row.key, row.version))
-        row.queued = True
+        heapq.heappush(heap, (float(score[0]), self._seq, slot, int(s.version[slot])))
+        s.queued[slot] = True
         self._live[t] += 1
         if len(heap) > 2 * self._live[t] + 64:
             self._compact(t)
 
-    def _pop(self, t: int) -> tuple[Row, _Op]:
+    def _queue_all(self, t: int) -> None:
+        """Build tier ``t``'s heap entries for every slot not queued yet (after a bulk install)."""
+        s = self.slots
+        waiting = np.flatnonzero(s.alive & (s.tier == t) & ~s.queued & ~s.pinned)
+        entries = self._heaps[t]
+        for start in range(0, waiting.size, 4096):
+            chunk = waiting[start : start + 4096]
+            score, _, _ = self.best_ops(chunk, t)
+            ok = np.isfinite(score)
+            chunk, score = chunk[ok], score[ok]
+            seqs = np.arange(self._seq + 1, self._seq + 1 + chunk.size)
+            self._seq += chunk.size
+            entries.extend(zip(score.tolist(), seqs.tolist(), chunk.tolist(),
+                               s.version[chunk].tolist(), strict=True))  # fmt: skip
+            s.queued[chunk] = True
+            self._live[t] += chunk.size
+        heapq.heapify(entries)
+
+    def _pop(self, t: int) -> tuple[int, tuple[int, int]]:
         if t in self._unqueued:
             self._unqueued.discard(t)
-            for waiting in list(self.rows.values()):
-                if waiting.tier == t and not waiting.queued:
-                    self._push(waiting)
+            self._queue_all(t)
         heap = self._heaps[t]
+        s = self.slots
         while heap:
-            _, _, key, version = heapq.heappop(heap)
-            row = self.rows.get(key)
-            if row is None or row.version != version or row.tier != t:
+            _, _, slot, version = heapq.heappop(heap)
+            if s.version[slot] != version or not s.alive[slot] or s.tier[slot] != t:
                 continue
-            row.queued = False
+            s.queued[slot] = False
             self._live[t] -= 1
-            op = self.best_op(row)
-            if op is not None:
-                return row, op
+            score, v, tt = self.best_ops(np.array([slot]), t)
+            if np.isfinite(score[0]):
+                return slot, (int(v[0]), int(tt[0]))
         raise CapacityError(
             f"tier {t} is over capacity ({self.used[t]:.0f} > {self.capacities[t]} bytes) and "
             "holds only pinned contexts"
         )
 
-    def _apply(self, row: Row, op: _Op) -> Step:
-        step = Step(row.key, row.variant, row.tier, op.variant, op.tier)
-        if row.tier is None:
-            raise AssertionError(f"{row.key!r} is dropped: no operation applies")
-        self.used[row.tier] -= float(row.size[row.variant])
-        self._seq += 1
-        row.version = self._seq
-        row.variant, row.tier = op.variant, op.tier
-        if op.tier is not None:
-            self.used[op.tier] += float(row.size[op.variant])
-            self._push(row)
-        return step
+    def _apply(self, slot: int, op: tuple[int, int]) -> Step:
+        s = self.slots
+        src_v, src_t = int(s.variant[slot]), int(s.tier[slot])
+        dst_v, dst_t = op
+        self.used[src_t] -= float(s.size[slot, src_v])
+        s.variant[slot], s.tier[slot] = dst_v, dst_t
+        self._bump(slot)
+        if dst_t >= 0:
+            self.used[dst_t] += float(s.size[slot, dst_v])
+            self._push(slot)
+        return Step(
+            s.keys[slot], src_v, None if src_t < 0 else src_t, dst_v, None if dst_t < 0 else dst_t
+        )
 
     def _compact(self, t: int) -> None:
+        s = self.slots
         live = [
             e
             for e in self._heaps[t]
-            if (r := self.rows.get(e[2])) is not None and r.version == e[3] and r.tier == t
+            if s.version[e[2]] == e[3] and s.alive[e[2]] and s.tier[e[2]] == t
         ]
         heapq.heapify(live)
         self._heaps[t] = live

@@ -20,8 +20,11 @@ Cost: ``O(n V log(n V))`` per tier (a sort of the hull edges); 100,000 contexts 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from kvtierd.policies.exchange import EXCHANGE_MAX, exchange, improve
 from kvtierd.policies.model import Assignment, BoolArray, FloatArray, IntArray, UtilityTable
 
 SMALL_INSTANCE = 5000
@@ -32,7 +35,10 @@ LEAVE = -1
 
 
 def greedy_assign(
-    table: UtilityTable, rounds: int | None = None, max_improve_rounds: int | None = None
+    table: UtilityTable,
+    rounds: int | None = None,
+    max_improve_rounds: int | None = None,
+    exchange_max: int | None = None,
 ) -> Assignment:
     """Place every context by the per-byte greedy, then improve it by local search.
 
@@ -40,23 +46,32 @@ def greedy_assign(
     tiers had room. Later rounds charge each byte in a slower tier the marginal utility per byte
     that round 1 found there (its knapsack's Lagrange multiplier), which stops a fast tier from
     pushing out contexts the slower tier cannot hold either. The best round (by true utility)
-    is polished by :func:`improve`.
+    is polished by :func:`~kvtierd.policies.exchange.improve` (single-context moves) and, up to
+    ``exchange_max`` contexts (default :data:`~kvtierd.policies.exchange.EXCHANGE_MAX`), by the
+    pairwise :func:`~kvtierd.policies.exchange.exchange` search.
     """
     # Pricing and polishing matter when contexts are large next to a tier (few contexts); with
     # thousands the greedy is already within 1e-5 of the LP bound, so skip them for speed.
     small = table.n_contexts <= SMALL_INSTANCE
     rounds = (2 if small else 1) if rounds is None else rounds
     max_improve_rounds = (64 if small else 0) if max_improve_rounds is None else max_improve_rounds
+    exchange_max = EXCHANGE_MAX if exchange_max is None else exchange_max
     prices: FloatArray = np.zeros(table.n_tiers)
     best: Assignment | None = None
     best_util = -np.inf
     for _ in range(max(1, rounds)):
         candidate, prices = _cascade(table, prices)
+        if max_improve_rounds > 0:
+            candidate = improve(table, candidate, max_improve_rounds)
+        if table.n_contexts <= exchange_max:
+            # Every round's result is a start for the exchange search (they differ where the
+            # slower tiers' prices matter); the best local optimum wins.
+            candidate = exchange(table, candidate)
         util = candidate.total_utility(table)
         if util > best_util:
             best, best_util = candidate, util
     assert best is not None
-    return improve(table, best, max_improve_rounds) if max_improve_rounds > 0 else best
+    return best
 
 
 def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, FloatArray]:
@@ -67,80 +82,113 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
     tier = np.zeros(n, dtype=np.int64)
     dropped = np.ones(n, dtype=bool)
     remaining = np.arange(n)
+    order = _size_order(table.size_bytes)
     # Best utility in tiers t..T-1 or dropped, for the "leave tier t-1" option.
     below = np.empty((n, n_tiers + 1))
     below[:, n_tiers] = table.drop_util
+    best_here = table.util.max(axis=1) if not prices.any() else None
     for t in range(n_tiers - 1, -1, -1):
-        priced = table.util[:, :, t] - prices[t] * table.size_bytes
-        below[:, t] = np.maximum(below[:, t + 1], priced.max(axis=1))
+        if best_here is not None:
+            here = best_here[:, t]
+        else:
+            here = (table.util[:, :, t] - prices[t] * table.size_bytes).max(axis=1)
+        below[:, t] = np.maximum(below[:, t + 1], here)
     for t in range(n_tiers):
         if remaining.size == 0:
             break
-        util = table.util[remaining, :, t]
-        size = table.size_bytes[remaining]
+        every = remaining.size == n
+        points = _Points(
+            table.util[:, :, t] if every else table.util[remaining, :, t],
+            table.size_bytes if every else table.size_bytes[remaining],
+            order if every or order.ndim == 1 else order[remaining],
+        )
         leave = below[remaining, t + 1]
         pinned = table.pinned[remaining]
-        cap = table.capacity_bytes[t]
-        choice, new_prices[t] = _solve_tier(util, size, leave, pinned, cap)
-        here = choice != LEAVE
-        rows = remaining[here]
-        variant[rows] = choice[here]
+        choice, new_prices[t] = _solve_tier(points, leave, pinned, table.capacity_bytes[t])
+        here_mask = choice != LEAVE
+        rows = remaining[here_mask]
+        variant[rows] = choice[here_mask]
         tier[rows] = t
         dropped[rows] = False
-        remaining = remaining[~here]
+        remaining = remaining[~here_mask]
     return Assignment(variant=variant, tier=tier, dropped=dropped), new_prices
 
 
+def _size_order(size: FloatArray) -> IntArray:
+    """Each row's variant order by size, ascending: ``(V,)`` when one order sorts every row
+    (the usual case: variants listed by ratio), else ``(n, V)``."""
+    if size.shape[0] == 0:
+        return np.arange(size.shape[1])
+    perm = np.argsort(size[0], kind="stable")
+    ranked = size[:, perm]
+    if bool(np.all(ranked[:, 1:] >= ranked[:, :-1])):
+        return perm
+    return np.argsort(size, axis=1, kind="stable")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Points:
+    """One tier's points of ``m`` contexts: utility and size ``(m, V)``, size order."""
+
+    util: FloatArray
+    size: FloatArray
+    order: IntArray  # (V,) for all rows, or (m, V)
+
+    def sorted(self) -> tuple[FloatArray, FloatArray, IntArray]:
+        """Sizes, utilities and variant indices, each row by size ascending."""
+        if self.order.ndim == 1:
+            var = np.broadcast_to(self.order, self.size.shape)
+            return self.size[:, self.order], self.util[:, self.order], var
+        xs = np.take_along_axis(self.size, self.order, axis=1)
+        return xs, np.take_along_axis(self.util, self.order, axis=1), self.order
+
+
 def _solve_tier(
-    util: FloatArray, size: FloatArray, leave: FloatArray, pinned: BoolArray, cap: int | None
+    points: _Points, leave: FloatArray, pinned: BoolArray, cap: int | None
 ) -> tuple[IntArray, float]:
     """One tier's multi-choice knapsack: per row a variant index or ``LEAVE``, and the price.
 
-    ``util``/``size``: ``(m, V)``; ``leave``: ``(m,)``. Pinned rows take their best variant
-    first (they are never moved down) and reduce the capacity for the rest. The price is the
-    utility per byte of the first hull edge that did not fit (0 when everything fit).
+    ``leave``: ``(m,)``. Pinned rows take their best variant first (they are never moved down)
+    and reduce the capacity for the rest. The price is the utility per byte of the first hull
+    edge that did not fit (0 when everything fit).
     """
+    util = points.util
     m = util.shape[0]
     best = util.argmax(axis=1)
-    best_util = util[np.arange(m), best]
     if cap is None:
+        best_util = util[np.arange(m), best]
         return np.where(best_util >= leave, best, LEAVE).astype(np.int64), 0.0
     choice = np.full(m, LEAVE, dtype=np.int64)
-    choice[pinned] = best[pinned]
-    free = float(cap) - float(size[pinned, best[pinned]].sum())
+    free = float(cap)
+    if pinned.any():
+        choice[pinned] = best[pinned]
+        free -= float(points.size[pinned, best[pinned]].sum())
     rows = np.flatnonzero(~pinned)
     if rows.size == 0 or free <= 0:
         return choice, 0.0
-    sub_util = np.where(size[rows] <= free, util[rows], -np.inf)
-    choice[rows], price = _hull_greedy(sub_util, size[rows], leave[rows], free)
+    if rows.size < m:
+        order = points.order if points.order.ndim == 1 else points.order[rows]
+        points = _Points(util[rows], points.size[rows], order)
+    choice[rows], price = _hull_greedy(points, leave[rows], free)
     return choice, price
 
 
-def _hull_greedy(
-    util: FloatArray, size: FloatArray, leave: FloatArray, cap: float
-) -> tuple[IntArray, float]:
+def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArray, float]:
     """Greedy on the upper concave hulls of ``(size, util)``, leave point at ``(0, leave)``."""
-    m, n_var = util.shape
-    xs = np.concatenate([np.zeros((m, 1)), size], axis=1)
-    ys = np.concatenate([leave[:, None], util], axis=1)
-    order = np.argsort(xs, axis=1, kind="stable")
-    xs = np.take_along_axis(xs, order, axis=1)
-    ys = np.take_along_axis(ys, order, axis=1)
-    # Pareto filter: a point is useful only if it beats every smaller point (strictly).
-    prev_best = np.maximum.accumulate(ys, axis=1)
-    keep = np.ones_like(ys, dtype=bool)
-    keep[:, 1:] = ys[:, 1:] > prev_best[:, :-1]
-    # The stable sort keeps the leave point (column 0, size 0) at sorted position 0.
-    hull, top = _upper_hulls(xs, ys, keep)
-    seg_row, seg_level = np.nonzero(np.arange(1, n_var + 1)[None, :] <= top[:, None])
+    cx, cy, cv, count = _pareto(points, leave, cap)
+    m = cx.shape[0]
+    ckeep = np.arange(cx.shape[1])[None, :] <= count[:, None]
+    hull, top = _upper_hulls(cx, cy, ckeep)
+    seg_row, seg_level = np.nonzero(np.arange(1, cx.shape[1])[None, :] <= top[:, None])
     level = seg_level + 1
     a = hull[seg_row, level - 1]
     b = hull[seg_row, level]
-    dx = xs[seg_row, b] - xs[seg_row, a]
-    dy = ys[seg_row, b] - ys[seg_row, a]
+    dx = cx[seg_row, b] - cx[seg_row, a]
+    dy = cy[seg_row, b] - cy[seg_row, a]
     slope = dy / np.maximum(dx, 1e-300)
-    # Edges in descending slope; within a row slopes strictly decrease, so ties only cross rows.
-    by_slope = np.lexsort((level, seg_row, -slope))
+    # Edges in descending slope; nonzero() lists them by (row, level), which a stable sort keeps
+    # for equal slopes (within a row slopes strictly decrease, so ties only cross rows).
+    by_slope = np.argsort(-slope, kind="stable")
     taken_dx = np.cumsum(dx[by_slope])
     stop = int(np.searchsorted(taken_dx, cap, side="right"))
     price = float(slope[by_slope[stop]]) if stop < by_slope.size else 0.0
@@ -148,10 +196,36 @@ def _hull_greedy(
     np.maximum.at(reached, seg_row[by_slope[:stop]], level[by_slope[:stop]])
     free = cap - (float(taken_dx[stop - 1]) if stop > 0 else 0.0)
     _fill(reached, by_slope[stop:], (seg_row, level, dx), free)
-    pos = hull[np.arange(m), reached]
-    # Column 0 of the unsorted points is the leave point; column v + 1 is variant v.
-    result = order[np.arange(m), pos] - 1
+    result = cv[np.arange(m), hull[np.arange(m), reached]]
     return np.where(result < 0, LEAVE, result).astype(np.int64), price
+
+
+def _pareto(
+    points: _Points, leave: FloatArray, cap: float
+) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """Each row's useful points, compacted: a point is useful when it fits in ``cap`` and beats
+    every smaller point and the leave point (strictly). Column 0 is the leave point ``(0,
+    leave)``; row ``i`` has ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave)
+    ``(m, K + 1)`` and ``count``. Only ~10 of 60 variants survive on paper-like profiles,
+    which keeps the hull work small."""
+    xs, ys, var = points.sorted()
+    m = xs.shape[0]
+    ys = np.where(xs <= cap, ys, -np.inf)
+    prev = np.empty_like(ys)
+    prev[:, 0] = leave
+    np.maximum.accumulate(ys[:, :-1], axis=1, out=prev[:, 1:])
+    np.maximum(prev, leave[:, None], out=prev)
+    keep = ys > prev
+    r, c = np.nonzero(keep)
+    count = np.bincount(r, minlength=m)
+    width = int(count.max()) + 1 if m else 1
+    col = np.arange(r.size) - (np.cumsum(count) - count)[r] + 1
+    cx = np.zeros((m, width))
+    cy = np.full((m, width), -np.inf)
+    cv = np.full((m, width), -1, dtype=np.int64)
+    cy[:, 0] = leave
+    cx[r, col], cy[r, col], cv[r, col] = xs[r, c], ys[r, c], var[r, c]
+    return cx, cy, cv, count.astype(np.int64)
 
 
 def _fill(
@@ -201,46 +275,3 @@ def _upper_hulls(xs: FloatArray, ys: FloatArray, keep: BoolArray) -> tuple[IntAr
         top[active] += 1
         hull[active, top[active]] = k
     return hull, top
-
-
-def improve(table: UtilityTable, assignment: Assignment, max_rounds: int = 256) -> Assignment:
-    """Local search after the greedy: apply the best single-context upgrade that fits.
-
-    Each round moves, for every finite tier, the one context whose move into that tier (any
-    variant, from anywhere, including a compressed copy already there) gains the most utility
-    and fits in the tier's free bytes. Space freed in the source tier is used by later rounds.
-    Stops when no move gains or after ``max_rounds`` rounds (``O(n V T)`` numpy work each).
-    """
-    n = table.n_contexts
-    rows = np.arange(n)
-    variant = assignment.variant.copy()
-    tier = assignment.tier.copy()
-    dropped = assignment.dropped.copy()
-    caps = np.array([np.inf if c is None else float(c) for c in table.capacity_bytes])
-    movable = ~table.pinned
-    for _ in range(max_rounds):
-        cur_size = np.where(dropped, 0.0, table.size_bytes[rows, variant])
-        used = np.bincount(tier[~dropped], weights=cur_size[~dropped], minlength=table.n_tiers)
-        cur_util = np.where(dropped, table.drop_util, table.util[rows, variant, tier])
-        moved = False
-        for t in range(table.n_tiers):
-            free = caps[t] - used[t]
-            own = np.where(~dropped & (tier == t), cur_size, 0.0)  # bytes freed by leaving t
-            fits = table.size_bytes <= (free + own)[:, None]
-            gain = (
-                np.where(fits & movable[:, None], table.util[:, :, t], -np.inf) - cur_util[:, None]
-            )
-            flat = int(np.argmax(gain))
-            i, v = divmod(flat, gain.shape[1])
-            if not gain[i, v] > 1e-12 * max(1.0, abs(float(cur_util[i]))):
-                continue
-            if not dropped[i]:
-                used[tier[i]] -= cur_size[i]
-            used[t] += table.size_bytes[i, v]
-            cur_size[i] = table.size_bytes[i, v]
-            cur_util[i] = table.util[i, v, t]
-            variant[i], tier[i], dropped[i] = v, t, False
-            moved = True
-        if not moved:
-            break
-    return Assignment(variant=variant, tier=tier, dropped=dropped)
