@@ -32,6 +32,7 @@ from kvtierd.errors import (
     ConfigError,
     CorruptObjectError,
     InvalidArgumentError,
+    KvtierError,
     LeaseError,
     NotFoundError,
     UnavailableError,
@@ -68,6 +69,7 @@ class Engine(AdminOps, Moves):
             )
         self.cpu: CpuTier = cpus[0]
         self.tier_index = {name: i for i, name in enumerate(self.tiers)}
+        self._shared = [t for t in self.tiers.values() if t.shared]
         self.objects: dict[str, ObjectRecord] = {}
         self.contexts: dict[str, ContextRecord] = {}
         self.allocations: dict[str, AllocationRecord] = {}
@@ -130,7 +132,14 @@ class Engine(AdminOps, Moves):
     def _rebuild_index(self) -> None:
         """Index every object the persistent tiers still hold (after a restart)."""
         for tier in self.tiers.values():
-            for meta in tier.metas():
+            try:
+                metas = list(tier.metas())
+            except KvtierError as e:
+                # A shared tier that is down at start is not fatal: its objects are found
+                # on demand (``_fetch_shared``) once it is back.
+                logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
+                continue
+            for meta in metas:
                 if meta.key in self.objects:
                     logger.warning("object %r found in two tiers; keeping one copy", meta.key)
                     continue
@@ -317,11 +326,16 @@ class Engine(AdminOps, Moves):
 
     # -- reads -------------------------------------------------------------------------------
 
-    def lookup(
-        self, keys: Sequence[str], hold_s: float = 0.0
+    async def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
     ) -> tuple[list[ObjectRecord | None], int]:
         now = time.monotonic()
         found: list[ObjectRecord | None] = [self.objects.get(k) for k in keys]
+        if self._shared and None in found:
+            missing = [i for i, f in enumerate(found) if f is None]
+            fetched = await asyncio.gather(*(self._fetch_shared(keys[i], tenant) for i in missing))
+            for i, rec in zip(missing, fetched, strict=True):
+                found[i] = rec
         prefix = next((i for i, f in enumerate(found) if f is None), len(found))
         for rec in found:
             if rec is not None and hold_s > 0:
@@ -329,12 +343,32 @@ class Engine(AdminOps, Moves):
                 ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
         return found, prefix
 
-    async def get(self, keys: Sequence[str], lease_s: float = 0.0) -> list[LeaseRecord]:
+    async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
+        """An object another daemon stored in a shared tier since this one started."""
+        for tier in self._shared:
+            try:
+                meta = await tier.fetch_meta(key, tenant=tenant)
+            except KvtierError:
+                continue  # a miss, or the tier is unreachable: a miss either way
+            if key in self.objects:  # found meanwhile by a concurrent call
+                return self.objects[key]
+            rec = self.objects[key] = ObjectRecord(meta, tier.name, durable=True)
+            self.account(meta, tier.name, +1)
+            ctx = self._context_add(meta)
+            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
+            return rec
+        return None
+
+    async def get(
+        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = ""
+    ) -> list[LeaseRecord]:
         self._check_open()
         lease_s = lease_s if lease_s > 0 else self.config.lease_s
         leases: list[LeaseRecord] = []
         try:
             for key in keys:
+                if key not in self.objects and self._shared:
+                    await self._fetch_shared(key, tenant)
                 leases.append(await self._lease_one(key, lease_s))
         except BaseException:
             self.release([lease.lease_id for lease in leases])
@@ -375,7 +409,8 @@ class Engine(AdminOps, Moves):
     async def _stage_from(self, obj: ObjectRecord) -> Block:
         block = self.cpu.stage(obj.meta.size_bytes)
         try:
-            await self.tiers[obj.tier].read_into(obj.meta.key, self.cpu.view(block, padded=True))
+            view = self.cpu.view(block, padded=True)
+            await self.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
         except CorruptObjectError:
             self.cpu.free_block(block)
             self._forget_object(obj.meta.key)
@@ -455,7 +490,7 @@ class Engine(AdminOps, Moves):
                 self.cpu.free_block(block)
         else:
             with contextlib.suppress(NotFoundError):
-                await self.tiers[tier_name].delete(key)
+                await self.tiers[tier_name].delete(key, tenant=meta.tenant)
 
     def publish_tier_state(self) -> None:
         """Tier occupancy into the metrics (after each change, and from the health loop)."""

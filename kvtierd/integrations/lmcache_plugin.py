@@ -36,9 +36,9 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvtierd.client import KVClient
 from kvtierd.errors import KvtierError
-from kvtierd.integrations.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.plugin_settings import PluginSettings, PluginStats, key_string, tag
+from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.variants import parse_variant
 
 logger = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.integrations.chunk_codec import chunk_format, encode_chunk
 from kvtierd.integrations.daemon_io import PutItem, put_many
 from kvtierd.integrations.placeholder import (
     Manifest,
@@ -26,6 +25,7 @@ from kvtierd.integrations.placeholder import (
 )
 from kvtierd.integrations.plugin_settings import key_string, tag
 from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
+from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.rope import RopeSpec
 from kvtierd.kernels.variants import parse_variant

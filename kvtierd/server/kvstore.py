@@ -52,7 +52,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
-        found, prefix = self.engine.lookup(keys, request.hold_s)
+        found, prefix = await self.engine.lookup(keys, request.hold_s, caller.tenant)
         index = self.engine.tier_index
         resp = pb.LookupResponse(prefix_hits=prefix, tiers=list(index))
         resp.found.extend([f is not None for f in found])
@@ -96,7 +96,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if request.lease_s < 0:
             raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
         caller = CALLER.get()
-        leases = await self.engine.get([caller.scoped(k) for k in request.keys], request.lease_s)
+        keys = [caller.scoped(k) for k in request.keys]
+        leases = await self.engine.get(keys, request.lease_s, caller.tenant)
         arena = self.engine.cpu.arena
         lease_s = request.lease_s or self.engine.config.lease_s
         return pb.GetResponse(
@@ -160,7 +161,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if chunk > MAX_CHUNK_BYTES:
             raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
         caller = CALLER.get()
-        (lease,) = await self.engine.get([caller.scoped(request.key)])
+        (lease,) = await self.engine.get([caller.scoped(request.key)], tenant=caller.tenant)
         try:
             yield pb.GetChunk(info=info(lease.meta, lease.tier, caller))
             view = self.engine.cpu.view(lease.block)

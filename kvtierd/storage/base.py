@@ -75,6 +75,8 @@ class Tier(abc.ABC):
     kind: ClassVar[str]
     persistent: ClassVar[bool] = False
     """Objects survive a daemon restart (the engine writes durable commits through to it)."""
+    shared: ClassVar[bool] = False
+    """Other daemons store objects in it too: the engine asks it about keys it does not know."""
 
     def __init__(self, config: TierConfig) -> None:
         self.config = config
@@ -100,15 +102,18 @@ class Tier(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def read_into(self, key: str, dst: memoryview) -> ObjectMeta:
+    async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         """Copy the object's bytes into ``dst`` (at least ``size_bytes`` long).
+
+        ``tenant`` is the object's ``meta.tenant``: a tier shared between daemons hashes it
+        into its keys; a local tier may ignore it (the engine's keys are tenant-scoped).
 
         Raises ``NotFoundError``; ``CorruptObjectError`` when the stored bytes fail their check
         (the object is then quarantined and forgotten).
         """
 
     @abc.abstractmethod
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, *, tenant: str = "") -> None:
         """Remove the object; raises ``NotFoundError`` if absent."""
 
     @abc.abstractmethod
@@ -122,6 +127,11 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def used_bytes(self) -> int:
         """Bytes of objects held (excluding padding and transient staging)."""
+
+    async def fetch_meta(self, key: str, *, tenant: str = "") -> ObjectMeta:
+        """``get_meta`` for async callers; a shared tier asks its backend (another daemon may
+        have stored the object since this one started)."""
+        return self.get_meta(key)
 
     def contains(self, key: str) -> bool:
         try:

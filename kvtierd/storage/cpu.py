@@ -137,7 +137,7 @@ class CpuTier(Tier):
         self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
         return self.adopt(meta, block)
 
-    async def read_into(self, key: str, dst: memoryview) -> ObjectMeta:
+    async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._objects.get(key)
         if stored is None:
             raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
@@ -146,7 +146,7 @@ class CpuTier(Tier):
         self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
         return stored.meta
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, *, tenant: str = "") -> None:
         self.free_block(self.detach(key))
 
     def get_meta(self, key: str) -> ObjectMeta:

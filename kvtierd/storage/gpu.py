@@ -121,7 +121,7 @@ class GpuTier(Tier):
         self._used += meta.size_bytes
         return meta
 
-    async def read_into(self, key: str, dst: memoryview) -> ObjectMeta:
+    async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._objects.get(key)
         if stored is None:
             raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
@@ -150,7 +150,7 @@ class GpuTier(Tier):
                 host_t[start : start + n].copy_(stage)
         torch.cuda.synchronize(self.device)
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, *, tenant: str = "") -> None:
         stored = self._objects.pop(key, None)
         if stored is None:
             raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")

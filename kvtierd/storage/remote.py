@@ -65,6 +65,7 @@ class RemoteTier(Tier):
     """Redis Cluster tier. ``capacity_bytes == 0`` means unbounded (see :attr:`unbounded`)."""
 
     kind = "remote"
+    shared = True  # several daemons store into one cluster (the engine asks it on a miss)
     persistent = True  # objects live in Redis and outlive the daemon (not a Redis restart
     # without persistence: that is the operator's choice of save/appendonly)
 

@@ -156,13 +156,13 @@ class SsdTier(Tier):
         finally:
             self._writing.discard(meta.key)
 
-    async def read_into(self, key: str, dst: memoryview) -> ObjectMeta:
+    async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         view = _byte_view(dst, "read destination")
         if view.readonly:
             raise InvalidArgumentError(f"read {key!r}: the destination buffer is read-only")
         return await self._io.spawn(self._read(key, view))
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, *, tenant: str = "") -> None:
         entry = self._index.get(key)
         if entry is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")

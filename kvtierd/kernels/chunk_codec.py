@@ -143,8 +143,8 @@ def decode_chunk(payload: torch.Tensor, fmt: ChunkFormat, out: torch.Tensor) -> 
         n = math.prod(shape) * dt.itemsize
         tensors.append(raw[pos : pos + n].view(dt).reshape(shape))
         pos += n
-    h, d, b, g = fmt.num_kv_heads, fmt.head_dim, fmt.bits, fmt.group_size
+    d, b, g = fmt.head_dim, fmt.bits, fmt.group_size
     qk = QuantizedTensor(tensors[0], tensors[1], tensors[2], b, g, "channel", d, dtype)
     qv = QuantizedTensor(tensors[3], tensors[4], tensors[5], b, g, "token", d, dtype)
-    del h
+
     out.copy_(to_kv_2ltd(dequantize(qk), dequantize(qv)))
