@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from kvtierd.cli import admin, kvsize, policy
+from kvtierd.cli import admin, bench, kvsize, policy, report, simconfig, simulate
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
 
@@ -82,7 +82,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", help="override the KV dtype (default: the model's)")
     p.add_argument("--variant", action="append", help="a variant to size (repeatable)")
     p.add_argument("--policy", help="size every variant of this policy file's grid")
+    _simulator(sub)
+    p = _command(
+        sub,
+        "bench",
+        bench.run_bench,
+        "put + get through the daemon vs memcpy, measured in the same run",
+    )
+    p.add_argument("--mib", type=int, default=64, help="object size in MiB (default 64)")
+    p.add_argument("--repeat", type=int, default=5, help="best of this many runs (default 5)")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="also measure the gRPC stream path (KVClient(socket, stream=True))",
+    )
     return parser
+
+
+def _simulator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = _command(
+        sub,
+        "simulate",
+        simulate.run_simulate,
+        "simulate one placer on a workload, or --sweep every placer (no daemon)",
+    )
+    simconfig.add_workload_args(p)
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="EvicPress at every --alphas value and all baselines; headline table",
+    )
+    simconfig.add_sweep_args(p)
+    p = _command(
+        sub,
+        "report",
+        report.run_report,
+        "run the sweep, write PNG plots (Fig. 7, 8, 11) and results.json (no daemon)",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and JSON")
+    simconfig.add_workload_args(p)
+    simconfig.add_sweep_args(p)
 
 
 def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -90,9 +129,12 @@ def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show")
     p = _command(csub, "ls", admin.run_contexts_ls, "list contexts (sortable, filterable)")
     p.add_argument("--tier", help="only contexts placed in this tier")
-    p.add_argument("--sort", default="recency",
-                   choices=(*admin.SERVER_ORDERS, *admin.CLIENT_ORDERS),
-                   help="order (default: most recent first)")  # fmt: skip
+    p.add_argument(
+        "--sort",
+        default="recency",
+        choices=(*admin.SERVER_ORDERS, *admin.CLIENT_ORDERS),
+        help="order (default: most recent first)",
+    )
     p.add_argument("--reverse", action="store_true", help="reverse the order")
     p.add_argument("--limit", type=int, default=0, help="at most this many rows (0: all)")
     p.add_argument("--variant", help="only contexts stored as this variant")
@@ -100,8 +142,9 @@ def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pin = p.add_mutually_exclusive_group()
     pin.add_argument("--pinned", dest="pinned", action="store_const", const=True, default=None)
     pin.add_argument("--unpinned", dest="pinned", action="store_const", const=False)
-    p = _command(csub, "show", admin.run_contexts_show,
-                 "variants, utility table, placement and why")  # fmt: skip
+    p = _command(
+        csub, "show", admin.run_contexts_show, "variants, utility table, placement and why"
+    )
     p.add_argument("context_id")
 
 

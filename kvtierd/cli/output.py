@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -108,6 +109,20 @@ class Output:
         with self.err.status(what) if live else nullcontext():
             yield
 
+    @contextmanager
+    def progress(self, what: str, total: int) -> Iterator[Callable[[str], None]]:
+        """A progress bar on stderr for ``total`` steps; yields ``step(label)`` to call after
+        each one. Nothing is drawn for JSON or when stderr is not a terminal."""
+        if self.as_json or not self.err.is_terminal:
+            yield lambda label: None
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[label]}"), TimeElapsedColumn())  # fmt: skip
+        with Progress(*columns, console=self.err, transient=True) as bar:
+            task = bar.add_task(what, total=total, label="")
+            yield lambda label: bar.update(task, advance=1, label=label)
+
 
 _LEFT = {"name", "kind", "context", "variant", "tier", "health", "detail", "method", "key",
-         "dtype", "placement", "pinned", "chosen"}  # fmt: skip
+         "dtype", "placement", "pinned", "chosen", "placer", "baseline", "path",
+         "file"}  # fmt: skip

@@ -19,7 +19,7 @@ from kvtierd.policy_config import PolicyConfig, parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 
 
-def _read(path: str) -> tuple[str, PolicyConfig]:
+def read_policy(path: str) -> tuple[str, PolicyConfig]:
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -63,7 +63,7 @@ def summary(policy: PolicyConfig) -> dict[str, object]:
 
 
 def run_validate(args: argparse.Namespace, out: Output) -> ExitCode:
-    _, policy = _read(args.file)
+    _, policy = read_policy(args.file)
     info = summary(policy)
     if out.as_json:
         out.json({"valid": True, **info})
@@ -79,7 +79,7 @@ def _show(value: object) -> str:
 
 
 def run_apply(args: argparse.Namespace, out: Output) -> ExitCode:
-    text, policy = _read(args.file)
+    text, policy = read_policy(args.file)
     request = pb.ApplyPolicyRequest(yaml=text, source=args.file, dry_run=args.dry_run)
     with connect(args) as conn, out.working(f"applying {policy.name}"):
         r = conn.call(conn.stub.ApplyPolicy, request)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from kvtierd.client import KVClient
 from tests.cli.conftest import Ctl, put_contexts

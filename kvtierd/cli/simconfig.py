@@ -1,0 +1,195 @@
+"""Options shared by ``simulate`` and ``report``, turned into a ``SimulationConfig``.
+
+The workload is the simulator's (``kvtierd.policies.simulate``): contexts drawn from the paper's
+datasets, Zipf popularity, Poisson arrivals or a CSV trace's timestamps. The placer comes from a
+policy file (``--policy``: placer, alpha, selection, variant grid) or a name (``--placer``:
+``evicpress``, ``lru``, ``lfu``, ``prefill``, ``fixed:knorm@0.5``). Tiers are the paper's
+(§6.1: DRAM 20 GB/s, SSD 2 GB/s, unbounded remote 1 GB/s) with capacities from ``--dram`` and
+``--ssd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from kvtierd.cli.exit_codes import CliError, ExitCode
+from kvtierd.cli.policy import read_policy
+from kvtierd.config import parse_size
+from kvtierd.errors import ConfigError
+from kvtierd.policies.simulate import PAPER_TIERS, SimulationConfig
+from kvtierd.policies.simulate.frontier import DEFAULT_ALPHAS
+from kvtierd.policies.simulate.quality import METHOD_MEDIAN, QUANT_BITS, VariantSpace
+from kvtierd.policies.simulate.workload import MODELS, WorkloadConfig
+from kvtierd.policy_config import PolicyConfig
+from kvtierd.types import TierModel
+
+ORIGINAL = "none"
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulated workload")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="placer, alpha, selection and variant grid "
+        "from a policy file (configs/policies/*.yaml)",
+    )
+    src.add_argument(
+        "--placer",
+        default="evicpress",
+        help="placer name: evicpress, lru, lfu, prefill, fixed:VARIANT (default: evicpress)",
+    )
+    g.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="EvicPress quality weight in 1/s (default: the policy's, else 1)",
+    )
+    g.add_argument(
+        "--model",
+        default="llama-3.1-8b",
+        choices=sorted(MODELS),
+        help="model preset (KV bytes per token, prefill roofline)",
+    )
+    g.add_argument(
+        "--trace",
+        metavar="CSV",
+        default="",
+        help="arrival timestamps from an Azure / BurstGPT CSV trace",
+    )
+    g.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    g.add_argument("--contexts", type=int, default=555, help="distinct contexts (default 555)")
+    g.add_argument("--requests", type=int, default=20000, help="requests (default 20000)")
+    g.add_argument("--zipf", type=float, default=0.8, help="Zipf exponent of popularity")
+    g.add_argument("--qps", type=float, default=5.4, help="Poisson arrival rate without --trace")
+    g.add_argument("--dram", default="80GB", help="DRAM tier capacity (default 80GB)")
+    g.add_argument("--ssd", default="800GB", help="SSD tier capacity (default 800GB)")
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sweep")
+    g.add_argument(
+        "--alphas",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_ALPHAS),
+        metavar="A",
+        help="EvicPress alphas of the sweep",
+    )
+    g.add_argument(
+        "--quality-target",
+        type=float,
+        default=0.8,
+        help="quality floor for the QPS-at-equal-TTFT comparison (default 0.8)",
+    )
+
+
+def _positive(value: float, flag: str) -> None:
+    if value <= 0:
+        raise CliError(ExitCode.USAGE, f"{flag} must be > 0, got {value:g}")
+
+
+def _tiers(args: argparse.Namespace) -> tuple[TierModel, ...]:
+    sizes: dict[str, int] = {}
+    for name, flag in (("dram", "--dram"), ("ssd", "--ssd")):
+        try:
+            sizes[name] = parse_size(getattr(args, name), flag)
+        except ConfigError as e:
+            raise CliError(ExitCode.USAGE, str(e)) from e
+    return tuple(
+        replace(t, capacity_bytes=sizes[t.name]) if t.name in sizes else t for t in PAPER_TIERS
+    )
+
+
+def _workload(args: argparse.Namespace) -> WorkloadConfig:
+    for value, flag in (
+        (args.contexts, "--contexts"),
+        (args.requests, "--requests"),
+        (args.qps, "--qps"),
+    ):
+        _positive(value, flag)
+    if args.trace and not Path(args.trace).is_file():
+        raise CliError(ExitCode.INVALID, f"trace {args.trace}: no such file")
+    return WorkloadConfig(
+        model=args.model,
+        n_contexts=args.contexts,
+        n_requests=args.requests,
+        zipf_s=args.zipf,
+        arrival="trace" if args.trace else "poisson",
+        qps=args.qps,
+        trace_path=args.trace,
+        seed=args.seed,
+    )
+
+
+def variant_space(policy: PolicyConfig) -> VariantSpace:
+    """The simulator's variants for a policy's grid. The simulator models the quality of
+    keydiff, knorm and snapkv and of int8/int4; a composed ``<drop>+<quant>`` method adds that
+    quantization on top of every modelled drop method (the simulator's grid is a product)."""
+    drops, quants, composed = [], [], []
+    for m in policy.methods:
+        drop, _, quant = m.partition("+")
+        if drop in QUANT_BITS and not quant:
+            quants.append(drop)
+        elif drop in METHOD_MEDIAN and (not quant or quant in QUANT_BITS):
+            drops.append(drop)
+            if quant:
+                composed.append(quant)
+        else:
+            modelled = ", ".join([*METHOD_MEDIAN, *QUANT_BITS])
+            raise CliError(
+                ExitCode.INVALID,
+                f"{policy.source}: method {m!r} has no quality model in the simulator "
+                f"(modelled: {modelled}, and <drop>+<quant> of those)",
+            )
+    ratios = tuple(r for r in policy.ratios if r < 1.0)
+    return VariantSpace(
+        methods=tuple(dict.fromkeys(drops)),
+        ratios=ratios if drops else (),
+        quant=tuple(dict.fromkeys(quants)),
+        compose_with=tuple(dict.fromkeys(composed)),
+    )
+
+
+def _from_policy(path: str) -> tuple[str, float, str, VariantSpace]:
+    _, policy = read_policy(path)
+    space = variant_space(policy) if policy.placer == "evicpress" else VariantSpace()
+    spec = policy.placer
+    if policy.placer == "fixed":
+        spec = f"fixed:{policy.fixed_variant}"
+    return spec, policy.alpha, policy.selection, space
+
+
+def build_config(args: argparse.Namespace) -> SimulationConfig:
+    """The simulation the command line describes (raises CliError on bad input)."""
+    if args.policy:
+        placer, alpha, selection, space = _from_policy(args.policy)
+    else:
+        placer, alpha, selection, space = args.placer, 1.0, "per_byte", VariantSpace()
+        from kvtierd.policies import placer_class
+
+        try:
+            placer_class(placer)
+        except ValueError as e:
+            raise CliError(ExitCode.INVALID, str(e)) from e
+    if args.alpha is not None:
+        _positive(args.alpha, "--alpha")
+        alpha = args.alpha
+    fixed = placer.partition(":")[2]
+    if fixed and fixed not in space.names():
+        raise CliError(
+            ExitCode.INVALID,
+            f"placer {placer!r}: the simulator has no variant {fixed!r}; "
+            f"known: {', '.join(space.names())}",
+        )
+    return SimulationConfig(
+        workload=_workload(args),
+        variants=space,
+        tiers=_tiers(args),
+        placer=placer,
+        alpha=alpha,
+        selection=selection,
+    )

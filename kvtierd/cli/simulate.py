@@ -1,0 +1,182 @@
+"""``simulate``: replay a simulated workload through one placer, or sweep every placer.
+
+One configuration prints its TTFT (mean, p50, p99), mean quality and the share of requests
+served by each tier; ``--sweep`` runs EvicPress at every ``--alphas`` value and the baselines
+(``fixed:<method>@<ratio>``, ``lru``, ``lfu``, ``prefill``) on one shared workload and prints
+every run, the headline table (TTFT reduction at equal quality) and QPS at equal TTFT.
+No daemon is involved: this is ``kvtierd.policies.simulate`` behind a command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+from typing import Any
+
+from kvtierd.cli.exit_codes import CliError, ExitCode
+from kvtierd.cli.output import Output
+from kvtierd.cli.simconfig import build_config
+from kvtierd.errors import KvtierError
+from kvtierd.policies.simulate import (
+    SimulationConfig,
+    SimulationResult,
+    headline,
+    qps_comparison,
+    run_simulation,
+    run_sweep,
+)
+from kvtierd.policies.simulate.frontier import Sweep
+
+FIXED_METHODS = ("keydiff", "knorm", "snapkv")
+FIXED_RATIOS = (0.9, 0.7, 0.5, 0.3, 0.1)
+OTHERS = ("lru", "lfu", "prefill")
+
+
+def _simulator_error(e: Exception) -> CliError:
+    """Bad input the simulator found (unknown preset, empty trace, unknown variant)."""
+    return CliError(ExitCode.INVALID, f"simulation: {e}")
+
+
+def simulate_one(cfg: SimulationConfig) -> SimulationResult:
+    try:
+        return run_simulation(cfg)
+    except (KvtierError, ValueError, KeyError, OSError) as e:
+        raise _simulator_error(e) from e
+
+
+def sweep(cfg: SimulationConfig, alphas: list[float], out: Output) -> Sweep:
+    """``run_sweep`` one point at a time so the progress bar moves (each point re-prepares the
+    same deterministic workload, a few percent of a point's time)."""
+    points: list[dict[str, Any]] = [
+        {"alphas": [a], "fixed_methods": (), "others": ()} for a in alphas
+    ]
+    points += [
+        {"alphas": (), "fixed_methods": (m,), "fixed_ratios": (r,), "others": ()}
+        for m in FIXED_METHODS
+        for r in FIXED_RATIOS
+    ]
+    points += [{"alphas": (), "fixed_methods": (), "others": (o,)} for o in OTHERS]
+    evic: list[SimulationResult] = []
+    base: list[SimulationResult] = []
+    with out.progress("simulating", len(points)) as step:
+        for kw in points:
+            try:
+                part = run_sweep(cfg, **kw)
+            except (KvtierError, ValueError, KeyError, OSError) as e:
+                raise _simulator_error(e) from e
+            evic += part.evicpress
+            base += part.baselines
+            done = part.evicpress or part.baselines
+            step(f"{done[0].placer} a={done[0].alpha:g}" if done else "")
+    return Sweep(tuple(evic), tuple(base))
+
+
+def run_row(r: SimulationResult) -> list[object]:
+    hits = " ".join(f"{k} {v:.0%}" for k, v in r.hit_rate.items())
+    return [
+        r.placer,
+        f"{r.alpha:g}",
+        f"{r.quality_mean:.3f}",
+        f"{r.ttft_mean_s:.3f}",
+        f"{r.ttft_p50_s:.3f}",
+        f"{r.ttft_p99_s:.3f}",
+        hits,
+    ]
+
+
+RUN_COLUMNS = ("placer", "alpha", "quality", "TTFT mean s", "p50 s", "p99 s", "served from")
+
+
+def headline_payload(sw: Sweep, quality_target: float) -> dict[str, Any]:
+    """The headline table and the QPS comparison as plain values (``qps`` None when no
+    configuration reaches the quality target)."""
+    rows = [asdict(r) for r in headline(sw)]
+    for row in rows:
+        for k, v in row.items():
+            row[k] = float(v) if k.startswith("reduction") and v is not None else v
+    try:
+        q = qps_comparison(sw, quality_target)
+        qps: dict[str, Any] | None = asdict(q) | {"ratio": q.ratio}
+    except ValueError:
+        qps = None
+    return {"headline": rows, "qps": qps, "quality_target": quality_target}
+
+
+def print_headline(out: Output, payload: dict[str, Any]) -> None:
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}x"
+
+    out.table(
+        "TTFT reduction at equal quality (EvicPress frontier vs baseline)",
+        ("baseline", "points", "min", "median", "max"),
+        [
+            [
+                r["baseline"],
+                r["points"],
+                x(r["reduction_min"]),
+                x(r["reduction_median"]),
+                x(r["reduction_max"]),
+            ]
+            for r in payload["headline"]
+        ],
+    )
+    q = payload["qps"]
+    if q is None:
+        out.line(f"QPS at equal TTFT: no configuration reaches quality {payload['quality_target']}")
+        return
+    out.line(
+        f"QPS at mean TTFT <= {q['ttft_target_s']:.3f} s, quality >= {q['quality_target']:g}: "
+        f"EvicPress {q['evicpress_qps']:.2f} (alpha {q['evicpress_alpha']:g}) vs "
+        f"{q['baseline']} {q['baseline_qps']:.2f} -> {q['ratio']:.2f}x"
+    )
+
+
+def config_summary(cfg: SimulationConfig) -> dict[str, Any]:
+    wl = cfg.workload
+    return {
+        "placer": cfg.placer,
+        "alpha": cfg.alpha,
+        "selection": cfg.selection,
+        "model": wl.model,
+        "contexts": wl.n_contexts,
+        "requests": wl.n_requests,
+        "arrival": wl.arrival,
+        "trace": wl.trace_path,
+        "seed": wl.seed,
+        "variants": len(cfg.variants.names()),
+        "tiers": [
+            {
+                "name": t.name,
+                "capacity_bytes": t.capacity_bytes,
+                "load_bandwidth_bytes_per_s": t.load_bandwidth_bytes_per_s,
+            }
+            for t in cfg.tiers
+        ],
+    }
+
+
+def run_simulate(args: argparse.Namespace, out: Output) -> ExitCode:
+    cfg = build_config(args)
+    if not args.sweep:
+        with out.working(f"simulating {cfg.placer}"):
+            r = simulate_one(cfg)
+        if out.as_json:
+            out.json({"config": config_summary(cfg), "runs": [r.summary()]})
+        else:
+            out.table(
+                f"simulation of {cfg.placer} ({cfg.workload.model})", RUN_COLUMNS, [run_row(r)]
+            )
+        return ExitCode.OK
+    sw = sweep(replace(cfg, placer="evicpress"), args.alphas, out)
+    payload = headline_payload(sw, args.quality_target)
+    if out.as_json:
+        runs = [r.summary() for r in (*sw.evicpress, *sw.baselines)]
+        out.json({"config": config_summary(cfg), "runs": runs, **payload})
+        return ExitCode.OK
+    out.table(
+        f"sweep ({cfg.workload.model}, {cfg.workload.n_requests} requests)",
+        RUN_COLUMNS,
+        [run_row(r) for r in (*sw.evicpress, *sw.baselines)],
+    )
+    print_headline(out, payload)
+    return ExitCode.OK

@@ -1,0 +1,204 @@
+"""``simulate`` and ``report``: the simulator behind kvtierctl, on tiny workloads (no daemon)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from rich.console import Console
+
+from kvtierd.cli.output import Output
+from tests.cli.conftest import Ctl
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICIES = ROOT / "configs" / "policies"
+TINY = ("--contexts", "40", "--requests", "400", "--dram", "40GB", "--ssd", "100GB")
+ALPHAS = ("--alphas", "0.1", "1", "10")
+
+
+@pytest.fixture
+def sim(ctl: Callable[[None], Ctl]) -> Ctl:
+    return ctl(None)
+
+
+def test_one_run_json(sim: Ctl) -> None:
+    r = sim("simulate", *TINY, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert doc["config"]["placer"] == "evicpress" and doc["config"]["requests"] == 400
+    assert [t["capacity_bytes"] for t in doc["config"]["tiers"]] == [40e9, 100e9, None]
+    (run,) = doc["runs"]
+    assert run["placer"] == "evicpress" and run["alpha"] == 1.0
+    assert 0 < run["quality_mean"] < 1 and 0 < run["ttft_p50_s"] <= run["ttft_p99_s"]
+    assert set(run["hit_rate"]) == {"dram", "ssd", "remote", "miss"}
+    assert sum(run["hit_rate"].values()) == pytest.approx(1.0)
+
+
+def test_table_and_seed(sim: Ctl) -> None:
+    r = sim("simulate", *TINY, "--placer", "lru")
+    assert r.code == 0 and "lru" in r.out and "served from" in r.out
+    runs = [sim("simulate", *TINY, "--seed", s, "--json").json()["runs"][0] for s in "001"]
+    assert runs[0] == runs[1]  # deterministic in the seed
+    assert runs[0]["ttft_mean_s"] != runs[2]["ttft_mean_s"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "placer", "full_quality"),
+    [("lru.yaml", "lru", True), ("fixed-knorm-0.5.yaml", "fixed:knorm@0.5", False),
+     ("fixed-int8.yaml", "fixed:int8", False), ("evicpress.yaml", "evicpress", False)],
+)  # fmt: skip
+def test_policy_files(sim: Ctl, policy: str, placer: str, full_quality: bool) -> None:
+    r = sim("simulate", *TINY, "--policy", str(POLICIES / policy), "--json")
+    assert r.code == 0, r.err
+    run = r.json()["runs"][0]
+    assert run["placer"] == placer
+    assert (run["quality_mean"] == 1.0) is full_quality
+
+
+def test_policy_grid_and_alpha_reach_the_simulator(sim: Ctl, tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("placer: evicpress\nalpha: 7\nvariants: {methods: [knorm], ratios: [1.0, 0.5]}\n")
+    doc = sim("simulate", *TINY, "--policy", str(f), "--json").json()
+    assert doc["config"]["variants"] == 2 and doc["runs"][0]["alpha"] == 7.0  # none, knorm@0.5
+    assert (
+        sim("simulate", *TINY, "--policy", str(f), "--alpha", "3", "--json").json()["runs"][0][
+            "alpha"
+        ]
+        == 3.0
+    )
+
+
+def test_trace_csv_drives_arrivals(sim: Ctl, tmp_path: Path) -> None:
+    csv = tmp_path / "trace.csv"
+    rows = [f"2023-11-16 18:{m:02d}:{s:02d}.000000,100,10" for m in range(10) for s in range(60)]
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    r = sim("simulate", *TINY, "--trace", str(csv), "--json")
+    assert r.code == 0, r.err
+    assert r.json()["config"]["arrival"] == "trace"
+    assert r.json()["runs"][0]["ttft_mean_s"] > 0
+
+
+def test_bad_inputs(sim: Ctl, tmp_path: Path) -> None:
+    r = sim("simulate", *TINY, "--placer", "nope")
+    assert r.code == 5 and "unknown placer 'nope'" in r.err and r.out == ""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("placer: evicpress\nalpha: -1\n")
+    r = sim("simulate", *TINY, "--policy", str(bad))
+    assert r.code == 5 and f"{bad}:2" in r.err
+    paged = tmp_path / "paged.yaml"
+    paged.write_text("placer: evicpress\nvariants: {methods: [paged_eviction]}\n")
+    r = sim("simulate", *TINY, "--policy", str(paged))
+    assert r.code == 5 and "paged_eviction" in r.err and "no quality model" in r.err
+    assert sim("simulate", *TINY, "--placer", "fixed:knorm@0.55").code == 5
+    assert sim("simulate", *TINY, "--trace", str(tmp_path / "none.csv")).code == 5
+    empty = tmp_path / "empty.csv"
+    empty.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    r = sim("simulate", *TINY, "--trace", str(empty))
+    assert r.code == 5 and "no requests" in r.err
+    assert sim("simulate", *TINY, "--dram", "lots").code == 2
+    assert sim("simulate", *TINY, "--requests", "0").code == 2
+
+
+def test_sweep_json_and_headline(sim: Ctl) -> None:
+    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    placers = [x["placer"] for x in doc["runs"]]
+    assert placers[:3] == ["evicpress"] * 3 and [x["alpha"] for x in doc["runs"][:3]] == [
+        0.1,
+        1.0,
+        10.0,
+    ]
+    assert len(placers) == 3 + 15 + 3 and {"lru", "lfu", "prefill", "fixed:knorm@0.5"} <= set(
+        placers
+    )
+    families = {row["baseline"] for row in doc["headline"]}
+    assert families == {"fixed:keydiff", "fixed:knorm", "fixed:snapkv", "lru", "lfu", "prefill"}
+    prefill = next(row for row in doc["headline"] if row["baseline"] == "prefill")
+    assert prefill["points"] == 1 and prefill["reduction_min"] > 1  # cache beats recompute
+    assert doc["qps"]["evicpress_qps"] > 0 and doc["qps"]["quality_target"] == 0.8
+    text = sim("simulate", *TINY, "--sweep", *ALPHAS).out
+    assert "TTFT reduction at equal quality" in text and "QPS at mean TTFT" in text
+
+
+def test_unreachable_quality_target_is_reported_not_fatal(sim: Ctl) -> None:
+    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--quality-target", "1.5", "--json")
+    assert r.code == 0 and r.json()["qps"] is None
+    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--quality-target", "1.5")
+    assert "no configuration reaches quality 1.5" in r.out
+
+
+def _image(path: Path) -> tuple[int, int]:
+    with Image.open(path) as im:
+        im.verify()
+    with Image.open(path) as im:
+        assert im.format == "PNG"
+        im.load()
+        lo, hi = im.convert("L").getextrema()
+        assert isinstance(lo, int) and isinstance(hi, int) and hi - lo > 100  # drawn on
+        return im.size
+
+
+def test_report_writes_figures_and_results(sim: Ctl, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    r = sim("report", *TINY, *ALPHAS, "--out", str(out))
+    assert r.code == 0, r.err
+    names = ("frontier.png", "ttft_vs_qps.png", "placements.png")
+    for name in names:
+        assert name in r.out
+        w, h = _image(out / name)
+        assert w >= 600 and h >= 400
+    assert "TTFT reduction at equal quality" in r.out and "placements of evicpress" in r.out
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["evicpress"]) == 3 and len(results["baselines"]) == 18
+    placed = results["placements"]
+    assert [p["placer"] for p in placed] == ["evicpress", "lru", "fixed:keydiff@0.5"]
+    for p in placed:
+        for t in p["tiers"]:
+            assert t["capacity_bytes"] is None or t["used_bytes"] <= t["capacity_bytes"]
+    evic = placed[0]
+    assert sum(g["contexts"] for g in evic["groups"]) == 40
+    assert any(g["method"] != "none" and g["tier"] != "dropped" for g in evic["groups"])
+    assert {g["method"] for g in placed[2]["groups"] if g["tier"] != "dropped"} == {"keydiff"}
+
+
+def test_report_json_and_extra_placer(sim: Ctl, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    r = sim("report", *TINY, *ALPHAS, "--placer", "lfu", "--out", str(out), "--json")
+    assert r.code == 0, r.err
+    doc = r.json()
+    assert sorted(Path(f).name for f in doc["files"]) == sorted(
+        ["frontier.png", "ttft_vs_qps.png", "placements.png", "results.json"]
+    )
+    assert [p["placer"] for p in doc["placements"]][-1] == "lfu"
+    assert doc["headline"] and doc["qps"] is not None
+
+
+def test_report_without_qps_figure_and_bad_out(sim: Ctl, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    r = sim("report", *TINY, *ALPHAS, "--quality-target", "1.5", "--out", str(out), "--json")
+    assert r.code == 0 and not (out / "ttft_vs_qps.png").exists()
+    _image(out / "placements.png")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = sim("report", *TINY, *ALPHAS, "--out", str(blocker / "x"))
+    assert r.code == 5 and "cannot create --out" in r.err
+
+
+def test_progress_bar_draws_on_a_terminal() -> None:
+    out = Output(as_json=False)
+    buf = io.StringIO()
+    out.err = Console(file=buf, force_terminal=True, width=100)
+    with out.progress("simulating", 2) as step:
+        step("evicpress a=1")
+        step("lru")
+    assert "simulating" in buf.getvalue()
+    quiet = Output(as_json=True)
+    quiet.err = Console(file=io.StringIO(), force_terminal=True)
+    with quiet.progress("simulating", 1) as step:
+        step("x")
+    assert quiet.err.file.getvalue() == ""  # type: ignore[attr-defined]
