@@ -58,3 +58,22 @@ def test_every_policy_key_is_documented() -> None:
         "all.yaml",
     )
     assert isinstance(p, PolicyConfig) and p.frequency_half_life_s == 9.0
+
+
+def test_every_kvtierctl_command_is_documented() -> None:
+    import argparse
+
+    from kvtierd.cli.main import build_parser
+
+    doc = (ROOT / "docs" / "kvtierctl.md").read_text()
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        assert f"`{name}" in doc, name
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and name in ("simulate", "report", "bench"):
+                    assert flag in doc or flag in _COMMON_FLAGS, (name, flag)
+
+
+_COMMON_FLAGS = {"--help", "--json", "--socket", "--address", "--tls-ca", "--token",
+                 "--token-file", "--timeout", "--debug"}  # fmt: skip
