@@ -91,6 +91,7 @@ class DaemonConfig:
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
+    prefill_tokens_per_s: float = 5000.0  # the engine's prefill speed, for the TTFT model
     metrics_port: int = 0
     log_json: bool = False
 

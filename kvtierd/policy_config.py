@@ -18,6 +18,8 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
+      evaluator: attention     # attention (model-free) | answer (needs model_dir)
+      model_dir: ""            # answer: a local Hugging Face causal LM directory
     frequency:                 # evicpress: exponentially decayed access frequency
       half_life_s: 3600
     variant: knorm@0.5         # fixed: the one variant every context is stored as
@@ -54,6 +56,9 @@ DROP_METHODS: tuple[str, ...] = (
 QUANT_METHODS: tuple[str, ...] = ("int8", "int4")
 """Quantizations (``kvtierd.kernels.variants.QUANT_BITS``); they keep every token."""
 SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
+EVALUATORS: tuple[str, ...] = ("attention", "answer")
+"""Quality evaluators the daemon can run (``kvtierd.profiler``); ``answer`` needs
+``profiling.model_dir`` (a local Hugging Face causal LM)."""
 """Greedy rules when a tier overflows: least utility drop per byte freed, or least drop."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
@@ -78,7 +83,7 @@ _PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "variants": ("methods", "ratios"),
-        "profiling": ("reprofile_threshold", "interval_s"),
+        "profiling": ("reprofile_threshold", "interval_s", "evaluator", "model_dir"),
         "frequency": ("half_life_s",),
     }
 )
@@ -102,6 +107,8 @@ class PolicyConfig:
     fixed_variant: str = ""
     reprofile_threshold: float = 0.05
     reprofile_interval_s: float = 300.0
+    evaluator: str = "attention"
+    evaluator_model_dir: str = ""
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
@@ -176,6 +183,13 @@ def _evicpress_fields(r: _Reader) -> dict[str, Any]:
         "reprofile_interval_s": r.number(
             ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
         ),
+        "evaluator": _choice(
+            r.get(("profiling", "evaluator"), "attention"),
+            EVALUATORS,
+            r.src,
+            ("profiling", "evaluator"),
+        ),
+        "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
         "frequency_half_life_s": r.number(
             ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
         ),

@@ -73,8 +73,15 @@ class AdminOps:
         e = cast("Engine", self)
         placer = e._make_placer(policy)
         await e.executor.idle()
-        placer.rebalance([e.profile(c) for c in e.contexts.values()])
-        e.placer, e.policy = placer, policy
+        old = e.policy
+        e.policy = policy  # profiles below list the new policy's variants
+        try:
+            placer.rebalance([e.profile(c) for c in e.contexts.values()])
+        except BaseException:
+            e.policy = old
+            raise
+        e.placer = placer
+        e.profiling.configure()
         plan = e._reconcile("policy applied")
         await e.executor.run(plan)
         return plan

@@ -22,10 +22,13 @@ from collections.abc import Sequence
 
 from kvtierd.config import DaemonConfig
 from kvtierd.engine.admin_ops import AdminOps
+from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.moves import Moves
+from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
+from kvtierd.engine.variants import VariantOps
 from kvtierd.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -49,13 +52,12 @@ from kvtierd.types import (
     Placement,
     Plan,
     TierModel,
-    VariantProfile,
 )
 
 logger = logging.getLogger(__name__)
 
 
-class Engine(AdminOps, Moves):
+class Engine(AdminOps, Moves, VariantOps):
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.instance_id = secrets.token_hex(6)
@@ -83,11 +85,14 @@ class Engine(AdminOps, Moves):
         self.tier_hits: Counter[str] = Counter()
         self.usage: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> bytes
         self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
+        self.variant_manifests: dict[str, tuple[ObjectMeta, str]] = {}
         self.metrics = Metrics()
         self.draining = False
         self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
         self.placer = self._make_placer(self.policy)
         self.executor = Executor(self)
+        self.profiling = ProfilingService(self)
+        self._loads_in_flight = 0
         self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -125,29 +130,35 @@ class Engine(AdminOps, Moves):
             raise
         # Bandwidths are known now: give the placer the calibrated figures.
         self.placer = self._make_placer(self.policy)
-        self._rebuild_index()
+        self.profiling.configure()
+        await self._rebuild_index()
         self.executor.start()
+        self.profiling.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="kvtierd-reaper")
 
-    def _rebuild_index(self) -> None:
+    async def _rebuild_index(self) -> None:
         """Index every object the persistent tiers still hold (after a restart)."""
+        found: list[tuple[ObjectMeta, str]] = []
         for tier in self.tiers.values():
             try:
-                metas = list(tier.metas())
+                found.extend((meta, tier.name) for meta in tier.metas())
             except KvtierError as e:
                 # A shared tier that is down at start is not fatal: its objects are found
                 # on demand (``_fetch_shared``) once it is back.
                 logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
+        for meta, tier_name in await self.settle_variants(found):
+            key = client_key(meta.key)
+            if key in self.objects:
+                logger.warning("object %r found in two tiers; keeping one copy", key)
                 continue
-            for meta in metas:
-                if meta.key in self.objects:
-                    logger.warning("object %r found in two tiers; keeping one copy", meta.key)
-                    continue
-                # Found on persistent storage: keep it persistent (it may have been durable).
-                self.objects[meta.key] = ObjectRecord(meta, tier.name, durable=True)
-                self.account(meta, tier.name, +1)
-                self._context_add(meta)
+            # Found on persistent storage: keep it persistent (it may have been durable).
+            self.objects[key] = ObjectRecord(meta, tier_name, durable=True)
+            self.account(meta, tier_name, +1)
+            self._context_add(meta, key)
         for ctx in self.contexts.values():
+            ctx.manifest = self.variant_manifests.get(ctx.context_id)
+            if ctx.manifest is not None:
+                self.account(ctx.manifest[0], ctx.manifest[1], +1)
             self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
         if self.objects:
             logger.info("rebuilt index: %d objects in %d contexts", len(self.objects),
@@ -160,6 +171,7 @@ class Engine(AdminOps, Moves):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.executor.close()
+        await self.profiling.close()
         for tier in self.tiers.values():
             await tier.close()
 
@@ -296,15 +308,16 @@ class Engine(AdminOps, Moves):
         self.account(meta, tier, +1)
         ctx = self._context_add(meta)
         ctx.last_access_s = time.monotonic()
+        self.profiling.note_change(ctx)
         self.executor.submit(self.placer.insert(self.profile(ctx)))
         return meta
 
-    def _context_add(self, meta: ObjectMeta) -> ContextRecord:
+    def _context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
         ctx = self.contexts.get(meta.context)
         if ctx is None:
             ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
             self.contexts[meta.context] = ctx
-        ctx.keys[meta.key] = None
+        ctx.keys[key or meta.key] = None
         ctx.size_bytes += meta.size_bytes
         return ctx
 
@@ -365,6 +378,7 @@ class Engine(AdminOps, Moves):
         self._check_open()
         lease_s = lease_s if lease_s > 0 else self.config.lease_s
         leases: list[LeaseRecord] = []
+        self._loads_in_flight += 1
         try:
             for key in keys:
                 if key not in self.objects and self._shared:
@@ -373,6 +387,8 @@ class Engine(AdminOps, Moves):
         except BaseException:
             self.release([lease.lease_id for lease in leases])
             raise
+        finally:
+            self._loads_in_flight -= 1
         for ctx_id in dict.fromkeys(lease.meta.context for lease in leases):
             self._record_access(self.contexts[ctx_id])
         return leases
@@ -390,7 +406,7 @@ class Engine(AdminOps, Moves):
             if obj is None:
                 raise NotFoundError(f"object {key!r} was removed while being read")
             if obj.tier == self.cpu.name:
-                block = self.cpu.block_of(key)
+                block = self.cpu.block_of(obj.meta.key)
             else:
                 block = await self._stage_from(obj)
                 self._orphans[block.offset] = block
@@ -453,6 +469,7 @@ class Engine(AdminOps, Moves):
         now = time.monotonic()
         ctx.hits += 1
         ctx.last_access_s = now
+        self.profiling.note_access(ctx.context_id)
         self.executor.submit(self.placer.access(ctx.context_id, now))
 
     # -- removal -----------------------------------------------------------------------------
@@ -469,6 +486,9 @@ class Engine(AdminOps, Moves):
                     await self._remove_object_bytes(self.objects[key])
                     self._forget_object(key)
                     deleted += 1
+                if ctx.context_id not in self.contexts and ctx.manifest is not None:
+                    await self._remove_from_tier(*ctx.manifest)
+                    ctx.manifest = None
         return deleted
 
     async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
@@ -518,12 +538,20 @@ class Engine(AdminOps, Moves):
             return DROPPED
         return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
 
+    def loads_busy(self) -> bool:
+        """Loads are being served: background profiling waits (EvicPress §4.3)."""
+        return self._loads_in_flight > 0
+
     def profile(self, ctx: ContextRecord) -> ContextProfile:
-        original = VariantProfile(ctx.variant, ctx.size_bytes)
+        """What the placer knows of a context: its variants (sizes; quality once profiled),
+        decayed frequency, recency, protection."""
+        decayed = self.profiling.frequency(ctx.context_id)
+        prefill = self.profiling.prefill_s(ctx)
         return ContextProfile(
             context_id=ctx.context_id,
-            variants=(original,),
-            frequency=float(max(ctx.hits, 1)),
+            variants=self.profiling.grid(ctx),
+            frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
+            prefill_s=prefill,
             last_access_s=ctx.last_access_s,
             pinned=ctx.pinned or ctx.hold_until_s > time.monotonic(),
         )

@@ -46,7 +46,7 @@ class Executor:
 
     @property
     def healthy(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._task is not None and not self._task.done() and self.error is None
 
     def submit(self, plan: Plan) -> None:
         if plan:
@@ -89,6 +89,13 @@ class Executor:
             except KvtierError as e:
                 self.failed[op.kind.value] += 1
                 logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
+            except Exception as e:
+                # A bug, not a condition: keep serving, but say so loudly (health turns
+                # NOT_SERVING with this error until the daemon is restarted).
+                self.failed[op.kind.value] += 1
+                self.error = e
+                logger.exception("plan operation %s on %r failed unexpectedly", op.kind.value,
+                                 op.context_id)  # fmt: skip
             else:
                 self.done[op.kind.value] += 1
                 self.engine.metrics.record_operation(op.kind.value)
@@ -104,10 +111,9 @@ class Executor:
                 return
             await self.engine.drop_context(ctx)
         elif op.kind is OpKind.COMPRESS or op.target.variant != ctx.variant:
-            raise KvtierError(
-                f"operation {op.kind.value} to variant {op.target.variant!r} needs compression, "
-                "which this daemon's executor does not run yet"
-            )
+            tier = op.target.tier or self.engine.placement_of(ctx).tier
+            assert tier is not None
+            await self.engine.compress_context(ctx, op.target.variant, tier)
         elif op.target.tier is not None:
             tier = self.engine.quota_tier(ctx, op.target.tier)
             if tier is None:

@@ -23,6 +23,9 @@ class Moves:
                 await e._remove_object_bytes(e.objects.pop(key))
             ctx.keys.clear()
             ctx.size_bytes = 0
+            if ctx.manifest is not None:
+                await e._remove_from_tier(*ctx.manifest)
+                ctx.manifest = None
             e.contexts.pop(ctx.context_id, None)
 
     async def move_context(self, ctx: ContextRecord, target: str) -> int:

@@ -37,6 +37,7 @@ class ContextRecord:
     pinned: bool = False
     hold_until_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    manifest: tuple[ObjectMeta, str] | None = None  # a daemon-made variant's marker, its tier
 
 
 @dataclass(slots=True)

@@ -21,6 +21,8 @@ def validate_meta(meta: ObjectMeta, max_size_bytes: int) -> None:
     """Raise ``InvalidArgumentError`` for a malformed object description."""
     if not meta.key:
         raise InvalidArgumentError("object key is empty")
+    if "\x00" in meta.key or "\x00" in meta.context_id:
+        raise InvalidArgumentError("object keys and context ids may not contain NUL characters")
     if len(meta.key.encode()) > MAX_KEY_BYTES:
         raise InvalidArgumentError(f"object key is longer than {MAX_KEY_BYTES} bytes")
     if len(meta.context_id.encode()) > MAX_KEY_BYTES:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.state import ObjectRecord
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.server.identity import Caller
@@ -29,7 +30,7 @@ def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
 
 def spec_from_meta(meta: ObjectMeta, caller: Caller) -> pb.ObjectSpec:
     return pb.ObjectSpec(
-        key=caller.unscoped(meta.key),
+        key=caller.unscoped(client_key(meta.key)),
         context_id=caller.unscoped(meta.context_id),
         variant=meta.variant,
         size_bytes=meta.size_bytes,

@@ -31,7 +31,9 @@ class HealthMonitor:
         if self.engine.draining:
             found.append("draining")
         if not self.engine.executor.healthy:
-            found.append(f"plan executor stopped: {self.engine.executor.error!r}")
+            found.append(f"plan executor failed: {self.engine.executor.error!r}")
+        if not self.engine.profiling.healthy:
+            found.append("profiling task stopped")
         for tier in self.engine.tiers.values():
             stats = tier.stats()
             if not stats.healthy:

@@ -1,0 +1,148 @@
+"""A stored context as tensors, and a compressed variant of it as new objects.
+
+A context whose objects are LMCache ``KV_2LTD`` chunks (their ``layout`` is a
+:class:`~kvtierd.kernels.chunk_codec.ChunkFormat` string) can be read back as canonical
+``[L, H, N, D]`` keys and values — for the profiler — and re-encoded as another variant by the
+executor. Quantized variants keep the chunking and the client's keys (LMCache finds the same
+keys and decodes them by their layout); token-dropping variants become new chunks of the kept
+tokens under keys the daemon derives, with the kept positions in each object's
+``kept_indices`` (keys are not rotated: positions are the original ones, kvpress semantics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
+from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvtierd.kernels.variants import Variant
+
+SEPARATOR = "\x00"  # clients cannot use it in keys (validate.py), so derived keys never clash
+
+
+def variant_key(key: str, variant: str) -> str:
+    """Storage key of a client key's object in a daemon-made variant."""
+    return f"{key}{SEPARATOR}{variant}"
+
+
+def client_key(storage_key: str) -> str:
+    """The key a client knows an object by: its own key for a quantized variant
+    (``key\0variant``), the derived key itself for a token-dropped chunk (``ctx\0variant\0i``)."""
+    parts = storage_key.split(SEPARATOR)
+    return parts[0] if len(parts) == 2 else storage_key
+
+
+def manifest_key(context_id: str, variant: str) -> str:
+    """The object whose presence marks a daemon-made variant as complete (written last)."""
+    return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"
+
+
+MANIFEST_LAYOUT = "kvtierd-variant-manifest"
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedObject:
+    client_key: str
+    meta: ObjectMeta
+    data: bytes
+
+
+def chunk_formats(metas: list[ObjectMeta]) -> list[ChunkFormat]:
+    """The chunk format of every object, or ``InvalidArgumentError`` if one is not a chunk."""
+    formats = []
+    for meta in metas:
+        try:
+            formats.append(ChunkFormat.parse(meta.layout))
+        except CorruptObjectError as e:
+            raise InvalidArgumentError(
+                f"object {meta.key!r} is not a KV_2LTD chunk (layout {meta.layout!r}): "
+                "only chunked KV contexts can be profiled or compressed"
+            ) from e
+    return formats
+
+
+def decode_context(payloads: list[bytes], formats: list[ChunkFormat]) -> torch.Tensor:
+    """Chunks in order -> one ``[2, L, N, H*D]`` tensor."""
+    import torch
+
+    parts = []
+    for data, fmt in zip(payloads, formats, strict=True):
+        out = torch.empty(fmt.shape, dtype=getattr(torch, fmt.dtype))
+        decode_chunk(torch.frombuffer(bytearray(data), dtype=torch.uint8), fmt, out)
+        parts.append(out)
+    return torch.cat(parts, dim=2)
+
+
+def split_kv(kv: torch.Tensor, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[2, L, N, H*D]`` -> keys and values ``[L, H, N, D]``."""
+    _, layers, n, hd = kv.shape
+    shape = (layers, n, num_kv_heads, hd // num_kv_heads)
+    k = kv[0].reshape(shape).permute(0, 2, 1, 3).contiguous()
+    v = kv[1].reshape(shape).permute(0, 2, 1, 3).contiguous()
+    return k, v
+
+
+def encode_variant(
+    context_id: str,
+    metas: list[ObjectMeta],
+    kv: torch.Tensor,
+    formats: list[ChunkFormat],
+    variant: str,
+) -> list[EncodedObject]:
+    """The objects of ``variant`` for a context given as ``kv`` ``[2, L, N, H*D]``."""
+    from kvtierd.kernels.api import compress_dense, dense_kv, to_kv_2ltd
+    from kvtierd.kernels.variants import parse_variant
+
+    v = parse_variant(variant)
+    heads = formats[0].num_kv_heads
+    if not v.drops_tokens:
+        out, start = [], 0
+        for meta, fmt in zip(metas, formats, strict=True):
+            chunk = kv[:, :, start : start + fmt.shape[2]]
+            start += fmt.shape[2]
+            out.append(
+                _encoded(meta.key, variant_key(meta.key, variant), meta, chunk, heads=heads, v=v)
+            )
+        return out
+    keys, values = split_kv(kv, heads)
+    chunk_tokens = formats[0].shape[2]
+    c = compress_dense(keys, values, v, chunk_tokens=chunk_tokens)
+    dk, dv = dense_kv(c)
+    kept_kv = to_kv_2ltd(dk.to(kv.dtype), dv.to(kv.dtype))
+    m = kept_kv.shape[2]
+    out = []
+    for i in range(math.ceil(m / chunk_tokens)):
+        lo, hi = i * chunk_tokens, min(m, (i + 1) * chunk_tokens)
+        key = f"{context_id}{SEPARATOR}{variant}{SEPARATOR}{i}"
+        kept = c.kept[:, :, lo:hi].contiguous().numpy().astype("<i4").tobytes()
+        base = replace(metas[0], key=key, token_count=hi - lo, kept_indices=kept)
+        out.append(_encoded(key, key, base, kept_kv[:, :, lo:hi], heads=heads, v=v))
+    return out
+
+
+def _encoded(
+    client: str, storage: str, meta: ObjectMeta, chunk: torch.Tensor, *, heads: int, v: Variant
+) -> EncodedObject:
+    fmt = chunk_format(chunk.contiguous(), heads, v.quant or ORIGINAL_VARIANT)
+    import torch
+
+    encoded = encode_chunk(chunk.contiguous(), fmt).contiguous().view(-1)
+    data = encoded.view(torch.uint8).numpy().tobytes()
+    new = replace(
+        meta,
+        key=storage,
+        variant=str(v),
+        layout=fmt.layout(),
+        dtype="uint8",
+        shape=(len(data),),
+        size_bytes=len(data),
+        checksum=0,
+    )
+    return EncodedObject(client, new, data)

@@ -1,0 +1,202 @@
+"""The engine's side of profiling (EvicPress §4.1, §4.3): which variants a context can take,
+their sizes, and — once the profiler has run — their quality.
+
+Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
+``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
+thread (it is not thread-safe) and its results reach the placer as a new profile. Variants the
+daemon cannot produce are left out of the grid: ``snapkv`` needs the queries of the context's
+last tokens, which a stored KV cache does not have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtierd.engine.state import ContextRecord
+from kvtierd.errors import CorruptObjectError, KvtierError
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.variants import parse_variant, variant_size_bytes
+from kvtierd.types import ORIGINAL_VARIANT, VariantProfile
+
+if TYPE_CHECKING:
+    from kvtierd.engine.engine import Engine
+    from kvtierd.profiler import Profiler, ProfilingQuery
+
+logger = logging.getLogger(__name__)
+
+NEEDS_QUERIES = ("snapkv",)
+
+
+class ProfilingService:
+    def __init__(self, engine: Engine, settle_s: float = 0.5) -> None:
+        self.engine = engine
+        self.settle_s = settle_s
+        self.profiler: Profiler | None = None
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
+        self._changed: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.runs: Counter[str] = Counter()
+        self.last_error = ""
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def configure(self) -> None:
+        """(Re)build the profiler for the running policy (at start and on hot reload)."""
+        from kvtierd.profiler import Profiler, TierLoad, TtftModel, make_evaluator
+
+        policy = self.engine.policy
+        options = {"model_dir": policy.evaluator_model_dir} if policy.evaluator == "answer" else {}
+        loads = [
+            TierLoad(t.name, max(t.read_meter.bytes_per_s, 1.0), 0.0, t.capacity_bytes or None)
+            for t in self.engine.tiers.values()
+        ]
+        ttft = TtftModel(loads, prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s)
+        directory = Path(self.engine.config.data_dir) / "profiler"
+        self.profiler = Profiler(
+            make_evaluator(policy.evaluator, options),
+            ttft,
+            policy=policy,
+            directory=directory,
+            is_busy=self.engine.loads_busy,
+        )
+        self.profiler.load()
+
+    def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
+        """The context's variants with exact sizes and, once profiled, quality and restore."""
+        if ctx.variant != ORIGINAL_VARIANT or not ctx.keys:
+            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+        fmt, tokens = self._geometry(ctx)
+        if fmt is None:
+            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+        profiled = self._profiled(ctx.context_id)
+        out = [VariantProfile(ORIGINAL_VARIANT, ctx.size_bytes)]
+        for name in self.variants():
+            if name == ORIGINAL_VARIANT:
+                continue
+            layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
+            size = variant_size_bytes(
+                layers, heads, dim, tokens, _dtype_bytes(fmt.dtype), name,
+                chunk_tokens=fmt.shape[2],
+            )  # fmt: skip
+            known = profiled.get(name)
+            # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
+            # a fixed-variant placer ignores quality.
+            quality, restore = (known.quality, known.restore_s) if known else (0.0, 0.0)
+            out.append(VariantProfile(name, size, quality, restore))
+        return tuple(out)
+
+    def variants(self) -> list[str]:
+        policy = self.engine.policy
+        names = dict.fromkeys([*policy.variants, policy.fixed_variant])
+        return [n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES]
+
+    def _geometry(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int]:
+        tokens, fmt = 0, None
+        for key in ctx.keys:
+            try:
+                fmt = ChunkFormat.parse(self.engine.objects[key].meta.layout)
+            except CorruptObjectError:
+                return None, 0
+            tokens += fmt.shape[2]
+        return fmt, tokens
+
+    def _profiled(self, context_id: str) -> dict[str, VariantProfile]:
+        if self.profiler is None:
+            return {}
+        try:
+            profile = self.profiler.profile_of(context_id)
+        except KeyError:
+            return {}
+        return {v.variant: v for v in profile.variants}
+
+    def prefill_s(self, ctx: ContextRecord) -> float:
+        """Seconds to recompute the context when dropped (profiled, else from its tokens)."""
+        if self.profiler is None:
+            return 0.0
+        with contextlib.suppress(KeyError):
+            return self.profiler.profile_of(ctx.context_id).prefill_s
+        _, tokens = self._geometry(ctx)
+        return self.profiler.ttft.prefill_s(tokens) if tokens else 0.0
+
+    def frequency(self, context_id: str) -> float | None:
+        if self.profiler is None:
+            return None
+        f = self.profiler.frequency.frequency(context_id, time.time())
+        return f if f > 0 else None
+
+    # -- work --------------------------------------------------------------------------------
+
+    def note_change(self, ctx: ContextRecord) -> None:
+        if ctx.variant == ORIGINAL_VARIANT:
+            self._changed[ctx.context_id] = time.monotonic()
+
+    def note_access(self, context_id: str) -> None:
+        if self.profiler is not None:
+            self.profiler.record_access(context_id)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run_forever(), name="kvtierd-profiling")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.profiler is not None:
+            self.profiler.flush()
+        self._worker.shutdown(wait=True)
+
+    @property
+    def healthy(self) -> bool:
+        return self._task is None or not self._task.done()
+
+    async def _run_forever(self, period_s: float = 0.2) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            now = time.monotonic()
+            ready = [c for c, t in self._changed.items() if now - t >= self.settle_s]
+            if self.engine.policy.placer != "evicpress":
+                self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
+                continue
+            for cid in ready:
+                if self.engine.loads_busy():
+                    break  # profiling yields to loads (EvicPress §4.3: only when idle)
+                self._changed.pop(cid, None)
+                ctx = self.engine.contexts.get(cid)
+                if ctx is not None and self._geometry(ctx)[0] is not None:
+                    await self.profile_context(ctx)
+
+    async def profile_context(
+        self, ctx: ContextRecord, queries: tuple[ProfilingQuery, ...] = ()
+    ) -> bool:
+        """Profile now; a failure is counted, logged and reported, never raised to the loop."""
+        assert self.profiler is not None
+        started = time.perf_counter()
+        try:
+            keys, values = await self.engine.context_tensors(ctx)
+            run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
+                          variants=self.variants())  # fmt: skip
+            await asyncio.get_running_loop().run_in_executor(self._worker, run)
+        except KvtierError as e:
+            self.runs["failed"] += 1
+            self.last_error = f"{ctx.context_id}: {e}"
+            self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=False)
+            logger.error("profiling %r failed: %s", ctx.context_id, e)
+            return False
+        self.runs["ok"] += 1
+        self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
+        if ctx.context_id in self.engine.contexts:
+            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+        return True
+
+
+def _dtype_bytes(name: str) -> int:
+    return {"float32": 4, "float64": 8}.get(name, 2)
