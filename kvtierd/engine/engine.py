@@ -86,6 +86,7 @@ class Engine(AdminOps, Moves, VariantOps):
         self.usage: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> bytes
         self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
         self.variant_manifests: dict[str, tuple[ObjectMeta, str]] = {}
+        self.references: dict[str, list[tuple[ObjectMeta, str]]] = {}
         self.metrics = Metrics()
         self.draining = False
         self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
@@ -157,6 +158,9 @@ class Engine(AdminOps, Moves, VariantOps):
             self._context_add(meta, key)
         for ctx in self.contexts.values():
             ctx.manifest = self.variant_manifests.get(ctx.context_id)
+            ctx.reference = self.references.get(ctx.context_id)
+            for meta, where in ctx.reference or ():
+                self.account(meta, where, +1)
             if ctx.manifest is not None:
                 self.account(ctx.manifest[0], ctx.manifest[1], +1)
             self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
@@ -486,9 +490,8 @@ class Engine(AdminOps, Moves, VariantOps):
                     await self._remove_object_bytes(self.objects[key])
                     self._forget_object(key)
                     deleted += 1
-                if ctx.context_id not in self.contexts and ctx.manifest is not None:
-                    await self._remove_from_tier(*ctx.manifest)
-                    ctx.manifest = None
+                if ctx.context_id not in self.contexts:
+                    await self.drop_extras(ctx)
         return deleted
 
     async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
@@ -539,8 +542,9 @@ class Engine(AdminOps, Moves, VariantOps):
         return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
 
     def loads_busy(self) -> bool:
-        """Loads are being served: background profiling waits (EvicPress §4.3)."""
-        return self._loads_in_flight > 0
+        """Loads are being served — a Get in flight, or a client still reading under a lease:
+        background profiling waits (EvicPress §4.3: only with free cycles)."""
+        return self._loads_in_flight > 0 or bool(self.leases)
 
     def profile(self, ctx: ContextRecord) -> ContextProfile:
         """What the placer knows of a context: its variants (sizes; quality once profiled),

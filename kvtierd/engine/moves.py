@@ -23,10 +23,19 @@ class Moves:
                 await e._remove_object_bytes(e.objects.pop(key))
             ctx.keys.clear()
             ctx.size_bytes = 0
-            if ctx.manifest is not None:
-                await e._remove_from_tier(*ctx.manifest)
-                ctx.manifest = None
+            await e.drop_extras(ctx)
             e.contexts.pop(ctx.context_id, None)
+
+    async def drop_extras(self, ctx: ContextRecord) -> None:
+        """Delete what belongs to a context besides its objects: a variant's manifest and the
+        reference copy of its original."""
+        e = cast("Engine", self)
+        if ctx.manifest is not None:
+            await e._remove_from_tier(*ctx.manifest)
+            ctx.manifest = None
+        for meta, where in ctx.reference or ():
+            await e._remove_from_tier(meta, where)
+        ctx.reference = None
 
     async def move_context(self, ctx: ContextRecord, target: str) -> int:
         """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""

@@ -24,11 +24,11 @@ from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import CorruptObjectError, KvtierError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
-from kvtierd.types import ORIGINAL_VARIANT, VariantProfile
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
-    from kvtierd.profiler import Profiler, ProfilingQuery
+    from kvtierd.profiler import DriftSample, Profiler, ProfileRecord, ProfilingQuery, ReprofileLoop
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class ProfilingService:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
         self._changed: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._drift: asyncio.Task[None] | None = None
+        self._loop: ReprofileLoop | None = None
+        self._running = False
+        self.reprofiled = 0
         self.runs: Counter[str] = Counter()
         self.last_error = ""
 
@@ -53,7 +57,7 @@ class ProfilingService:
         from kvtierd.profiler import Profiler, TierLoad, TtftModel, make_evaluator
 
         policy = self.engine.policy
-        options = {"model_dir": policy.evaluator_model_dir} if policy.evaluator == "answer" else {}
+        options = {"model_path": policy.evaluator_model_dir} if policy.evaluator == "answer" else {}
         loads = [
             TierLoad(t.name, max(t.read_meter.bytes_per_s, 1.0), 0.0, t.capacity_bytes or None)
             for t in self.engine.tiers.values()
@@ -68,16 +72,67 @@ class ProfilingService:
             is_busy=self.engine.loads_busy,
         )
         self.profiler.load()
+        self._restart_drift_loop()
+
+    def _restart_drift_loop(self) -> None:
+        """Periodic re-profiling on drift (EvicPress §4.3), for the placer that uses quality."""
+        if self._drift is not None:
+            self._drift.cancel()
+            self._drift = None
+        if self.profiler is None or self.engine.policy.placer != "evicpress" or not self._running:
+            return
+        self._loop = self.profiler.reprofile_loop(self._measure, self._reprofile)
+        self._drift = asyncio.create_task(self._loop.run_forever(), name="kvtierd-reprofile")
+
+    async def _measure(self, context_id: str) -> DriftSample | None:
+        ctx = self.engine.contexts.get(context_id)
+        if ctx is None or self.profiler is None:
+            return None
+        try:
+            keys, values = await self.engine.context_tensors(ctx)
+        except KvtierError:
+            return None  # the original is not kept: drift cannot be measured
+        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, check)
+
+    async def _reprofile(self, context_id: str) -> None:
+        ctx = self.engine.contexts.get(context_id)
+        if ctx is not None:
+            self.reprofiled += 1
+            await self.profile_context(ctx)
+
+    async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
+        """Profiling queries for a context: a user's set, or samples of real traffic."""
+        from kvtierd.profiler import ProfilingQuery
+
+        if self.profiler is None:
+            return 0
+        queries = [ProfilingQuery(text=t) for t in texts if t]
+        profiler = self.profiler
+
+        def store() -> None:
+            if from_traffic:
+                for q in queries:
+                    profiler.record_query(context_id, q)
+            else:
+                profiler.queries.add_user(context_id, queries)
+
+        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        return len(queries)
+
+    def record(self, context_id: str) -> ProfileRecord | None:
+        return None if self.profiler is None else self.profiler.record(context_id)
 
     def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
-        """The context's variants with exact sizes and, once profiled, quality and restore."""
-        if ctx.variant != ORIGINAL_VARIANT or not ctx.keys:
-            return (VariantProfile(ctx.variant, ctx.size_bytes),)
-        fmt, tokens = self._geometry(ctx)
+        """The context's variants with exact sizes and, once profiled, quality and restore.
+        The whole grid while the original is at hand (stored, or kept as a reference copy);
+        otherwise only the form the context has."""
+        originals = self._originals(ctx)
+        fmt, tokens = self._geometry(originals)
         if fmt is None:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
         profiled = self._profiled(ctx.context_id)
-        out = [VariantProfile(ORIGINAL_VARIANT, ctx.size_bytes)]
+        out = [VariantProfile(ORIGINAL_VARIANT, sum(m.size_bytes for m in originals))]
         for name in self.variants():
             if name == ORIGINAL_VARIANT:
                 continue
@@ -93,16 +148,21 @@ class ProfilingService:
             out.append(VariantProfile(name, size, quality, restore))
         return tuple(out)
 
+    def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
+        if ctx.variant == ORIGINAL_VARIANT:
+            return [self.engine.objects[k].meta for k in ctx.keys]
+        return [m for m, _ in ctx.reference or ()]
+
     def variants(self) -> list[str]:
         policy = self.engine.policy
         names = dict.fromkeys([*policy.variants, policy.fixed_variant])
         return [n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES]
 
-    def _geometry(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int]:
+    def _geometry(self, metas: list[ObjectMeta]) -> tuple[ChunkFormat | None, int]:
         tokens, fmt = 0, None
-        for key in ctx.keys:
+        for meta in metas:
             try:
-                fmt = ChunkFormat.parse(self.engine.objects[key].meta.layout)
+                fmt = ChunkFormat.parse(meta.layout)
             except CorruptObjectError:
                 return None, 0
             tokens += fmt.shape[2]
@@ -123,7 +183,7 @@ class ProfilingService:
             return 0.0
         with contextlib.suppress(KeyError):
             return self.profiler.profile_of(ctx.context_id).prefill_s
-        _, tokens = self._geometry(ctx)
+        _, tokens = self._geometry(self._originals(ctx))
         return self.profiler.ttft.prefill_s(tokens) if tokens else 0.0
 
     def frequency(self, context_id: str) -> float | None:
@@ -143,20 +203,24 @@ class ProfilingService:
             self.profiler.record_access(context_id)
 
     def start(self) -> None:
+        self._running = True
         self._task = asyncio.create_task(self._run_forever(), name="kvtierd-profiling")
+        self._restart_drift_loop()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._running = False
+        for task in (self._task, self._drift):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.profiler is not None:
             self.profiler.flush()
         self._worker.shutdown(wait=True)
 
     @property
     def healthy(self) -> bool:
-        return self._task is None or not self._task.done()
+        return all(t is None or not t.done() for t in (self._task, self._drift))
 
     async def _run_forever(self, period_s: float = 0.2) -> None:
         while True:
@@ -171,7 +235,7 @@ class ProfilingService:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self.engine.contexts.get(cid)
-                if ctx is not None and self._geometry(ctx)[0] is not None:
+                if ctx is not None and self._geometry(self._originals(ctx))[0] is not None:
                     await self.profile_context(ctx)
 
     async def profile_context(

@@ -38,6 +38,9 @@ class ContextRecord:
     hold_until_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     manifest: tuple[ObjectMeta, str] | None = None  # a daemon-made variant's marker, its tier
+    # The original's objects (meta, tier) kept in an unbounded tier while the context is
+    # stored compressed (EvicPress keeps every original on its remote disk, §4).
+    reference: list[tuple[ObjectMeta, str]] | None = None
 
 
 @dataclass(slots=True)

@@ -40,26 +40,46 @@ class VariantOps:
     """Mixed into :class:`~kvtierd.engine.Engine`."""
 
     async def read_context_bytes(self, ctx: ContextRecord) -> tuple[list[ObjectMeta], list[bytes]]:
-        """Every object of the context, in order, copied out (the caller holds no lock)."""
+        """The context's original objects, in order, copied out: its own objects while it is
+        stored uncompressed, else its reference copy (``None`` reference: not available)."""
         e = cast("Engine", self)
+        if ctx.variant == ORIGINAL_VARIANT:
+            records = [e.objects[k] for k in ctx.keys]
+        elif ctx.reference:
+            records = [ObjectRecord(m, t) for m, t in ctx.reference]
+        else:
+            raise InvalidArgumentError(
+                f"context {ctx.context_id!r} is stored as {ctx.variant!r} and its original is "
+                "not kept (no unbounded tier to hold a reference copy)"
+            )
         metas, payloads = [], []
         async with ctx.lock:
-            for key in list(ctx.keys):
-                obj = e.objects[key]
-                if obj.tier == e.cpu.name:
-                    data = bytes(e.cpu.view(e.cpu.block_of(obj.meta.key)))
-                else:
-                    block = await e._stage_from(obj)
-                    try:
-                        data = bytes(e.cpu.view(block))
-                    finally:
-                        e.cpu.free_block(block)
+            for obj in records:
+                payloads.append(await self._copy_out(obj))
                 metas.append(obj.meta)
-                payloads.append(data)
         return metas, payloads
 
+    async def _copy_out(self, obj: ObjectRecord) -> bytes:
+        e = cast("Engine", self)
+        if obj.tier == e.cpu.name:
+            return bytes(e.cpu.view(e.cpu.block_of(obj.meta.key)))
+        block = await e._stage_from(obj)
+        try:
+            return bytes(e.cpu.view(block))
+        finally:
+            e.cpu.free_block(block)
+
+    def reference_tier(self) -> str:
+        """An unbounded persistent tier (EvicPress's remote disk, which keeps every context's
+        original, §4); ``""`` when the configuration has none."""
+        e = cast("Engine", self)
+        for t in e.tiers.values():
+            if t.persistent and not t.capacity_bytes:
+                return t.name
+        return ""
+
     async def context_tensors(self, ctx: ContextRecord) -> tuple[torch.Tensor, torch.Tensor]:
-        """The context's keys and values ``[L, H, N, D]`` (original chunks only)."""
+        """The context's original keys and values ``[L, H, N, D]``."""
         from kvtierd.engine.context_kv import split_kv
 
         metas, payloads = await self.read_context_bytes(ctx)
@@ -68,12 +88,12 @@ class VariantOps:
         return split_kv(kv, formats[0].num_kv_heads)
 
     async def compress_context(self, ctx: ContextRecord, variant: str, tier: str) -> None:
+        """Store the context as ``variant`` in ``tier`` (from its original), replacing the form
+        it has; ``"none"`` restores the original from the reference copy."""
         e = cast("Engine", self)
-        if ctx.variant != ORIGINAL_VARIANT:
-            raise InvalidArgumentError(
-                f"context {ctx.context_id!r} is stored as {ctx.variant!r}; only the original "
-                f"can be compressed (to {variant!r})"
-            )
+        if variant == ORIGINAL_VARIANT:
+            await self._restore_original(ctx, tier)
+            return
         metas, payloads = await self.read_context_bytes(ctx)
         formats = chunk_formats(metas)
         kv = await asyncio.to_thread(decode_context, payloads, formats)
@@ -81,37 +101,100 @@ class VariantOps:
             encode_variant, ctx.context_id, metas, kv, formats, variant
         )
         async with ctx.lock:
-            if e.contexts.get(ctx.context_id) is not ctx or ctx.variant != ORIGINAL_VARIANT:
-                return  # deleted or changed while we compressed
-            # A durable context stays durable: its new form gets a persistent copy too.
-            durable = any(e.objects[k].durable for k in ctx.keys)
-            shadow = ""
-            if durable and not e.tiers[tier].persistent:
-                shadow = next((t.name for t in e.tiers.values() if t.persistent), "")
-            written: list[tuple[ObjectMeta, str]] = []
-            try:
-                for obj in objects:
-                    for where in filter(None, (tier, shadow)):
-                        written.append((await self._store_encoded(obj, where), where))
-                metas_new = [m for m, where in written if where == tier]
-                manifest = await self._store_manifest(ctx, variant, metas_new, shadow or tier)
-            except BaseException:
-                for meta, where in written:
-                    await e._remove_from_tier(meta, where)
-                raise
-            for key in list(ctx.keys):
-                await e._remove_object_bytes(e.objects.pop(key))
-            ctx.keys.clear()
-            for obj, meta in zip(objects, metas_new, strict=True):
-                e.objects[obj.client_key] = ObjectRecord(
-                    meta, tier, shadow=shadow, durable=durable or e.tiers[tier].persistent
-                )
-                ctx.keys[obj.client_key] = None
-            ctx.size_bytes = sum(m.size_bytes for m in metas_new)
-            ctx.variant = variant
-            ctx.manifest = (manifest, shadow or tier)
+            if e.contexts.get(ctx.context_id) is not ctx:
+                return  # deleted while we compressed
+            await self._keep_reference(ctx)
+            await self._install(ctx, objects, variant, tier)
         logger.info("context %r compressed to %s in %s: %d -> %d bytes", ctx.context_id,
                     variant, tier, sum(m.size_bytes for m in metas), ctx.size_bytes)  # fmt: skip
+
+    async def _keep_reference(self, ctx: ContextRecord) -> None:
+        """Before the original leaves, put a copy of it in the reference tier (if any)."""
+        e = cast("Engine", self)
+        ref = self.reference_tier()
+        if ctx.variant != ORIGINAL_VARIANT or not ref:
+            return
+        kept: list[tuple[ObjectMeta, str]] = []
+        for key in list(ctx.keys):
+            obj = e.objects[key]
+            if ref not in (obj.tier, obj.shadow):
+                await e.tiers[ref].put(obj.meta, memoryview(await self._copy_out(obj)))
+                e.account(obj.meta, ref, +1)
+            # else: the copy already there becomes the reference (_drop_current_form keeps it)
+            kept.append((obj.meta, ref))
+        ctx.reference = kept
+
+    async def _install(
+        self, ctx: ContextRecord, objects: list[EncodedObject], variant: str, tier: str
+    ) -> None:
+        """Write the new form, its manifest, then drop the old form (crash-safe order)."""
+        e = cast("Engine", self)
+        durable = any(e.objects[k].durable for k in ctx.keys)
+        shadow = ""
+        if durable and not e.tiers[tier].persistent:
+            shadow = next((t.name for t in e.tiers.values() if t.persistent), "")
+        written: list[tuple[ObjectMeta, str]] = []
+        try:
+            for obj in objects:
+                for where in filter(None, (tier, shadow)):
+                    written.append((await self._store_encoded(obj, where), where))
+            metas_new = [m for m, where in written if where == tier]
+            manifest = await self._store_manifest(ctx, variant, metas_new, shadow or tier)
+        except BaseException:
+            for meta, where in written:
+                await e._remove_from_tier(meta, where)
+            raise
+        await self._drop_current_form(ctx)
+        for obj, meta in zip(objects, metas_new, strict=True):
+            e.objects[obj.client_key] = ObjectRecord(
+                meta, tier, shadow=shadow, durable=durable or e.tiers[tier].persistent
+            )
+            ctx.keys[obj.client_key] = None
+        ctx.size_bytes = sum(m.size_bytes for m in metas_new)
+        ctx.variant = variant
+        ctx.manifest = (manifest, shadow or tier)
+
+    async def _drop_current_form(self, ctx: ContextRecord) -> None:
+        """Delete the objects of the context's current form (never its reference copy)."""
+        e = cast("Engine", self)
+        reference = {(m.key, t) for m, t in ctx.reference or ()}
+        for key in list(ctx.keys):
+            obj = e.objects.pop(key)
+            for where in filter(None, (obj.tier, obj.shadow)):
+                if (obj.meta.key, where) not in reference:
+                    await e._remove_from_tier(obj.meta, where)
+        ctx.keys.clear()
+        if ctx.manifest is not None:
+            await e._remove_from_tier(*ctx.manifest)
+            ctx.manifest = None
+
+    async def _restore_original(self, ctx: ContextRecord, tier: str) -> None:
+        """Bring the original back from the reference copy into ``tier``."""
+        e = cast("Engine", self)
+        if ctx.variant == ORIGINAL_VARIANT:
+            await e.move_context(ctx, tier)
+            return
+        if not ctx.reference:
+            raise InvalidArgumentError(
+                f"context {ctx.context_id!r}: the original is not kept, cannot restore it"
+            )
+        async with ctx.lock:
+            reference = ctx.reference
+            await self._drop_current_form(ctx)
+            for meta, ref in reference:
+                rec = ObjectRecord(meta, ref, durable=True)
+                if tier != ref:
+                    e.account(meta, tier, +1)
+                    if tier == e.cpu.name:
+                        e.cpu.adopt(meta, await e._stage_from(rec))
+                    else:
+                        await e.tiers[tier].put(meta, memoryview(await self._copy_out(rec)))
+                    rec = ObjectRecord(meta, tier, shadow=ref, durable=True)
+                e.objects[meta.key] = rec
+                ctx.keys[meta.key] = None
+            ctx.size_bytes = sum(m.size_bytes for m, _ in reference)
+            ctx.variant = ORIGINAL_VARIANT
+            ctx.reference = None
 
     async def _store_encoded(self, obj: EncodedObject, tier: str) -> ObjectMeta:
         e = cast("Engine", self)
@@ -160,6 +243,9 @@ class VariantOps:
             made_by_daemon = SEPARATOR in meta.key
             complete = (meta.context, meta.variant) in manifests
             superseded = not made_by_daemon and any(c == meta.context for c, _ in manifests)
+            if superseded and tier == self.reference_tier():
+                e.references.setdefault(meta.context, []).append((meta, tier))
+                continue
             if (made_by_daemon and not complete) or superseded:
                 try:
                     await e.tiers[tier].delete(meta.key, tenant=meta.tenant)

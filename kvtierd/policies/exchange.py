@@ -134,6 +134,8 @@ def improve(table: UtilityTable, assignment: Assignment, max_rounds: int = 256) 
     Stops when no move gains or after ``max_rounds`` rounds (``O(n V T)`` numpy work each).
     """
     n = table.n_contexts
+    if n == 0:
+        return assignment  # nothing to improve (a rebalance with no contexts)
     rows = np.arange(n)
     variant = assignment.variant.copy()
     tier = assignment.tier.copy()

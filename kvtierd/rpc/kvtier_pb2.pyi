@@ -641,6 +641,55 @@ class TouchResponse(_message.Message):
 Global___TouchResponse: _TypeAlias = TouchResponse  # noqa: Y015
 
 @_typing.final
+class AddQueriesRequest(_message.Message):
+    """Profiling queries for a context (EvicPress §4.1, §4.3): supplied by a user, or recorded from
+    real traffic (the router sends each request's question).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    FROM_TRAFFIC_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    from_traffic: _builtins.bool
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        from_traffic: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "from_traffic", b"from_traffic", "texts", b"texts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddQueriesRequest: _TypeAlias = AddQueriesRequest  # noqa: Y015
+
+@_typing.final
+class AddQueriesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORED_FIELD_NUMBER: _builtins.int
+    stored: _builtins.int
+    def __init__(
+        self,
+        *,
+        stored: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stored", b"stored"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
+
+@_typing.final
 class StatusRequest(_message.Message):
     """---------------------------------------------------------------------------------------
     Admin
@@ -1214,3 +1263,148 @@ class ApplyPolicyRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ApplyPolicyRequest: _TypeAlias = ApplyPolicyRequest  # noqa: Y015
+
+@_typing.final
+class ProfileRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def context_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every context the daemon can profile"""
+
+    def __init__(
+        self,
+        *,
+        context_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_ids", b"context_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileRequest: _TypeAlias = ProfileRequest  # noqa: Y015
+
+@_typing.final
+class ProfileResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROFILED_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    profiled: _builtins.int
+    failed: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        profiled: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "failed", b"failed", "profiled", b"profiled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileResponse: _TypeAlias = ProfileResponse  # noqa: Y015
+
+@_typing.final
+class VariantQuality(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VARIANT_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
+    RESTORE_S_FIELD_NUMBER: _builtins.int
+    variant: _builtins.str
+    size_bytes: _builtins.int
+    quality: _builtins.float
+    restore_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        variant: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+        quality: _builtins.float = ...,
+        restore_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["quality", b"quality", "restore_s", b"restore_s", "size_bytes", b"size_bytes", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VariantQuality: _TypeAlias = VariantQuality  # noqa: Y015
+
+@_typing.final
+class ProfileStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    """empty: the profiler's totals only"""
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileStatusRequest: _TypeAlias = ProfileStatusRequest  # noqa: Y015
+
+@_typing.final
+class ProfileStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVALUATOR_FIELD_NUMBER: _builtins.int
+    RUNS_OK_FIELD_NUMBER: _builtins.int
+    RUNS_FAILED_FIELD_NUMBER: _builtins.int
+    REPROFILED_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    PROFILED_FIELD_NUMBER: _builtins.int
+    PROFILED_AGE_S_FIELD_NUMBER: _builtins.int
+    NUM_QUERIES_FIELD_NUMBER: _builtins.int
+    QUERY_SOURCE_FIELD_NUMBER: _builtins.int
+    VARIANTS_FIELD_NUMBER: _builtins.int
+    evaluator: _builtins.str
+    runs_ok: _builtins.int
+    runs_failed: _builtins.int
+    reprofiled: _builtins.int
+    last_error: _builtins.str
+    profiled: _builtins.bool
+    """the context has a profile"""
+    profiled_age_s: _builtins.float
+    num_queries: _builtins.int
+    query_source: _builtins.str
+    """"user", "traffic" or "initial" """
+    @_builtins.property
+    def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantQuality]: ...
+    def __init__(
+        self,
+        *,
+        evaluator: _builtins.str = ...,
+        runs_ok: _builtins.int = ...,
+        runs_failed: _builtins.int = ...,
+        reprofiled: _builtins.int = ...,
+        last_error: _builtins.str = ...,
+        profiled: _builtins.bool = ...,
+        profiled_age_s: _builtins.float = ...,
+        num_queries: _builtins.int = ...,
+        query_source: _builtins.str = ...,
+        variants: _abc.Iterable[Global___VariantQuality] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "last_error", b"last_error", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "variants", b"variants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileStatusResponse: _TypeAlias = ProfileStatusResponse  # noqa: Y015

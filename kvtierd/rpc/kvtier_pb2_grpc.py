@@ -84,6 +84,11 @@ class KVStoreStub(object):
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.TouchRequest.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.TouchResponse.FromString,
                 _registered_method=True)
+        self.AddQueries = channel.unary_unary(
+                '/kvtierd.v1.KVStore/AddQueries',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer(object):
@@ -149,6 +154,12 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddQueries(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +212,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Touch,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.TouchRequest.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.TouchResponse.SerializeToString,
+            ),
+            'AddQueries': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddQueries,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +499,33 @@ class KVStore(object):
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def AddQueries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.KVStore/AddQueries',
+            kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AdminStub(object):
     """Missing associated documentation comment in .proto file."""
@@ -547,6 +590,16 @@ class AdminStub(object):
                 '/kvtierd.v1.Admin/ApplyPolicy',
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ApplyPolicyRequest.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.Profile = channel.unary_unary(
+                '/kvtierd.v1.Admin/Profile',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileResponse.FromString,
+                _registered_method=True)
+        self.ProfileStatus = channel.unary_unary(
+                '/kvtierd.v1.Admin/ProfileStatus',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -619,6 +672,18 @@ class AdminServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Profile(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProfileStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -676,6 +741,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ApplyPolicy,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ApplyPolicyRequest.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PolicyResponse.SerializeToString,
+            ),
+            'Profile': grpc.unary_unary_rpc_method_handler(
+                    servicer.Profile,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileResponse.SerializeToString,
+            ),
+            'ProfileStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProfileStatus,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -975,6 +1050,60 @@ class Admin(object):
             '/kvtierd.v1.Admin/ApplyPolicy',
             kvtierd_dot_v1_dot_kvtier__pb2.ApplyPolicyRequest.SerializeToString,
             kvtierd_dot_v1_dot_kvtier__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Profile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.Admin/Profile',
+            kvtierd_dot_v1_dot_kvtier__pb2.ProfileRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.ProfileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProfileStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.Admin/ProfileStatus',
+            kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.ProfileStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,7 @@ class KVStoreStub:
     GetStream: _grpc.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetChunk]
     Delete: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]
     Touch: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]
+    AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
 
 @_typing.type_check_only
 class KVStoreAsyncStub(KVStoreStub):
@@ -65,6 +66,7 @@ class KVStoreAsyncStub(KVStoreStub):
     GetStream: _aio.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetChunk]  # type: ignore[assignment]
     Delete: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]  # type: ignore[assignment]
     Touch: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]  # type: ignore[assignment]
+    AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
 
 class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -137,6 +139,13 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.TouchResponse, _abc.Awaitable[_kvtier_pb2.TouchResponse]]: ...
 
+    @_abc_1.abstractmethod
+    def AddQueries(
+        self,
+        request: _kvtier_pb2.AddQueriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.AddQueriesResponse, _abc.Awaitable[_kvtier_pb2.AddQueriesResponse]]: ...
+
 def add_KVStoreServicer_to_server(servicer: KVStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class AdminStub:
@@ -155,6 +164,8 @@ class AdminStub:
     Rebalance: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.RebalanceRequest, _kvtier_pb2.RebalanceResponse]
     GetPolicy: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PolicyRequest, _kvtier_pb2.PolicyResponse]
     ApplyPolicy: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ApplyPolicyRequest, _kvtier_pb2.PolicyResponse]
+    Profile: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ProfileRequest, _kvtier_pb2.ProfileResponse]
+    ProfileStatus: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ProfileStatusRequest, _kvtier_pb2.ProfileStatusResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -170,6 +181,8 @@ class AdminAsyncStub(AdminStub):
     Rebalance: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.RebalanceRequest, _kvtier_pb2.RebalanceResponse]  # type: ignore[assignment]
     GetPolicy: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PolicyRequest, _kvtier_pb2.PolicyResponse]  # type: ignore[assignment]
     ApplyPolicy: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ApplyPolicyRequest, _kvtier_pb2.PolicyResponse]  # type: ignore[assignment]
+    Profile: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ProfileRequest, _kvtier_pb2.ProfileResponse]  # type: ignore[assignment]
+    ProfileStatus: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ProfileStatusRequest, _kvtier_pb2.ProfileStatusResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -248,5 +261,19 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _kvtier_pb2.ApplyPolicyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.PolicyResponse, _abc.Awaitable[_kvtier_pb2.PolicyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Profile(
+        self,
+        request: _kvtier_pb2.ProfileRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.ProfileResponse, _abc.Awaitable[_kvtier_pb2.ProfileResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ProfileStatus(
+        self,
+        request: _kvtier_pb2.ProfileStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.ProfileStatusResponse, _abc.Awaitable[_kvtier_pb2.ProfileStatusResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

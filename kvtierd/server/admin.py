@@ -15,6 +15,7 @@ from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import record_info
 from kvtierd.server.health import HealthMonitor
 from kvtierd.server.identity import Caller
+from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import OpKind
 
 _ORDERS = {
@@ -111,10 +112,22 @@ class AdminServicer(pb_grpc.AdminServicer):
         if ctx is None:
             raise NotFoundError(f"context {request.context_id!r} not found")
         objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
+        table = utility_table(self.engine, ctx)
         return pb.DescribeContextResponse(
             summary=self._summary(ctx),
             objects=objects,
-            reason=f"placed by the {self.engine.placer.name!r} placer",
+            options=[
+                pb.PlacementOption(
+                    variant=o.variant,
+                    tier=o.tier,
+                    size_bytes=o.size_bytes,
+                    quality=o.quality,
+                    ttft_s=o.ttft_s,
+                    utility=o.utility,
+                )
+                for o in table
+            ],
+            reason=placement_reason(self.engine, ctx, table),
         )
 
     async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictResponse:
@@ -139,6 +152,55 @@ class AdminServicer(pb_grpc.AdminServicer):
         if not request.dry_run:
             await self.engine.apply_policy(policy)
         return pb.PolicyResponse(name=policy.name, yaml=policy.text, source=policy.source)
+
+    async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
+        ids = list(request.context_ids) or list(self.engine.contexts)
+        for cid in ids:
+            if cid not in self.engine.contexts:
+                raise NotFoundError(f"context {cid!r} not found")
+        ok = failed = 0
+        errors = []
+        for cid in ids:
+            ctx = self.engine.contexts.get(cid)
+            if ctx is None:
+                continue
+            if await self.engine.profiling.profile_context(ctx):
+                ok += 1
+            else:
+                failed += 1
+                errors.append(self.engine.profiling.last_error)
+        return pb.ProfileResponse(profiled=ok, failed=failed, errors=errors)
+
+    async def ProfileStatus(
+        self, request: pb.ProfileStatusRequest, context: Any
+    ) -> pb.ProfileStatusResponse:
+        p = self.engine.profiling
+        resp = pb.ProfileStatusResponse(
+            evaluator=self.engine.policy.evaluator,
+            runs_ok=p.runs["ok"],
+            runs_failed=p.runs["failed"],
+            reprofiled=p.reprofiled,
+            last_error=p.last_error,
+        )
+        if request.context_id:
+            if request.context_id not in self.engine.contexts:
+                raise NotFoundError(f"context {request.context_id!r} not found")
+            record = p.record(request.context_id)
+            if record is not None:
+                resp.profiled = True
+                resp.profiled_age_s = max(0.0, time.time() - record.profiled_at_s)
+                resp.num_queries = record.num_queries
+                resp.query_source = record.query_source
+                resp.variants.extend(
+                    pb.VariantQuality(
+                        variant=v.variant,
+                        size_bytes=v.size_bytes,
+                        quality=v.quality,
+                        restore_s=v.restore_s,
+                    )
+                    for v in record.profile.variants
+                )
+        return resp
 
     async def Rebalance(self, request: pb.RebalanceRequest, context: Any) -> pb.RebalanceResponse:
         plan = await self.engine.rebalance()

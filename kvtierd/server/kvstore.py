@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kvtierd.engine import Engine
-from kvtierd.errors import InvalidArgumentError, PermissionDeniedError
+from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import info, meta_from_spec, record_info, region
@@ -175,6 +175,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         caller = CALLER.get()
         deleted = await self.engine.delete([caller.scoped(k) for k in request.keys])
         return pb.DeleteResponse(deleted=deleted)
+
+    async def AddQueries(
+        self, request: pb.AddQueriesRequest, context: Any
+    ) -> pb.AddQueriesResponse:
+        caller = CALLER.get()
+        cid = caller.scoped(request.context_id)
+        if cid not in self.engine.contexts:
+            raise NotFoundError(f"context {request.context_id!r} not found")
+        if len(request.texts) > 1000:
+            raise InvalidArgumentError("AddQueries: at most 1000 queries per request")
+        stored = await self.engine.profiling.add_queries(
+            cid, list(request.texts), request.from_traffic
+        )
+        return pb.AddQueriesResponse(stored=stored)
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")

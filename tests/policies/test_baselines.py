@@ -77,3 +77,15 @@ def test_registry_rejects_duplicates_and_lists_unknown_names():
 def test_fixed_without_a_variant_is_an_error(two_tiers):
     with pytest.raises(ValueError, match="fixed:<variant>"):
         make_placer("fixed", two_tiers)
+
+
+def test_every_placer_rebalances_nothing() -> None:
+    # A daemon with no contexts applies a policy by rebalancing an empty set.
+    from kvtierd.policies import PLACERS
+    from kvtierd.policies.base import PlacerParams
+    from kvtierd.types import TierModel
+
+    tiers = [TierModel("cpu", 1 << 20, 1e10), TierModel("ssd", None, 1e9)]
+    for name, cls in PLACERS.items():
+        params = PlacerParams(fixed_variant="int8") if name == "fixed" else None
+        assert not cls(tiers, params).rebalance([]).operations, name

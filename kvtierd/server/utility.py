@@ -1,0 +1,61 @@
+"""The utility table ``DescribeContext`` shows: every (variant, tier) option of a context and
+``dropped``, with EvicPress's utility ``(alpha * quality - ttft_s) * frequency`` (§4.2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtierd.engine import Engine
+from kvtierd.engine.state import ContextRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    variant: str
+    tier: str  # "" = dropped
+    size_bytes: int
+    quality: float
+    ttft_s: float
+    utility: float
+
+
+def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
+    """Best first. TTFT of a stored option = bytes / the tier's measured load bandwidth + its
+    per-load overhead + the variant's restore cost; of ``dropped`` = the context's prefill."""
+    profile = engine.profile(ctx)
+    alpha = engine.policy.alpha
+    options = []
+    for tier in engine.tier_models():
+        bandwidth = max(tier.load_bandwidth_bytes_per_s, 1.0)
+        for v in profile.variants:
+            if tier.capacity_bytes is not None and v.size_bytes > tier.capacity_bytes:
+                continue
+            ttft = v.size_bytes / bandwidth + tier.load_overhead_s + v.restore_s
+            utility = (alpha * v.quality - ttft) * profile.frequency
+            options.append(Option(v.variant, tier.name, v.size_bytes, v.quality, ttft, utility))
+    drop_ttft = profile.prefill_s
+    options.append(Option("none", "", 0, 1.0, drop_ttft, (alpha - drop_ttft) * profile.frequency))
+    return sorted(options, key=lambda o: -o.utility)
+
+
+def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) -> str:
+    where = engine.placement_of(ctx)
+    chosen = next(
+        (o for o in table if o.variant == where.variant and o.tier == (where.tier or "")), None
+    )
+    name = engine.placer.name
+    if chosen is None:
+        return f"{name}: stored as {where.variant} in {where.tier}"
+    best = table[0]
+    text = (
+        f"{name}: stored as {chosen.variant} in {chosen.tier or 'nowhere (dropped)'}, "
+        f"utility {chosen.utility:.4g} (quality {chosen.quality:.3f}, TTFT {chosen.ttft_s:.4g} s)"
+    )
+    if best is not chosen:
+        text += (
+            f"; the unconstrained best, {best.variant} in {best.tier or 'dropped'} "
+            f"({best.utility:.4g}), does not fit beside the other contexts' choices"
+        )
+    if ctx.pinned:
+        text += "; pinned"
+    return text

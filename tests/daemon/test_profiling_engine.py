@@ -1,0 +1,138 @@
+"""EvicPress end to end in the engine (in-process, real tiers, real profiler, real executor):
+contexts are profiled and placed by utility, DescribeContext's table explains the choice, and
+when real queries drift the context is re-profiled and re-placed — but not while loads run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+import pytest
+import torch
+
+from kvtierd.config import DaemonConfig, TierConfig
+from kvtierd.engine import Engine
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.policy_config import parse_policy
+from kvtierd.profiler import (
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    register_evaluator,
+)
+from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from kvtierd.server.utility import placement_reason, utility_table
+from kvtierd.types import ObjectMeta
+
+L, H, D, T, CHUNKS = 2, 2, 32, 16, 4
+CHUNK_BYTES = 2 * L * T * H * D * 2
+
+
+class TailTopicEvaluator(QualityEvaluator):
+    """Token-dropped variants answer 'head' questions well and 'tail' ones badly; stands in
+    for a model whose answers change with the query distribution."""
+
+    name = "engine-test-topic"
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        tail = sum("tail" in q.text for q in queries) / max(1, len(queries))
+        quality = {v: 1.0 if "@" not in v else 0.95 - 0.9 * tail for v in variants}
+        return QualityResult(self.name, MappingProxyType(quality), len(queries))
+
+
+if TailTopicEvaluator.name not in EVALUATORS:
+    register_evaluator(TailTopicEvaluator)
+
+
+def _config(tmp: Path) -> DaemonConfig:
+    tiers = (
+        TierConfig("cpu", "cpu", 20_000, options={"staging_bytes": "32MiB"}),
+        # capacity 0: unbounded, so it keeps every original (EvicPress's remote disk)
+        TierConfig("ssd", "ssd", 0, str(tmp / "ssd")),
+    )
+    return DaemonConfig(socket_path=str(tmp / "s"), data_dir=str(tmp / "data"), tiers=tiers)
+
+
+async def _put_context(engine: Engine, cid: str) -> None:
+    layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
+    g = torch.Generator().manual_seed(0)
+    for i in range(CHUNKS):
+        x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
+        data = memoryview(x.view(torch.uint8).numpy().tobytes())
+        meta = ObjectMeta(
+            key=f"{cid}/{i}",
+            size_bytes=len(data),
+            context_id=cid,
+            dtype="bfloat16",
+            shape=tuple(x.shape),
+            layout=layout,
+            token_count=T,
+        )
+        await engine.put_bytes(meta, data)
+
+
+async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path):
+    e = Engine(_config(tmp_path))
+    await e.start()
+    yield e
+    await e.close()
+
+
+async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
+    # alpha from the measured tiers: keeping the original on SSD must cost more TTFT than a
+    # 5% quality loss is worth, and less than a 50% loss (see the module docstring).
+    cpu, ssd = engine.tier_models()
+    dt = 2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s - (
+        CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s
+    )
+    policy = parse_policy(
+        f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
+        "  ratios: [1.0, 0.5]\nprofiling:\n  reprofile_threshold: 0.05\n  interval_s: 0.2\n",
+        "test.yaml",
+    )
+    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    await _put_context(engine, "doc")
+    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    ctx = engine.contexts["doc"]
+    await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
+    await _until(lambda: engine.placement_of(ctx).variant == "knorm@0.5")
+    assert engine.placement_of(ctx).tier == "cpu"
+    table = utility_table(engine, ctx)
+    assert (table[0].variant, table[0].tier) == ("knorm@0.5", "cpu")
+    assert "stored as knorm@0.5 in cpu" in placement_reason(engine, ctx, table)
+    assert ctx.reference is not None  # the original stays on the unbounded tier
+
+    # Real traffic now asks about the tail: quality of the placed variant drops.
+    (lease,) = await engine.get([next(iter(ctx.keys))])
+    await engine.profiling.add_queries("doc", [f"a tail question {i}" for i in range(3)], True)
+    await asyncio.sleep(1.0)  # several drift-loop passes while a client holds a lease
+    assert engine.profiling.reprofiled == 0, "re-profiling must wait while loads run"
+    assert engine.placement_of(ctx).variant == "knorm@0.5"
+    engine.release([lease.lease_id])
+    await _until(lambda: engine.profiling.reprofiled >= 1)
+    await _until(lambda: engine.placement_of(ctx).variant == "none" and not engine.executor.pending)
+    assert engine.placement_of(ctx).tier == "ssd"
+    keys, _ = await engine.context_tensors(ctx)
+    assert keys.shape == (L, H, CHUNKS * T, D)  # the original is back, whole
