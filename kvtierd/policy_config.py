@@ -114,9 +114,17 @@ class PolicyConfig:
     text: str = ""
 
 
+DEFAULT_POLICY_TEXT = """\
+# The daemon's embedded default: EvicPress with the default variant grid.
+name: evicpress
+placer: evicpress
+"""
+
+
 def default_policy() -> PolicyConfig:
-    """The policy a daemon runs before any is applied: LRU, no compression."""
-    return PolicyConfig(name="lru", placer="lru", text="name: lru\nplacer: lru\n")
+    """The policy a daemon runs when its config names none: EvicPress (issue 5), every other
+    setting at its default."""
+    return parse_policy(DEFAULT_POLICY_TEXT, "embedded")
 
 
 def load_policy(path: str | os.PathLike[str]) -> PolicyConfig:

@@ -29,6 +29,11 @@ def write_config(
         {"name": "ssd", "kind": "ssd", "capacity": ssd, "path": str(directory / "ssd")},
         *(extra_tiers or []),
     ]
+    if "policy_file" not in settings:
+        # Most tests reason about LRU placement; the embedded default (EvicPress) has its own.
+        lru = directory / "lru.yaml"
+        lru.write_text("name: lru\nplacer: lru\n")
+        settings["policy_file"] = str(lru)
     doc = {
         "socket_path": str(directory / "kvtierd.sock"),
         "data_dir": str(directory / "data"),

@@ -74,7 +74,7 @@ def test_policy_is_frozen() -> None:
     p = default_policy()
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.alpha = 2.0  # type: ignore[misc]
-    assert p.placer == "lru"
+    assert p.placer == "evicpress"
 
 
 BAD = [

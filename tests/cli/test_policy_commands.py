@@ -47,15 +47,15 @@ def test_validate_needs_no_daemon(ctl: Callable, tmp_path: Path) -> None:
 def test_show_apply_and_reject(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable, tmp_path: Path
 ) -> None:
-    d = start_daemon()
+    d = start_daemon(policy_file="")  # the embedded default policy
     run: Ctl = ctl(d)
     shown = run("policy", "show", "--json").json()
-    assert (shown["name"], shown["source"]) == ("lru", "embedded")
+    assert (shown["name"], shown["source"]) == ("evicpress", "embedded")
 
     lfu = str(POLICIES / "lfu.yaml")
     r = run("policy", "apply", lfu, "--dry-run", "--json")
     assert (r.code, r.json()["name"], r.json()["applied"]) == (0, "lfu", False)
-    assert run("policy", "show", "--json").json()["name"] == "lru"
+    assert run("policy", "show", "--json").json()["name"] == "evicpress"
 
     r = run("policy", "apply", lfu, "--json")
     assert (r.code, r.json()["name"], r.json()["applied"]) == (0, "lfu", True)

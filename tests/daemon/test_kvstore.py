@@ -248,3 +248,11 @@ def test_context_stored_already_compressed(client):
     assert client.lookup(["q"]).found == (True,)
     (ctx,) = [c for c in client.contexts() if c.context_id == "doc/int8"]
     assert ctx.variant == "int8"
+
+
+def test_embedded_default_policy_is_evicpress(start_daemon):
+    d = start_daemon(policy_file="")
+    with KVClient(d.socket_path) as c:
+        assert c.status().placer == "evicpress"
+        c.put("x", b"y" * 100)
+        assert c.lookup(["x"]).found == (True,)
