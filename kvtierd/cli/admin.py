@@ -12,7 +12,14 @@ from typing import Any
 
 from kvtierd.cli.connection import AdminConnection, Target
 from kvtierd.cli.exit_codes import ExitCode
-from kvtierd.cli.output import Output, human_bytes, human_rate, human_seconds, to_dict
+from kvtierd.cli.output import (
+    Output,
+    human_bytes,
+    human_duration,
+    human_rate,
+    human_seconds,
+    to_dict,
+)
 from kvtierd.rpc import kvtier_pb2 as pb
 
 SERVER_ORDERS = ("recency", "frequency", "size", "id")
@@ -166,7 +173,7 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
     )
     if d.options:
         out.table(
-            "utility of each configuration (utility = (alpha*quality - ttft) * frequency)",
+            "utility of each configuration",
             ("variant", "tier", "size", "quality", "ttft", "utility", "chosen"),
             [_option_row(o, s) for o in sorted(d.options, key=lambda o: -o.utility)],
         )
@@ -186,7 +193,7 @@ def _option_row(o: pb.PlacementOption, s: pb.ContextSummary) -> tuple[object, ..
     chosen = o.variant == s.variant and o.tier == s.tier
     return (
         o.variant, o.tier or "(dropped)", human_bytes(o.size_bytes), f"{o.quality:.3f}",
-        human_seconds(o.ttft_s), f"{o.utility:.4g}", "<-" if chosen else "",
+        human_duration(o.ttft_s), f"{o.utility:.4g}", "<-" if chosen else "",
     )  # fmt: skip
 
 

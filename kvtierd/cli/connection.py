@@ -90,7 +90,8 @@ class Target:
 
 
 class AdminConnection:
-    """A connected ``Admin`` stub; ``call`` turns gRPC errors into :class:`CliError`."""
+    """Connected ``Admin`` (``stub``) and ``KVStore`` (``kv``, for ``queries add``) stubs;
+    ``call`` turns gRPC errors into :class:`CliError`."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -98,6 +99,7 @@ class AdminConnection:
         # connection shows up as UNAVAILABLE from the first call instead (see rpc_error).
         self._channel = _open_channel(target)
         self.stub = kvtier_pb2_grpc.AdminStub(self._channel)
+        self.kv = kvtier_pb2_grpc.KVStoreStub(self._channel)
         self._metadata = (("authorization", f"Bearer {target.token}"),) if target.token else ()
 
     def call(self, method: Callable[..., Resp], request: object) -> Resp:

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from kvtierd.cli import admin, bench, kvsize, policy, report, simconfig, simulate
+from kvtierd.cli import admin, bench, kvsize, policy, profile, report, simconfig, simulate
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
 
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("tier")
     _command(sub, "rebalance", admin.run_rebalance, "recompute every placement now")
     _policy(sub)
+    _profiler(sub)
     p = _command(sub, "kv-size", kvsize.run_kv_size, "KV-cache bytes of a context, per variant")
     p.add_argument("model", metavar="MODEL_DIR_OR_PRESET",
                    help=f"a directory with config.json, or one of: "
@@ -157,6 +158,30 @@ def _policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = _command(psub, "apply", policy.run_apply, "hot-reload a policy file into the daemon")
     p.add_argument("file")
     p.add_argument("--dry-run", action="store_true", help="let the daemon validate only")
+
+
+def _profiler(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    prof = sub.add_parser("profile", help="run the quality profiler now, or show its results")
+    psub = prof.add_subparsers(dest="profile_command", required=True, metavar="run|status")
+    p = _command(psub, "run", profile.run_profile_run, "profile contexts now (all when none given)")
+    p.add_argument("context_ids", nargs="*", metavar="CONTEXT_ID")
+    p = _command(
+        psub, "status", profile.run_profile_status,
+        "profiler totals; with a context: its variants' size, quality and restore time",
+    )  # fmt: skip
+    p.add_argument("context_id", nargs="?", metavar="CONTEXT_ID")
+    q = sub.add_parser("queries", help="supply a context's profiling queries")
+    qsub = q.add_subparsers(dest="queries_command", required=True, metavar="add")
+    p = _command(qsub, "add", profile.run_queries_add, "add profiling queries to a context")
+    p.add_argument("context_id", metavar="CONTEXT_ID")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="one query per argument")
+    p.add_argument("--from-file", metavar="FILE",
+                   help="also one query per non-empty line of FILE (- for stdin)")  # fmt: skip
+    p.add_argument(
+        "--from-traffic",
+        action="store_true",
+        help="record them as samples of real traffic (drift detection) instead of a user set",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -66,6 +66,17 @@ def human_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def human_duration(s: float) -> str:
+    """A short latency with 3 significant digits (``12.8 ms``, ``7.44 µs``): TTFT and restore
+    times of small contexts are microseconds, which :func:`human_seconds` would show as 0 ms."""
+    if s <= 0:
+        return "0 s"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
 class Output:
     """Where a command writes its result: JSON on stdout, or rich renderables."""
 
