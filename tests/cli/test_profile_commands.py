@@ -78,6 +78,8 @@ def test_profile_run_and_status(daemon: DaemonProcess, ctl: Callable) -> None:
 
     human = run("profile", "status", "doc")
     assert human.code == 0, human.err
+    rows = [ln.split("│")[0].strip() for ln in human.out.splitlines()]
+    assert [v for v in rows if v in variants] == ["none", "int8", "knorm@0.5"]  # best first
     int8 = next(ln for ln in human.out.splitlines() if ln.split("│")[0].strip() == "int8")
     assert f"{variants['int8']['quality']:.3f}" in int8
     assert "attention" in human.out and "profiled" in human.out
