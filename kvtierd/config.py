@@ -125,6 +125,9 @@ def _available_memory_bytes() -> int:
 
 
 def _cuda_available() -> bool:
+    # Without an NVIDIA device node there is no CUDA; skip importing torch (seconds) then.
+    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
+        return False
     try:
         import torch
     except ImportError:

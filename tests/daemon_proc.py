@@ -53,7 +53,7 @@ class DaemonProcess:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def start(self, timeout_s: float = 30.0) -> DaemonProcess:
+    def start(self, timeout_s: float = 90.0) -> DaemonProcess:
         from kvtierd.client import KVClient
 
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}

@@ -26,6 +26,7 @@ from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.moves import Moves
 from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.reads import Reads
 from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
 from kvtierd.engine.variants import VariantOps
@@ -33,10 +34,8 @@ from kvtierd.errors import (
     AlreadyExistsError,
     CapacityError,
     ConfigError,
-    CorruptObjectError,
     InvalidArgumentError,
     KvtierError,
-    LeaseError,
     NotFoundError,
     UnavailableError,
 )
@@ -57,7 +56,7 @@ from kvtierd.types import (
 logger = logging.getLogger(__name__)
 
 
-class Engine(AdminOps, Moves, VariantOps):
+class Engine(Reads, AdminOps, Moves, VariantOps):
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.instance_id = secrets.token_hex(6)
@@ -340,141 +339,6 @@ class Engine(AdminOps, Moves, VariantOps):
                     await target.put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
                     obj.shadow = target.name
                     self.account(meta, target.name, +1)
-
-    # -- reads -------------------------------------------------------------------------------
-
-    async def lookup(
-        self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
-    ) -> tuple[list[ObjectRecord | None], int]:
-        now = time.monotonic()
-        found: list[ObjectRecord | None] = [self.objects.get(k) for k in keys]
-        if self._shared and None in found:
-            missing = [i for i, f in enumerate(found) if f is None]
-            fetched = await asyncio.gather(*(self._fetch_shared(keys[i], tenant) for i in missing))
-            for i, rec in zip(missing, fetched, strict=True):
-                found[i] = rec
-        prefix = next((i for i, f in enumerate(found) if f is None), len(found))
-        for rec in found:
-            if rec is not None and hold_s > 0:
-                ctx = self.contexts[rec.meta.context]
-                ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
-        return found, prefix
-
-    async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
-        """An object another daemon stored in a shared tier since this one started."""
-        for tier in self._shared:
-            try:
-                meta = await tier.fetch_meta(key, tenant=tenant)
-            except KvtierError:
-                continue  # a miss, or the tier is unreachable: a miss either way
-            if key in self.objects:  # found meanwhile by a concurrent call
-                return self.objects[key]
-            rec = self.objects[key] = ObjectRecord(meta, tier.name, durable=True)
-            self.account(meta, tier.name, +1)
-            ctx = self._context_add(meta)
-            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
-            return rec
-        return None
-
-    async def get(
-        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = ""
-    ) -> list[LeaseRecord]:
-        self._check_open()
-        lease_s = lease_s if lease_s > 0 else self.config.lease_s
-        leases: list[LeaseRecord] = []
-        self._loads_in_flight += 1
-        try:
-            for key in keys:
-                if key not in self.objects and self._shared:
-                    await self._fetch_shared(key, tenant)
-                leases.append(await self._lease_one(key, lease_s))
-        except BaseException:
-            self.release([lease.lease_id for lease in leases])
-            raise
-        finally:
-            self._loads_in_flight -= 1
-        for ctx_id in dict.fromkeys(lease.meta.context for lease in leases):
-            self._record_access(self.contexts[ctx_id])
-        return leases
-
-    async def _lease_one(self, key: str, lease_s: float) -> LeaseRecord:
-        started = time.perf_counter()
-        obj = self.objects.get(key)
-        if obj is None:
-            self.misses += 1
-            self.metrics.record_miss()
-            raise NotFoundError(f"object {key!r} not found")
-        ctx = self.contexts[obj.meta.context]
-        async with ctx.lock:
-            obj = self.objects.get(key)
-            if obj is None:
-                raise NotFoundError(f"object {key!r} was removed while being read")
-            if obj.tier == self.cpu.name:
-                block = self.cpu.block_of(obj.meta.key)
-            else:
-                block = await self._stage_from(obj)
-                self._orphans[block.offset] = block
-        self._block_refs[block.offset] = self._block_refs.get(block.offset, 0) + 1
-        self.hits += 1
-        self.tier_hits[obj.tier] += 1
-        self.metrics.record_hit(obj.tier)
-        lease = LeaseRecord(
-            f"{self.instance_id}:l{next(self._ids)}", obj.meta, obj.tier, block,
-            time.monotonic() + lease_s,
-        )  # fmt: skip
-        self.leases[lease.lease_id] = lease
-        self.metrics.observe_load(obj.tier, time.perf_counter() - started, obj.meta.size_bytes)
-        return lease
-
-    async def _stage_from(self, obj: ObjectRecord) -> Block:
-        block = self.cpu.stage(obj.meta.size_bytes)
-        try:
-            view = self.cpu.view(block, padded=True)
-            await self.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
-        except CorruptObjectError:
-            self.cpu.free_block(block)
-            self._forget_object(obj.meta.key)
-            raise
-        except BaseException:
-            self.cpu.free_block(block)
-            raise
-        return block
-
-    def release(self, lease_ids: Sequence[str]) -> None:
-        for lid in lease_ids:
-            lease = self.leases.pop(lid, None)
-            if lease is None:
-                if not lid.startswith(self.instance_id + ":"):
-                    raise LeaseError(
-                        f"lease {lid!r} is from a previous daemon instance (it restarted); "
-                        "get the object again"
-                    )
-                raise NotFoundError(f"unknown, expired or already released lease {lid!r}")
-            self._unref(lease.block)
-
-    def _unref(self, block: Block) -> None:
-        offset = block.offset
-        left = self._block_refs[offset] - 1
-        if left:
-            self._block_refs[offset] = left
-            return
-        del self._block_refs[offset]
-        orphan = self._orphans.pop(offset, None)
-        if orphan is not None:
-            self.cpu.free_block(orphan)
-
-    def touch(self, keys: Sequence[str]) -> int:
-        touched = {self.objects[k].meta.context for k in keys if k in self.objects}
-        for ctx_id in touched:
-            self._record_access(self.contexts[ctx_id])
-        return len(touched)
-
-    def _record_access(self, ctx: ContextRecord) -> None:
-        now = time.monotonic()
-        ctx.hits += 1
-        ctx.last_access_s = now
-        self.profiling.note_access(ctx.context_id)
-        self.executor.submit(self.placer.access(ctx.context_id, now))
 
     # -- removal -----------------------------------------------------------------------------
 

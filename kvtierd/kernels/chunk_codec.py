@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
-from kvtierd.kernels.api import to_kv_2ltd
-from kvtierd.kernels.quant import dequantize, quantize_kv
-from kvtierd.kernels.results import QuantizedTensor
 from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, parse_variant
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that move tensors: the daemon parses chunk layouts
+# on its start-up path and should not pay torch's import for that.
 
 LAYOUT_PREFIX = "KV_2LTD"
 
@@ -68,6 +70,8 @@ class ChunkFormat:
         return cls((shape[0], shape[1], shape[2], shape[3]), parts[2], heads, quant, group)
 
     def _quant_parts(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        import torch
+
         _, lyr, t, _ = self.shape
         h, d, g = self.num_kv_heads, self.head_dim, self.group_size
         code_d = math.ceil(d * self.bits / 8)
@@ -85,6 +89,8 @@ class ChunkFormat:
 
 
 def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
     dt = getattr(torch, name, None)
     if not isinstance(dt, torch.dtype):
         raise InvalidArgumentError(f"{name!r} is not a torch dtype")
@@ -114,6 +120,10 @@ def _split_lhtd(kv: torch.Tensor, h: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def encode_chunk(kv: torch.Tensor, fmt: ChunkFormat) -> torch.Tensor:
     """The bytes to store for ``kv`` (a contiguous CPU tensor; ``kv`` itself for ``none``)."""
+    import torch
+
+    from kvtierd.kernels.quant import quantize_kv
+
     if not fmt.quant:
         return kv.contiguous().cpu()
     device = torch.device("cuda") if torch.cuda.is_available() else kv.device
@@ -125,6 +135,12 @@ def encode_chunk(kv: torch.Tensor, fmt: ChunkFormat) -> torch.Tensor:
 
 def decode_chunk(payload: torch.Tensor, fmt: ChunkFormat, out: torch.Tensor) -> None:
     """Write the chunk stored as ``payload`` (uint8 ``[bytes]``) into ``out`` ``[2, L, T, H*D]``."""
+    import torch
+
+    from kvtierd.kernels.api import to_kv_2ltd
+    from kvtierd.kernels.quant import dequantize
+    from kvtierd.kernels.results import QuantizedTensor
+
     if tuple(out.shape) != fmt.shape:
         raise InvalidArgumentError(f"chunk {fmt.shape} into a buffer of {tuple(out.shape)}")
     if payload.numel() != fmt.encoded_bytes():

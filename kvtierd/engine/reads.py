@@ -1,0 +1,163 @@
+"""The read path: lookups (with shared tiers asked on a miss), leases over arena blocks, and
+access recording. A lease references its arena block; a block no tier owns any more (the
+object was demoted or deleted meanwhile) is freed by the last release."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from kvtierd.engine.state import ContextRecord, LeaseRecord, ObjectRecord
+from kvtierd.errors import CorruptObjectError, KvtierError, LeaseError, NotFoundError
+from kvtierd.storage.allocator import Block
+
+if TYPE_CHECKING:
+    from kvtierd.engine.engine import Engine
+
+
+class Reads:
+    """Mixed into :class:`~kvtierd.engine.Engine`."""
+
+    async def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
+    ) -> tuple[list[ObjectRecord | None], int]:
+        e = cast("Engine", self)
+        now = time.monotonic()
+        found: list[ObjectRecord | None] = [e.objects.get(k) for k in keys]
+        if e._shared and None in found:
+            missing = [i for i, f in enumerate(found) if f is None]
+            fetched = await asyncio.gather(*(e._fetch_shared(keys[i], tenant) for i in missing))
+            for i, rec in zip(missing, fetched, strict=True):
+                found[i] = rec
+        prefix = next((i for i, f in enumerate(found) if f is None), len(found))
+        for rec in found:
+            if rec is not None and hold_s > 0:
+                ctx = e.contexts[rec.meta.context]
+                ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
+        return found, prefix
+
+    async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
+        """An object another daemon stored in a shared tier since this one started."""
+        e = cast("Engine", self)
+        for tier in e._shared:
+            try:
+                meta = await tier.fetch_meta(key, tenant=tenant)
+            except KvtierError:
+                continue  # a miss, or the tier is unreachable: a miss either way
+            if key in e.objects:  # found meanwhile by a concurrent call
+                return e.objects[key]
+            rec = e.objects[key] = ObjectRecord(meta, tier.name, durable=True)
+            e.account(meta, tier.name, +1)
+            ctx = e._context_add(meta)
+            e.executor.submit(e.adopt_placement(ctx, e.placement_of(ctx)))
+            return rec
+        return None
+
+    async def get(
+        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = ""
+    ) -> list[LeaseRecord]:
+        e = cast("Engine", self)
+        e._check_open()
+        lease_s = lease_s if lease_s > 0 else e.config.lease_s
+        leases: list[LeaseRecord] = []
+        e._loads_in_flight += 1
+        try:
+            for key in keys:
+                if key not in e.objects and e._shared:
+                    await e._fetch_shared(key, tenant)
+                leases.append(await e._lease_one(key, lease_s))
+        except BaseException:
+            e.release([lease.lease_id for lease in leases])
+            raise
+        finally:
+            e._loads_in_flight -= 1
+        for ctx_id in dict.fromkeys(lease.meta.context for lease in leases):
+            e._record_access(e.contexts[ctx_id])
+        return leases
+
+    async def _lease_one(self, key: str, lease_s: float) -> LeaseRecord:
+        e = cast("Engine", self)
+        started = time.perf_counter()
+        obj = e.objects.get(key)
+        if obj is None:
+            e.misses += 1
+            e.metrics.record_miss()
+            raise NotFoundError(f"object {key!r} not found")
+        ctx = e.contexts[obj.meta.context]
+        async with ctx.lock:
+            obj = e.objects.get(key)
+            if obj is None:
+                raise NotFoundError(f"object {key!r} was removed while being read")
+            if obj.tier == e.cpu.name:
+                block = e.cpu.block_of(obj.meta.key)
+            else:
+                block = await e._stage_from(obj)
+                e._orphans[block.offset] = block
+        e._block_refs[block.offset] = e._block_refs.get(block.offset, 0) + 1
+        e.hits += 1
+        e.tier_hits[obj.tier] += 1
+        e.metrics.record_hit(obj.tier)
+        lease = LeaseRecord(
+            f"{e.instance_id}:l{next(e._ids)}", obj.meta, obj.tier, block,
+            time.monotonic() + lease_s,
+        )  # fmt: skip
+        e.leases[lease.lease_id] = lease
+        e.metrics.observe_load(obj.tier, time.perf_counter() - started, obj.meta.size_bytes)
+        return lease
+
+    async def _stage_from(self, obj: ObjectRecord) -> Block:
+        e = cast("Engine", self)
+        block = e.cpu.stage(obj.meta.size_bytes)
+        try:
+            view = e.cpu.view(block, padded=True)
+            await e.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
+        except CorruptObjectError:
+            e.cpu.free_block(block)
+            e._forget_object(obj.meta.key)
+            raise
+        except BaseException:
+            e.cpu.free_block(block)
+            raise
+        return block
+
+    def release(self, lease_ids: Sequence[str]) -> None:
+        e = cast("Engine", self)
+        for lid in lease_ids:
+            lease = e.leases.pop(lid, None)
+            if lease is None:
+                if not lid.startswith(e.instance_id + ":"):
+                    raise LeaseError(
+                        f"lease {lid!r} is from a previous daemon instance (it restarted); "
+                        "get the object again"
+                    )
+                raise NotFoundError(f"unknown, expired or already released lease {lid!r}")
+            e._unref(lease.block)
+
+    def _unref(self, block: Block) -> None:
+        e = cast("Engine", self)
+        offset = block.offset
+        left = e._block_refs[offset] - 1
+        if left:
+            e._block_refs[offset] = left
+            return
+        del e._block_refs[offset]
+        orphan = e._orphans.pop(offset, None)
+        if orphan is not None:
+            e.cpu.free_block(orphan)
+
+    def touch(self, keys: Sequence[str]) -> int:
+        e = cast("Engine", self)
+        touched = {e.objects[k].meta.context for k in keys if k in e.objects}
+        for ctx_id in touched:
+            e._record_access(e.contexts[ctx_id])
+        return len(touched)
+
+    def _record_access(self, ctx: ContextRecord) -> None:
+        e = cast("Engine", self)
+        now = time.monotonic()
+        ctx.hits += 1
+        ctx.last_access_s = now
+        e.profiling.note_access(ctx.context_id)
+        e.executor.submit(e.placer.access(ctx.context_id, now))
