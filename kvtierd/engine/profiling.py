@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.state import ContextRecord
-from kvtierd.errors import CorruptObjectError, KvtierError
+from kvtierd.errors import CorruptObjectError, KvtierError, UnavailableError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
@@ -242,7 +242,8 @@ class ProfilingService:
         self, ctx: ContextRecord, queries: tuple[ProfilingQuery, ...] = ()
     ) -> bool:
         """Profile now; a failure is counted, logged and reported, never raised to the loop."""
-        assert self.profiler is not None
+        if self.profiler is None:
+            raise UnavailableError("the profiler is not configured (the daemon is starting)")
         started = time.perf_counter()
         try:
             keys, values = await self.engine.context_tensors(ctx)
