@@ -290,7 +290,12 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             self.metrics.observe_store(self.cpu.name, seconds, rec.meta.size_bytes)
         self.publish_tier_state()
         if durable:
-            await self._write_through(metas)
+            try:
+                await self._write_through(metas)
+            except BaseException:
+                # Not acknowledged, so not stored: the client may put the same keys again.
+                await self.delete([m.key for m in metas])
+                raise
         return metas
 
     async def put_bytes(

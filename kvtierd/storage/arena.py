@@ -1,5 +1,11 @@
-"""One shared-memory arena: a file in /dev/shm (mode 0600) mapped by the daemon and by every
-co-located client, carved up by :class:`~kvtierd.storage.allocator.FreeListAllocator`.
+"""One shared-memory arena mapped by the daemon and by every co-located client, carved up by
+:class:`~kvtierd.storage.allocator.FreeListAllocator`.
+
+By default the arena is a ``memfd``: it has no name in any file system, clients open it as
+``/proc/<daemon pid>/fd/<fd>`` (which only the daemon's user may), and the kernel frees it when
+the daemon and its clients are gone — a daemon killed with SIGKILL leaks nothing. With an
+``arena_dir`` the arena is a file there (mode 0600); files left by dead daemons are removed at
+start.
 
 Clients learn the arena's path and id from Allocate/Get replies, map it once and then read and
 write object bytes in place; the id changes with every daemon start so a client notices a
@@ -21,24 +27,59 @@ from kvtierd.storage.allocator import Block, FreeListAllocator
 logger = logging.getLogger(__name__)
 
 
+MEMFD = "memfd"
+
+
+def remove_stale_arenas(directory: Path) -> int:
+    """Delete arena files whose daemon process no longer exists; returns how many."""
+    removed = 0
+    for path in directory.glob("kvtierd-*-*.arena"):
+        try:
+            pid = int(path.name.split("-")[1])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+            removed += 1
+        except PermissionError:
+            pass  # alive, another user's
+    return removed
+
+
 class Arena:
-    def __init__(self, size_bytes: int, directory: str = "/dev/shm") -> None:
+    def __init__(self, size_bytes: int, directory: str = MEMFD) -> None:
         if size_bytes <= 0:
             raise InvalidArgumentError(f"arena size must be > 0, got {size_bytes}")
         self.id = secrets.token_hex(8)
-        self.path = Path(directory) / f"kvtierd-{os.getpid()}-{self.id}.arena"
         self.allocator = FreeListAllocator(size_bytes)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._fd = -1
+        self._file: Path | None = None
+        if directory == MEMFD:
+            self._fd = os.memfd_create(f"kvtierd-{self.id}", os.MFD_CLOEXEC)
+            self.path = Path(f"/proc/{os.getpid()}/fd/{self._fd}")
+        else:
+            if removed := remove_stale_arenas(Path(directory)):
+                logger.info("removed %d arena files of daemons no longer running", removed)
+            self._file = Path(directory) / f"kvtierd-{os.getpid()}-{self.id}.arena"
+            self._fd = os.open(self._file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            self.path = self._file
         try:
-            os.ftruncate(fd, self.allocator.size_bytes)
-            self._mmap = mmap.mmap(fd, self.allocator.size_bytes)
+            os.ftruncate(self._fd, self.allocator.size_bytes)
+            self._mmap = mmap.mmap(self._fd, self.allocator.size_bytes)
         except BaseException:
-            os.unlink(self.path)
+            self._release_fd()
             raise
-        finally:
-            os.close(fd)
         self._view = memoryview(self._mmap)
         logger.info("arena %s: %d bytes", self.path, self.allocator.size_bytes)
+
+    def _release_fd(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._file is not None:
+            self._file.unlink(missing_ok=True)
 
     @property
     def size_bytes(self) -> int:
@@ -64,6 +105,6 @@ class Arena:
             self._mmap.close()
         except BufferError:
             # A view is still exported (a copy in flight on a worker thread); the mapping goes
-            # away with the process. Unlinking below still frees the memory then.
+            # away with the process. Closing the fd / unlinking below still frees the memory.
             logger.warning("arena %s closed with views outstanding", self.path)
-        self.path.unlink(missing_ok=True)
+        self._release_fd()

@@ -7,7 +7,8 @@ objects of this tier until the engine *adopts* them. Blocks are reference-counte
 engine (leases), so this tier only hands blocks out and takes them back.
 
 Options: ``staging_bytes`` (default: capacity / 4, at least 256 MiB), ``arena_dir``
-(default ``/dev/shm``).
+(default ``memfd``: an anonymous memory file nothing can leak; or a directory such as
+``/dev/shm`` for a named file).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from kvtierd.config import TierConfig, parse_size
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from kvtierd.storage.allocator import Block
-from kvtierd.storage.arena import Arena
+from kvtierd.storage.arena import MEMFD, Arena
 from kvtierd.storage.base import Tier, register_tier
 from kvtierd.types import ObjectMeta, TierStats
 
@@ -45,7 +46,7 @@ class CpuTier(Tier):
         self.staging_bytes = parse_size(
             config.options.get("staging_bytes", default_staging), f"tier {self.name} staging"
         )
-        self.arena_dir = str(config.options.get("arena_dir", "/dev/shm"))
+        self.arena_dir = str(config.options.get("arena_dir", MEMFD))
         self._objects: dict[str, _Stored] = {}
         self._used = 0
         self._arena: Arena | None = None

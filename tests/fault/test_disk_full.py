@@ -102,11 +102,6 @@ def test_disk_full_refuses_writes_keeps_reads_and_acknowledged_objects(tmp_path,
         d.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon bug: a durable Commit refused for a full disk still commits the object "
-    "(volatile, in the cpu tier), so the client, told it failed, gets ALREADY_EXISTS on retry",
-)
 def test_refused_durable_put_can_be_retried(tmp_path, small_disk):
     d = _start(tmp_path / "d")
     try:
