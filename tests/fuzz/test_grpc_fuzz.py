@@ -182,22 +182,7 @@ def _requests(m: Method, pools: Pools) -> st.SearchStrategy[object]:
     return st.lists(one, max_size=5)
 
 
-def _fuzz_params() -> list[object]:
-    """Every method; those with a known daemon bug carry a strict xfail naming it."""
-    params: list[object] = []
-    for m in METHODS:
-        name = m.path.rsplit(".", 1)[-1]
-        if name == "Admin/ApplyPolicy":
-            params.append(pytest.param(m, id=name, marks=pytest.mark.xfail(strict=True, reason=(
-                "daemon bug: applying an EvicPress preset drops every context (prefill_s=0), "
-                "the next EvicPress apply then answers INTERNAL (argmax of empty); "
-                "reproducers in test_fuzz_findings.py"))))  # fmt: skip
-        else:
-            params.append(pytest.param(m, id=name))
-    return params
-
-
-@pytest.mark.parametrize("m", _fuzz_params())
+@pytest.mark.parametrize("m", METHODS, ids=lambda m: m.path.rsplit(".", 1)[-1])
 def test_fuzz_method(target: Target, m: Method) -> None:
     problems: list[str] = []
     reseed(target)
