@@ -36,8 +36,15 @@ def remote_tier(cluster: RedisClusterProcs, namespace: str) -> dict[str, object]
 
 
 def start_remote_daemon(
-    directory: Path, cluster: RedisClusterProcs, namespace: str = "", **settings: object
+    directory: Path,
+    cluster: RedisClusterProcs,
+    namespace: str = "",
+    *,
+    started: list[DaemonProcess],
+    **settings: object,
 ) -> DaemonProcess:
+    """Start a daemon; it goes into ``started`` first, so the caller's teardown kills it even
+    when its start fails half way."""
     namespace = namespace or f"f-{uuid.uuid4().hex[:10]}"
     config = write_config(
         directory,
@@ -47,6 +54,7 @@ def start_remote_daemon(
         **settings,
     )
     d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log")
+    started.append(d)
     return d.start()
 
 

@@ -25,23 +25,11 @@ from tests.fault.remote_setup import (
     put_on_remote,
     settle,
     size_of,
-    start_remote_daemon,
     wait_health,
 )
-from tests.storage.redis_cluster import RedisClusterProcs
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 KEYS = [f"obj-{i}" for i in range(15)]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    procs = RedisClusterProcs(tmp_path / "redis")
-    procs.start()
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def read_all(c: KVClient, keys: list[str]) -> dict[str, str]:
@@ -58,8 +46,8 @@ def read_all(c: KVClient, keys: list[str]) -> dict[str, str]:
     return out
 
 
-def test_node_killed_reads_miss_writes_fail_cleanly_then_recover(tmp_path, cluster):
-    d = start_remote_daemon(tmp_path / "d", cluster)
+def test_node_killed_reads_miss_writes_fail_cleanly_then_recover(remote_daemon, cluster):
+    d = remote_daemon("d")
     ns = namespace_of(d)
     with KVClient(d.socket_path, timeout_s=30) as c:
         put_on_remote(c, KEYS)
@@ -116,8 +104,8 @@ def test_node_killed_reads_miss_writes_fail_cleanly_then_recover(tmp_path, clust
     reason="daemon bug: Lookup answers from the daemon's index and reports objects on an "
     "unreachable Redis node as found (Get then misses), instead of a miss",
 )
-def test_lookup_misses_objects_on_a_dead_node(tmp_path, cluster):
-    d = start_remote_daemon(tmp_path / "d", cluster)
+def test_lookup_misses_objects_on_a_dead_node(remote_daemon, cluster):
+    d = remote_daemon("d")
     ns = namespace_of(d)
     with KVClient(d.socket_path, timeout_s=30) as c:
         put_on_remote(c, KEYS)
@@ -129,9 +117,9 @@ def test_lookup_misses_objects_on_a_dead_node(tmp_path, cluster):
         assert not any(reply.found), f"{sum(reply.found)} of {len(on_victim)} reported found"
 
 
-def test_unreachable_reads_never_answer_internal(tmp_path, cluster):
+def test_unreachable_reads_never_answer_internal(remote_daemon, cluster):
     """Raw gRPC view of the same fault: every Get is OK or NOT_FOUND, for many rounds."""
-    d = start_remote_daemon(tmp_path / "d", cluster)
+    d = remote_daemon("d")
     ns = namespace_of(d)
     with KVClient(d.socket_path, timeout_s=30) as c:
         put_on_remote(c, KEYS)

@@ -13,31 +13,20 @@ import pytest
 from kvtierd import errors
 from kvtierd.client import KVClient
 from tests.daemon.workload import payload
-from tests.fault.remote_setup import put_on_remote, settle, size_of, start_remote_daemon
-from tests.storage.redis_cluster import RedisClusterProcs
+from tests.fault.remote_setup import put_on_remote, settle, size_of
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 SHARED = [f"shared-{i}" for i in range(6)]
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    procs = RedisClusterProcs(tmp_path / "redis")
-    procs.start()
-    try:
-        yield procs
-    finally:
-        procs.stop()
-
-
-def test_b_started_after_a_loads_a_remote_context(tmp_path, cluster):
+def test_b_started_after_a_loads_a_remote_context(remote_daemon, cluster):
     ns = f"two-{uuid.uuid4().hex[:8]}"
-    a = start_remote_daemon(tmp_path / "a", cluster, ns)
+    a = remote_daemon("a", ns)
     with KVClient(a.socket_path, timeout_s=30) as ca:
         put_on_remote(ca, SHARED)
         ca.put("a-local", payload("a-local", 4096), context_id="a-local")  # stays on A's cpu
         settle(ca)
-    b = start_remote_daemon(tmp_path / "b", cluster, ns)
+    b = remote_daemon("b", ns)
     with KVClient(b.socket_path, timeout_s=30) as cb, KVClient(a.socket_path) as ca:
         assert all(cb.lookup(SHARED).found)
         for key in SHARED:
@@ -57,12 +46,12 @@ def test_b_started_after_a_loads_a_remote_context(tmp_path, cluster):
             assert bytes(ca.get(key)) == payload(key, size_of(key)), key
 
 
-def test_b_already_running_finds_what_a_places_later(tmp_path, cluster):
+def test_b_already_running_finds_what_a_places_later(remote_daemon, cluster):
     """B's index learns of A's object on a miss (not only by the SCAN at start); an object A
     deletes after B indexed it is a miss for B, never stale or wrong bytes."""
     ns = f"two-{uuid.uuid4().hex[:8]}"
-    a = start_remote_daemon(tmp_path / "a", cluster, ns)
-    b = start_remote_daemon(tmp_path / "b", cluster, ns)
+    a = remote_daemon("a", ns)
+    b = remote_daemon("b", ns)
     with KVClient(a.socket_path, timeout_s=30) as ca, KVClient(b.socket_path, timeout_s=30) as cb:
         put_on_remote(ca, [*SHARED, "gone"])
         assert cb.lookup(SHARED).found == (True,) * len(SHARED)
