@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NEEDS_QUERIES = ("snapkv",)
+UNKNOWN_PREFILL_S = 60.0
+"""Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 
 
 class ProfilingService:
@@ -178,13 +180,18 @@ class ProfilingService:
         return {v.variant: v for v in profile.variants}
 
     def prefill_s(self, ctx: ContextRecord) -> float:
-        """Seconds to recompute the context when dropped (profiled, else from its tokens)."""
+        """Seconds to recompute the context when dropped: profiled; else from its token count
+        (chunk layouts, or the objects' ``token_count``); else :data:`UNKNOWN_PREFILL_S` — an
+        object whose tokens nobody told us cannot be assumed cheap to recompute (with 0, a
+        quality-seeking placer would rate dropping it as good as storing it)."""
         if self.profiler is None:
-            return 0.0
+            return UNKNOWN_PREFILL_S
         with contextlib.suppress(KeyError):
             return self.profiler.profile_of(ctx.context_id).prefill_s
         _, tokens = self._geometry(self._originals(ctx))
-        return self.profiler.ttft.prefill_s(tokens) if tokens else 0.0
+        if not tokens:
+            tokens = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
+        return self.profiler.ttft.prefill_s(tokens) if tokens else UNKNOWN_PREFILL_S
 
     def frequency(self, context_id: str) -> float | None:
         if self.profiler is None:

@@ -26,6 +26,8 @@ class Reads:
         e = cast("Engine", self)
         now = time.monotonic()
         found: list[ObjectRecord | None] = [e.objects.get(k) for k in keys]
+        if e._shared:
+            await self._verify_unhealthy_shared(keys, found)
         if e._shared and None in found:
             missing = [i for i, f in enumerate(found) if f is None]
             fetched = await asyncio.gather(*(e._fetch_shared(keys[i], tenant) for i in missing))
@@ -37,6 +39,31 @@ class Reads:
                 ctx = e.contexts[rec.meta.context]
                 ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
         return found, prefix
+
+    async def _verify_unhealthy_shared(
+        self, keys: Sequence[str], found: list[ObjectRecord | None]
+    ) -> None:
+        """While a shared tier is unhealthy (a Redis node down), an object it holds counts as
+        found only if the tier can still produce its manifest: a lookup must not promise what
+        the following Get cannot deliver."""
+        e = cast("Engine", self)
+        sick = {t.name: t for t in e._shared if not t.stats().healthy}
+        if not sick:
+            return
+        todo = [i for i, f in enumerate(found) if f is not None and f.tier in sick]
+
+        async def reachable(i: int) -> bool:
+            rec = found[i]
+            assert rec is not None
+            try:
+                await sick[rec.tier].fetch_meta(rec.meta.key, tenant=rec.meta.tenant)
+            except KvtierError:
+                return False
+            return True
+
+        for i, ok in zip(todo, await asyncio.gather(*(reachable(i) for i in todo)), strict=True):
+            if not ok:
+                found[i] = None
 
     async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
         """An object another daemon stored in a shared tier since this one started."""

@@ -99,11 +99,6 @@ def test_node_killed_reads_miss_writes_fail_cleanly_then_recover(remote_daemon, 
         assert set(read_all(c, fresh).values()) == {"ok"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon bug: Lookup answers from the daemon's index and reports objects on an "
-    "unreachable Redis node as found (Get then misses), instead of a miss",
-)
 def test_lookup_misses_objects_on_a_dead_node(remote_daemon, cluster):
     d = remote_daemon("d")
     ns = namespace_of(d)

@@ -1,10 +1,10 @@
-"""What the fuzzer found, as deterministic reproducers (strict xfail until the daemon is fixed).
+"""What the fuzzer found, as deterministic reproducers (kept as regression tests).
 
 The fuzzer sends the policy presets of configs/policies as ``ApplyPolicy`` documents. On a
 daemon that held no context, the EvicPress placer's rebalance of an empty table raised
 ``ValueError: attempt to get argmax of an empty sequence`` -> ``INTERNAL`` (fixed in a672841's
-series; kept as regression tests). A Rebalance under EvicPress drops contexts that fit
-(DROP_BUG, still open).
+series; kept as regression tests). A Rebalance under EvicPress dropped contexts that fit:
+the engine gave unknown-length contexts a prefill time of 0 (fixed).
 """
 
 from __future__ import annotations
@@ -36,13 +36,6 @@ def test_rebalance_an_empty_daemon_under_evicpress(start_daemon):
         assert reply.operations == 0
 
 
-DROP_BUG = (
-    "daemon bug: Engine.profile() leaves ContextProfile.prefill_s at 0, so EvicPress rates "
-    "'dropped' at least as high as any tier and Rebalance drops every context"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=DROP_BUG)
 def test_rebalance_under_evicpress_keeps_a_context_that_fits(start_daemon):
     """64 MiB of CPU tier for one 4 KiB context: nothing forces it out."""
     d = start_daemon(policy_file=str(REPO / "configs/policies/evicpress.yaml"))
