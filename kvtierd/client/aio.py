@@ -35,8 +35,17 @@ class AsyncKVClient:
         token: str = "",
         timeout_s: float = 60.0,
         tenant: str = "",
+        tls_cert_file: str = "",
+        tls_key_file: str = "",
     ) -> None:
-        self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
+        self.endpoint = Endpoint.resolve(
+            socket_path,
+            address,
+            tls_ca_file=tls_ca_file,
+            token=token,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
         if self.endpoint.colocated:
             self._channel = aio.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
         else:

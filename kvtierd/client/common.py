@@ -29,16 +29,27 @@ class Endpoint:
     address: str = ""
     tls_ca_file: str = ""
     token: str = ""
+    tls_cert_file: str = ""  # client certificate and key, for a daemon that requires mutual TLS
+    tls_key_file: str = ""
 
     @staticmethod
     def resolve(
         socket_path: str | None = None,
         address: str | None = None,
+        *,
         tls_ca_file: str = "",
         token: str = "",
+        tls_cert_file: str = "",
+        tls_key_file: str = "",
     ) -> Endpoint:
         if address:
-            return Endpoint(address=address, tls_ca_file=tls_ca_file, token=token)
+            return Endpoint(
+                address=address,
+                tls_ca_file=tls_ca_file,
+                token=token,
+                tls_cert_file=tls_cert_file,
+                tls_key_file=tls_key_file,
+            )
         path = socket_path or os.environ.get("KVTIERD_SOCKET") or default_config().socket_path
         return Endpoint(socket_path=path)
 
@@ -52,7 +63,9 @@ class Endpoint:
 
     def credentials(self) -> grpc.ChannelCredentials:
         ca = Path(self.tls_ca_file).read_bytes() if self.tls_ca_file else None
-        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        key = Path(self.tls_key_file).read_bytes() if self.tls_key_file else None
+        cert = Path(self.tls_cert_file).read_bytes() if self.tls_cert_file else None
+        creds = grpc.ssl_channel_credentials(ca, key, cert)
         if self.token:
             token_creds = grpc.access_token_call_credentials(self.token)
             return grpc.composite_channel_credentials(creds, token_creds)

@@ -43,11 +43,20 @@ class KVClient:
         token: str = "",
         timeout_s: float = 60.0,
         tenant: str = "",
+        tls_cert_file: str = "",
+        tls_key_file: str = "",
         stream: bool = False,
     ) -> None:
         """``stream=True`` moves bytes by gRPC streams even over a Unix socket (the path a
         client on another host takes), instead of through the shared-memory arena."""
-        self.endpoint = Endpoint.resolve(socket_path, address, tls_ca_file, token)
+        self.endpoint = Endpoint.resolve(
+            socket_path,
+            address,
+            tls_ca_file=tls_ca_file,
+            token=token,
+            tls_cert_file=tls_cert_file,
+            tls_key_file=tls_key_file,
+        )
         self.use_arena = self.endpoint.colocated and not stream
         if self.endpoint.colocated:
             self._channel = grpc.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
