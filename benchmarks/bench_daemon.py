@@ -167,7 +167,9 @@ def main() -> None:
         ("memory overhead above bytes held", (grown - held) / held, 0.05, False,
          f"+{(grown - held) / MiB:.1f} MiB on {held / MiB:.0f} MiB"),
     ]  # fmt: skip
-    print(f"# bench_daemon  {time.strftime('%Y-%m-%d')}  {machine()}")
+    thp = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    shmem = thp.read_text().strip() if thp.exists() else "n/a"
+    print(f"# bench_daemon  {time.strftime('%Y-%m-%d')}  {machine()}  shmem THP: {shmem}")
     print(f"{'case':45} {'ratio':>8} {'goal':>7}  verdict  detail")
     for name, ratio, goal, higher, detail in rows:
         sign = ">=" if higher else "<="

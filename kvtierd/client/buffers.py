@@ -7,6 +7,7 @@ as a zero-copy view under a lease.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -137,6 +138,10 @@ class ArenaMap:
             self._mmap = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
+        advice = getattr(mmap, "MADV_HUGEPAGE", None)
+        if advice is not None:  # huge pages make copies ~1.6x faster (storage/arena.py)
+            with contextlib.suppress(OSError):
+                self._mmap.madvise(advice)
         self._view = memoryview(self._mmap)
         self._id = arena_id
 

@@ -119,13 +119,12 @@ class LookupResult:
 
 
 def lookup_result(resp: pb.LookupResponse) -> LookupResult:
-    names = list(resp.tiers)
     found = tuple(resp.found)
-    return LookupResult(
-        found=found,
-        tiers=tuple(names[i] if f else "" for f, i in zip(found, resp.tier_index, strict=True)),
-        prefix_hits=resp.prefix_hits,
-    )
+    names = tuple(resp.tiers)
+    tiers = tuple(map(names.__getitem__, resp.tier_index))  # C loops: a 1,000-key batch
+    if not all(found):
+        tiers = tuple(t if f else "" for f, t in zip(found, tiers, strict=True))
+    return LookupResult(found=found, tiers=tiers, prefix_hits=resp.prefix_hits)
 
 
 # gRPC status -> the domain error the daemon raised (the reverse of the server's interceptor).

@@ -15,6 +15,7 @@ moves 1.2–1.5 GB/s, a reused one 10.9 GB/s (notes/machine-limits.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -28,6 +29,17 @@ logger = logging.getLogger(__name__)
 
 
 MEMFD = "memfd"
+
+
+def advise_huge_pages(mapping: mmap.mmap) -> None:
+    """Ask for transparent huge pages on a shared mapping. With 4 KiB pages a copy into or out
+    of shared memory runs at ~11-12 GB/s here, with huge pages at ~19 GB/s (as fast as private
+    memory); the kernel grants them only when ``/sys/kernel/mm/transparent_hugepage/
+    shmem_enabled`` is ``advise`` (or ``always``) — a host setting, see docs/daemon.md."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        with contextlib.suppress(OSError):
+            mapping.madvise(advice)
 
 
 def remove_stale_arenas(directory: Path) -> int:
@@ -71,6 +83,7 @@ class Arena:
         except BaseException:
             self._release_fd()
             raise
+        advise_huge_pages(self._mmap)
         self._view = memoryview(self._mmap)
         logger.info("arena %s: %d bytes", self.path, self.allocator.size_bytes)
 
