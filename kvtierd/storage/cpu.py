@@ -16,24 +16,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from kvtierd.config import TierConfig, parse_size
-from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import MEMFD, Arena
 from kvtierd.storage.base import Tier, register_tier
+from kvtierd.storage.block_index import BlockIndex
 from kvtierd.types import ObjectMeta, TierStats
 
 _CALIBRATION_BYTES = 32 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    meta: ObjectMeta
-    block: Block
 
 
 @register_tier
@@ -47,8 +41,7 @@ class CpuTier(Tier):
             config.options.get("staging_bytes", default_staging), f"tier {self.name} staging"
         )
         self.arena_dir = str(config.options.get("arena_dir", MEMFD))
-        self._objects: dict[str, _Stored] = {}
-        self._used = 0
+        self._index = BlockIndex(self.name)
         self._arena: Arena | None = None
 
     @property
@@ -86,8 +79,7 @@ class CpuTier(Tier):
         if self._arena is not None:
             self._arena.close()
             self._arena = None
-        self._objects.clear()
-        self._used = 0
+        self._index.clear()
 
     # -- blocks (the engine's data plane) ------------------------------------------------------
 
@@ -103,29 +95,19 @@ class CpuTier(Tier):
 
     def adopt(self, meta: ObjectMeta, block: Block) -> ObjectMeta:
         """Make a staged block an object of this tier, without copying."""
-        if meta.key in self._objects:
-            raise AlreadyExistsError(f"object {meta.key!r} is already in tier {self.name!r}")
         if block.length != meta.size_bytes:
             raise InvalidArgumentError(
                 f"block of {block.length} bytes for object {meta.key!r} of {meta.size_bytes}"
             )
-        self._objects[meta.key] = _Stored(meta, block)
-        self._used += meta.size_bytes
+        self._index.add(meta, block)
         return meta
 
     def detach(self, key: str) -> Block:
         """Forget the object but keep its block (the engine frees it once unleased)."""
-        stored = self._objects.pop(key, None)
-        if stored is None:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
-        self._used -= stored.meta.size_bytes
-        return stored.block
+        return self._index.pop(key).block
 
     def block_of(self, key: str) -> Block:
-        try:
-            return self._objects[key].block
-        except KeyError:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}") from None
+        return self._index.get(key).block
 
     # -- Tier interface --------------------------------------------------------------------------
 
@@ -134,8 +116,7 @@ class CpuTier(Tier):
             raise InvalidArgumentError(
                 f"object {meta.key!r}: {len(data)} bytes given, size_bytes says {meta.size_bytes}"
             )
-        if meta.key in self._objects:
-            raise AlreadyExistsError(f"object {meta.key!r} is already in tier {self.name!r}")
+        self._index.check_absent(meta.key)
         block = self.stage(meta.size_bytes)
         t0 = time.perf_counter()
         await asyncio.to_thread(_copy, self.view(block), data)
@@ -143,9 +124,7 @@ class CpuTier(Tier):
         return self.adopt(meta, block)
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
-        stored = self._objects.get(key)
-        if stored is None:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
+        stored = self._index.get(key)
         t0 = time.perf_counter()
         await asyncio.to_thread(_copy, dst[: stored.meta.size_bytes], self.view(stored.block))
         self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
@@ -155,19 +134,16 @@ class CpuTier(Tier):
         self.free_block(self.detach(key))
 
     def get_meta(self, key: str) -> ObjectMeta:
-        try:
-            return self._objects[key].meta
-        except KeyError:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}") from None
+        return self._index.get(key).meta
 
     def metas(self) -> Iterator[ObjectMeta]:
-        return (s.meta for s in list(self._objects.values()))
+        return self._index.metas()
 
     def used_bytes(self) -> int:
-        return self._used
+        return self._index.used_bytes
 
     def object_count(self) -> int:
-        return len(self._objects)
+        return len(self._index)
 
     def stats(self) -> TierStats:
         base = super().stats()

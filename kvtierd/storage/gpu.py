@@ -17,23 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvtierd.config import TierConfig, parse_size
-from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.allocator import Block, FreeListAllocator
 from kvtierd.storage.base import Tier, register_tier
+from kvtierd.storage.block_index import BlockIndex
 from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
     import torch
-
-
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    meta: ObjectMeta
-    block: Block
 
 
 @register_tier
@@ -49,8 +43,7 @@ class GpuTier(Tier):
         self.device = torch.device(str(config.options.get("device", "cuda:0")))
         self.staging_bytes = parse_size(config.options.get("staging_bytes", "64MiB"))
         self.allocator = FreeListAllocator(config.capacity_bytes, alignment=256)
-        self._objects: dict[str, _Stored] = {}
-        self._used = 0
+        self._index = BlockIndex(self.name)
         self._pool: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
         self._lock = asyncio.Lock()  # one staged copy at a time through the pinned buffer
@@ -83,19 +76,15 @@ class GpuTier(Tier):
             meter.record(n, time.perf_counter() - t0)
 
     async def close(self) -> None:
-        self._objects.clear()
+        self._index.clear()
         self._pool = self._staging = None
-        self._used = 0
 
     def ipc_handle(self) -> Any:
         """The pool's CUDA IPC handle for a co-located process (torch's storage sharing)."""
         return self.pool.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
 
     def locate(self, key: str) -> Block:
-        try:
-            return self._objects[key].block
-        except KeyError:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}") from None
+        return self._index.get(key).block
 
     def tensor(self, key: str) -> torch.Tensor:
         """A device view of the object's bytes (no copy)."""
@@ -103,8 +92,7 @@ class GpuTier(Tier):
         return self.pool[block.offset : block.offset + block.length]
 
     async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
-        if meta.key in self._objects:
-            raise AlreadyExistsError(f"object {meta.key!r} is already in tier {self.name!r}")
+        self._index.check_absent(meta.key)
         if len(data) != meta.size_bytes:
             raise InvalidArgumentError(
                 f"object {meta.key!r}: {len(data)} bytes given, size_bytes says {meta.size_bytes}"
@@ -117,14 +105,11 @@ class GpuTier(Tier):
         except BaseException:
             self.allocator.free(block)
             raise
-        self._objects[meta.key] = _Stored(meta, block)
-        self._used += meta.size_bytes
+        self._index.add(meta, block)
         return meta
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
-        stored = self._objects.get(key)
-        if stored is None:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
+        stored = self._index.get(key)
         t0 = time.perf_counter()
         await asyncio.to_thread(self._copy, stored.block, dst[: stored.meta.size_bytes], False)
         self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
@@ -151,23 +136,16 @@ class GpuTier(Tier):
         torch.cuda.synchronize(self.device)
 
     async def delete(self, key: str, *, tenant: str = "") -> None:
-        stored = self._objects.pop(key, None)
-        if stored is None:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}")
-        self.allocator.free(stored.block)
-        self._used -= stored.meta.size_bytes
+        self.allocator.free(self._index.pop(key).block)
 
     def get_meta(self, key: str) -> ObjectMeta:
-        try:
-            return self._objects[key].meta
-        except KeyError:
-            raise NotFoundError(f"object {key!r} is not in tier {self.name!r}") from None
+        return self._index.get(key).meta
 
     def metas(self) -> Iterator[ObjectMeta]:
-        return (s.meta for s in list(self._objects.values()))
+        return self._index.metas()
 
     def used_bytes(self) -> int:
-        return self._used
+        return self._index.used_bytes
 
     def object_count(self) -> int:
-        return len(self._objects)
+        return len(self._index)

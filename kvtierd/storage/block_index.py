@@ -1,0 +1,56 @@
+"""The index of a tier whose objects are blocks of one allocator (the CPU arena, the GPU pool):
+key -> (meta, block), with the bytes it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvtierd.errors import AlreadyExistsError, NotFoundError
+from kvtierd.storage.allocator import Block
+from kvtierd.types import ObjectMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    meta: ObjectMeta
+    block: Block
+
+
+class BlockIndex:
+    def __init__(self, tier_name: str) -> None:
+        self.tier_name = tier_name
+        self._objects: dict[str, Stored] = {}
+        self.used_bytes = 0
+
+    def add(self, meta: ObjectMeta, block: Block) -> None:
+        if meta.key in self._objects:
+            raise AlreadyExistsError(f"object {meta.key!r} is already in tier {self.tier_name!r}")
+        self._objects[meta.key] = Stored(meta, block)
+        self.used_bytes += meta.size_bytes
+
+    def check_absent(self, key: str) -> None:
+        if key in self._objects:
+            raise AlreadyExistsError(f"object {key!r} is already in tier {self.tier_name!r}")
+
+    def get(self, key: str) -> Stored:
+        try:
+            return self._objects[key]
+        except KeyError:
+            raise NotFoundError(f"object {key!r} is not in tier {self.tier_name!r}") from None
+
+    def pop(self, key: str) -> Stored:
+        stored = self.get(key)
+        del self._objects[key]
+        self.used_bytes -= stored.meta.size_bytes
+        return stored
+
+    def metas(self) -> Iterator[ObjectMeta]:
+        return (s.meta for s in list(self._objects.values()))
+
+    def clear(self) -> None:
+        self._objects.clear()
+        self.used_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._objects)
