@@ -29,3 +29,18 @@ def test_stubs_run_on_the_runtime_lmcache_pins():
 
     assert set(kvtier_pb2.DESCRIPTOR.services_by_name) == {"KVStore", "Admin"}
     assert hasattr(kvtier_pb2_grpc, "KVStoreStub")
+
+
+def test_hand_built_data_frames_are_valid_protobuf():
+    from kvtierd.rpc import kvtier_pb2 as pb
+    from kvtierd.rpc.framing import data_frame, data_of
+
+    for size in (0, 1, 127, 128, 300_000):
+        payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        frame = data_frame(memoryview(payload))
+        assert pb.GetChunk.FromString(frame).data == payload
+        assert pb.PutChunk.FromString(frame).data == payload
+        view = data_of(frame)
+        assert view is not None and bytes(view) == payload
+    header = pb.GetChunk(info=pb.ObjectInfo(tier="cpu")).SerializeToString()
+    assert data_of(header) is None

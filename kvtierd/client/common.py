@@ -11,6 +11,7 @@ import grpc
 from kvtierd import errors
 from kvtierd.config import default_config
 from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc.framing import data_of
 
 STREAM_CHUNK_BYTES = 4 << 20
 MAX_MESSAGE_BYTES = 64 << 20
@@ -74,21 +75,6 @@ class Endpoint:
 
 GET_STREAM = "/kvtierd.v1.KVStore/GetStream"
 PUT_STREAM = "/kvtierd.v1.KVStore/PutStream"
-_DATA_TAG = 0x12  # GetChunk.data / PutChunk.data: field 2, length-delimited
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def data_frame(view: memoryview) -> bytes:
-    """``PutChunk(data=view)`` on the wire, built with one copy (protobuf would make two)."""
-    return b"".join((bytes((_DATA_TAG,)), _varint(len(view)), view))
 
 
 def encode_put_chunk(message: pb.PutChunk | bytes) -> bytes:
@@ -97,18 +83,8 @@ def encode_put_chunk(message: pb.PutChunk | bytes) -> bytes:
 
 def decode_get_chunk(data: bytes) -> pb.GetChunk | memoryview:
     """A data frame becomes a zero-copy view of the received bytes; the header is parsed."""
-    if data[:1] == bytes((_DATA_TAG,)):
-        length, shift, i = 0, 0, 1
-        while True:
-            b = data[i]
-            length |= (b & 0x7F) << shift
-            i += 1
-            if b < 0x80:
-                break
-            shift += 7
-        if i + length == len(data):
-            return memoryview(data)[i:]
-    return pb.GetChunk.FromString(data)
+    view = data_of(data)
+    return pb.GetChunk.FromString(data) if view is None else view
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from kvtierd.client.common import (
     STREAM_CHUNK_BYTES,
     Endpoint,
     LookupResult,
-    data_frame,
     decode_get_chunk,
     domain_error,
     encode_put_chunk,
@@ -29,6 +28,7 @@ from kvtierd.client.common import (
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.rpc.framing import data_frame
 
 T = TypeVar("T")
 

@@ -9,30 +9,13 @@ from kvtierd.engine import Engine
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.rpc.framing import data_frame
 from kvtierd.server.convert import info, meta_from_spec, record_info, region
 from kvtierd.server.identity import CALLER, Caller
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_DATA_TAG = b"\x12"  # field 2 (GetChunk.data / PutChunk.data), wire type 2 (length-delimited)
-
-
-def data_frame(view: memoryview) -> bytes:
-    """The wire form of ``GetChunk(data=view)`` built with one copy out of the arena
-    (protobuf would copy into a bytes object first, then again to serialize)."""
-    return b"".join((_DATA_TAG, _varint(len(view)), view))
 
 
 def _check_batch(n: int, what: str) -> None:
