@@ -36,6 +36,8 @@ class Moves:
         for meta, where in ctx.reference or ():
             await e._remove_from_tier(meta, where)
         ctx.reference = None
+        if ctx.context_id not in e.contexts or not ctx.keys:
+            e.profiling.forget(ctx.context_id)
 
     async def move_context(self, ctx: ContextRecord, target: str) -> int:
         """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""

@@ -44,6 +44,11 @@ class ProfilingService:
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
         self._changed: dict[str, float] = {}
+        self._variants: list[str] = []
+        self._variants_of: object = None
+        self._geometry_cache: dict[
+            str, tuple[tuple[str, int], tuple[ChunkFormat | None, int, int]]
+        ] = {}
         self._task: asyncio.Task[None] | None = None
         self._drift: asyncio.Task[None] | None = None
         self._loop: ReprofileLoop | None = None
@@ -129,13 +134,15 @@ class ProfilingService:
         """The context's variants with exact sizes and, once profiled, quality and restore.
         The whole grid while the original is at hand (stored, or kept as a reference copy);
         otherwise only the form the context has."""
-        originals = self._originals(ctx)
-        fmt, tokens = self._geometry(originals)
+        variants = self.variants()
+        if len(variants) <= 1:  # eviction-only policy: nothing to size (the put path is hot)
+            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+        fmt, tokens, original_bytes = self._geometry_of(ctx)
         if fmt is None:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
         profiled = self._profiled(ctx.context_id)
-        out = [VariantProfile(ORIGINAL_VARIANT, sum(m.size_bytes for m in originals))]
-        for name in self.variants():
+        out = [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
+        for name in variants:
             if name == ORIGINAL_VARIANT:
                 continue
             layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
@@ -156,9 +163,29 @@ class ProfilingService:
         return [m for m, _ in ctx.reference or ()]
 
     def variants(self) -> list[str]:
+        """The running policy's grid less what the daemon cannot produce (cached per policy)."""
         policy = self.engine.policy
-        names = dict.fromkeys([*policy.variants, policy.fixed_variant])
-        return [n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES]
+        if self._variants_of is not policy:
+            names = dict.fromkeys([*policy.variants, policy.fixed_variant])
+            self._variants = [
+                n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES
+            ]
+            self._variants_of = policy
+        return self._variants
+
+    def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
+        """Chunk format, token count and bytes of the context's original; cached until the
+        context gains objects or changes form (a put of chunk k would otherwise re-parse the
+        k layouts before it)."""
+        originals = self._originals(ctx)
+        stamp = (ctx.variant, len(originals))
+        cached = self._geometry_cache.get(ctx.context_id)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        fmt, tokens = self._geometry(originals)
+        value = (fmt, tokens, sum(m.size_bytes for m in originals))
+        self._geometry_cache[ctx.context_id] = (stamp, value)
+        return value
 
     def _geometry(self, metas: list[ObjectMeta]) -> tuple[ChunkFormat | None, int]:
         tokens, fmt = 0, None
@@ -188,7 +215,7 @@ class ProfilingService:
             return UNKNOWN_PREFILL_S
         with contextlib.suppress(KeyError):
             return self.profiler.profile_of(ctx.context_id).prefill_s
-        _, tokens = self._geometry(self._originals(ctx))
+        _, tokens, _ = self._geometry_of(ctx)
         if not tokens:
             tokens = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
         return self.profiler.ttft.prefill_s(tokens) if tokens else UNKNOWN_PREFILL_S
@@ -204,6 +231,13 @@ class ProfilingService:
     def note_change(self, ctx: ContextRecord) -> None:
         if ctx.variant == ORIGINAL_VARIANT:
             self._changed[ctx.context_id] = time.monotonic()
+
+    def forget(self, context_id: str) -> None:
+        """A context is gone: drop what is kept about it (its profile file too)."""
+        self._geometry_cache.pop(context_id, None)
+        self._changed.pop(context_id, None)
+        if self.profiler is not None and self._running:
+            self._worker.submit(self.profiler.forget, context_id)
 
     def note_access(self, context_id: str) -> None:
         if self.profiler is not None:
@@ -242,7 +276,7 @@ class ProfilingService:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self.engine.contexts.get(cid)
-                if ctx is not None and self._geometry(self._originals(ctx))[0] is not None:
+                if ctx is not None and self._geometry_of(ctx)[0] is not None:
                     await self.profile_context(ctx)
 
     async def profile_context(
