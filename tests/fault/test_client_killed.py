@@ -14,8 +14,8 @@ import time
 import pytest
 
 from kvtierd.client import KVClient
-from kvtierd.client.common import data_frame
 from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc.framing import data_frame
 from tests.daemon.workload import payload
 
 pytestmark = pytest.mark.slow
