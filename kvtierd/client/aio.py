@@ -159,6 +159,13 @@ class AsyncKVClient:
         resp: pb.TouchResponse = await self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys)))
         return resp.touched
 
+    async def plan(
+        self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
+    ) -> pb.ContextPlan:
+        query = pb.PlanQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
+        resp: pb.PlanResponse = await self.call(self.kv.Plan, pb.PlanRequest(contexts=[query]))
+        return resp.plans[0]
+
     async def status(self) -> pb.StatusResponse:
         resp: pb.StatusResponse = await self.call(self.admin.Status, pb.StatusRequest())
         return resp

@@ -25,6 +25,7 @@ from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.moves import Moves
+from kvtierd.engine.plans import WritePlanner
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.reads import Reads
 from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
@@ -92,6 +93,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self.placer = self._make_placer(self.policy)
         self.executor = Executor(self)
         self.profiling = ProfilingService(self)
+        self.write_planner = WritePlanner(self)
         self._loads_in_flight = 0
         self._reaper: asyncio.Task[None] | None = None
 

@@ -140,7 +140,7 @@ class ProfilingService:
         fmt, tokens, original_bytes = self._geometry_of(ctx)
         if fmt is None:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
-        profiled = self._profiled(ctx.context_id)
+        profiled = self.profiled(ctx.context_id)
         out = [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
         for name in variants:
             if name == ORIGINAL_VARIANT:
@@ -197,7 +197,7 @@ class ProfilingService:
             tokens += fmt.shape[2]
         return fmt, tokens
 
-    def _profiled(self, context_id: str) -> dict[str, VariantProfile]:
+    def profiled(self, context_id: str) -> dict[str, VariantProfile]:
         if self.profiler is None:
             return {}
         try:
@@ -219,6 +219,12 @@ class ProfilingService:
         if not tokens:
             tokens = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
         return self.profiler.ttft.prefill_s(tokens) if tokens else UNKNOWN_PREFILL_S
+
+    def prefill_tokens_s(self, tokens: int) -> float:
+        """Seconds to prefill ``tokens`` tokens (:data:`UNKNOWN_PREFILL_S` when not known)."""
+        if self.profiler is None or tokens <= 0:
+            return UNKNOWN_PREFILL_S
+        return self.profiler.ttft.prefill_s(tokens)
 
     def frequency(self, context_id: str) -> float | None:
         if self.profiler is None:

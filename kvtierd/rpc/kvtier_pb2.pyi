@@ -362,8 +362,13 @@ class GetRequest(_message.Message):
 
     KEYS_FIELD_NUMBER: _builtins.int
     LEASE_S_FIELD_NUMBER: _builtins.int
+    DEVICE_OK_FIELD_NUMBER: _builtins.int
     lease_s: _builtins.float
     """0 = the daemon's default"""
+    device_ok: _builtins.bool
+    """The caller is co-located with CUDA and can open CUDA IPC handles: an object held in a gpu
+    tier is leased in place (Lease.device) instead of being copied into the arena.
+    """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -371,14 +376,90 @@ class GetRequest(_message.Message):
         *,
         keys: _abc.Iterable[_builtins.str] | None = ...,
         lease_s: _builtins.float = ...,
+        device_ok: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "lease_s", b"lease_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_ok", b"device_ok", "keys", b"keys", "lease_s", b"lease_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRequest: _TypeAlias = GetRequest  # noqa: Y015
+
+@_typing.final
+class CudaIpcHandle(_message.Message):
+    """A gpu tier's memory pool as torch shares CUDA storage between processes
+    (torch.UntypedStorage._share_cuda_ / _new_shared_cuda); open it once per pool.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_FIELD_NUMBER: _builtins.int
+    HANDLE_FIELD_NUMBER: _builtins.int
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _builtins.int
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _builtins.int
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _builtins.int
+    EVENT_HANDLE_FIELD_NUMBER: _builtins.int
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _builtins.int
+    device: _builtins.int
+    handle: _builtins.bytes
+    storage_size_bytes: _builtins.int
+    storage_offset_bytes: _builtins.int
+    ref_counter_handle: _builtins.bytes
+    ref_counter_offset: _builtins.int
+    event_handle: _builtins.bytes
+    event_sync_required: _builtins.bool
+    def __init__(
+        self,
+        *,
+        device: _builtins.int = ...,
+        handle: _builtins.bytes = ...,
+        storage_size_bytes: _builtins.int = ...,
+        storage_offset_bytes: _builtins.int = ...,
+        ref_counter_handle: _builtins.bytes = ...,
+        ref_counter_offset: _builtins.int = ...,
+        event_handle: _builtins.bytes = ...,
+        event_sync_required: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "event_handle", b"event_handle", "event_sync_required", b"event_sync_required", "handle", b"handle", "ref_counter_handle", b"ref_counter_handle", "ref_counter_offset", b"ref_counter_offset", "storage_offset_bytes", b"storage_offset_bytes", "storage_size_bytes", b"storage_size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CudaIpcHandle: _TypeAlias = CudaIpcHandle  # noqa: Y015
+
+@_typing.final
+class DeviceRegion(_message.Message):
+    """An object's bytes in place in a gpu tier's pool: [offset, offset + length)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIER_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LENGTH_FIELD_NUMBER: _builtins.int
+    tier: _builtins.str
+    offset: _builtins.int
+    length: _builtins.int
+    @_builtins.property
+    def pool(self) -> Global___CudaIpcHandle: ...
+    def __init__(
+        self,
+        *,
+        tier: _builtins.str = ...,
+        pool: Global___CudaIpcHandle | None = ...,
+        offset: _builtins.int = ...,
+        length: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["length", b"length", "offset", b"offset", "pool", b"pool", "tier", b"tier"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceRegion: _TypeAlias = DeviceRegion  # noqa: Y015
 
 @_typing.final
 class Lease(_message.Message):
@@ -388,12 +469,19 @@ class Lease(_message.Message):
     OBJECT_FIELD_NUMBER: _builtins.int
     REGION_FIELD_NUMBER: _builtins.int
     EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    DEVICE_FIELD_NUMBER: _builtins.int
     lease_id: _builtins.str
     expires_in_s: _builtins.float
     @_builtins.property
     def object(self) -> Global___ObjectInfo: ...
     @_builtins.property
-    def region(self) -> Global___ArenaRegion: ...
+    def region(self) -> Global___ArenaRegion:
+        """unset when `device` is set"""
+
+    @_builtins.property
+    def device(self) -> Global___DeviceRegion:
+        """only for GetRequest.device_ok and an object in a gpu tier"""
+
     def __init__(
         self,
         *,
@@ -401,10 +489,11 @@ class Lease(_message.Message):
         object: Global___ObjectInfo | None = ...,
         region: Global___ArenaRegion | None = ...,
         expires_in_s: _builtins.float = ...,
+        device: Global___DeviceRegion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["object", b"object", "region", b"region"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "object", b"object", "region", b"region"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s", "lease_id", b"lease_id", "object", b"object", "region", b"region"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device", b"device", "expires_in_s", b"expires_in_s", "lease_id", b"lease_id", "object", b"object", "region", b"region"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -688,6 +777,111 @@ class AddQueriesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
+
+@_typing.final
+class PlanQuery(_message.Message):
+    """Plan: the variant a writer should store a context in, so that it can compress on its own
+    device and ship only the compressed bytes.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    num_tokens: _builtins.int
+    """of the whole context; for a context the daemon does not know"""
+    size_bytes: _builtins.int
+    """of its original KV; for a context the daemon does not know"""
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        num_tokens: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanQuery: _TypeAlias = PlanQuery  # noqa: Y015
+
+@_typing.final
+class PlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanQuery]: ...
+    def __init__(
+        self,
+        *,
+        contexts: _abc.Iterable[Global___PlanQuery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanRequest: _TypeAlias = PlanRequest  # noqa: Y015
+
+@_typing.final
+class ContextPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    variant: _builtins.str
+    """"none" = store the original"""
+    tier: _builtins.str
+    """where the placer would keep it; "" = not stored at all"""
+    source: _builtins.str
+    """"placed" (known context) | "prior" (profiled ones) | "default" """
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        variant: _builtins.str = ...,
+        tier: _builtins.str = ...,
+        source: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextPlan: _TypeAlias = ContextPlan  # noqa: Y015
+
+@_typing.final
+class PlanResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLANS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextPlan]: ...
+    def __init__(
+        self,
+        *,
+        plans: _abc.Iterable[Global___ContextPlan] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plans", b"plans"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanResponse: _TypeAlias = PlanResponse  # noqa: Y015
 
 @_typing.final
 class StatusRequest(_message.Message):

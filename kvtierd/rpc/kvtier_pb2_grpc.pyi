@@ -52,6 +52,7 @@ class KVStoreStub:
     Delete: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]
     Touch: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]
     AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
+    Plan: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]
 
 @_typing.type_check_only
 class KVStoreAsyncStub(KVStoreStub):
@@ -67,6 +68,7 @@ class KVStoreAsyncStub(KVStoreStub):
     Delete: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]  # type: ignore[assignment]
     Touch: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]  # type: ignore[assignment]
     AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
+    Plan: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]  # type: ignore[assignment]
 
 class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -145,6 +147,13 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _kvtier_pb2.AddQueriesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.AddQueriesResponse, _abc.Awaitable[_kvtier_pb2.AddQueriesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Plan(
+        self,
+        request: _kvtier_pb2.PlanRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.PlanResponse, _abc.Awaitable[_kvtier_pb2.PlanResponse]]: ...
 
 def add_KVStoreServicer_to_server(servicer: KVStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

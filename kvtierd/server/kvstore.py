@@ -173,6 +173,27 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
         return pb.AddQueriesResponse(stored=stored)
 
+    async def Plan(self, request: pb.PlanRequest, context: Any) -> pb.PlanResponse:
+        _check_batch(len(request.contexts), "Plan")
+        caller = CALLER.get()
+        plans = []
+        for q in request.contexts:
+            if not q.context_id:
+                raise InvalidArgumentError("Plan: every query needs a context_id")
+            plan = self.engine.write_planner.plan(
+                caller.scoped(q.context_id), q.num_tokens, q.size_bytes
+            )
+            plans.append(
+                pb.ContextPlan(
+                    context_id=q.context_id,
+                    variant=plan.variant,
+                    tier=plan.tier,
+                    source=plan.source,
+                    reason=plan.reason,
+                )
+            )
+        return pb.PlanResponse(plans=plans)
+
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()

@@ -256,3 +256,16 @@ def test_embedded_default_policy_is_evicpress(start_daemon):
         assert c.status().placer == "evicpress"
         c.put("x", b"y" * 100)
         assert c.lookup(["x"]).found == (True,)
+
+
+def test_write_plan_over_the_socket(client):
+    """Plan through the daemon: a held context's placement; a new one under an eviction-only
+    placer stays the original; a query without a context id is refused."""
+    client.put("plan/0", np.ones(1024, np.uint8), context_id="plan-ctx")
+    held = client.plan("plan-ctx")
+    assert (held.variant, held.tier, held.source) == ("none", "cpu", "placed")
+    new = client.plan("never-seen", num_tokens=512, size_bytes=1 << 20)
+    assert (new.variant, new.tier, new.source) == ("none", "", "default")
+    assert "does not compress" in new.reason
+    with pytest.raises(errors.InvalidArgumentError, match="context_id"):
+        client.plan("")

@@ -136,3 +136,40 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     assert engine.placement_of(ctx).tier == "ssd"
     keys, _ = await engine.context_tensors(ctx)
     assert keys.shape == (L, H, CHUNKS * T, D)  # the original is back, whole
+
+
+async def test_write_plan_follows_the_placer(engine: Engine) -> None:
+    """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
+    the profiled contexts' mean profile; the original before anything is profiled."""
+    cpu, ssd = engine.tier_models()
+    dt = 2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s - (
+        CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s
+    )
+    policy = parse_policy(
+        f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
+        "  ratios: [1.0, 0.5]\nprofiling:\n  interval_s: 0.2\n",
+        "test.yaml",
+    )
+    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    planner = engine.write_planner
+    before = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    assert (before.variant, before.source) == ("none", "default")
+    assert "no context is profiled yet" in before.reason
+
+    await _put_context(engine, "doc")
+    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    ctx = engine.contexts["doc"]
+    await _until(lambda: engine.placement_of(ctx).variant == "knorm@0.5")
+    held = planner.plan("doc", 0, 0)
+    assert (held.variant, held.tier, held.source) == ("knorm@0.5", "cpu", "placed")
+
+    planner._prior_at = -1e9  # the cached prior predates the profile
+    new = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    assert (new.variant, new.tier, new.source) == ("knorm@0.5", "cpu", "prior")
+    assert "1 profiled contexts" in new.reason
+    huge = planner.plan("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
+    assert huge.tier != "cpu"
+
+    await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
+    fixed = engine.write_planner.plan("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    assert (fixed.variant, fixed.source) == ("int8", "default")

@@ -1,0 +1,140 @@
+"""Write plans: the variant a writer should store a context in (``KVStore.Plan``).
+
+A writer that holds the KV on its own device (the LMCache plugin beside vLLM) can compress it
+there and ship only the compressed bytes, if it knows what the placer will do with the context:
+
+* a context the daemon holds: its current placement (``placed``) — the placer already chose;
+* a new context under a quality-seeking placer, once some contexts are profiled: the option
+  with the best EvicPress utility ``alpha * quality - ttft`` for a context of the given size,
+  with each variant's quality and size ratio averaged over the profiled contexts (``prior``).
+  It is the placer's unconstrained first choice, before any overflow is resolved: the placer
+  still decides when the context arrives, and profiles it like any other;
+* otherwise what the policy stores new contexts as (``default``): the original, or the fixed
+  placer's variant.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvtierd.types import ORIGINAL_VARIANT
+
+if TYPE_CHECKING:
+    from kvtierd.engine.engine import Engine
+
+PRIOR_TTL_S = 5.0
+"""How long the averaged profile of the stored contexts is reused before it is recomputed."""
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    context_id: str
+    variant: str
+    tier: str  # "" = the placer would not store it
+    source: str  # placed | prior | default
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VariantPrior:
+    """A variant's mean quality, size relative to the original, and restore seconds."""
+
+    quality: float
+    size_ratio: float
+    restore_s: float
+
+
+class WritePlanner:
+    """Answers ``KVStore.Plan`` for one engine (module docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._prior: dict[str, VariantPrior] = {}
+        self._prior_at = -PRIOR_TTL_S
+        self._prior_count = 0
+
+    def plan(self, context_id: str, num_tokens: int, size_bytes: int) -> WritePlan:
+        e = self.engine
+        ctx = e.contexts.get(context_id)
+        if ctx is not None:
+            where = e.placement_of(ctx)
+            return WritePlan(
+                context_id, where.variant, where.tier or "", "placed",
+                f"{e.placer.name}: the context is stored as {where.variant} in {where.tier}",
+            )  # fmt: skip
+        policy = e.policy
+        if policy.fixed_variant:
+            return WritePlan(
+                context_id, policy.fixed_variant, "", "default",
+                f"policy {policy.name!r} stores every context as {policy.fixed_variant}",
+            )  # fmt: skip
+        prior = self.prior()
+        if len(prior) <= 1 or size_bytes <= 0:
+            why = (
+                "no context is profiled yet"
+                if len(e.profiling.variants()) > 1
+                else f"placer {e.placer.name!r} does not compress"
+            )
+            return WritePlan(
+                context_id, ORIGINAL_VARIANT, "", "default",
+                f"{why}: store the original; it is profiled after it arrives",
+            )  # fmt: skip
+        return self._best(context_id, prior, num_tokens, size_bytes)
+
+    def _best(
+        self, context_id: str, prior: dict[str, VariantPrior], num_tokens: int, size_bytes: int
+    ) -> WritePlan:
+        e = self.engine
+        alpha = e.policy.alpha
+        prefill = e.profiling.prefill_tokens_s(num_tokens)
+        best = (alpha - prefill, ORIGINAL_VARIANT, "")  # dropped: recompute when asked
+        for tier in e.tier_models():
+            bandwidth = max(tier.load_bandwidth_bytes_per_s, 1.0)
+            for name, p in prior.items():
+                size = p.size_ratio * size_bytes
+                if tier.capacity_bytes is not None and size > tier.capacity_bytes:
+                    continue
+                ttft = size / bandwidth + tier.load_overhead_s + p.restore_s
+                best = max(best, (alpha * p.quality - ttft, name, tier.name))
+        utility, variant, tier_name = best
+        where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"
+        return WritePlan(
+            context_id, variant, tier_name, "prior",
+            f"{e.placer.name}: best utility {utility:.4g} as {variant} {where}, from the mean "
+            f"profile of {self._prior_count} profiled contexts",
+        )  # fmt: skip
+
+    def prior(self) -> dict[str, VariantPrior]:
+        """Each variant's quality and size ratio averaged over the profiled contexts."""
+        now = time.monotonic()
+        if now - self._prior_at < PRIOR_TTL_S:
+            return self._prior
+        e = self.engine
+        sums: dict[str, list[float]] = {}
+        count = 0
+        for ctx in e.contexts.values():
+            profiled = e.profiling.profiled(ctx.context_id)
+            if not profiled:
+                continue
+            grid = {v.variant: v for v in e.profiling.grid(ctx)}
+            original = grid.get(ORIGINAL_VARIANT)
+            if original is None or original.size_bytes <= 0:
+                continue
+            count += 1
+            for name, v in grid.items():
+                known = profiled.get(name)
+                quality, restore = (known.quality, known.restore_s) if known else (1.0, 0.0)
+                if name != ORIGINAL_VARIANT and known is None:
+                    continue
+                acc = sums.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+                acc[0] += quality
+                acc[1] += v.size_bytes / original.size_bytes
+                acc[2] += restore
+                acc[3] += 1
+        self._prior = {
+            name: VariantPrior(q / n, r / n, s / n) for name, (q, r, s, n) in sums.items()
+        }
+        self._prior_at, self._prior_count = now, count
+        return self._prior
