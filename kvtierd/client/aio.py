@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc import aio
@@ -21,8 +21,12 @@ from kvtierd.client.common import (
     lookup_result,
     spec,
 )
+from kvtierd.client.device import DevicePools
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    import torch
 
 
 class AsyncKVClient:
@@ -59,9 +63,11 @@ class AsyncKVClient:
             (("x-kvtierd-tenant", tenant),) if tenant else ()
         )
         self._arena = ArenaMap()
+        self._device_pools = DevicePools()
 
     async def close(self) -> None:
         self._arena.close()
+        self._device_pools.close()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncKVClient:
@@ -122,6 +128,25 @@ class AsyncKVClient:
         (lease,) = resp.leases
         try:
             yield lease.object, self._arena.region(lease.region)
+        finally:
+            await self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
+
+    @contextlib.asynccontextmanager
+    async def device_lease(
+        self, key: str, lease_s: float = 0.0
+    ) -> AsyncIterator[tuple[pb.ObjectInfo, torch.Tensor]]:
+        """The asyncio twin of :meth:`KVClient.device_lease`."""
+        import torch
+
+        request = pb.GetRequest(keys=[key], lease_s=lease_s, device_ok=True)
+        resp = await self.call(self.kv.Get, request)
+        (lease,) = resp.leases
+        try:
+            if lease.HasField("device"):
+                yield lease.object, self._device_pools.region(lease.device)
+            else:
+                view = self._arena.region(lease.region)
+                yield lease.object, torch.frombuffer(view, dtype=torch.uint8)
         finally:
             await self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
 

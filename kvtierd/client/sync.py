@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -25,10 +25,14 @@ from kvtierd.client.common import (
     lookup_result,
     spec,
 )
+from kvtierd.client.device import DevicePools
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -78,11 +82,13 @@ class KVClient:
             (("x-kvtierd-tenant", tenant),) if tenant else ()
         )
         self._arena = ArenaMap()
+        self._device_pools = DevicePools()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
 
     def close(self) -> None:
         self._copier.shutdown()
         self._arena.close()
+        self._device_pools.close()
         self._channel.close()
 
     def __enter__(self) -> KVClient:
@@ -155,6 +161,26 @@ class KVClient:
         (lease,) = self.call(self.kv.Get, pb.GetRequest(keys=[key], lease_s=lease_s)).leases
         try:
             yield lease.object, self._arena.region(lease.region)
+        finally:
+            self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
+
+    @contextlib.contextmanager
+    def device_lease(
+        self, key: str, lease_s: float = 0.0
+    ) -> Iterator[tuple[pb.ObjectInfo, torch.Tensor]]:
+        """Zero-copy read for a CUDA process: a ``uint8`` CUDA tensor over the object's bytes
+        in the daemon's gpu tier when it is there (CUDA IPC, in place), else a CPU tensor over
+        its bytes in the arena. Valid inside the block; the object is not moved under it."""
+        import torch
+
+        request = pb.GetRequest(keys=[key], lease_s=lease_s, device_ok=True)
+        (lease,) = self.call(self.kv.Get, request).leases
+        try:
+            if lease.HasField("device"):
+                yield lease.object, self._device_pools.region(lease.device)
+            else:
+                view = self._arena.region(lease.region)
+                yield lease.object, torch.frombuffer(view, dtype=torch.uint8)
         finally:
             self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
 

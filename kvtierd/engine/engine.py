@@ -45,6 +45,7 @@ from kvtierd.policies import Placer, PlacerParams, placer_class
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
+from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import (
     DROPPED,
     ContextProfile,
@@ -77,8 +78,10 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self.allocations: dict[str, AllocationRecord] = {}
         self.leases: dict[str, LeaseRecord] = {}
         self._committed: OrderedDict[str, None] = OrderedDict()  # recent ids: double commits
-        self._block_refs: dict[int, int] = {}  # arena offset -> leases on it
-        self._orphans: dict[int, Block] = {}  # arena offset -> Block no tier owns any more
+        # (pool tier, offset) -> leases on that block; blocks no tier owns any more, freed by
+        # their last release. The pool is the CPU tier's arena, or a gpu tier (device leases).
+        self._block_refs: dict[tuple[str, int], int] = {}
+        self._orphans: dict[tuple[str, int], Block] = {}
         self._ids = itertools.count(1)
         self.hits = 0
         self.misses = 0
@@ -376,12 +379,13 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
     async def _remove_from_tier(self, meta: ObjectMeta, tier_name: str) -> None:
         key = meta.key
         self.account(meta, tier_name, -1)
-        if tier_name == self.cpu.name:
-            block = self.cpu.detach(key)
-            if self._block_refs.get(block.offset):
-                self._orphans[block.offset] = block  # freed by the last release
+        tier = self.tiers[tier_name]
+        if isinstance(tier, PooledTier):
+            block = tier.detach(key)
+            if self._block_refs.get((tier_name, block.offset)):
+                self._orphans[tier_name, block.offset] = block  # freed by the last release
             else:
-                self.cpu.free_block(block)
+                tier.free_block(block)
         else:
             with contextlib.suppress(NotFoundError):
                 await self.tiers[tier_name].delete(key, tenant=meta.tenant)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 from kvtierd.engine.state import ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.errors import CorruptObjectError, KvtierError, LeaseError, NotFoundError
 from kvtierd.storage.allocator import Block
+from kvtierd.storage.pooled import PooledTier
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
@@ -83,8 +84,11 @@ class Reads:
         return None
 
     async def get(
-        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = ""
+        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = "", device_ok: bool = False
     ) -> list[LeaseRecord]:
+        """A lease per key on a block holding the object's bytes: in the arena (the CPU tier's
+        own block, or a copy staged from a slower tier), or — with ``device_ok``, for an
+        object in a gpu tier — its block in that tier's CUDA pool, in place."""
         e = cast("Engine", self)
         e._check_open()
         lease_s = lease_s if lease_s > 0 else e.config.lease_s
@@ -94,7 +98,7 @@ class Reads:
             for key in keys:
                 if key not in e.objects and e._shared:
                     await e._fetch_shared(key, tenant)
-                leases.append(await e._lease_one(key, lease_s))
+                leases.append(await e._lease_one(key, lease_s, device_ok))
         except BaseException:
             e.release([lease.lease_id for lease in leases])
             raise
@@ -104,7 +108,7 @@ class Reads:
             e._record_access(e.contexts[ctx_id])
         return leases
 
-    async def _lease_one(self, key: str, lease_s: float) -> LeaseRecord:
+    async def _lease_one(self, key: str, lease_s: float, device_ok: bool) -> LeaseRecord:
         e = cast("Engine", self)
         started = time.perf_counter()
         obj = e.objects.get(key)
@@ -117,18 +121,20 @@ class Reads:
             obj = e.objects.get(key)
             if obj is None:
                 raise NotFoundError(f"object {key!r} was removed while being read")
-            if obj.tier == e.cpu.name:
-                block = e.cpu.block_of(obj.meta.key)
+            tier = e.tiers[obj.tier]
+            if tier is e.cpu or (device_ok and isinstance(tier, PooledTier)):
+                pool, block = obj.tier, tier.block_of(obj.meta.key)
             else:
-                block = await e._stage_from(obj)
-                e._orphans[block.offset] = block
-        e._block_refs[block.offset] = e._block_refs.get(block.offset, 0) + 1
+                pool, block = e.cpu.name, await e._stage_from(obj)
+                e._orphans[pool, block.offset] = block
+        ref = (pool, block.offset)
+        e._block_refs[ref] = e._block_refs.get(ref, 0) + 1
         e.hits += 1
         e.tier_hits[obj.tier] += 1
         e.metrics.record_hit(obj.tier)
         lease = LeaseRecord(
             f"{e.instance_id}:l{next(e._ids)}", obj.meta, obj.tier, block,
-            time.monotonic() + lease_s,
+            time.monotonic() + lease_s, pool,
         )  # fmt: skip
         e.leases[lease.lease_id] = lease
         e.metrics.observe_load(obj.tier, time.perf_counter() - started, obj.meta.size_bytes)
@@ -160,19 +166,21 @@ class Reads:
                         "get the object again"
                     )
                 raise NotFoundError(f"unknown, expired or already released lease {lid!r}")
-            e._unref(lease.block)
+            e._unref(lease.pool, lease.block)
 
-    def _unref(self, block: Block) -> None:
+    def _unref(self, pool: str, block: Block) -> None:
         e = cast("Engine", self)
-        offset = block.offset
-        left = e._block_refs[offset] - 1
+        ref = (pool, block.offset)
+        left = e._block_refs[ref] - 1
         if left:
-            e._block_refs[offset] = left
+            e._block_refs[ref] = left
             return
-        del e._block_refs[offset]
-        orphan = e._orphans.pop(offset, None)
+        del e._block_refs[ref]
+        orphan = e._orphans.pop(ref, None)
         if orphan is not None:
-            e.cpu.free_block(orphan)
+            tier = e.tiers[pool]
+            assert isinstance(tier, PooledTier)
+            tier.free_block(orphan)
 
     def touch(self, keys: Sequence[str]) -> int:
         e = cast("Engine", self)

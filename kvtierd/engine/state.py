@@ -56,10 +56,15 @@ class AllocationRecord:
 
 @dataclass(slots=True)
 class LeaseRecord:
-    """A reader's claim on an arena block: the block is neither moved nor freed under it."""
+    """A reader's claim on a block: the block is neither moved nor freed under it.
+
+    ``pool`` names the tier whose memory holds ``block``: the CPU tier's arena (objects of the
+    CPU tier, and objects staged from slower tiers), or a gpu tier for an in-place device lease.
+    """
 
     lease_id: str
     meta: ObjectMeta
     tier: str
     block: Block
     deadline_s: float
+    pool: str

@@ -8,6 +8,7 @@ from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.server.identity import Caller
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import Arena
+from kvtierd.storage.gpu import GpuTier
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
 
@@ -49,6 +50,21 @@ def info(meta: ObjectMeta, tier: str, caller: Caller) -> pb.ObjectInfo:
 
 def record_info(rec: ObjectRecord, caller: Caller) -> pb.ObjectInfo:
     return info(rec.meta, rec.tier, caller)
+
+
+def device_region(tier: GpuTier, block: Block) -> pb.DeviceRegion:
+    h = tier.ipc_handle()
+    pool = pb.CudaIpcHandle(
+        device=h.device,
+        handle=h.handle,
+        storage_size_bytes=h.storage_size_bytes,
+        storage_offset_bytes=h.storage_offset_bytes,
+        ref_counter_handle=h.ref_counter_handle,
+        ref_counter_offset=h.ref_counter_offset,
+        event_handle=h.event_handle,
+        event_sync_required=h.event_sync_required,
+    )
+    return pb.DeviceRegion(tier=tier.name, pool=pool, offset=block.offset, length=block.length)
 
 
 def region(arena: Arena, block: Block) -> pb.ArenaRegion:

@@ -6,12 +6,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from kvtierd.engine import Engine
+from kvtierd.engine.state import LeaseRecord
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
-from kvtierd.server.convert import info, meta_from_spec, record_info, region
+from kvtierd.server.convert import device_region, info, meta_from_spec, record_info, region
 from kvtierd.server.identity import CALLER, Caller
+from kvtierd.storage.gpu import GpuTier
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
@@ -80,20 +82,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
-        leases = await self.engine.get(keys, request.lease_s, caller.tenant)
-        arena = self.engine.cpu.arena
+        leases = await self.engine.get(keys, request.lease_s, caller.tenant, request.device_ok)
         lease_s = request.lease_s or self.engine.config.lease_s
-        return pb.GetResponse(
-            leases=[
-                pb.Lease(
-                    lease_id=lease.lease_id,
-                    object=info(lease.meta, lease.tier, caller),
-                    region=region(arena, lease.block),
-                    expires_in_s=lease_s,
-                )
-                for lease in leases
-            ]
+        return pb.GetResponse(leases=[self._lease(lease, lease_s, caller) for lease in leases])
+
+    def _lease(self, lease: LeaseRecord, lease_s: float, caller: Caller) -> pb.Lease:
+        out = pb.Lease(
+            lease_id=lease.lease_id,
+            object=info(lease.meta, lease.tier, caller),
+            expires_in_s=lease_s,
         )
+        pool = self.engine.tiers[lease.pool]
+        if isinstance(pool, GpuTier):
+            out.device.CopyFrom(device_region(pool, lease.block))
+        else:
+            out.region.CopyFrom(region(self.engine.cpu.arena, lease.block))
+        return out
 
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
         caller = CALLER.get()

@@ -23,15 +23,16 @@ from kvtierd.config import TierConfig, parse_size
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import MEMFD, Arena
-from kvtierd.storage.base import Tier, register_tier
+from kvtierd.storage.base import register_tier
 from kvtierd.storage.block_index import BlockIndex
+from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta, TierStats
 
 _CALIBRATION_BYTES = 32 << 20
 
 
 @register_tier
-class CpuTier(Tier):
+class CpuTier(PooledTier):
     kind = "cpu"
 
     def __init__(self, config: TierConfig) -> None:

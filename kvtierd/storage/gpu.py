@@ -3,9 +3,9 @@ as the arena; shared with co-located processes by CUDA IPC.
 
 The pool is a single ``uint8`` CUDA tensor allocated at start (plain cudaMalloc through
 torch's allocator, never managed memory). A co-located process opens the pool once from
-:meth:`GpuTier.ipc_handle` and addresses objects by :meth:`GpuTier.locate` (offset, length),
-so no per-object IPC handles are needed. Host<->device copies go through a pinned staging
-buffer reused across calls.
+:meth:`GpuTier.ipc_handle` and addresses objects by their block (offset, length) in a lease
+(``Get`` with ``device_ok``), so no per-object IPC handles are needed. Host<->device copies
+go through a pinned staging buffer reused across calls.
 
 Options: ``device`` (default ``cuda:0``), ``staging_bytes`` (pinned host buffer, default
 64 MiB). Only configured when CUDA is present; construction fails with a clear message
@@ -17,21 +17,38 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvtierd.config import TierConfig, parse_size
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.allocator import Block, FreeListAllocator
-from kvtierd.storage.base import Tier, register_tier
+from kvtierd.storage.base import register_tier
 from kvtierd.storage.block_index import BlockIndex
+from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True, slots=True)
+class CudaIpcHandle:
+    """The pool's storage as torch shares CUDA memory between processes: the fields of
+    ``UntypedStorage._share_cuda_()``, which ``UntypedStorage._new_shared_cuda`` opens."""
+
+    device: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+
+
 @register_tier
-class GpuTier(Tier):
+class GpuTier(PooledTier):
     kind = "gpu"
 
     def __init__(self, config: TierConfig) -> None:
@@ -46,6 +63,7 @@ class GpuTier(Tier):
         self._index = BlockIndex(self.name)
         self._pool: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
+        self._ipc: CudaIpcHandle | None = None
         self._lock = asyncio.Lock()  # one staged copy at a time through the pinned buffer
 
     @property
@@ -78,17 +96,32 @@ class GpuTier(Tier):
     async def close(self) -> None:
         self._index.clear()
         self._pool = self._staging = None
+        self._ipc = None
 
-    def ipc_handle(self) -> Any:
-        """The pool's CUDA IPC handle for a co-located process (torch's storage sharing)."""
-        return self.pool.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
+    def ipc_handle(self) -> CudaIpcHandle:
+        """The pool's CUDA IPC handle for co-located processes (made once; the pool never
+        moves while the tier runs)."""
+        if self._ipc is None:
+            shared: Any = self.pool.untyped_storage()._share_cuda_()  # type: ignore[no-untyped-call]
+            device, handle, size, offset, ref_handle, ref_offset, event, sync = shared
+            self._ipc = CudaIpcHandle(
+                int(device), bytes(handle), int(size), int(offset), bytes(ref_handle),
+                int(ref_offset), bytes(event or b""), bool(sync),
+            )  # fmt: skip
+        return self._ipc
 
-    def locate(self, key: str) -> Block:
+    def block_of(self, key: str) -> Block:
         return self._index.get(key).block
+
+    def detach(self, key: str) -> Block:
+        return self._index.pop(key).block
+
+    def free_block(self, block: Block) -> None:
+        self.allocator.free(block)
 
     def tensor(self, key: str) -> torch.Tensor:
         """A device view of the object's bytes (no copy)."""
-        block = self.locate(key)
+        block = self.block_of(key)
         return self.pool[block.offset : block.offset + block.length]
 
     async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
