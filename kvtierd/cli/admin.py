@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtierd.cli.connection import AdminConnection, Target
-from kvtierd.cli.exit_codes import ExitCode
+from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import (
     Output,
     human_bytes,
@@ -20,6 +20,8 @@ from kvtierd.cli.output import (
     human_seconds,
     to_dict,
 )
+from kvtierd.config import parse_size
+from kvtierd.errors import ConfigError
 from kvtierd.rpc import kvtier_pb2 as pb
 
 SERVER_ORDERS = ("recency", "frequency", "size", "id")
@@ -186,6 +188,31 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
             for o in d.objects
         ],
     )  # fmt: skip
+    return ExitCode.OK
+
+
+def run_contexts_plan(args: argparse.Namespace, out: Output) -> ExitCode:
+    if args.tokens < 0:
+        raise CliError(ExitCode.USAGE, f"--tokens must be >= 0, got {args.tokens}")
+    try:
+        size = parse_size(args.size, "--size")
+    except ConfigError as e:
+        raise CliError(ExitCode.USAGE, str(e)) from e
+    query = pb.PlanQuery(context_id=args.context_id, num_tokens=args.tokens, size_bytes=size)
+    with connect(args) as conn:
+        (plan,) = conn.call(conn.kv.Plan, pb.PlanRequest(contexts=[query])).plans
+    if out.as_json:
+        out.json(to_dict(plan))
+        return ExitCode.OK
+    out.fields(
+        f"write plan for {plan.context_id}",
+        [
+            ("variant", plan.variant),
+            ("tier", plan.tier or "-"),
+            ("source", plan.source),
+            ("why", plan.reason),
+        ],
+    )
     return ExitCode.OK
 
 

@@ -127,7 +127,7 @@ def _simulator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ctx = sub.add_parser("contexts", help="list or describe cached contexts")
-    csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show")
+    csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show|plan")
     p = _command(csub, "ls", admin.run_contexts_ls, "list contexts (sortable, filterable)")
     p.add_argument("--tier", help="only contexts placed in this tier")
     p.add_argument(
@@ -147,6 +147,10 @@ def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         csub, "show", admin.run_contexts_show, "variants, utility table, placement and why"
     )
     p.add_argument("context_id")
+    p = _command(csub, "plan", admin.run_contexts_plan, "the variant a writer should store it in")
+    p.add_argument("context_id")
+    p.add_argument("--tokens", type=int, default=0, help="its length, for a context not held")
+    p.add_argument("--size", default="0", help="its original KV bytes (e.g. 64MiB)")
 
 
 def _policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -103,6 +103,13 @@ def test_contexts_show(start_daemon: Callable[..., DaemonProcess], ctl: Callable
     assert missing.out == ""
     assert missing.err.count("\n") == 1 and "nope" in missing.err
 
+    plan = run("contexts", "plan", "beta", "--json").json()
+    assert (plan["variant"], plan["tier"], plan["source"]) == ("none", "cpu", "placed")
+    new = run("contexts", "plan", "fresh", "--tokens", "512", "--size", "64MiB")
+    assert new.code == 0 and "default" in new.out and "does not compress" in new.out
+    bad = run("contexts", "plan", "fresh", "--size", "lots")
+    assert bad.code != 0 and "--size" in bad.err and bad.err.count("\n") == 1
+
 
 def test_evict_pin_unpin_drain_rebalance(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable
