@@ -47,6 +47,7 @@ class VariantOps:
             records = [e.objects[k] for k in ctx.keys]
         elif ctx.reference:
             records = [ObjectRecord(m, t) for m, t in ctx.reference]
+            records += [e.objects[k] for k in self.added_in_form(ctx)]
         else:
             raise InvalidArgumentError(
                 f"context {ctx.context_id!r} is stored as {ctx.variant!r} and its original is "
@@ -58,6 +59,16 @@ class VariantOps:
                 payloads.append(await self._copy_out(obj))
                 metas.append(obj.meta)
         return metas, payloads
+
+    def added_in_form(self, ctx: ContextRecord) -> list[str]:
+        """Keys of the objects a client added to a compressed context in its compressed form
+        (the LMCache plugin quantizes a longer prompt's new chunks on its device when the
+        write plan says int8). They have no original in the reference copy, so they are read
+        as they are stored (decoded by their layout): a re-compression re-encodes them with
+        the rest, and restoring the original drops them (LMCache recomputes them)."""
+        e = cast("Engine", self)
+        ref = {m.key for m, _ in ctx.reference or ()}
+        return [k for k in ctx.keys if k not in ref and SEPARATOR not in e.objects[k].meta.key]
 
     async def _copy_out(self, obj: ObjectRecord) -> bytes:
         e = cast("Engine", self)
@@ -242,7 +253,13 @@ class VariantOps:
                 continue
             made_by_daemon = SEPARATOR in meta.key
             complete = (meta.context, meta.variant) in manifests
-            superseded = not made_by_daemon and any(c == meta.context for c, _ in manifests)
+            # A client's original of a compressed context was superseded; a client's object
+            # stored in a compressed form (added after the compression) was not.
+            superseded = (
+                not made_by_daemon
+                and meta.variant == ORIGINAL_VARIANT
+                and any(c == meta.context for c, _ in manifests)
+            )
             if superseded and tier == self.reference_tier():
                 e.references.setdefault(meta.context, []).append((meta, tier))
                 continue

@@ -121,3 +121,45 @@ def test_compression_cut_short_keeps_the_original(start_daemon):
         assert bytes(c.get("doc/0")) == chunks[0].view(torch.uint8).numpy().tobytes()
         ssd = {t.name: t for t in c.tiers()}["ssd"]
         assert ssd.object_count == CHUNKS  # the partial variant's objects were deleted
+
+
+def _put_int8(c: KVClient, cid: str, key: str, chunk: torch.Tensor) -> None:
+    """What the LMCache plugin does when the write plan says int8: quantize, store in form."""
+    from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+
+    fmt = chunk_format(chunk, H, "int8")
+    data = encode_chunk(chunk, fmt)
+    c.put(key, data, context_id=cid, variant="int8", layout=fmt.layout(), token_count=T,
+          durable=True)  # fmt: skip
+
+
+def test_chunks_added_in_form_join_a_compressed_context(start_daemon):
+    """A context the daemon compressed to int8 keeps receiving int8 chunks from a client (a
+    longer prompt extending it): they stay after a restart (they are not an original that
+    the variant superseded), and a later compression re-encodes them with the rest."""
+    d = start_daemon(cpu="1MiB", ssd="0")  # ssd unbounded: it keeps the reference original
+    chunks, extra = _chunks(3), _chunks(4)[:2]
+    keys = [f"doc/{i}" for i in range(CHUNKS + 2)]
+    with KVClient(d.socket_path) as c:
+        _put_context(c, "doc", chunks, durable=True)
+        _apply(c, "placer: fixed\nvariant: int8\n")
+        assert c.plan("doc").variant == "int8"
+        for key, chunk in zip(keys[CHUNKS:], extra, strict=True):
+            _put_int8(c, "doc", key, chunk)
+        _settle(c)
+        (ctx,) = c.contexts()
+        assert (ctx.variant, ctx.objects) == ("int8", CHUNKS + 2)
+    d.stop()
+    d.start()
+    with KVClient(d.socket_path) as c:
+        (ctx,) = c.contexts()
+        assert (ctx.variant, ctx.objects) == ("int8", CHUNKS + 2)
+        assert c.lookup(keys).prefix_hits == CHUNKS + 2
+        _apply(c, "placer: fixed\nvariant: int4\n")
+        (ctx,) = c.contexts()
+        assert (ctx.variant, ctx.objects) == ("int4", CHUNKS + 2)
+        for key, chunk in zip(keys, chunks + extra, strict=True):
+            with c.lease(key) as (info, _):
+                assert info.spec.layout.endswith(";int4;g=32"), (key, info.spec.layout)
+            err = (_decode(c, key).float() - chunk.float()).abs().max().item()
+            assert err < 0.25 * chunk.float().abs().max().item(), (key, err)
