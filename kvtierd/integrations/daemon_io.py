@@ -20,7 +20,8 @@ from kvtierd.rpc import kvtier_pb2 as pb
 
 @dataclass(frozen=True, slots=True)
 class PutItem:
-    """One object to store: its key, its bytes (a CPU tensor) and what the daemon records."""
+    """One object to store: its key, its bytes (a CPU tensor) and what the daemon records
+    (``variant``: the form the bytes are in, e.g. ``int8`` for chunks quantized here)."""
 
     key: str
     data: torch.Tensor
@@ -30,16 +31,6 @@ class PutItem:
     token_count: int
     kept_indices: bytes = b""
     shape: tuple[int, ...] = field(default=())
-
-
-def daemon_variant(variant: str) -> str:
-    """The variant name sent to the daemon. Its engine (as of 47cf3cb) profiles a context with
-    one variant and its LRU placer then asks for ``"none"``: a context committed as
-    ``"int8"`` fails with ``KeyError ... has no variant 'none'``. Until the daemon takes
-    compressed-only contexts, objects are committed as the original; the real variant is in
-    the object's ``layout`` and its context id."""
-    del variant
-    return ""
 
 
 def _bytes_of(t: torch.Tensor) -> npt.NDArray[np.uint8]:
@@ -60,7 +51,7 @@ def put_many(client: KVClient, items: Sequence[PutItem], *, durable: bool = Fals
             pb.ObjectSpec(
                 key=item.key,
                 context_id=item.context_id,
-                variant=daemon_variant(item.variant),
+                variant=item.variant,
                 size_bytes=int(raw.size),
                 dtype=dtype,
                 shape=list(shape),

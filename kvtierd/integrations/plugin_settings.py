@@ -18,15 +18,20 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
+PLAN = "plan"
+"""``kvtierd.variant: plan``: ask the daemon's write plan for every put (``put_plan.py``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
-    """``socket_path``: the daemon; ``variant``: default form of stored chunks (``none``,
-    ``int8``, ``int4``, or a token-dropping variant such as ``knorm@0.5``); ``hold_s``: how long
-    a pinned lookup holds the objects for the load; ``durable``: commit to disk-backed tiers
-    before acknowledging a put."""
+    """``socket_path``: the daemon; ``variant``: the form of stored chunks — ``plan`` (the
+    daemon's write plan per put, the default), or a fixed ``none``, ``int8``, ``int4`` or
+    token-dropping variant such as ``knorm@0.5``; ``hold_s``: how long a pinned lookup holds
+    the objects for the load; ``durable``: commit to disk-backed tiers before acknowledging a
+    put."""
 
     socket_path: str = ""
-    variant: str = "none"
+    variant: str = PLAN
     hold_s: float = 30.0
     durable: bool = False
     timeout_s: float = 30.0
@@ -44,15 +49,16 @@ class PluginSettings:
             )
         s = cls(
             socket_path=str(given.get("socket_path", "")),
-            variant=str(given.get("variant", "none")),
+            variant=str(given.get("variant", PLAN)),
             hold_s=float(given.get("hold_s", 30.0)),
             durable=_bool(given.get("durable", False)),
             timeout_s=float(given.get("timeout_s", 30.0)),
         )
         try:
-            parse_variant(s.variant)
+            if s.variant != PLAN:
+                parse_variant(s.variant)
         except ValueError as e:
-            raise ConfigError(f"LMCache extra_config kvtierd.variant: {e}") from e
+            raise ConfigError(f"LMCache extra_config kvtierd.variant: {e} (or '{PLAN}')") from e
         if s.hold_s < 0:
             raise ConfigError(f"LMCache extra_config kvtierd.hold_s must be >= 0, got {s.hold_s}")
         return s
@@ -66,6 +72,9 @@ class PluginStats:
     hit_chunks: int = 0
     put_chunks: int = 0
     put_bytes: int = 0
+    plans: int = 0  # puts whose form came from the daemon's write plan
+    planned_chunks: int = 0  # chunks quantized on the device because the plan said so
+    continued_puts: int = 0  # puts that joined the context of the prefix they extend
     get_chunks: int = 0
     placeholder_variants: int = 0
     errors: int = 0

@@ -1,0 +1,115 @@
+"""Which context one put's chunks join, and the form they are stored in (the write plan).
+
+**Context ids.** A put is the chunks one request stores (LMCache skips the prefix it loaded or
+stored before). Its context is, in this order:
+
+1. the request's ``lmcache.tag.kvtierd_context`` (the router names token-dropped contexts);
+2. the context of the prefix the request loaded: a longer prompt extending a stored context
+   joins it, so its new chunks are placed, compressed and evicted together with the prefix
+   they are useless without (LMCache only ever loads a chunk after its whole prefix). The
+   plugin learns that context from the load (:class:`ContextLinks`);
+3. the key of the put's first chunk (a new context).
+
+**Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
+one; otherwise the daemon's write plan for the context (``KVStore.Plan``, docs/daemon.md). The
+plugin applies a plan's quantization (int8/int4) to every chunk before shipping it. It cannot
+drop tokens: that needs the router's placeholder identity and the context's token count, and
+vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So a plan such as
+``knorm@0.5+int8`` is applied as ``int8``, ``knorm@0.5`` as the original, with a note the
+plugin logs once per context; the daemon compresses the context itself when it places it.
+
+**One form per context.** When the daemon holds the context (plan source ``placed``) in a form
+other than the one the chunks will have (a forced variant, or a token-dropped placement whose
+original chunk keys no longer hit), the chunks go to ``<context>/<form>``: the daemon never
+holds a context whose objects disagree with its variant.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvtierd.kernels.variants import ORIGINAL, parse_variant
+
+if TYPE_CHECKING:
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+
+@dataclass(frozen=True, slots=True)
+class PutPlan:
+    """What one put stores: the context its chunks join, how each chunk is encoded (``quant``
+    ``""`` = the original), whether that came from the daemon's plan, and why a plan was only
+    partly applied (``note``, ``""`` when it was applied whole)."""
+
+    context_id: str
+    quant: str
+    planned: bool
+    note: str = ""
+
+    @property
+    def form(self) -> str:
+        """The variant the daemon records for the chunks: ``none``, ``int8`` or ``int4``."""
+        return self.quant or ORIGINAL
+
+
+def decide(base_context: str, forced: str, plan: pb.ContextPlan) -> PutPlan:
+    """The plan of one put (module docstring): ``forced`` is a tag's or the config's variant
+    (``""`` = ask the daemon), ``plan`` the daemon's answer for ``base_context``."""
+    wanted = parse_variant(forced or plan.variant)
+    note = ""
+    if not forced and wanted.drops_tokens:
+        applied = wanted.quant or "the original"
+        note = (
+            f"the daemon plans {plan.variant} ({plan.source}: {plan.reason}); the plugin cannot "
+            "drop tokens (that needs the router's placeholder identity and the context's token "
+            f"count), so it stores {applied} and the daemon compresses the context itself"
+        )
+    form = wanted.quant or ORIGINAL
+    context_id = base_context
+    if plan.source == "placed" and str(parse_variant(plan.variant)) != form:
+        context_id = f"{base_context}/{form}"
+    return PutPlan(context_id, wanted.quant, planned=not forced, note=note)
+
+
+class ContextLinks:
+    """Which context a put continues (module docstring, rule 2), from what the plugin saw.
+
+    A lookup of a prompt's chunk keys that hits ``h`` of them links the first missing key to
+    the last hit one; a load (or a put) tells the context of the keys it touched. A later put
+    whose first key was such a missing key continues that context. Bounded (least recently
+    recorded entries go first) and thread-safe: lookups, loads and puts run on different
+    LMCache threads.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._previous: OrderedDict[str, str] = OrderedDict()  # first missing key -> last hit
+        self._context_of: OrderedDict[str, str] = OrderedDict()  # chunk key -> context id
+        self._lock = threading.Lock()
+
+    def _remember(self, table: OrderedDict[str, str], key: str, value: str) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self.capacity:
+            table.popitem(last=False)
+
+    def looked_up(self, keys: Sequence[str], prefix_hits: int) -> None:
+        if 0 < prefix_hits < len(keys):
+            with self._lock:
+                self._remember(self._previous, keys[prefix_hits], keys[prefix_hits - 1])
+
+    def touched(self, key: str, context_id: str) -> None:
+        """``key`` belongs to ``context_id`` (a loaded or stored chunk)."""
+        with self._lock:
+            self._remember(self._context_of, key, context_id)
+
+    def continued(self, keys: Sequence[str], start: int) -> str:
+        """The context a put storing ``keys[start:]`` continues, or ``""``: that of
+        ``keys[start - 1]`` when the put itself starts earlier (LMCache re-puts stored chunks),
+        else that of the last hit a lookup linked to ``keys[0]``."""
+        with self._lock:
+            previous = keys[start - 1] if start > 0 else self._previous.get(keys[0])
+            return self._context_of.get(previous, "") if previous is not None else ""

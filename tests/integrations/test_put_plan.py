@@ -1,0 +1,169 @@
+"""The plugin's write-plan handling without vLLM: the decision table, the continuation links,
+and the plugin itself against a real daemon with LMCache's own key type (no engine)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kvtierd.client import KVClient
+from kvtierd.integrations.put_plan import ContextLinks, decide
+from kvtierd.rpc import kvtier_pb2 as pb
+
+L, H, D, T = 2, 2, 64, 16
+
+
+def plan(variant: str, source: str = "default") -> pb.ContextPlan:
+    return pb.ContextPlan(variant=variant, source=source, reason="test")
+
+
+@pytest.mark.parametrize(
+    ("forced", "answer", "want"),
+    [
+        # want: (context id, quantization, planned, a note about what was not applied)
+        ("", plan("none"), ("c", "", True, False)),
+        ("", plan("int8", "prior"), ("c", "int8", True, False)),
+        ("", plan("int4", "placed"), ("c", "int4", True, False)),
+        ("", plan("knorm@0.5+int8", "prior"), ("c", "int8", True, True)),
+        ("", plan("knorm@0.5"), ("c", "", True, True)),
+        # placed in a form the chunks cannot take: the chunks get a context of their own
+        ("", plan("knorm@0.5", "placed"), ("c/none", "", True, True)),
+        ("int8", plan("none", "placed"), ("c/int8", "int8", False, False)),
+        ("int8", plan("int8", "placed"), ("c", "int8", False, False)),
+        ("knorm@0.5", plan("none"), ("c", "", False, False)),  # the router's store request
+    ],
+)
+def test_decision_table(forced: str, answer: pb.ContextPlan, want: tuple[Any, ...]) -> None:
+    p = decide("c", forced, answer)
+    assert (p.context_id, p.quant, p.planned, bool(p.note)) == want
+    if p.note:
+        assert "cannot drop tokens" in p.note and answer.variant in p.note
+
+
+def test_links_follow_a_prompt_past_its_hit_prefix() -> None:
+    links = ContextLinks(capacity=2)
+    links.looked_up(["k0", "k1", "k2", "k3"], prefix_hits=2)
+    assert links.continued(["k2", "k3"], 0) == ""  # the prefix's context comes from its load
+    links.touched("k1", "ctx")
+    assert links.continued(["k2", "k3"], 0) == "ctx"
+    assert links.continued(["k3"], 0) == ""
+    assert links.continued(["k0", "k1", "k2"], 2) == "ctx"  # a re-put of the stored prefix
+    links.looked_up(["k0", "k1"], prefix_hits=2)  # a full hit links nothing
+    links.looked_up(["a0", "a1"], prefix_hits=1)
+    links.looked_up(["b0", "b1"], prefix_hits=1)  # capacity 2: the oldest link goes
+    assert links.continued(["k2"], 0) == ""
+
+
+# -- the plugin against a real daemon -------------------------------------------------------
+
+
+class _Allocator:
+    """LMCache's local CPU backend as far as the plugin uses it."""
+
+    def allocate(self, shape: Any, dtype: torch.dtype, fmt: Any) -> Any:
+        return SimpleNamespace(tensor=torch.empty(tuple(shape), dtype=dtype))
+
+
+@pytest.fixture
+def plugin_for(start_daemon: Any) -> Iterator[Any]:
+    pytest.importorskip("lmcache")
+    from kvtierd.integrations.lmcache_plugin import KvtierdStoragePlugin
+
+    made: list[Any] = []
+
+    def make(policy: str) -> tuple[Any, KVClient]:
+        d = start_daemon(name=f"d{len(made)}", cpu="8MiB", ssd="32MiB")
+        client = KVClient(d.socket_path)
+        client.call(client.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=policy, source="t"))
+        extra = {"kvtierd.socket_path": d.socket_path}
+        metadata = SimpleNamespace(kv_shape=(L, 2, T, H, D), model_name="tiny")
+        p = KvtierdStoragePlugin("cpu", SimpleNamespace(extra_config=extra), metadata,
+                                 _Allocator())  # fmt: skip
+        made.append((p, client))
+        return p, client
+
+    yield make
+    for p, client in made:
+        p.close()
+        client.close()
+
+
+def _keys(prefix: int, n: int, **tags: str) -> list[Any]:
+    from lmcache.utils import CacheEngineKey
+
+    configs = {f"lmcache.tag.{k}": v for k, v in tags.items()}
+    return [CacheEngineKey("tiny", 1, 0, prefix * 1000 + i, torch.bfloat16, configs)
+            for i in range(n)]  # fmt: skip
+
+
+def _chunks(n: int, seed: int = 0) -> list[Any]:
+    g = torch.Generator().manual_seed(seed)
+    return [SimpleNamespace(tensor=torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16))
+            for _ in range(n)]  # fmt: skip
+
+
+def _objects(client: KVClient, context_id: str) -> list[pb.ObjectInfo]:
+    desc = client.call(
+        client.admin.DescribeContext, pb.DescribeContextRequest(context_id=context_id)
+    )
+    return list(desc.objects)
+
+
+def test_plan_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for: Any) -> None:
+    plugin, client = plugin_for("placer: fixed\nvariant: int8\n")
+    keys, objs = _keys(1, 5), _chunks(5)
+    plugin.batched_submit_put_task(keys[:3], objs[:3])
+    assert (plugin.stats.plans, plugin.stats.planned_chunks) == (1, 3)
+    cid = f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16"  # named by its first chunk
+    objects = _objects(client, cid)
+    assert [o.spec.variant for o in objects] == ["int8"] * 3
+    assert all(o.spec.layout.endswith(";int8;g=32") for o in objects)
+    # A longer prompt: lookup hits the 3 stored chunks, LMCache loads them, then stores the
+    # 2 new ones: they join the same context, quantized the same way.
+    assert plugin.batched_contains(keys, pin=True) == 3
+    loaded = plugin.batched_get_blocking(keys[:3])
+    for got, want in zip(loaded, objs[:3], strict=True):
+        err = (got.tensor.float() - want.tensor.float()).abs().max().item()
+        assert err < 0.05 * want.tensor.float().abs().max().item()
+    plugin.batched_submit_put_task(keys[3:], objs[3:])
+    assert plugin.stats.continued_puts == 1
+    assert (plugin.stats.plans, plugin.stats.planned_chunks) == (2, 5)
+    objects = _objects(client, cid)
+    assert [o.spec.variant for o in objects] == ["int8"] * 5
+    assert plugin.stats.errors == 0, plugin.stats.last_error
+
+
+def test_token_dropping_plan_stores_the_original_and_says_why_once(
+    plugin_for: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin, _ = plugin_for("placer: fixed\nvariant: knorm@0.5\n")
+    keys = _keys(2, 4, kvtierd_context="doc")
+    objs = _chunks(4, seed=1)
+    with caplog.at_level(logging.WARNING, "kvtierd.integrations.lmcache_plugin"):
+        plugin.batched_submit_put_task(keys[:2], objs[:2])
+        plugin.batched_submit_put_task(keys[2:], objs[2:])
+    notes = [r.getMessage() for r in caplog.records if "cannot drop tokens" in r.getMessage()]
+    assert len(notes) == 1, notes
+    assert "knorm@0.5" in notes[0] and "stores the original" in notes[0]
+    assert (plugin.stats.plans, plugin.stats.planned_chunks, plugin.stats.put_chunks) == (2, 0, 4)
+    assert plugin.stats.errors == 0, plugin.stats.last_error
+
+
+def test_forced_variant_beside_a_placed_context_gets_its_own_id(plugin_for: Any) -> None:
+    plugin, client = plugin_for("placer: lru\n")
+    keys, objs = _keys(3, 3), _chunks(3, seed=2)
+    plugin.batched_submit_put_task(keys[:2], objs[:2])
+    forced = _keys(3, 3, kvtierd_variant="int8")
+    plugin.batched_contains(keys, pin=False)
+    plugin.batched_get_blocking(keys[:2])
+    plugin.batched_submit_put_task(forced[2:], objs[2:])
+    contexts = {c.context_id: c for c in client.contexts()}
+    base = f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16"
+    assert contexts[base].variant == "none" and contexts[base].objects == 2
+    assert contexts[f"{base}/int8"].variant == "int8" and contexts[f"{base}/int8"].objects == 1
+    assert plugin.stats.plans == 1  # the forced put does not count as planned
