@@ -1,9 +1,10 @@
-"""The tier interface, the tier registry and online bandwidth tracking.
+"""The tier interface, the tier registry and online transfer-time tracking.
 
 A tier stores objects (bytes + :class:`~kvtierd.types.ObjectMeta`) under string keys. Tiers do
 not decide anything: the engine owns placement and calls them. Each tier reports its capacity,
-used bytes, object count and read/write bandwidth — calibrated at start, updated from real
-transfers — so the placer's TTFT model tracks the machine rather than assuming it.
+used bytes, object count and a fit of its read/write time (per-transfer overhead + bandwidth,
+:class:`TransferMeter`) — calibrated at start, updated from real transfers — so the placer's
+TTFT model tracks the machine rather than assuming it.
 
 Data moves through ``memoryview`` s: callers hand a view over the bytes to ``put`` and a view
 to fill to ``read_into`` (usually a region of the CPU tier's shared-memory arena, page-aligned,
@@ -14,6 +15,7 @@ hot path: a fresh large allocation costs ~10x the copy (notes/machine-limits.md)
 from __future__ import annotations
 
 import abc
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -27,30 +29,92 @@ if TYPE_CHECKING:
     from kvtierd.config import TierConfig
 
 
-@dataclass(slots=True)
-class BandwidthMeter:
-    """Exponentially weighted bandwidth estimate in bytes/s, updated from real transfers.
+@dataclass(frozen=True, slots=True)
+class TransferFit:
+    """``seconds(nbytes) = overhead_s + nbytes / bytes_per_s``; ``bytes_per_s == 0`` means
+    unknown (nothing measured yet)."""
 
-    Transfers smaller than ``min_bytes`` are ignored: their time is dominated by per-call
-    overhead, not bandwidth. Thread-safe (tiers move bytes on worker threads).
+    overhead_s: float = 0.0
+    bytes_per_s: float = 0.0
+
+    def seconds(self, nbytes: int) -> float:
+        if self.bytes_per_s <= 0:
+            return math.inf
+        return self.overhead_s + nbytes / self.bytes_per_s
+
+    def then(self, other: TransferFit) -> TransferFit:
+        """This transfer followed by ``other`` (e.g. an SSD read into the arena, then the
+        reader's copy out of it): overheads add, and so do seconds per byte."""
+        if self.bytes_per_s <= 0 or other.bytes_per_s <= 0:
+            return TransferFit(self.overhead_s + other.overhead_s, 0.0)
+        per_byte = 1 / self.bytes_per_s + 1 / other.bytes_per_s
+        return TransferFit(self.overhead_s + other.overhead_s, 1 / per_byte)
+
+
+@dataclass(slots=True)
+class TransferMeter:
+    """Online fit of ``seconds = overhead_s + nbytes / bytes_per_s`` over real transfers.
+
+    Exponentially weighted least squares (each transfer's weight decays by ``1 - weight`` per
+    later one, so the fit follows the machine) of the error *relative* to the measured time:
+    a 1 MiB load 20 % off counts as much as a 64 MiB one 20 % off, which is how the TTFT model
+    is judged. With ``u = 1 / seconds`` and ``v = nbytes / seconds`` per transfer it finds the
+    overhead ``a`` and seconds per byte ``b`` minimising ``sum w (1 - a u - b v)^2`` + ridge.
+
+    The ridge term ``ridge * sum(w u^2) * (a - a_prev)^2`` pulls the overhead towards its
+    previous value. With transfers of several sizes the data outweigh it; with transfers of
+    one size only (the overhead and the bandwidth cannot be told apart) it holds the overhead
+    where the last varied sizes put it and lets the bandwidth follow — instead of dividing by
+    a determinant near zero.
+
+    Transfers under ``min_bytes`` are ignored: KV objects are MiB-sized, and a few-KiB read
+    is all latency (open, header, one random I/O) that does not lie on the line of the large
+    ones, so fitting it would bend the line where it matters. Thread-safe (tiers move bytes
+    on worker threads).
     """
 
-    bytes_per_s: float = 0.0
-    weight: float = 0.2
+    weight: float = 0.1
+    ridge: float = 0.05
     min_bytes: int = 1 << 20
     samples: int = 0
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
+    _fit: TransferFit = TransferFit()
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @property
+    def bytes_per_s(self) -> float:
+        return self._fit.bytes_per_s
+
+    @property
+    def overhead_s(self) -> float:
+        return self._fit.overhead_s
+
+    def fit(self) -> TransferFit:
+        return self._fit
+
     def record(self, nbytes: int, seconds: float) -> None:
-        if nbytes < self.min_bytes or seconds <= 0:
+        if nbytes < max(self.min_bytes, 1) or not 0 < seconds < math.inf:
             return
-        rate = nbytes / seconds
+        u, v = 1 / seconds, nbytes / seconds
+        terms = (u * u, u * v, v * v, u, v)
         with self._lock:
-            if self.samples == 0:
-                self.bytes_per_s = rate
-            else:
-                self.bytes_per_s += self.weight * (rate - self.bytes_per_s)
+            keep = 1 - self.weight if self.samples else 0.0
+            self._sums = [
+                keep * s + self.weight * t for s, t in zip(self._sums, terms, strict=True)
+            ]
             self.samples += 1
+            self._fit = _solve(self._sums, self._fit.overhead_s, self.ridge)
+
+
+def _solve(sums: list[float], prev_overhead_s: float, ridge: float) -> TransferFit:
+    """The normal equations of :class:`TransferMeter`'s fit, with ``a >= 0`` and ``b > 0``."""
+    uu, uv, vv, u, v = sums
+    a_uu, u_pulled = uu * (1 + ridge), u + ridge * uu * prev_overhead_s
+    det = a_uu * vv - uv * uv  # >= ridge * uu * vv > 0 (Cauchy-Schwarz)
+    a, b = (u_pulled * vv - v * uv) / det, (a_uu * v - uv * u_pulled) / det
+    if a < 0 or b <= 0:
+        a, b = 0.0, v / vv  # the best line through the origin: always a positive bandwidth
+    return TransferFit(a, 1 / b)
 
 
 class Timer:
@@ -82,8 +146,8 @@ class Tier(abc.ABC):
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
-        self.read_meter = BandwidthMeter()
-        self.write_meter = BandwidthMeter()
+        self.read_meter = TransferMeter()
+        self.write_meter = TransferMeter()
 
     @abc.abstractmethod
     async def start(self) -> None:
