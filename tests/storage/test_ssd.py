@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from kvtierd.errors import (
     UnavailableError,
 )
 from kvtierd.storage import aligned_io
+from kvtierd.storage import ssd as ssd_module
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.storage.ssd_format import decode_header, encode_header
 from kvtierd.types import ObjectMeta
@@ -284,7 +286,7 @@ def test_real_file_size_limit_gives_storage_full(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
         async def main():
             t = SsdTier(TierConfig("ssd", "ssd", 1 << 30, {str(tmp_path)!r}, {{}}))
-            await t.start()  # the 8 MiB calibration may not fit: start must still succeed
+            await t.start()  # the calibration files may not fit: start must still succeed
             await t.put(ObjectMeta(key="small", size_bytes=1000), memoryview(bytes(1000)))
             try:
                 await t.put(ObjectMeta(key="big", size_bytes=4 << 20), memoryview(bytes(4 << 20)))
@@ -456,16 +458,38 @@ async def test_options_are_applied(tmp_path: Path) -> None:
     await t.close()
 
 
-async def test_bandwidth_meters_calibrated_and_updated(tier: SsdTier) -> None:
-    assert tier.read_meter.samples == 1 and tier.write_meter.samples == 1
-    assert tier.stats().read_bandwidth_bytes_per_s > 0
-    assert tier.stats().write_bandwidth_bytes_per_s > 0
-    await tier.put(meta("k", 4 * MiB), memoryview(payload(4 * MiB)))
-    await tier.read_into("k", aligned(4 * MiB))
-    assert tier.read_meter.samples == 2 and tier.write_meter.samples == 2
-    await tier.put(meta("small", 100), memoryview(bytes(100)))  # too small to say anything
+async def test_read_fit_calibrated_at_start_and_refit_from_real_reads(
+    tier: SsdTier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert tier.read_meter.samples == 4  # two sizes (1 and 4 MiB here), each read twice
     assert tier.write_meter.samples == 2
-    assert list(tier.layout.tmp.iterdir()) == []  # the calibration file is gone
+    assert tier.read_meter.overhead_s >= 0
+    assert tier.stats().read_bandwidth_bytes_per_s == tier.read_meter.bytes_per_s > 0
+    assert tier.stats().write_bandwidth_bytes_per_s > 0
+    assert list(tier.layout.tmp.iterdir()) == []  # the calibration files are gone
+    await tier.put(meta("k", 4 * MiB), memoryview(payload(4 * MiB)))
+    await tier.put(meta("small", 100), memoryview(bytes(100)))  # too small to say anything
+    assert tier.write_meter.samples == 3
+
+    # The disk gets 10 ms slower per chunk: the reported figures follow the reads that see it.
+    real_read_chunk = ssd_module.read_chunk
+
+    def slow_read_chunk(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.01)
+        real_read_chunk(*args, **kwargs)
+
+    monkeypatch.setattr(ssd_module, "read_chunk", slow_read_chunk)
+    before_s = tier.read_meter.fit().seconds(4 * MiB)
+    dst, measured = aligned(4 * MiB), []
+    for _ in range(30):
+        t0 = time.perf_counter()
+        await tier.read_into("k", dst)
+        measured.append(time.perf_counter() - t0)
+    assert tier.read_meter.samples == 34
+    predicted_s = tier.read_meter.fit().seconds(4 * MiB)
+    assert predicted_s > before_s + 5e-3
+    assert predicted_s == pytest.approx(float(np.median(measured[-10:])), rel=0.2)
+    assert tier.stats().read_bandwidth_bytes_per_s == tier.read_meter.bytes_per_s
 
 
 # -- crashes and a real full disk -------------------------------------------------------------
@@ -534,7 +558,7 @@ async def test_real_full_disk(tmp_path: Path) -> None:
         pytest.skip(f"cannot mount a small tmpfs here: {mount.stderr!r}")
     try:
         t = make_tier(mnt)
-        await t.start()  # the 8 MiB calibration file does not fit: skipped, not fatal
+        await t.start()  # the calibration files do not fit: skipped, not fatal
         assert not t.calibrated and "not calibrated" in t.stats().detail
         stored = []
         with pytest.raises(StorageFullError, match="No space left"):
