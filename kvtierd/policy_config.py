@@ -18,8 +18,10 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
-      evaluator: attention     # attention (model-free) | answer (needs model_dir)
+      evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
       model_dir: ""            # answer: a local Hugging Face causal LM directory
+      router_url: ""           # engine: the kvtierd router in front of vLLM (required)
+      vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
     frequency:                 # evicpress: exponentially decayed access frequency
       half_life_s: 3600
     variant: knorm@0.5         # fixed: the one variant every context is stored as
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +59,11 @@ DROP_METHODS: tuple[str, ...] = (
 QUANT_METHODS: tuple[str, ...] = ("int8", "int4")
 """Quantizations (``kvtierd.kernels.variants.QUANT_BITS``); they keep every token."""
 SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
-EVALUATORS: tuple[str, ...] = ("attention", "answer")
-"""Quality evaluators the daemon can run (``kvtierd.profiler``); ``answer`` needs
-``profiling.model_dir`` (a local Hugging Face causal LM)."""
 """Greedy rules when a tier overflows: least utility drop per byte freed, or least drop."""
+EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
+"""Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
+``profiling.model_dir`` (a local Hugging Face causal LM), ``engine`` ``profiling.router_url``
+(the daemon itself refuses ``engine`` per context: it has no token ids, docs/profiler.md)."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
 
@@ -83,7 +87,14 @@ _PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "variants": ("methods", "ratios"),
-        "profiling": ("reprofile_threshold", "interval_s", "evaluator", "model_dir"),
+        "profiling": (
+            "reprofile_threshold",
+            "interval_s",
+            "evaluator",
+            "model_dir",
+            "router_url",
+            "vllm_url",
+        ),
         "frequency": ("half_life_s",),
     }
 )
@@ -109,6 +120,8 @@ class PolicyConfig:
     reprofile_interval_s: float = 300.0
     evaluator: str = "attention"
     evaluator_model_dir: str = ""
+    evaluator_router_url: str = ""
+    evaluator_vllm_url: str = ""
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
@@ -191,17 +204,39 @@ def _evicpress_fields(r: _Reader) -> dict[str, Any]:
         "reprofile_interval_s": r.number(
             ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
         ),
-        "evaluator": _choice(
-            r.get(("profiling", "evaluator"), "attention"),
-            EVALUATORS,
-            r.src,
-            ("profiling", "evaluator"),
-        ),
-        "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
+        **_evaluator_fields(r),
         "frequency_half_life_s": r.number(
             ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
         ),
     }
+
+
+def _evaluator_fields(r: _Reader) -> dict[str, Any]:
+    at = ("profiling", "evaluator")
+    evaluator = _choice(r.get(at, "attention"), EVALUATORS, r.src, at)
+    router_url = _url(r, ("profiling", "router_url"))
+    if evaluator == "engine" and not router_url:
+        raise ConfigError(
+            f"{r.src.where(at)}: evaluator 'engine' requires profiling.router_url (the kvtierd "
+            "router in front of vLLM, e.g. http://127.0.0.1:8100)"
+        )
+    return {
+        "evaluator": evaluator,
+        "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
+        "evaluator_router_url": router_url,
+        "evaluator_vllm_url": _url(r, ("profiling", "vllm_url")),
+    }
+
+
+def _url(r: _Reader, at: tuple[str, ...]) -> str:
+    """An optional http(s) URL (``""`` when absent), without a trailing slash."""
+    value = r.text(at, "").strip()
+    parts = urllib.parse.urlsplit(value)
+    if value and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ConfigError(
+            f"{r.src.where(at)}: expected an http:// or https:// URL with a host, got {value!r}"
+        )
+    return value.rstrip("/")
 
 
 def expand_variants(methods: tuple[str, ...], ratios: tuple[float, ...]) -> tuple[str, ...]:

@@ -35,6 +35,11 @@ logger = logging.getLogger(__name__)
 NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
+NO_TOKEN_IDS = (
+    "evaluator {name!r} needs the context's token ids, and the daemon has none (LMCache gives it "
+    "chunk hashes, never tokens): this context is not profiled; use 'attention' or 'answer' in "
+    "the policy, or run {name!r} from a job that has the tokens (docs/profiler.md)"
+)
 
 
 class ProfilingService:
@@ -64,7 +69,12 @@ class ProfilingService:
         from kvtierd.profiler import Profiler, TierLoad, TtftModel, make_evaluator
 
         policy = self.engine.policy
-        options = {"model_path": policy.evaluator_model_dir} if policy.evaluator == "answer" else {}
+        options = {
+            "answer": {"model_path": policy.evaluator_model_dir},
+            "engine": {"router_url": policy.evaluator_router_url,
+                       "vllm_url": policy.evaluator_vllm_url,
+                       "daemon_socket": self.engine.config.socket_path},
+        }.get(policy.evaluator, {})  # fmt: skip
         loads = [
             TierLoad(t.name, max(t.read_meter.bytes_per_s, 1.0), 0.0, t.capacity_bytes or None)
             for t in self.engine.tiers.values()
@@ -79,6 +89,8 @@ class ProfilingService:
             is_busy=self.engine.loads_busy,
         )
         self.profiler.load()
+        if self.profiler.evaluator.needs_token_ids:
+            logger.warning(NO_TOKEN_IDS.format(name=policy.evaluator))
         self._restart_drift_loop()
 
     def _restart_drift_loop(self) -> None:
@@ -292,22 +304,28 @@ class ProfilingService:
         if self.profiler is None:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
         started = time.perf_counter()
+        evaluator = self.profiler.evaluator
+        if evaluator.needs_token_ids:
+            return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
         try:
             keys, values = await self.engine.context_tensors(ctx)
             run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
                           variants=self.variants())  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
-            self.runs["failed"] += 1
-            self.last_error = f"{ctx.context_id}: {e}"
-            self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=False)
-            logger.error("profiling %r failed: %s", ctx.context_id, e)
-            return False
+            return self._failed(ctx, started, str(e))
         self.runs["ok"] += 1
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
         if ctx.context_id in self.engine.contexts:
             self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
         return True
+
+    def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
+        self.runs["failed"] += 1
+        self.last_error = f"{ctx.context_id}: {reason}"
+        self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=False)
+        logger.error("profiling %r failed: %s", ctx.context_id, reason)
+        return False
 
 
 def _dtype_bytes(name: str) -> int:

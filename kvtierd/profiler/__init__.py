@@ -2,8 +2,8 @@
 frequency, drift-triggered re-profiling, profiles persisted per context. See docs/profiler.md.
 
 Importing this package loads neither torch nor transformers: the quality evaluators
-(``attention``, ``answer``) are imported on first lookup through :func:`make_evaluator`, the
-restore-cost measurement imports the kernels when it first runs.
+(``attention``, ``answer``, ``engine``) are imported on first lookup through
+:func:`make_evaluator`, the restore-cost measurement imports the kernels when it first runs.
 """
 
 from kvtierd.profiler.frequency import DecayedCounter, FrequencyTracker

@@ -2,8 +2,9 @@
 
 An evaluator answers "how close is the model's behaviour over a variant's KV to its behaviour
 over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
-(1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`) and
-``answer`` (the paper's metric, :mod:`.answer`). Register more with :func:`register_evaluator`;
+(1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`),
+``answer`` (the paper's metric, :mod:`.answer`) and ``engine`` (the same metric measured through
+vLLM and ``kvtierd router``, :mod:`.engine_eval`). Register more with :func:`register_evaluator`;
 every evaluator is constructed as ``cls(**options)``.
 """
 
@@ -109,6 +110,9 @@ class QualityEvaluator(ABC):
     """Scores variants of one context. Subclasses set ``name`` and implement :meth:`evaluate`."""
 
     name: ClassVar[str]
+    needs_token_ids: ClassVar[bool] = False
+    """True when :meth:`evaluate` needs ``ContextKV.token_ids``; a caller that cannot supply
+    them (the daemon: LMCache hands it chunk hashes, never tokens) refuses the evaluator."""
 
     @abstractmethod
     def evaluate(
@@ -163,4 +167,4 @@ def make_evaluator(name: str, options: Mapping[str, Any] | None = None) -> Quali
 def _register_builtins() -> None:
     # Importing the modules registers them (their decorators run once per process); done on
     # first lookup so that importing this module loads neither torch nor transformers.
-    from kvtierd.profiler import answer, attention  # noqa: F401
+    from kvtierd.profiler import answer, attention, engine_eval  # noqa: F401

@@ -1,0 +1,391 @@
+"""``engine``: answer similarity measured on the serving stack itself (vLLM via ``kvtierd router``).
+
+For each profiling query, the answer vLLM generates (greedy, ``max_new_tokens``) for
+``context + query`` with the full context, against the answer it generates when the context is
+loaded as the variant through the router — the path production traffic takes: placeholder ids,
+rotated keys, the plugin's chunks. Both are embedded with MiniLM-L6-v2 and compared by cosine;
+a variant's quality is the mean over queries (EvicPress §6.1, as :mod:`.answer`).
+
+Per variant (one at a time: the router keeps one stored compressed form per context, under a
+manifest named by the context's tokens):
+
+1. refuse up front what the stack cannot load verifiably (:func:`scorable_variant`);
+2. refuse if the daemon already holds a router-stored form of the context (it would be evicted);
+3. store: one request with ``"kvtierd": {"context_tokens": N, "variant": v}`` (a prefill);
+4. ask every query through the router (concurrently, ``lmcache.skip_save``): each answer must
+   carry ``x-kvtierd-context: <digest>/<v>``, else it came from a re-prefilled prompt — a
+   router fallback (its counter moved) or a store that never happened — and nothing is scored;
+5. evict what step 3 stored (contexts ``<digest>``, ``<digest>/<v>``, ``<digest>/<quant>``).
+
+The reference answers go through the router too, with ``lmcache.skip_save`` (nothing stored),
+and must come back without that header (else the context is already served compressed).
+
+Limits (docs/profiler.md): the context's token ids are required; a context whose chunks are
+already cached in the daemon cannot be scored (LMCache hands the plugin only chunks it does not
+hold, so the variant is never built); while a variant is scored, production requests starting
+with the context are served that variant. ``int8``/``int4`` alone cannot be scored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+import numpy as np
+
+from kvtierd.errors import InvalidArgumentError, KvtierError, UnavailableError
+from kvtierd.kernels.variants import ORIGINAL, parse_variant
+from kvtierd.profiler.embedder import MiniLmEmbedder
+from kvtierd.profiler.quality import (
+    DEFAULT_LAYOUT,
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    register_evaluator,
+)
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+
+LOADED_HEADER = "x-kvtierd-context"
+"""The router's answer header naming the ``<digest>/<variant>`` it loaded (absent: real prompt)."""
+
+QUANT_ONLY_REFUSED = (
+    "the engine evaluator cannot score {v!r}: the plugin stores a quantization-only variant "
+    "under the context's own LMCache chunk keys, so (1) nothing in vLLM's answer tells a "
+    "quantized load from a re-prefill or a vLLM prefix-cache hit, (2) a context whose chunks "
+    "are cached is never re-stored quantized, and (3) while it is stored, production requests "
+    "on the context would load it; score it with 'answer' or 'attention' "
+    "(token-dropping variants, also composed with a quantization, e.g. 'knorm@0.5+int8', work)"
+)
+SNAPKV_REFUSED = (
+    "the engine evaluator cannot score {v!r}: the LMCache plugin cannot build snapkv variants "
+    "(vLLM's paged cache keeps no queries); score it with 'answer'"
+)
+
+
+def scorable_variant(variant: str) -> str:
+    """``variant`` normalised as the router names it (``knorm@1.0`` -> ``knorm@1``); raises
+    :class:`InvalidArgumentError` for what the serving stack cannot load verifiably."""
+    try:
+        v = parse_variant(variant)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from e
+    if v.quant and not v.drops_tokens:
+        raise InvalidArgumentError(QUANT_ONLY_REFUSED.format(v=variant))
+    if v.method == "snapkv":
+        raise InvalidArgumentError(SNAPKV_REFUSED.format(v=variant))
+    return str(v)
+
+
+def context_digest(model_root: str, token_ids: Sequence[int]) -> str:
+    """The router's identity of a context (``kvtierd.integrations.placeholder.context_digest``,
+    which this layer may not import; ``tests/profiler`` holds the two equal)."""
+    h = hashlib.sha256(model_root.encode())
+    h.update(b"\0")
+    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+    return h.hexdigest()[:32]
+
+
+def _check_url(url: str, what: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InvalidArgumentError(f"{what} must be an http(s):// URL with a host, got {url!r}")
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One answer: its text and what the router loaded (``""``: the real prompt was served)."""
+
+    text: str
+    loaded: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stack:
+    model: str  # the name requests carry
+    root: str  # the model path vLLM loaded (part of every context digest)
+
+
+class DaemonAdmin:
+    """The two Admin calls the evaluator needs, over the daemon's Unix socket (this layer may
+    not import ``kvtierd.client``; the generated stubs sit below it)."""
+
+    def __init__(self, socket_path: str, timeout_s: float) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
+        self._admin = pb_grpc.AdminStub(self._channel)
+
+    def __enter__(self) -> DaemonAdmin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._channel.close()
+
+    def has_context(self, context_id: str) -> bool:
+        request = pb.DescribeContextRequest(context_id=context_id)
+        return self._call(self._admin.DescribeContext, request)
+
+    def evict(self, context_id: str) -> bool:
+        return self._call(self._admin.Evict, pb.EvictRequest(context_ids=[context_id]))
+
+    def _call(self, method: Any, request: Any) -> bool:
+        """True when the call succeeded, False when the context does not exist."""
+        try:
+            method(request, timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise UnavailableError(
+                f"kvtierd daemon at {self.socket_path}: {e.code().name}: {e.details()}"
+            ) from e
+        return True
+
+
+@register_evaluator
+class EngineEvaluator(QualityEvaluator):
+    """Answer similarity through vLLM and ``kvtierd router`` (module docstring).
+
+    ``router_url``: the router; ``vllm_url``: vLLM itself, only to tokenize text-only queries;
+    ``model``: the served model name (default: the first the router lists); ``daemon_socket``:
+    the daemon the router's plugin stores into (default ``$KVTIERD_SOCKET``, else the daemon's
+    default), used to check for and evict the variants this evaluator stores.
+    """
+
+    name = "engine"
+    needs_token_ids = True
+
+    def __init__(
+        self,
+        router_url: str,
+        *,
+        vllm_url: str = "",
+        model: str = "",
+        daemon_socket: str = "",
+        max_new_tokens: int = 16,
+        max_concurrency: int = 4,
+        timeout_s: float = 120.0,
+        embedder: MiniLmEmbedder | None = None,
+    ) -> None:
+        if not router_url:
+            raise InvalidArgumentError("the engine evaluator needs router_url (kvtierd router)")
+        if max_new_tokens < 1 or max_concurrency < 1 or not timeout_s > 0:
+            raise InvalidArgumentError(
+                f"max_new_tokens and max_concurrency must be >= 1 and timeout_s > 0, got "
+                f"{max_new_tokens}, {max_concurrency}, {timeout_s}"
+            )
+        self.router_url = _check_url(router_url, "router_url")
+        self.vllm_url = _check_url(vllm_url, "vllm_url") if vllm_url else ""
+        self.model = model
+        self.daemon_socket = daemon_socket
+        self.max_new_tokens = max_new_tokens
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.embedder = embedder or MiniLmEmbedder()
+
+    # -- the metric ---------------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        """Mean answer similarity per variant over ``queries`` (at least one); ``layout`` is
+        unused: the stack compresses with its own."""
+        context = self._context_ids(kv)
+        if not queries:
+            raise InvalidArgumentError("the engine evaluator needs at least one profiling query")
+        names = {v: scorable_variant(v) for v in variants}
+        text_only = [q.text for q in queries if not q.token_ids]
+        if text_only and not self.vllm_url:
+            raise InvalidArgumentError(
+                f"profiling queries {text_only} have no token_ids; give them, or vllm_url so "
+                "that the served model's tokenizer (vLLM /tokenize) can make them"
+            )
+        t0 = time.perf_counter()
+        stack = self._stack()
+        prompts = [self._query_ids(q, stack) for q in queries]
+        digest = context_digest(stack.root, context)
+        reference = self._reference(stack, digest, context, prompts)
+        answers: dict[str, list[str]] = {ORIGINAL: reference}
+        for v in dict.fromkeys(names.values()):
+            if v not in answers:
+                answers[v] = self._variant_answers(stack, digest, context, prompts, v)
+        per_query = {
+            v: tuple(self.embedder.similarity(reference, answers[names[v]])) for v in variants
+        }
+        return QualityResult(
+            evaluator=self.name,
+            quality=MappingProxyType({v: sum(s) / len(s) for v, s in per_query.items()}),
+            num_queries=len(queries),
+            elapsed_s=time.perf_counter() - t0,
+            per_query=MappingProxyType(per_query),
+        )
+
+    @staticmethod
+    def _context_ids(kv: ContextKV) -> list[int]:
+        if not kv.token_ids:
+            raise InvalidArgumentError(
+                "the engine evaluator needs the context's token ids (ContextKV.token_ids): it "
+                "sends the context to vLLM as tokens; a KV cache alone cannot be served"
+            )
+        if len(kv.token_ids) != kv.num_tokens:
+            raise InvalidArgumentError(
+                f"ContextKV has {len(kv.token_ids)} token ids for {kv.num_tokens} KV entries"
+            )
+        return list(kv.token_ids)
+
+    def _reference(
+        self, stack: _Stack, digest: str, context: list[int], prompts: list[list[int]]
+    ) -> list[str]:
+        served = self._ask_all(stack, context, prompts)
+        for s in served:
+            if s.loaded:
+                raise InvalidArgumentError(
+                    f"the router served the full-context reference of context {digest} from "
+                    f"the stored variant {s.loaded!r}: the context (or a prefix of it) is "
+                    "already stored token-dropped, so the engine evaluator cannot get its "
+                    "full-context answers nor store another variant of it"
+                )
+        return [s.text for s in served]
+
+    def _variant_answers(
+        self, stack: _Stack, digest: str, context: list[int], prompts: list[list[int]], v: str
+    ) -> list[str]:
+        quant = parse_variant(v).quant
+        owned = [digest, f"{digest}/{v}", *([f"{digest}/{quant}"] if quant else [])]
+        with DaemonAdmin(self._socket(), self.timeout_s) as daemon:
+            taken = [cid for cid in owned if daemon.has_context(cid)]
+            if taken:
+                raise InvalidArgumentError(
+                    f"the daemon already holds {', '.join(taken)} (stored through the router); "
+                    f"scoring {v} would replace and then evict them, so it is not scored (if "
+                    "they are left from an interrupted profiling run: kvtierctl evict ID...)"
+                )
+            fallbacks = self._fallbacks()
+            try:
+                self._store(stack, context, prompts[0], v)
+                served = self._ask_all(stack, context, prompts)
+            finally:
+                for cid in owned:  # all of them are ours: none existed before the store
+                    daemon.evict(cid)
+        self._check_loaded(served, f"{digest}/{v}", fallbacks)
+        return [s.text for s in served]
+
+    def _check_loaded(self, served: list[Served], want: str, fallbacks_before: int) -> None:
+        for s in served:
+            if s.loaded == want:
+                continue
+            if s.loaded:
+                raise InvalidArgumentError(f"the router loaded {s.loaded!r}, not {want!r}")
+            after = self._fallbacks()
+            if after > fallbacks_before:
+                raise UnavailableError(
+                    f"vLLM failed to load {want} and the router fell back to the real prompt "
+                    f"(router fallbacks {fallbacks_before} -> {after}); the answer would be the "
+                    "full context's, so the variant is not scored"
+                )
+            raise InvalidArgumentError(
+                f"the router found no stored {want}: the plugin did not build it. Causes: the "
+                "context's chunks were already cached in the daemon (LMCache hands the plugin "
+                "only chunks it does not hold), its length is not a multiple of LMCache's "
+                "chunk_size, or the model's RoPE does not allow token dropping (vLLM log)"
+            )
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _completion(self, stack: _Stack, prompt: list[int], **extra: Any) -> Served:
+        body = {"model": stack.model, "prompt": prompt, "max_tokens": self.max_new_tokens,
+                "temperature": 0.0, **extra}  # fmt: skip
+        data, headers = self._http("POST", f"{self.router_url}/v1/completions", body)
+        return Served(str(data["choices"][0]["text"]).strip(), headers.get(LOADED_HEADER, ""))
+
+    def _ask_all(self, stack: _Stack, context: list[int], prompts: list[list[int]]) -> list[Served]:
+        """Every query against the context through the router, ``max_concurrency`` at a time
+        (vLLM batches them); ``lmcache.skip_save``: nothing of these requests is stored."""
+        params = {"lmcache.skip_save": True}
+        workers = min(self.max_concurrency, len(prompts))
+        with ThreadPoolExecutor(workers, thread_name_prefix="kvtierd-engine-eval") as pool:
+            futures = [
+                pool.submit(self._completion, stack, context + q, kv_transfer_params=params)
+                for q in prompts
+            ]
+            return [f.result() for f in futures]
+
+    def _store(self, stack: _Stack, context: list[int], query: list[int], v: str) -> None:
+        spec = {"context_tokens": len(context), "variant": v}
+        body = {"model": stack.model, "prompt": context + query, "max_tokens": 1,
+                "temperature": 0.0, "kvtierd": spec}  # fmt: skip
+        self._http("POST", f"{self.router_url}/v1/completions", body)
+
+    def _fallbacks(self) -> int:
+        data, _ = self._http("GET", f"{self.router_url}/health", None, ok=(200, 503))
+        return int(data.get("fallbacks", 0))
+
+    def _stack(self) -> _Stack:
+        data, _ = self._http("GET", f"{self.router_url}/v1/models", None)
+        served = {str(m["id"]): str(m.get("root") or m["id"]) for m in data.get("data", [])}
+        if not served:
+            raise UnavailableError(f"the router at {self.router_url} lists no model")
+        model = self.model or next(iter(served))
+        if model not in served:
+            raise InvalidArgumentError(
+                f"model {model!r} is not served behind {self.router_url}; served: "
+                + ", ".join(served)
+            )
+        return _Stack(model, served[model])
+
+    def _query_ids(self, query: ProfilingQuery, stack: _Stack) -> list[int]:
+        if query.token_ids:
+            return list(query.token_ids)
+        body = {"model": stack.model, "prompt": query.text, "add_special_tokens": False}
+        data, _ = self._http("POST", f"{self.vllm_url}/tokenize", body)
+        ids = [int(x) for x in data["tokens"]]
+        if not ids:
+            raise InvalidArgumentError(f"query {query.text!r} tokenizes to nothing")
+        return ids
+
+    def _socket(self) -> str:
+        if self.daemon_socket:
+            return self.daemon_socket
+        from kvtierd.config import default_config
+
+        return os.environ.get("KVTIERD_SOCKET") or default_config().socket_path
+
+    def _http(
+        self, method: str, url: str, body: dict[str, Any] | None, ok: tuple[int, ...] = (200,)
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """One JSON request; failures become domain errors naming the URL."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data, {"Content-Type": "application/json"}, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
+                return json.loads(r.read()), dict(r.headers)
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            if e.code in ok:
+                return json.loads(text), dict(e.headers)
+            cls = InvalidArgumentError if 400 <= e.code < 500 else UnavailableError
+            raise cls(f"{method} {url} answered {e.code}: {text[:500]}") from e
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            reason = getattr(e, "reason", e)
+            raise UnavailableError(f"cannot reach {url} (kvtierd router / vLLM): {reason}") from e
+        except (json.JSONDecodeError, KeyError) as e:
+            raise KvtierError(f"{method} {url}: unexpected answer ({e})") from e

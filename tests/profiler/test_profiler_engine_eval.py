@@ -1,0 +1,189 @@
+"""The ``engine`` evaluator without a serving stack: options, what it refuses before any request,
+a missing router, the policy keys that configure it, and the daemon refusing it per context.
+The real stack (vLLM + router + daemon) is in tests/integrations/test_engine_evaluator.py."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kvtierd.config import DaemonConfig, TierConfig
+from kvtierd.errors import ConfigError, InvalidArgumentError, UnavailableError
+from kvtierd.integrations.placeholder import context_digest as router_digest
+from kvtierd.policy_config import parse_policy
+from kvtierd.profiler import ContextKV, ProfilingQuery, evaluator_class, make_evaluator
+from kvtierd.profiler.engine_eval import EngineEvaluator, context_digest, scorable_variant
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENS = tuple(range(10, 42))
+QUERY = ProfilingQuery(token_ids=(5, 6, 7))
+
+
+def _kv(n: int = len(TOKENS), token_ids: tuple[int, ...] = TOKENS) -> ContextKV:
+    k = torch.zeros(2, 2, n, 8)
+    return ContextKV(keys=k, values=k.clone(), token_ids=token_ids)
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+
+
+@pytest.fixture
+def evaluator() -> EngineEvaluator:
+    ev = make_evaluator("engine", {"router_url": _dead_url(), "timeout_s": 5})
+    assert isinstance(ev, EngineEvaluator)
+    return ev
+
+
+def test_registered_and_needs_token_ids() -> None:
+    assert evaluator_class("engine") is EngineEvaluator
+    assert EngineEvaluator.needs_token_ids
+    assert not evaluator_class("attention").needs_token_ids
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({}, "bad options for quality evaluator 'engine'.*router_url"),
+        ({"router_url": ""}, "needs router_url"),
+        ({"router_url": "127.0.0.1:8100"}, "router_url must be an http"),
+        ({"router_url": "http://r", "vllm_url": "ftp://v"}, "vllm_url must be an http"),
+        ({"router_url": "http://r", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"router_url": "http://r", "max_concurrency": 0}, "max_concurrency"),
+        ({"router_url": "http://r", "timeout_s": 0}, "timeout_s"),
+        ({"router_url": "http://r", "model_path": "/m"}, "bad options.*model_path"),
+    ],
+)
+def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=match):
+        make_evaluator("engine", options)
+
+
+def test_urls_lose_their_trailing_slash() -> None:
+    ev = EngineEvaluator("http://127.0.0.1:8100/", vllm_url="https://v:8000/")
+    assert (ev.router_url, ev.vllm_url) == ("http://127.0.0.1:8100", "https://v:8000")
+
+
+def test_which_variants_it_can_score() -> None:
+    assert scorable_variant("knorm@1.0") == "knorm@1"
+    assert scorable_variant("streamingllm@0.10") == "streamingllm@0.1"
+    assert scorable_variant("knorm@0.5+int8") == "knorm@0.5+int8"
+    assert scorable_variant("none") == "none"
+    for quant in ("int8", "int4"):
+        with pytest.raises(InvalidArgumentError, match=rf"cannot score '{quant}'.*chunk keys"):
+            scorable_variant(quant)
+    with pytest.raises(InvalidArgumentError, match=r"snapkv.*no queries"):
+        scorable_variant("snapkv@0.5")
+    with pytest.raises(InvalidArgumentError, match="unknown method 'zip'"):
+        scorable_variant("zip@0.5")
+
+
+def test_refusals_come_before_any_request(evaluator: EngineEvaluator) -> None:
+    """Each of these names what is missing, and none reaches for the (dead) router."""
+    with pytest.raises(InvalidArgumentError, match=r"token ids \(ContextKV.token_ids\)"):
+        evaluator.evaluate(_kv(token_ids=()), ["knorm@0.5"], [QUERY])
+    with pytest.raises(InvalidArgumentError, match="32 token ids for 40 KV entries"):
+        evaluator.evaluate(_kv(n=40), ["knorm@0.5"], [QUERY])
+    with pytest.raises(InvalidArgumentError, match="at least one profiling query"):
+        evaluator.evaluate(_kv(), ["knorm@0.5"], [])
+    with pytest.raises(InvalidArgumentError, match="cannot score 'int8'"):
+        evaluator.evaluate(_kv(), ["knorm@0.5", "int8"], [QUERY])
+    text = ProfilingQuery(text="what is it?")
+    with pytest.raises(InvalidArgumentError, match=r"\['what is it\?'\] have no token_ids.*vllm"):
+        evaluator.evaluate(_kv(), ["knorm@0.5"], [QUERY, text])
+
+
+def test_a_missing_router_is_a_clear_error(evaluator: EngineEvaluator) -> None:
+    with pytest.raises(UnavailableError, match=rf"cannot reach {evaluator.router_url}/v1/models"):
+        evaluator.evaluate(_kv(), ["knorm@0.5"], [QUERY])
+
+
+def test_digest_is_the_routers() -> None:
+    for root, ids in (("/models/llama", TOKENS), ("m", (0, 2**40, 7))):
+        assert context_digest(root, ids) == router_digest(root, ids)
+
+
+# -- the policy keys --------------------------------------------------------------------------
+
+
+def test_policy_engine_keys() -> None:
+    p = parse_policy(
+        "placer: evicpress\nprofiling:\n  evaluator: engine\n"
+        "  router_url: http://127.0.0.1:8100/\n  vllm_url: http://127.0.0.1:8000\n",
+        "p.yaml",
+    )
+    assert (p.evaluator, p.evaluator_router_url, p.evaluator_vllm_url) == (
+        "engine", "http://127.0.0.1:8100", "http://127.0.0.1:8000",
+    )  # fmt: skip
+    plain = parse_policy("placer: evicpress\n", "p.yaml")
+    assert (plain.evaluator, plain.evaluator_router_url, plain.evaluator_vllm_url) == (
+        "attention", "", "",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("profiling", "match"),
+    [
+        ("  evaluator: engine\n", r"p.yaml:3: profiling.evaluator: .*requires .*router_url"),
+        ("  evaluator: engine\n  router_url: localhost:8100\n", r"p.yaml:4: profiling.router_url"),
+        ("  evaluator: engine\n  router_url: 8100\n", r"p.yaml:4: profiling.router_url: expected"),
+        ("  evaluator: attention\n  vllm_url: ftp://x\n", r"p.yaml:4: profiling.vllm_url: .*http"),
+        ("  evaluator: vllm\n", r"p.yaml:3: profiling.evaluator: .*attention, answer, engine"),
+    ],
+)
+def test_policy_engine_errors_name_line_and_key(profiling: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_policy(f"placer: evicpress\nprofiling:\n{profiling}", "p.yaml")
+
+
+def test_policy_engine_keys_are_documented() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for key in ("profiling.evaluator", "profiling.router_url", "profiling.vllm_url"):
+        assert f"`{key}`" in doc, key
+    assert "`engine`" in doc
+
+
+# -- the daemon refuses it per context --------------------------------------------------------
+
+
+async def test_daemon_refuses_engine_per_context_with_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from kvtierd.engine import Engine
+    from kvtierd.kernels.chunk_codec import ChunkFormat
+    from kvtierd.types import ObjectMeta
+
+    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
+    engine = Engine(DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
+                                 tiers=tiers))  # fmt: skip
+    await engine.start()
+    try:
+        policy = parse_policy(
+            "placer: evicpress\nprofiling:\n  evaluator: engine\n  router_url: http://r:1\n",
+            "p.yaml",
+        )
+        with caplog.at_level(logging.WARNING, logger="kvtierd.engine.profiling"):
+            await engine.apply_policy(policy)
+        assert "needs the context's token ids" in caplog.text
+        x = torch.zeros(2, 2, 16, 2 * 32, dtype=torch.bfloat16)
+        layout = ChunkFormat(tuple(x.shape), "bfloat16", 2).layout()
+        data = memoryview(x.view(torch.uint8).numpy().tobytes())
+        meta = ObjectMeta(key="doc/0", size_bytes=len(data), context_id="doc", dtype="bfloat16",
+                          shape=tuple(x.shape), layout=layout, token_count=16)  # fmt: skip
+        await engine.put_bytes(meta, data)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="kvtierd.engine.profiling"):
+            ok = await engine.profiling.profile_context(engine.contexts["doc"])
+        assert not ok
+        assert engine.profiling.runs["failed"] >= 1
+        assert "evaluator 'engine' needs the context's token ids" in engine.profiling.last_error
+        assert "chunk hashes, never tokens" in caplog.text
+    finally:
+        await engine.close()
