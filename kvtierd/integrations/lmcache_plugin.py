@@ -19,20 +19,29 @@ by chunk on :attr:`KvtierdStoragePlugin.codec_device`; a forced token-dropping v
 builds the placeholder variant of the request's context (``placeholder_store``). Loads decode
 every chunk by the layout it was stored with, whoever compressed it (plugin or daemon).
 
-LMCache catches and logs every exception a plugin raises and carries on as if nothing was
-cached, so each failure is logged here at ERROR with its traceback and counted in ``stats``
-before it is re-raised; tests assert hits, never just generation.
+**Failures never reach LMCache as exceptions.** LMCache 0.5.6 does not catch a plugin's
+exceptions on the load path: one raised from a get reaches vLLM's worker and kills the engine
+(seen with a corrupt chunk). So every failure is logged here at ERROR with its traceback,
+counted in ``stats`` (``errors``, ``last_error``), and answered the way LMCache expects a
+failure: a lookup as a miss, a load as ``None`` for the chunk that failed and every chunk after
+it (LMCache reports those blocks and vLLM's ``kv_load_failure_policy`` decides: ``fail`` fails
+the request), a put as not stored. A lookup of a rewritten placeholder request
+(``lmcache.tag.kvtierd_placeholder_tokens``) never reports fewer than its placeholder chunks:
+a missing one then fails the load, and with it the request, instead of vLLM prefilling
+placeholder ids (the router then sends the real prompt). Tests assert hits, never just
+generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from lmcache.v1.memory_management import MemoryFormat
@@ -46,6 +55,7 @@ from kvtierd.integrations.plugin_settings import (
     PluginSettings,
     PluginStats,
     key_string,
+    placeholder_chunks,
     tag,
 )
 from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
@@ -53,7 +63,6 @@ from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk,
 from kvtierd.kernels.variants import parse_variant
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 NOTED_CONTEXTS = 4096
 
 
@@ -80,7 +89,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
         self._lock = threading.Lock()
         self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
-        status = self._guard("connect", self.client.status)
+        status = self.client.status()  # LMCache catches a constructor's error (manager.py)
         logger.info(
             "kvtierd plugin: daemon %s at %s (variant %s; int8/int4 chunks are encoded and "
             "decoded on %s with the %s kernels)",
@@ -91,35 +100,47 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             "Triton" if self.codec_device.type == "cuda" else "torch reference",
         )
 
-    # -- failures are loud --------------------------------------------------------------------
+    # -- failures are loud, and answered, never raised (module docstring) ----------------------
 
-    def _guard(self, op: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except Exception as e:
-            with self._lock:
-                self.stats.errors += 1
-                self.stats.last_error = f"{op}: {type(e).__name__}: {e}"
-            logger.exception("kvtierd plugin: %s failed; LMCache will treat it as a miss", op)
-            raise
+    def _failed(self, op: str, e: BaseException) -> None:
+        with self._lock:
+            self.stats.errors += 1
+            self.stats.last_error = f"{op}: {type(e).__name__}: {e}"
+        logger.error("kvtierd plugin: %s failed", op, exc_info=e)
 
     # -- lookups ------------------------------------------------------------------------------
 
     def _prefix_hits(self, keys: Sequence[Any], pin: bool) -> int:
-        hold = self.settings.hold_s if pin else 0.0
-        names = [key_string(k) for k in keys]
-        result = self.client.lookup(names, hold_s=hold)
-        self.links.looked_up(names, result.prefix_hits)
+        """Stored chunks from the first key on; a placeholder request's placeholder chunks
+        count as stored even when they are not, so that their load fails closed."""
+        claimed = min(len(keys), placeholder_chunks(keys[0], self.chunk_tokens)) if keys else 0
+        try:
+            hold = self.settings.hold_s if pin else 0.0
+            names = [key_string(k) for k in keys]
+            hits = self.client.lookup(names, hold_s=hold).prefix_hits
+            self.links.looked_up(names, hits)
+        except Exception as e:
+            self._failed("lookup", e)
+            hits = 0
         with self._lock:
             self.stats.lookups += 1
-            self.stats.hit_chunks += result.prefix_hits
-        return result.prefix_hits
+            self.stats.hit_chunks += hits
+        if hits < claimed:
+            logger.error(
+                "kvtierd plugin: %d of %d placeholder chunks found; reporting all so that the "
+                "load fails and vLLM fails the request instead of prefilling placeholder ids",
+                hits, claimed,
+            )  # fmt: skip
+            with self._lock:
+                self.stats.claimed_chunks += claimed - hits
+            return claimed
+        return hits
 
     def contains(self, key: Any, pin: bool = False) -> bool:
-        return self._guard("contains", lambda: self._prefix_hits([key], pin)) == 1
+        return self._prefix_hits([key], pin) == 1
 
     def batched_contains(self, keys: list[Any], pin: bool = False) -> int:
-        return self._guard("batched_contains", lambda: self._prefix_hits(keys, pin))
+        return self._prefix_hits(keys, pin)
 
     async def batched_async_contains(
         self, lookup_id: str, keys: list[Any], pin: bool = False
@@ -146,7 +167,10 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         on_complete_callback: Callable[[Any], None] | None = None,
     ) -> None:
         # LMCache drops its reference to ``objs`` when this returns: store synchronously.
-        self._guard("put", lambda: self._put(keys, objs))
+        try:
+            self._put(keys, objs)
+        except Exception as e:
+            self._failed("put", e)  # not stored: a later request recomputes these chunks
         if on_complete_callback is not None:
             for key in keys:
                 on_complete_callback(key)
@@ -171,10 +195,11 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         forced = tag(keys[0], "kvtierd_variant") or (
             "" if self.settings.variant == PLAN else self.settings.variant
         )
+        rewritten = placeholder_chunks(keys[0], self.chunk_tokens) > 0
         if todo:
             plan = self._plan(keys[0], names, present.index(False), forced, todo)
             self._store(todo, plan)
-        if forced and parse_variant(forced).drops_tokens:
+        if forced and parse_variant(forced).drops_tokens and not rewritten:
             from kvtierd.integrations.placeholder_store import store_placeholder_variant
 
             store_placeholder_variant(self, keys, objs, forced)
@@ -189,12 +214,16 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     ) -> PutPlan:
         """One Plan call per put: the context and form of its chunks (``put_plan.py``);
         ``names[start]`` is the first chunk not stored yet."""
-        named = tag(key, "kvtierd_context")
+        # A rewritten request's new chunks follow its placeholder chunks: they continue the
+        # placeholder variant's context, not the original one the tag names.
+        rewritten = placeholder_chunks(key, 1) > 0
+        named = "" if rewritten else tag(key, "kvtierd_context")
         continued = "" if named else self.links.continued(names, start)
         base = named or continued or names[0]
         tokens = sum(int(kv.shape[2]) for _, kv in chunks)
         size = sum(kv.numel() * kv.element_size() for _, kv in chunks)
-        plan = decide(base, forced, self.client.plan(base, num_tokens=tokens, size_bytes=size))
+        answer = self.client.plan(base, num_tokens=tokens, size_bytes=size)
+        plan = decide(base, forced, answer, rewritten=rewritten)
         with self._lock:
             self.stats.continued_puts += bool(continued)
             self.stats.plans += plan.planned
@@ -210,14 +239,14 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     def _store(self, chunks: list[tuple[str, torch.Tensor]], plan: PutPlan) -> None:
         items = []
         for name, kv in chunks:
-            fmt = chunk_format(kv, self.num_kv_heads, plan.form)
+            fmt = chunk_format(kv, self.num_kv_heads, plan.quant or "none")
             data = encode_chunk(kv.to(self.codec_device) if fmt.quant else kv, fmt)
             items.append(
                 PutItem(
                     key=name,
                     data=data,
                     context_id=plan.context_id,
-                    variant=plan.form,
+                    variant=plan.variant,
                     layout=fmt.layout(),
                     token_count=fmt.shape[2],
                     shape=tuple(data.shape) if not fmt.quant else (),
@@ -234,25 +263,48 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     # -- gets ---------------------------------------------------------------------------------
 
     def batched_get_blocking(self, keys: list[Any]) -> list[Any]:
-        return self._guard("get", lambda: self._get(keys))
-
-    def _get(self, keys: Sequence[Any]) -> list[Any]:
-        out: list[Any] = []
+        """The chunks of ``keys`` in order, ``None`` from the first that cannot be loaded on."""
         names = [key_string(k) for k in keys]
-        with lease_many(self.client, names) as views:
-            for name, (info, view) in zip(names, views, strict=True):
-                self.links.touched(name, info.spec.context_id)
-                fmt = ChunkFormat.parse(info.spec.layout)
-                obj = self.local_cpu_backend.allocate(
-                    torch.Size(fmt.shape), getattr(torch, fmt.dtype), MemoryFormat.KV_2LTD
-                )
-                if obj is None:
-                    raise KvtierError(f"LMCache could not allocate a {fmt.shape} chunk buffer")
-                decode_chunk(torch.frombuffer(view, dtype=torch.uint8), fmt, obj.tensor)
-                out.append(obj)
+        out: list[Any] = []
+        leased = False
+        try:
+            with lease_many(self.client, names) as views:
+                leased = True
+                for name, (info, view) in zip(names, views, strict=True):
+                    out.append(self._decode(name, info, view))
+        except Exception as e:
+            self._failed("get", e)
+            if not leased:  # the daemon refused the batch: load what it still has, in order
+                out = self._get_each(names)
         with self._lock:
             self.stats.get_chunks += len(out)
+        return out + [None] * (len(keys) - len(out))
+
+    def _get_each(self, names: list[str]) -> list[Any]:
+        out: list[Any] = []
+        for name in names:
+            try:
+                with lease_many(self.client, [name]) as ((info, view),):
+                    out.append(self._decode(name, info, view))
+            except Exception as e:
+                self._failed("get", e)
+                break
         return out
+
+    def _decode(self, name: str, info: Any, view: memoryview) -> Any:
+        self.links.touched(name, info.spec.context_id)
+        fmt = ChunkFormat.parse(info.spec.layout)
+        obj = self.local_cpu_backend.allocate(
+            torch.Size(fmt.shape), getattr(torch, fmt.dtype), MemoryFormat.KV_2LTD
+        )
+        if obj is None:
+            raise KvtierError(f"LMCache could not allocate a {fmt.shape} chunk buffer")
+        try:
+            decode_chunk(torch.frombuffer(view, dtype=torch.uint8), fmt, obj.tensor)
+        except BaseException:
+            obj.ref_count_down()  # LMCache frees only what it is given back
+            raise
+        return obj
 
     def get_blocking(self, key: Any) -> Any:
         return self.batched_get_blocking([key])[0]
@@ -264,12 +316,17 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self, lookup_id: str, keys: list[Any], transfer_spec: Any = None
     ) -> list[Any]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.batched_get_blocking, keys)
+        objs = await loop.run_in_executor(self._pool, self.batched_get_blocking, keys)
+        return list(itertools.takewhile(lambda o: o is not None, objs))
 
     # -- the rest -----------------------------------------------------------------------------
 
     def remove(self, key: Any, force: bool = True) -> bool:
-        return self._guard("remove", lambda: self.client.delete([key_string(key)])) == 1
+        try:
+            return self.client.delete([key_string(key)]) == 1
+        except Exception as e:
+            self._failed("remove", e)
+            return False
 
     def get_allocator_backend(self) -> Any:
         return self.local_cpu_backend

@@ -75,6 +75,7 @@ class PluginStats:
     plans: int = 0  # puts whose form came from the daemon's write plan
     planned_chunks: int = 0  # chunks quantized on the device because the plan said so
     continued_puts: int = 0  # puts that joined the context of the prefix they extend
+    claimed_chunks: int = 0  # missing placeholder chunks reported as hits (their load fails)
     get_chunks: int = 0
     placeholder_variants: int = 0
     errors: int = 0
@@ -95,3 +96,10 @@ def tag(key: Any, name: str) -> str:
         if k == name:
             return str(v)
     return ""
+
+
+def placeholder_chunks(key: Any, chunk_tokens: int) -> int:
+    """How many chunks of a rewritten request are placeholders (``kvtierd_placeholder_tokens``,
+    set by the router); 0 for any other request."""
+    tokens = tag(key, "kvtierd_placeholder_tokens")
+    return int(tokens) // chunk_tokens if tokens else 0

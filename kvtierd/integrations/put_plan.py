@@ -21,7 +21,10 @@ plugin logs once per context; the daemon compresses the context itself when it p
 **One form per context.** When the daemon holds the context (plan source ``placed``) in a form
 other than the one the chunks will have (a forced variant, or a token-dropped placement whose
 original chunk keys no longer hit), the chunks go to ``<context>/<form>``: the daemon never
-holds a context whose objects disagree with its variant.
+holds a context whose objects disagree with its variant. A rewritten placeholder request's new
+chunks (its suffix) are computed on top of the placeholder chunks: they continue that
+variant's context and are recorded in its variant (``knorm@0.5``), encoded as its quantization
+part says.
 """
 
 from __future__ import annotations
@@ -40,24 +43,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PutPlan:
-    """What one put stores: the context its chunks join, how each chunk is encoded (``quant``
-    ``""`` = the original), whether that came from the daemon's plan, and why a plan was only
-    partly applied (``note``, ``""`` when it was applied whole)."""
+    """What one put stores: the context its chunks join, the variant the daemon records for
+    them, how each chunk is encoded (``quant``, ``""`` = as it is), whether that came from the
+    daemon's plan, and why a plan was only partly applied (``note``, ``""`` when whole)."""
 
     context_id: str
+    variant: str
     quant: str
     planned: bool
     note: str = ""
 
-    @property
-    def form(self) -> str:
-        """The variant the daemon records for the chunks: ``none``, ``int8`` or ``int4``."""
-        return self.quant or ORIGINAL
 
-
-def decide(base_context: str, forced: str, plan: pb.ContextPlan) -> PutPlan:
+def decide(
+    base_context: str, forced: str, plan: pb.ContextPlan, *, rewritten: bool = False
+) -> PutPlan:
     """The plan of one put (module docstring): ``forced`` is a tag's or the config's variant
-    (``""`` = ask the daemon), ``plan`` the daemon's answer for ``base_context``."""
+    (``""`` = ask the daemon), ``plan`` the daemon's answer for ``base_context``;
+    ``rewritten``: the put is a placeholder request's suffix."""
     wanted = parse_variant(forced or plan.variant)
     note = ""
     if not forced and wanted.drops_tokens:
@@ -67,11 +69,11 @@ def decide(base_context: str, forced: str, plan: pb.ContextPlan) -> PutPlan:
             "drop tokens (that needs the router's placeholder identity and the context's token "
             f"count), so it stores {applied} and the daemon compresses the context itself"
         )
-    form = wanted.quant or ORIGINAL
+    form = str(wanted) if rewritten else wanted.quant or ORIGINAL
     context_id = base_context
     if plan.source == "placed" and str(parse_variant(plan.variant)) != form:
         context_id = f"{base_context}/{form}"
-    return PutPlan(context_id, wanted.quant, planned=not forced, note=note)
+    return PutPlan(context_id, form, wanted.quant, planned=not forced, note=note)
 
 
 class ContextLinks:

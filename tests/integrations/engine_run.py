@@ -39,7 +39,7 @@ def _corrupt_next_get(plugin: Any) -> None:
     """Negative control: the next loaded chunks come back as noise."""
     import torch
 
-    original = plugin._get
+    original = plugin.batched_get_blocking
 
     def corrupted(keys: Any) -> Any:
         objs = original(keys)
@@ -47,7 +47,7 @@ def _corrupt_next_get(plugin: Any) -> None:
             o.tensor.copy_(torch.randn_like(o.tensor.float()).to(o.tensor.dtype) * 3)
         return objs
 
-    plugin._get = corrupted
+    plugin.batched_get_blocking = corrupted
 
 
 def main(spec_path: str, out_path: str) -> None:

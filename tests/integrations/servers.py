@@ -106,3 +106,25 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def post_stream(url: str, body: dict[str, Any]) -> tuple[list[Any], dict[str, str]]:
+    """A streamed request: its ``data:`` events in order (``"[DONE]"`` as that string, the
+    others parsed) and the response headers."""
+    req = urllib.request.Request(
+        url, json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
+    )
+    events: list[Any] = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                payload = line.removeprefix("data: ")
+                events.append(payload if payload == "[DONE]" else json.loads(payload))
+        return events, dict(r.headers)
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        result: dict[str, Any] = json.loads(r.read())
+        return result

@@ -41,8 +41,15 @@ def plan(variant: str, source: str = "default") -> pb.ContextPlan:
 def test_decision_table(forced: str, answer: pb.ContextPlan, want: tuple[Any, ...]) -> None:
     p = decide("c", forced, answer)
     assert (p.context_id, p.quant, p.planned, bool(p.note)) == want
+    assert p.variant == (p.quant or "none")
     if p.note:
         assert "cannot drop tokens" in p.note and answer.variant in p.note
+
+
+def test_a_rewritten_requests_suffix_continues_the_placeholder_context() -> None:
+    placed = plan("knorm@0.5+int8", "placed")  # the placeholder variant's context
+    p = decide("d/knorm@0.5+int8", "knorm@0.5+int8", placed, rewritten=True)
+    assert (p.context_id, p.variant, p.quant) == ("d/knorm@0.5+int8", "knorm@0.5+int8", "int8")
 
 
 def test_links_follow_a_prompt_past_its_hit_prefix() -> None:
@@ -63,10 +70,16 @@ def test_links_follow_a_prompt_past_its_hit_prefix() -> None:
 
 
 class _Allocator:
-    """LMCache's local CPU backend as far as the plugin uses it."""
+    """LMCache's local CPU backend as far as the plugin uses it; counts what is given back."""
+
+    def __init__(self) -> None:
+        self.freed = 0
 
     def allocate(self, shape: Any, dtype: torch.dtype, fmt: Any) -> Any:
-        return SimpleNamespace(tensor=torch.empty(tuple(shape), dtype=dtype))
+        def free() -> None:
+            self.freed += 1
+
+        return SimpleNamespace(tensor=torch.empty(tuple(shape), dtype=dtype), ref_count_down=free)
 
 
 @pytest.fixture
@@ -75,9 +88,11 @@ def plugin_for(start_daemon: Any) -> Iterator[Any]:
     from kvtierd.integrations.lmcache_plugin import KvtierdStoragePlugin
 
     made: list[Any] = []
+    daemons: list[Any] = []
 
     def make(policy: str) -> tuple[Any, KVClient]:
         d = start_daemon(name=f"d{len(made)}", cpu="8MiB", ssd="32MiB")
+        daemons.append(d)
         client = KVClient(d.socket_path)
         client.call(client.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=policy, source="t"))
         extra = {"kvtierd.socket_path": d.socket_path}
@@ -87,6 +102,7 @@ def plugin_for(start_daemon: Any) -> Iterator[Any]:
         made.append((p, client))
         return p, client
 
+    make.daemons = daemons  # type: ignore[attr-defined]
     yield make
     for p, client in made:
         p.close()
@@ -167,3 +183,42 @@ def test_forced_variant_beside_a_placed_context_gets_its_own_id(plugin_for: Any)
     assert contexts[base].variant == "none" and contexts[base].objects == 2
     assert contexts[f"{base}/int8"].variant == "int8" and contexts[f"{base}/int8"].objects == 1
     assert plugin.stats.plans == 1  # the forced put does not count as planned
+
+
+def _corrupt(client: KVClient, key: str) -> None:
+    """Store ``key`` again with half its bytes under its old layout (its decode must fail)."""
+    with client.lease(key) as (info, view):
+        spec, half = info.spec, bytes(view)[: len(view) // 2]
+    client.delete([key])
+    client.put(key, half, context_id=spec.context_id, layout=spec.layout)
+
+
+def test_failures_are_answered_never_raised(plugin_for: Any) -> None:
+    """LMCache does not catch a plugin's exceptions on the load path (they kill vLLM's
+    worker): a chunk that cannot be loaded is ``None`` with every chunk after it, a refused
+    batch is retried chunk by chunk, a daemon that is down is a miss and an unstored put."""
+    plugin, client = plugin_for("placer: lru\n")
+    keys, objs = _keys(4, 3), _chunks(3, seed=3)
+    plugin.batched_submit_put_task(keys, objs)
+    names = [f"tiny@1@0@{k.chunk_hash_hex}@bfloat16" for k in keys]
+    _corrupt(client, names[1])
+    got = plugin.batched_get_blocking(keys)
+    assert got[0] is not None and got[1:] == [None, None]
+    assert plugin.local_cpu_backend.freed == 1  # the buffer of the chunk that failed
+    assert "CorruptObjectError" in plugin.stats.last_error
+    client.delete([names[1]])  # the daemon now refuses the whole batch (NOT_FOUND)
+    got = plugin.batched_get_blocking(keys)
+    assert got[0] is not None and got[1:] == [None, None]
+    assert plugin.stats.errors == 3  # corrupt chunk; refused batch; missing chunk
+
+    placeholder = _keys(4, 3, kvtierd_placeholder_tokens=str(3 * T))
+    assert plugin.batched_contains(keys) == 1
+    assert plugin.batched_contains(placeholder) == 3  # so that the load fails, closed
+    assert plugin.stats.claimed_chunks == 2
+
+    plugin_for.daemons[0].kill()
+    assert plugin.batched_contains(keys) == 0
+    assert plugin.batched_contains(placeholder) == 3
+    plugin.batched_submit_put_task(_keys(5, 1), _chunks(1))
+    assert plugin.batched_get_blocking(keys) == [None, None, None]
+    assert plugin.stats.errors > 3 and plugin.stats.put_chunks == 3

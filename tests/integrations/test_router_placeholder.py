@@ -1,7 +1,8 @@
 """Token-dropped contexts through ``kvtierd router`` into an unmodified ``vllm serve`` (issue 6,
 test c): at ratio 1.0 (``M = N``) the placeholder prompt gives the no-cache output exactly; at
 ratio 0.5 vLLM's logprobs match a ``transformers`` forward pass on the same weights with the
-same kept tokens at their original positions (kvpress semantics), within bf16 rounding."""
+same kept tokens at their original positions (kvpress semantics), within bf16 rounding. When
+the placeholder load fails, the router answers from the real prompt, streamed or not."""
 
 from __future__ import annotations
 
@@ -12,16 +13,24 @@ from typing import Any
 import pytest
 
 from kvtierd.client import KVClient
-from kvtierd.integrations.placeholder import context_digest, kept_key
+from kvtierd.integrations.placeholder import Manifest, context_digest, kept_key, manifest_key
 from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config
-from tests.integrations.servers import post, start_router, start_vllm, stop
+from tests.integrations.servers import (
+    get_json,
+    post,
+    post_stream,
+    start_router,
+    start_vllm,
+    stop,
+)
 from tests.integrations.tiny_model import words
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CTX1 = [30 + (11 * i) % 900 for i in range(64)]
 CTX2 = [40 + (17 * i) % 900 for i in range(64)]
+CTX3 = [50 + (19 * i) % 900 for i in range(64)]
 SUFFIX = [500, 501, 502, 503, 504, 505]
 LOGPROB_TOLERANCE = 0.1  # bf16 rounding of two different attention implementations
 
@@ -81,6 +90,53 @@ def test_ratio_half_matches_transformers_reference(stack: dict[str, Any]) -> Non
     diffs = {w: abs(lp - float(ref[int(w[1:]) + 3])) for w, lp in top.items()}
     assert max(diffs.values()) < LOGPROB_TOLERANCE, diffs
     assert int(got["choices"][0]["text"].split()[0][1:]) + 3 == int(ref.argmax())
+
+
+def test_failed_placeholder_load_is_answered_from_the_real_prompt(stack: dict[str, Any]) -> None:
+    """A streamed rewritten request is held back until vLLM's first event. A placeholder chunk
+    whose bytes are corrupt makes the load fail for real (the plugin refuses the chunk, LMCache
+    reports the blocks, vLLM fails the request): the client still gets the whole answer, from
+    the real prompt, streamed or not, and ``fallbacks`` counts both."""
+    first, _ = complete(stack, CTX3 + SUFFIX, kvtierd={"context_tokens": 64, "variant": "knorm@1"})
+    want = first["choices"][0]["text"]
+    before = get_json(f"{stack['router']}/health")["fallbacks"]
+    events, headers = stream(stack, CTX3 + SUFFIX)
+    assert headers.get("x-kvtierd-context", "").endswith("/knorm@1")
+    assert (text_of(events), events[-1]) == (want, "[DONE]")
+
+    corrupt_last_placeholder_chunk(stack, CTX3)
+    events, headers = stream(stack, CTX3 + SUFFIX)
+    assert "x-kvtierd-context" not in headers
+    assert (text_of(events), events[-1]) == (want, "[DONE]")
+    assert not [e for e in events if isinstance(e, dict) and "error" in e]
+    again, headers = complete(stack, CTX3 + SUFFIX)
+    assert "x-kvtierd-context" not in headers and again["choices"][0]["text"] == want
+    assert get_json(f"{stack['router']}/health")["fallbacks"] == before + 2
+
+
+def stream(stack: dict[str, Any], prompt: list[int]) -> tuple[list[Any], dict[str, str]]:
+    body = {"model": stack["model"], "prompt": words(prompt), "max_tokens": 6,
+            "temperature": 0.0}  # fmt: skip
+    return post_stream(f"{stack['router']}/v1/completions", body)
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(
+        c.get("text", "") for e in events if isinstance(e, dict) for c in e.get("choices", [])
+    )
+
+
+def corrupt_last_placeholder_chunk(stack: dict[str, Any], context: list[int]) -> None:
+    """Store the last placeholder chunk again with half its bytes under its old layout."""
+    digest = context_digest(stack["model"], context)
+    with KVClient(stack["socket"]) as c:
+        manifest = Manifest.from_bytes(bytes(c.get(manifest_key(digest))))
+        key = manifest.chunk_keys[-1]
+        with c.lease(key) as (info, view):
+            spec, half = info.spec, bytes(view)[: len(view) // 2]
+        assert c.delete([key]) == 1
+        c.put(key, half, context_id=spec.context_id, variant=spec.variant, layout=spec.layout,
+              token_count=spec.token_count)  # fmt: skip
 
 
 def reference_logprobs(model_dir: Path, ctx: list[int], suffix: list[int], kept: Any) -> Any:

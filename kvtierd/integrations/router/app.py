@@ -4,7 +4,11 @@
 prompt starts with a context stored compressed is sent as ``[M placeholder ids] + suffix``
 with the context named in ``kv_transfer_params`` (``rewrite.py``). If vLLM fails such a request
 (its ``kv_load_failure_policy`` is ``fail`` by default: a failed load is an error, never a
-prefill of placeholder ids), the router sends the real prompt. A request may carry
+prefill of placeholder ids), the router sends the real prompt. A streamed answer is held back
+until vLLM's first event: the KV load happens before the first token, so a failed load shows
+there (HTTP status, an ``error`` event, or an ``error``/``abort`` finish reason) and the real
+prompt can still be sent. A failure after the first event reaches the client as vLLM sent it:
+tokens already streamed cannot be taken back. A request may carry
 ``"kvtierd": {"context_tokens": N, "variant": "knorm@0.5"}`` to have its first ``N`` tokens
 stored in that variant. Chat requests are rewritten after vLLM's chat template
 (``/tokenize`` with ``messages``) and sent as completions, answered in chat format.
@@ -128,22 +132,60 @@ class Router:
         new["prompt"] = rw.prompt_ids
         new = _with_params(new, rw.kv_transfer_params)
         if body.get("stream"):
-            self.rewrites += 1
-            return await self._forward("/v1/completions", new, request, chat=chat)
+            streamed = await self._stream_rewritten(new, rw, request, chat=chat)
+            if streamed is not None:
+                return streamed
+            return await self._fallback(body, rw, "its first stream event", request, chat=chat)
         async with self.http.post(f"{self.config.upstream}/v1/completions", json=new) as r:
-            data = await r.json()
-            ok = r.status == 200 and all(
-                c.get("finish_reason") not in ("error", "abort") for c in data.get("choices", [])
-            )
+            try:
+                data = await r.json(content_type=None)
+            except ValueError:  # not JSON (content_type=None: any content type is parsed)
+                data = {"error": f"HTTP {r.status}: {(await r.text())[:200]}"}
+            ok = r.status == 200 and isinstance(data, dict) and _choices_ok(data)
         if not ok:
-            self.fallbacks += 1
-            logger.warning("placeholder load of %s failed (%s); sending the real prompt",
-                           rw.manifest.digest, data)  # fmt: skip
-            path = "/v1/chat/completions" if chat else "/v1/completions"
-            return await self._forward(path, body, request)
+            return await self._fallback(body, rw, data, request, chat=chat)
         self.rewrites += 1
-        headers = {"x-kvtierd-context": f"{rw.manifest.digest}/{rw.manifest.variant}"}
-        return web.json_response(_as_chat(data) if chat else data, headers=headers)
+        return web.json_response(_as_chat(data) if chat else data, headers=_loaded(rw))
+
+    async def _stream_rewritten(
+        self, new: dict[str, Any], rw: Rewrite, request: web.Request, *, chat: bool
+    ) -> web.StreamResponse | None:
+        """Stream the rewritten request, answering the client only once vLLM's first data
+        event shows the placeholder load worked; ``None`` (nothing sent) when it did not."""
+        async with self.http.post(f"{self.config.upstream}/v1/completions", json=new) as r:
+            held: list[bytes] = []
+            ok = False
+            if r.status == 200:
+                try:
+                    async for line in r.content:
+                        held.append(line)
+                        if line.startswith(b"data: "):
+                            ok = _first_event_ok(line)
+                            break
+                except aiohttp.ClientError as e:
+                    logger.warning("stream of %s broke before its first event: %s",
+                                   rw.manifest.digest, e)  # fmt: skip
+            if not ok:
+                return None  # leaving the block closes the stream: vLLM aborts the request
+            self.rewrites += 1
+            headers = {"Content-Type": r.content_type, **_loaded(rw)}
+            out = web.StreamResponse(status=200, headers=headers)
+            await out.prepare(request)
+            for line in held:
+                await out.write(_chat_line(line) if chat else line)
+            async for line in r.content:
+                await out.write(_chat_line(line) if chat else line)
+            await out.write_eof()
+            return out
+
+    async def _fallback(
+        self, body: dict[str, Any], rw: Rewrite, why: Any, request: web.Request, *, chat: bool
+    ) -> web.StreamResponse:
+        self.fallbacks += 1
+        logger.warning("placeholder load of %s failed (%s); sending the real prompt",
+                       rw.manifest.digest, why)  # fmt: skip
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        return await self._forward(path, body, request)
 
     async def _forward(
         self, path: str, body: dict[str, Any] | None, request: web.Request, *, chat: bool = False
@@ -160,6 +202,32 @@ class Router:
                 await out.write(_chat_line(line) if chat else line)
             await out.write_eof()
             return out
+
+
+def _loaded(rw: Rewrite) -> dict[str, str]:
+    """The header that tells the client its request was served from a compressed context."""
+    return {"x-kvtierd-context": f"{rw.manifest.digest}/{rw.manifest.variant}"}
+
+
+def _choices_ok(data: dict[str, Any]) -> bool:
+    """No ``error`` object and no choice that vLLM finished with ``error`` or ``abort`` (what
+    a failed KV load under ``kv_load_failure_policy: fail`` gives)."""
+    if "error" in data:
+        return False
+    return all(c.get("finish_reason") not in ("error", "abort") for c in data.get("choices", []))
+
+
+def _first_event_ok(line: bytes) -> bool:
+    """vLLM's first streamed event of a request: ``data: [DONE]`` (nothing generated) and an
+    ``{"error": ...}`` event (vLLM's stream of a failed KV load) are failures."""
+    payload = line[len(b"data: ") :].strip()
+    if payload == b"[DONE]":
+        return False
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and _choices_ok(data)
 
 
 def _with_params(body: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
