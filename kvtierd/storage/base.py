@@ -55,17 +55,19 @@ class TransferFit:
 class TransferMeter:
     """Online fit of ``seconds = overhead_s + nbytes / bytes_per_s`` over real transfers.
 
-    Exponentially weighted least squares (each transfer's weight decays by ``1 - weight`` per
-    later one, so the fit follows the machine) of the error *relative* to the measured time:
-    a 1 MiB load 20 % off counts as much as a 64 MiB one 20 % off, which is how the TTFT model
-    is judged. With ``u = 1 / seconds`` and ``v = nbytes / seconds`` per transfer it finds the
-    overhead ``a`` and seconds per byte ``b`` minimising ``sum w (1 - a u - b v)^2`` + ridge.
+    Per transfer, seconds per byte ``q = seconds / nbytes`` is regressed on ``p = 1 / nbytes``:
+    ``q = a p + b`` with ``a`` the overhead and ``b`` seconds per byte — least squares on the
+    error per byte, i.e. relative to the size, so a 1 MiB load 20 % off weighs about as much
+    as a 64 MiB one 20 % off (the TTFT model is judged by ratios), while a transfer's weight
+    does not depend on how fast the device was (an error relative to the *time* would let old
+    fast transfers outweigh many new slow ones). Exponentially weighted: each transfer's
+    weight decays by ``1 - weight`` per later one, so the fit follows the machine.
 
-    The ridge term ``ridge * sum(w u^2) * (a - a_prev)^2`` pulls the overhead towards its
+    A ridge term ``ridge * sum(w p^2) * (a - a_prev)^2`` pulls the overhead towards its
     previous value. With transfers of several sizes the data outweigh it; with transfers of
-    one size only (the overhead and the bandwidth cannot be told apart) it holds the overhead
-    where the last varied sizes put it and lets the bandwidth follow — instead of dividing by
-    a determinant near zero.
+    one size only (overhead and bandwidth cannot be told apart) it holds the overhead where
+    the last varied sizes put it and lets the bandwidth follow — instead of dividing by a
+    determinant near zero.
 
     Transfers under ``min_bytes`` are ignored: KV objects are MiB-sized, and a few-KiB read
     is all latency (open, header, one random I/O) that does not lie on the line of the large
@@ -95,8 +97,8 @@ class TransferMeter:
     def record(self, nbytes: int, seconds: float) -> None:
         if nbytes < max(self.min_bytes, 1) or not 0 < seconds < math.inf:
             return
-        u, v = 1 / seconds, nbytes / seconds
-        terms = (u * u, u * v, v * v, u, v)
+        p, q = 1 / nbytes, seconds / nbytes
+        terms = (p * p, p, 1.0, p * q, q)
         with self._lock:
             keep = 1 - self.weight if self.samples else 0.0
             self._sums = [
@@ -108,12 +110,12 @@ class TransferMeter:
 
 def _solve(sums: list[float], prev_overhead_s: float, ridge: float) -> TransferFit:
     """The normal equations of :class:`TransferMeter`'s fit, with ``a >= 0`` and ``b > 0``."""
-    uu, uv, vv, u, v = sums
-    a_uu, u_pulled = uu * (1 + ridge), u + ridge * uu * prev_overhead_s
-    det = a_uu * vv - uv * uv  # >= ridge * uu * vv > 0 (Cauchy-Schwarz)
-    a, b = (u_pulled * vv - v * uv) / det, (a_uu * v - uv * u_pulled) / det
+    pp, p, w, pq, q = sums
+    pp_ridge, pq_pulled = pp * (1 + ridge), pq + ridge * pp * prev_overhead_s
+    det = pp_ridge * w - p * p  # >= ridge * pp * w > 0 (Cauchy-Schwarz)
+    a, b = (pq_pulled * w - p * q) / det, (pp_ridge * q - p * pq_pulled) / det
     if a < 0 or b <= 0:
-        a, b = 0.0, v / vv  # the best line through the origin: always a positive bandwidth
+        a, b = 0.0, q / w  # no overhead: the mean seconds per byte, always positive
     return TransferFit(a, 1 / b)
 
 

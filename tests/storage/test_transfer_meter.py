@@ -67,6 +67,15 @@ def test_one_size_on_a_slower_disk_moves_the_line_through_it() -> None:
     assert 0 <= m.overhead_s <= 1e-3
 
 
+def test_a_device_that_got_much_slower_is_followed_within_a_few_dozen_transfers() -> None:
+    """Old fast transfers must not outweigh new slow ones (they would with an error relative
+    to the measured time: a 1 ms error is 200 % of a 0.5 ms transfer, 7 % of a 14 ms one)."""
+    m = calibrated(0.3e-3, 2e9)
+    for _ in range(30):
+        m.record(4 * MiB, 14e-3)
+    assert m.fit().seconds(4 * MiB) == pytest.approx(14e-3, rel=0.05)
+
+
 def test_old_samples_fade() -> None:
     m = TransferMeter(weight=0.2)
     for size in itertools.islice(itertools.cycle(SIZES), 40):
