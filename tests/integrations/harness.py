@@ -11,6 +11,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
+INT8_TOLERANCE = 0.15  # max |logprob difference| over the top-5 of the first generated token
+
+
+def first_token_logprob_diffs(ref: dict[str, Any], got: dict[str, Any]) -> list[float]:
+    """|logprob differences| of the first generated token's top candidates both runs list."""
+    a, b = ref["logprobs"][0], got["logprobs"][0]
+    return [abs(a[t] - b[t]) for t in a if t in b]
 
 
 def lmcache_config(socket_path: str, **kvtierd: Any) -> dict[str, Any]:
