@@ -3,19 +3,35 @@ and the plugin itself against a real daemon with LMCache's own key type (no engi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from kvtierd.client import KVClient
+from kvtierd.integrations.plugin_settings import PLAN, PluginSettings
 from kvtierd.integrations.put_plan import ContextLinks, decide
 from kvtierd.rpc import kvtier_pb2 as pb
 
 L, H, D, T = 2, 2, 64, 16
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    "path", ["configs/lmcache/kvtierd.yaml", "configs/gpu-deployment/lmcache.yaml"]
+)
+def test_shipped_lmcache_configs_follow_the_plan_and_every_key_is_documented(path: str) -> None:
+    extra = yaml.safe_load((ROOT / path).read_text())["extra_config"]
+    assert PluginSettings.from_extra_config(extra).variant == PLAN
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    for f in dataclasses.fields(PluginSettings):
+        assert f"`kvtierd.{f.name}`" in doc, f.name
 
 
 def plan(variant: str, source: str = "default") -> pb.ContextPlan:
