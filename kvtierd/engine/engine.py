@@ -114,14 +114,17 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         return cls(self.tier_models(), params)
 
     def tier_models(self) -> list[TierModel]:
-        return [
-            TierModel(
-                name=t.name,
-                capacity_bytes=t.capacity_bytes or None,
-                load_bandwidth_bytes_per_s=t.read_meter.bytes_per_s,
+        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads).
+        A host reader copies every load out of the arena (the CPU tier's read fit); an object
+        in another tier is first read into the arena (that tier's fit)."""
+        arena = self.cpu.read_meter.fit()
+        models = []
+        for t in self.tiers.values():
+            load = arena if t is self.cpu else t.read_meter.fit().then(arena)
+            models.append(
+                TierModel(t.name, t.capacity_bytes or None, load.bytes_per_s, load.overhead_s)
             )
-            for t in self.tiers.values()
-        ]
+        return models
 
     async def start(self) -> None:
         started: list[Tier] = []

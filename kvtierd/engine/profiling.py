@@ -75,9 +75,11 @@ class ProfilingService:
                        "vllm_url": policy.evaluator_vllm_url,
                        "daemon_socket": self.engine.config.socket_path},
         }.get(policy.evaluator, {})  # fmt: skip
-        loads = [
-            TierLoad(t.name, max(t.read_meter.bytes_per_s, 1.0), 0.0, t.capacity_bytes or None)
-            for t in self.engine.tiers.values()
+        loads = [  # the placer's figures, so both predict the same load times
+            TierLoad(
+                m.name, max(m.load_bandwidth_bytes_per_s, 1.0), m.load_overhead_s, m.capacity_bytes
+            )
+            for m in self.engine.tier_models()
         ]
         ttft = TtftModel(loads, prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s)
         directory = Path(self.engine.config.data_dir) / "profiler"

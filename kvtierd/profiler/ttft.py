@@ -5,9 +5,11 @@
                           + restore_s(variant, size_bytes)                 # dequantize / rotate
     prefill_s(tokens)     = tokens / prefill_tokens_per_s                  # a dropped context
 
-The paper assumes tier bandwidths fixed; here the engine feeds the tiers' measured figures in
-(``BandwidthMeter``: calibrated at start, EWMA over real transfers) with
-:meth:`TtftModel.update_tier` — the profiler never imports the storage layer. Restore costs are
+The paper assumes tier bandwidths fixed; here both load terms are fitted from the tiers' real
+reads (``kvtierd.storage.base.TransferMeter``: per-load overhead + bandwidth, calibrated at
+start with reads of a few MiB, refitted from every read after). The engine builds this model
+from ``Engine.tier_models()``, the placer's figures (:meth:`TtftModel.update_tier` takes newer
+ones); the profiler never imports the storage layer. Restore costs are
 *measured* on this host (:class:`RestoreCost`) once per kind and scaled linearly with bytes.
 The policies' :func:`kvtierd.policies.model.load_ttft_s` is the same formula over
 :meth:`TtftModel.tier_models` plus ``VariantProfile.restore_s``.
@@ -146,7 +148,7 @@ class TtftModel:
         load_bandwidth_bytes_per_s: float | None = None,
         load_overhead_s: float | None = None,
     ) -> None:
-        """Take a tier's current measured figures (e.g. its read meter's EWMA)."""
+        """Take a tier's current fitted figures (``Engine.tier_models()``)."""
         with self._lock:
             t = self.tier(name)
             self._tiers[name] = replace(

@@ -104,8 +104,10 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     # alpha from the measured tiers: keeping the original on SSD must cost more TTFT than a
     # 5% quality loss is worth, and less than a 50% loss (see the module docstring).
     cpu, ssd = engine.tier_models()
-    dt = 2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s - (
-        CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s
+    dt = (
+        2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
+        + ssd.load_overhead_s
+        - (CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s + cpu.load_overhead_s)
     )
     policy = parse_policy(
         f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
@@ -142,8 +144,10 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
     cpu, ssd = engine.tier_models()
-    dt = 2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s - (
-        CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s
+    dt = (
+        2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
+        + ssd.load_overhead_s
+        - (CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s + cpu.load_overhead_s)
     )
     policy = parse_policy(
         f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
