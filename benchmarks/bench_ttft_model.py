@@ -1,14 +1,21 @@
-"""Validate the profiler's TTFT model: predicted vs measured load time, CPU and SSD tiers.
+"""Validate the daemon's TTFT model: predicted vs measured load time, CPU and SSD tiers.
 
-    .venv/bin/python benchmarks/bench_ttft_model.py [--reps 5]
+    .venv/bin/python benchmarks/bench_ttft_model.py [--reps 8]
 
 A real daemon (``tests/daemon_proc.py``) is started; objects of several sizes are put through
 ``KVClient`` and read back with ``KVClient.get`` into a preallocated buffer (the load path of a
-co-located client). The prediction is the profiler's :class:`~kvtierd.profiler.TtftModel`
-(``size / load_bandwidth + load_overhead``) fed with the *daemon-reported* read bandwidth of each
-tier (``KVClient.tiers()``, calibrated at start + EWMA) and a per-load overhead measured as the
-median load time of 4 KiB objects from that tier. Objects reach the SSD tier by draining the CPU
-tier; each SSD object is read once (a read may promote it).
+co-located client), sizes interleaved. Objects reach the SSD tier by draining the CPU tier
+and are then pinned: otherwise each read promotes its object, and that background copy (a
+second SSD read) overlaps the next timed load. Each SSD object is read once.
+
+The prediction for each load is taken from the daemon just before it: the ``ttft_s`` of the
+object's tier in ``DescribeContext`` — the placer's own figure, from the tiers' read fits
+(per-load overhead + bandwidth, calibrated at start and refitted from every real read; for the
+SSD tier, its read into the arena and then the copy out of it) — plus one constant the daemon
+cannot see: the client's request round trips (``Get`` + ``Release``), taken as the median
+``get`` of a 4 KiB object from the CPU tier (no transfer to speak of; not among the sizes
+compared). Nothing is fitted here. "at start" is the daemon's figure before the first load of
+that tier, i.e. from its start-up calibration alone.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,60 +33,80 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvtierd.client import KVClient
-from kvtierd.profiler import TierLoad, TtftModel
+from kvtierd.rpc import kvtier_pb2 as pb
 from tests.daemon_proc import DaemonProcess, write_config
 
 MIB = 1 << 20
 SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
 TINY = 4096
+GOAL = 0.20  # |predicted / measured - 1|
 
 
-def timed_get(c: KVClient, key: str, out: np.ndarray) -> float:
-    t0 = time.perf_counter()
-    c.get(key, out=out)
-    return time.perf_counter() - t0
+@dataclass
+class Loads:
+    """Per size: measured seconds, and the daemon's predicted seconds before each load."""
+
+    measured: dict[int, list[float]] = field(default_factory=dict)
+    predicted: dict[int, list[float]] = field(default_factory=dict)
+    at_start: dict[int, float] = field(default_factory=dict)
+
+    def add(self, size: int, measured_s: float, predicted_s: float) -> None:
+        self.measured.setdefault(size, []).append(measured_s)
+        self.predicted.setdefault(size, []).append(predicted_s)
+
+
+def daemon_ttft_s(c: KVClient, key: str, tier: str) -> float:
+    """The daemon's predicted load seconds of ``key``'s context from ``tier``."""
+    resp = c.call(c.admin.DescribeContext, pb.DescribeContextRequest(context_id=key))
+    return next(o.ttft_s for o in resp.options if o.tier == tier)
 
 
 def put_all(c: KVClient, reps: int) -> dict[int, list[str]]:
     keys: dict[int, list[str]] = {}
     for size in (TINY, *SIZES):
         data = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
-        keys[size] = []
-        for r in range(reps):
-            key = f"obj-{size}-{r}"
+        keys[size] = [f"obj-{size}-{r}" for r in range(reps)]
+        for key in keys[size]:
             c.put(key, data, context_id=key)
-            keys[size].append(key)
     return keys
 
 
-def measure(c: KVClient, keys: dict[int, list[str]], repeat: int) -> dict[int, float]:
-    """Median load seconds per size (``repeat`` reads per object; 1 on a tier that promotes)."""
-    out = {}
-    for size, ks in keys.items():
-        buf = np.empty(size, dtype=np.uint8)
+def measure(c: KVClient, tier: str, keys: dict[int, list[str]], repeat: int) -> Loads:
+    """Each object ``repeat`` times (1 on a tier that promotes), sizes interleaved."""
+    loads = Loads(at_start={s: daemon_ttft_s(c, ks[0], tier) for s, ks in keys.items()})
+    bufs = {size: np.empty(size, dtype=np.uint8) for size in keys}
+    for buf in bufs.values():
         buf.fill(0)  # touch the pages once: a fresh buffer would time page faults, not loads
-        out[size] = statistics.median(timed_get(c, k, buf) for k in ks for _ in range(repeat))
-    return out
+    for _ in range(repeat):
+        for r in range(len(keys[SIZES[0]])):
+            for size, ks in keys.items():
+                predicted = daemon_ttft_s(c, ks[r], tier)
+                t0 = time.perf_counter()
+                c.get(ks[r], out=bufs[size])
+                loads.add(size, time.perf_counter() - t0, predicted)
+    return loads
 
 
-def report(tier: str, bw: float, measured: dict[int, float]) -> list[float]:
-    model = TtftModel([TierLoad(tier, bw, measured[TINY])], prefill_tokens_per_s=1.0)
-    print(f"\n{tier}: daemon-reported read bandwidth {bw / 1e9:.2f} GB/s, "
-          f"per-load overhead {measured[TINY] * 1e3:.2f} ms (4 KiB loads)")  # fmt: skip
-    print("| size | measured ms | predicted ms | predicted / measured |")
-    print("|---|---|---|---|")
+def report(tier: str, bandwidth: float, loads: Loads, request_s: float) -> list[float]:
+    """Print the tier's table; return predicted / measured per size."""
+    print(f"\n{tier}: daemon-reported read bandwidth {bandwidth / 1e9:.2f} GB/s (ListTiers); "
+          f"request round trips {request_s * 1e3:.2f} ms")  # fmt: skip
+    print("| size | measured ms | predicted ms | predicted / measured | at start / measured |")
+    print("|---|---|---|---|---|")
     ratios = []
     for size in SIZES:
-        pred = model.load_s(size, tier)
-        ratios.append(pred / measured[size])
-        print(f"| {size // MIB} MiB | {measured[size] * 1e3:.2f} | {pred * 1e3:.2f} | "
-              f"{ratios[-1]:.2f} |")  # fmt: skip
+        measured = statistics.median(loads.measured[size])
+        predicted = statistics.median(loads.predicted[size]) + request_s
+        ratios.append(predicted / measured)
+        at_start = (loads.at_start[size] + request_s) / measured
+        print(f"| {size // MIB} MiB | {measured * 1e3:.2f} | {predicted * 1e3:.2f} | "
+              f"{ratios[-1]:.2f} | {at_start:.2f} |")  # fmt: skip
     return ratios
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=8)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -87,16 +115,20 @@ def main() -> None:
         try:
             with KVClient(daemon.socket_path) as c:
                 keys = put_all(c, args.reps)
+                cpu = measure(c, "cpu", keys, repeat=3)
                 bw = {t.name: t.read_bandwidth_bytes_per_s for t in c.tiers()}
-                cpu = measure(c, keys, repeat=3)
                 c.drain("cpu")
-                bw_ssd = {t.name: t.read_bandwidth_bytes_per_s for t in c.tiers()}["ssd"]
-                ssd = measure(c, keys, repeat=1)
+                ssd_keys = [k for s in SIZES for k in keys[s]]
+                c.call(c.admin.Pin, pb.PinRequest(context_ids=ssd_keys))
+                ssd = measure(c, "ssd", {s: keys[s] for s in SIZES}, repeat=1)
+                bw["ssd"] = {t.name: t.read_bandwidth_bytes_per_s for t in c.tiers()}["ssd"]
         finally:
             daemon.stop()
-    ratios = report("cpu", bw["cpu"], cpu) + report("ssd", bw_ssd, ssd)
+    request_s = statistics.median(cpu.measured[TINY])
+    ratios = report("cpu", bw["cpu"], cpu, request_s) + report("ssd", bw["ssd"], ssd, request_s)
     worst = max(abs(r - 1) for r in ratios)
-    print(f"\nworst |predicted/measured - 1| = {worst:.2f} (goal <= 0.20)")
+    verdict = "PASS" if worst <= GOAL else "FAIL"
+    print(f"\nworst |predicted/measured - 1| = {worst:.2f} (goal <= {GOAL:.2f}): {verdict}")
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ async def calibrate(tier: SsdTier, layout: Layout) -> bool:
     paths = [str(layout.tmp / f"calibration-{n}.kvt") for n in sizes]
     # Not closed explicitly: a failed write's traceback may still reference slices of it;
     # the mapping goes with the last reference. Huge pages, like the arena that real reads
-    # fill: O_DIRECT into 4 KiB pages ran 1.6-1.8x slower here (each I/O pins every page).
+    # fill: O_DIRECT into 4 KiB pages ran 1.5-1.8x slower here (each I/O pins every page).
     mapping = mmap.mmap(-1, max(sizes))
     advise_huge_pages(mapping)
     view = memoryview(mapping)
