@@ -91,6 +91,7 @@ def run_tiers(args: argparse.Namespace, out: Output) -> ExitCode:
                 f"{_ratio(t.used_bytes, t.capacity_bytes):.0%}" if t.capacity_bytes else "-",
                 t.object_count,
                 human_rate(t.read_bandwidth_bytes_per_s),
+                human_duration(t.read_overhead_s),
                 human_rate(t.write_bandwidth_bytes_per_s),
                 f"{_ratio(t.hits, lookups):.1%}",
                 "yes" if t.healthy else "NO",
@@ -98,8 +99,8 @@ def run_tiers(args: argparse.Namespace, out: Output) -> ExitCode:
             )
             for t in tiers
         ]
-        cols = ("name", "kind", "capacity", "used", "use", "objects", "read", "write",
-                "hit rate", "healthy", "detail")  # fmt: skip
+        cols = ("name", "kind", "capacity", "used", "use", "objects", "read", "read overhead",
+                "write", "hit rate", "healthy", "detail")  # fmt: skip
         out.table("tiers (fastest first)", cols, rows)
     return ExitCode.OK if all(t.healthy for t in tiers) else ExitCode.BUSY
 

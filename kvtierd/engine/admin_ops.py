@@ -63,6 +63,7 @@ class AdminOps:
     async def rebalance(self) -> Plan:
         e = cast("Engine", self)
         await e.executor.idle()
+        e.placer.refresh_tiers(e.tier_models())  # bandwidths measured since the last one
         e.placer.rebalance([e.profile(c) for c in e.contexts.values()])
         plan = e._reconcile("rebalance")
         await e.executor.run(plan)

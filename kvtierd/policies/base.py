@@ -80,6 +80,15 @@ class Placer(abc.ABC):
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
         """Recompute all placements from these profiles (every known context is included)."""
 
+    def refresh_tiers(self, tiers: Sequence[TierModel]) -> None:
+        """Take the tiers' current load model (bandwidth, overhead: measured online) before a
+        :meth:`rebalance`. Names and capacities must not change (that is a new placer)."""
+        fresh = tuple(tiers)
+        shape = [(t.name, t.capacity_bytes) for t in self.tiers]
+        if [(t.name, t.capacity_bytes) for t in fresh] != shape:
+            raise ValueError(f"refresh_tiers: tiers must keep their names and capacities {shape}")
+        self.tiers = fresh
+
 
 PLACERS: dict[str, type[Placer]] = {}
 

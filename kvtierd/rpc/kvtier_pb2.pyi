@@ -974,6 +974,7 @@ class TierInfo(_message.Message):
     HEALTHY_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
+    READ_OVERHEAD_S_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: _builtins.str
     capacity_bytes: _builtins.int
@@ -986,6 +987,8 @@ class TierInfo(_message.Message):
     healthy: _builtins.bool
     hits: _builtins.int
     detail: _builtins.str
+    read_overhead_s: _builtins.float
+    """Fitted fixed cost of one read (seconds = read_overhead_s + bytes / read_bandwidth)."""
     def __init__(
         self,
         *,
@@ -1000,10 +1003,11 @@ class TierInfo(_message.Message):
         healthy: _builtins.bool = ...,
         hits: _builtins.int = ...,
         detail: _builtins.str = ...,
+        read_overhead_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "detail", b"detail", "fragmentation", b"fragmentation", "healthy", b"healthy", "hits", b"hits", "kind", b"kind", "name", b"name", "object_count", b"object_count", "read_bandwidth_bytes_per_s", b"read_bandwidth_bytes_per_s", "used_bytes", b"used_bytes", "write_bandwidth_bytes_per_s", b"write_bandwidth_bytes_per_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity_bytes", b"capacity_bytes", "detail", b"detail", "fragmentation", b"fragmentation", "healthy", b"healthy", "hits", b"hits", "kind", b"kind", "name", b"name", "object_count", b"object_count", "read_bandwidth_bytes_per_s", b"read_bandwidth_bytes_per_s", "read_overhead_s", b"read_overhead_s", "used_bytes", b"used_bytes", "write_bandwidth_bytes_per_s", b"write_bandwidth_bytes_per_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -75,6 +75,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     used_bytes=s.used_bytes,
                     object_count=s.object_count,
                     read_bandwidth_bytes_per_s=s.read_bandwidth_bytes_per_s,
+                    read_overhead_s=tier.read_meter.overhead_s,
                     write_bandwidth_bytes_per_s=s.write_bandwidth_bytes_per_s,
                     fragmentation=s.fragmentation,
                     healthy=s.healthy,

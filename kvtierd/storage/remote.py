@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CALIBRATION_BYTES = 2 << 20  # above BandwidthMeter.min_bytes, small enough for every start
+CALIBRATION_BYTES = 2 << 20  # above TransferMeter.min_bytes, small enough for every start
 
 
 def _flat(view: memoryview) -> memoryview:

@@ -142,3 +142,17 @@ def test_rebalance_table_fast_path_matches_profiles(two_tiers):
     placer.insert(profile("D", {"none": (30, 1.0)}, frequency=10.0))
     assert placer.placement("D") == Placement("none", "fast")
     assert placer.used_bytes()[0] <= 100
+
+
+def test_rebalance_after_refresh_uses_the_measured_tiers(two_tiers):
+    """A tier measured slower than at start turns a stored context into a recompute at the
+    next rebalance; a refresh that renames or resizes a tier is refused."""
+    ctx = profile("C", {"none": (500, 1.0)}, prefill_s=30.0)  # slow tier: 50 s load
+    placer = EvicPressPlacer([TierModel("slow", None, 100.0)], PlacerParams(alpha=100.0))
+    placer.insert(ctx)
+    assert placer.placement("C") == Placement("none", "slow")  # 5 s load beats 30 s prefill
+    placer.refresh_tiers([TierModel("slow", None, 10.0)])
+    placer.rebalance([ctx])
+    assert placer.placement("C") == DROPPED
+    with pytest.raises(ValueError, match="names and capacities"):
+        placer.refresh_tiers([TierModel("slow", 1000, 10.0)])
