@@ -184,6 +184,10 @@ class AsyncKVClient:
         resp: pb.TouchResponse = await self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys)))
         return resp.touched
 
+    async def set_context_tokens(self, context_id: str, token_ids: Sequence[int]) -> None:
+        req = pb.SetContextTokensRequest(context_id=context_id, token_ids=list(token_ids))
+        await self.call(self.kv.SetContextTokens, req)
+
     async def plan(
         self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
     ) -> pb.ContextPlan:

@@ -223,6 +223,12 @@ class KVClient:
     def touch(self, keys: Sequence[str]) -> int:
         return self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys))).touched
 
+    def set_context_tokens(self, context_id: str, token_ids: Sequence[int]) -> None:
+        """Tell the daemon the token ids ``context_id`` was computed from (the ``engine``
+        evaluator needs them)."""
+        req = pb.SetContextTokensRequest(context_id=context_id, token_ids=list(token_ids))
+        self.call(self.kv.SetContextTokens, req)
+
     def plan(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.ContextPlan:
         """The variant to store ``context_id`` in (``docs/daemon.md``, write plans); the
         sizes matter only for a context the daemon does not hold yet."""

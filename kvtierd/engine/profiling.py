@@ -36,9 +36,11 @@ NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 NO_TOKEN_IDS = (
-    "evaluator {name!r} needs the context's token ids, and the daemon has none (LMCache gives it "
-    "chunk hashes, never tokens): this context is not profiled; use 'attention' or 'answer' in "
-    "the policy, or run {name!r} from a job that has the tokens (docs/profiler.md)"
+    "evaluator {name!r} needs the context's token ids, and none were registered for it "
+    "(LMCache gives the daemon chunk hashes, never tokens; kvtierd router registers the tokens "
+    "of the prompts it forwards through KVStore.SetContextTokens): this context is not "
+    "profiled; send its traffic through the router, register its tokens, or use 'attention' "
+    "or 'answer' in the policy (docs/profiler.md)"
 )
 
 
@@ -92,7 +94,11 @@ class ProfilingService:
         )
         self.profiler.load()
         if self.profiler.evaluator.needs_token_ids:
-            logger.warning(NO_TOKEN_IDS.format(name=policy.evaluator))
+            logger.warning(
+                "evaluator %r needs the context's token ids: only contexts whose tokens are "
+                "registered (KVStore.SetContextTokens; kvtierd router does it) are profiled",
+                policy.evaluator,
+            )
         self._restart_drift_loop()
 
     def _restart_drift_loop(self) -> None:
@@ -121,6 +127,13 @@ class ProfilingService:
         if ctx is not None:
             self.reprofiled += 1
             await self.profile_context(ctx)
+
+    async def set_tokens(self, context_id: str, tokens: tuple[int, ...]) -> None:
+        """The token ids ``context_id`` was computed from (``KVStore.SetContextTokens``)."""
+        if self.profiler is None:
+            return
+        store = partial(self.profiler.queries.set_tokens, context_id, tokens)
+        await asyncio.get_running_loop().run_in_executor(self._worker, store)
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
         """Profiling queries for a context: a user's set, or samples of real traffic."""
@@ -307,10 +320,11 @@ class ProfilingService:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
         started = time.perf_counter()
         evaluator = self.profiler.evaluator
-        if evaluator.needs_token_ids:
-            return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
         try:
             keys, values = await self.engine.context_tensors(ctx)
+            n = int(keys.shape[2])
+            if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
+                return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
                           variants=self.variants())  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)

@@ -110,7 +110,8 @@ class Profiler:
         persist and return the :class:`ContextProfile`."""
         if queries:
             self.queries.add_user(context_id, list(queries))
-        kv = ContextKV(keys=keys, values=values, window_queries=window_queries)
+        tokens = self.queries.tokens(context_id, int(keys.shape[2]))
+        kv = ContextKV(keys=keys, values=values, window_queries=window_queries, token_ids=tokens)
         names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
         source, qs = self.queries.profiling_set(context_id)
         lossy = [v for v in names if v != ORIGINAL_VARIANT]
@@ -202,7 +203,10 @@ class Profiler:
         profiled = record.profile.variant(variant).quality
         online = 1.0
         if variant != ORIGINAL_VARIANT:
-            kv = ContextKV(keys=keys, values=values, window_queries=window_queries)
+            tokens = self.queries.tokens(context_id, int(keys.shape[2]))
+            kv = ContextKV(
+                keys=keys, values=values, window_queries=window_queries, token_ids=tokens
+            )
             online = self.evaluator.evaluate(kv, [variant], recent, layout=self.layout)[variant]
         return DriftSample(context_id, variant, profiled, online, len(recent))
 

@@ -41,6 +41,7 @@ class _Entry:
     user: list[ProfilingQuery]
     traffic: deque[ProfilingQuery]
     new_since_profile: int = 0
+    tokens: tuple[int, ...] = ()  # the context's token ids, when a writer told us
 
 
 class QueryStore:
@@ -82,6 +83,19 @@ class QueryStore:
         if persist:
             self._save(context_id)
 
+    def set_tokens(self, context_id: str, tokens: tuple[int, ...]) -> None:
+        """Record the token ids the context was computed from (the longest given wins: a
+        context grows, and its first tokens never change)."""
+        e = self._entry(context_id)
+        if len(tokens) > len(e.tokens):
+            e.tokens = tokens
+            self._save(context_id)
+
+    def tokens(self, context_id: str, n: int) -> tuple[int, ...]:
+        """The context's first ``n`` token ids, or ``()`` if fewer than ``n`` are known."""
+        e = self._entries.get(context_id)
+        return e.tokens[:n] if e is not None and len(e.tokens) >= n else ()
+
     def profiling_set(self, context_id: str) -> tuple[str, tuple[ProfilingQuery, ...]]:
         """``(source, queries)`` to profile on: user + traffic, else the initial local set."""
         e = self._entries.get(context_id)
@@ -122,6 +136,7 @@ class QueryStore:
             e.user = [_query(q) for q in doc.get("user", [])][-self.max_user :]
             e.traffic.extend(_query(q) for q in doc.get("traffic", []))
             e.new_since_profile = int(doc.get("new_since_profile", 0))
+            e.tokens = tuple(int(t) for t in doc.get("tokens", []))
             n += 1
         return n
 
@@ -135,6 +150,7 @@ class QueryStore:
                 "user": [_doc(q) for q in e.user],
                 "traffic": [_doc(q) for q in e.traffic],
                 "new_since_profile": e.new_since_profile,
+                "tokens": list(e.tokens),
             },
         )
 

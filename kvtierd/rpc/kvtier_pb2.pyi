@@ -779,6 +779,49 @@ class AddQueriesResponse(_message.Message):
 Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
 
 @_typing.final
+class SetContextTokensRequest(_message.Message):
+    """The token ids a context was computed from (a writer that knows them, e.g. kvtierd router):
+    evaluators that run the model through the serving stack (`engine`) need them. A context the
+    daemon does not hold yet is accepted (the store may still be in flight).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetContextTokensRequest: _TypeAlias = SetContextTokensRequest  # noqa: Y015
+
+@_typing.final
+class SetContextTokensResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetContextTokensResponse: _TypeAlias = SetContextTokensResponse  # noqa: Y015
+
+@_typing.final
 class PlanQuery(_message.Message):
     """Plan: the variant a writer should store a context in, so that it can compress on its own
     device and ship only the compressed bytes.

@@ -94,6 +94,11 @@ class KVStoreStub(object):
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PlanRequest.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PlanResponse.FromString,
                 _registered_method=True)
+        self.SetContextTokens = channel.unary_unary(
+                '/kvtierd.v1.KVStore/SetContextTokens',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer(object):
@@ -171,6 +176,12 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetContextTokens(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +244,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Plan,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PlanRequest.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PlanResponse.SerializeToString,
+            ),
+            'SetContextTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetContextTokens,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +575,33 @@ class KVStore(object):
             '/kvtierd.v1.KVStore/Plan',
             kvtierd_dot_v1_dot_kvtier__pb2.PlanRequest.SerializeToString,
             kvtierd_dot_v1_dot_kvtier__pb2.PlanResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetContextTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.KVStore/SetContextTokens',
+            kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.SetContextTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -53,6 +53,7 @@ class KVStoreStub:
     Touch: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]
     AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
     Plan: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]
+    SetContextTokens: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]
 
 @_typing.type_check_only
 class KVStoreAsyncStub(KVStoreStub):
@@ -69,6 +70,7 @@ class KVStoreAsyncStub(KVStoreStub):
     Touch: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]  # type: ignore[assignment]
     AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
     Plan: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]  # type: ignore[assignment]
+    SetContextTokens: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]  # type: ignore[assignment]
 
 class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -154,6 +156,13 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _kvtier_pb2.PlanRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.PlanResponse, _abc.Awaitable[_kvtier_pb2.PlanResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetContextTokens(
+        self,
+        request: _kvtier_pb2.SetContextTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.SetContextTokensResponse, _abc.Awaitable[_kvtier_pb2.SetContextTokensResponse]]: ...
 
 def add_KVStoreServicer_to_server(servicer: KVStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

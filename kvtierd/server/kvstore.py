@@ -18,6 +18,7 @@ from kvtierd.storage.gpu import GpuTier
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
+MAX_CONTEXT_TOKENS = 1 << 21  # token ids per SetContextTokens (2M: longer than any model context)
 
 
 def _check_batch(n: int, what: str) -> None:
@@ -197,6 +198,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 )
             )
         return pb.PlanResponse(plans=plans)
+
+    async def SetContextTokens(
+        self, request: pb.SetContextTokensRequest, context: Any
+    ) -> pb.SetContextTokensResponse:
+        if not request.context_id:
+            raise InvalidArgumentError("SetContextTokens: context_id must not be empty")
+        if not 0 < len(request.token_ids) <= MAX_CONTEXT_TOKENS:
+            raise InvalidArgumentError(
+                f"SetContextTokens: 1 to {MAX_CONTEXT_TOKENS} token ids, got "
+                f"{len(request.token_ids)}"
+            )
+        cid = CALLER.get().scoped(request.context_id)
+        await self.engine.profiling.set_tokens(cid, tuple(request.token_ids))
+        return pb.SetContextTokensResponse()
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")

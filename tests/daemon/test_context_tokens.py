@@ -1,0 +1,109 @@
+"""Context token ids (``KVStore.SetContextTokens``): evaluators that run the model through the
+serving stack need the tokens a context was computed from; the daemon gets them from a writer
+that knows them (kvtierd router), keeps them with the context's queries across restarts, and
+profiles a context with such an evaluator only once they are known."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import ClassVar
+
+import pytest
+import torch
+
+from kvtierd import errors
+from kvtierd.client import KVClient
+from kvtierd.config import DaemonConfig, TierConfig
+from kvtierd.engine import Engine
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.policy_config import parse_policy
+from kvtierd.profiler import (
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    register_evaluator,
+)
+from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from kvtierd.profiler.queries import QueryStore
+from kvtierd.types import ObjectMeta
+
+T = 16
+
+
+class TokenEcho(QualityEvaluator):
+    """Needs token ids, like ``engine``; remembers the ones it was given."""
+
+    name = "test-token-echo"
+    needs_token_ids = True
+    seen: ClassVar[list[tuple[int, ...]]] = []
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery] = (),
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        TokenEcho.seen.append(kv.token_ids)
+        return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 0)
+
+
+if TokenEcho.name not in EVALUATORS:
+    register_evaluator(TokenEcho)
+
+
+def test_query_store_keeps_the_longest_tokens_across_a_reload(tmp_path: Path) -> None:
+    store = QueryStore(tmp_path)
+    store.set_tokens("c", (1, 2, 3, 4))
+    store.set_tokens("c", (1, 2))  # a shorter prefix never replaces what is known
+    assert store.tokens("c", 3) == (1, 2, 3)
+    assert store.tokens("c", 5) == ()  # fewer known than the KV holds: unknown
+    again = QueryStore(tmp_path)
+    again.load()
+    assert again.tokens("c", 4) == (1, 2, 3, 4)
+
+
+async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> None:
+    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
+    engine = Engine(
+        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
+    )
+    await engine.start()
+    try:
+        policy = parse_policy(
+            "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [0.5]\n", "p.yaml"
+        )
+        await engine.apply_policy(replace(policy, evaluator=TokenEcho.name))
+        x = torch.zeros(2, 2, T, 2 * 32, dtype=torch.bfloat16)
+        layout = ChunkFormat(tuple(x.shape), "bfloat16", 2).layout()
+        data = memoryview(x.view(torch.uint8).numpy().tobytes())
+        meta = ObjectMeta(key="doc/0", size_bytes=len(data), context_id="doc", dtype="bfloat16",
+                          shape=tuple(x.shape), layout=layout, token_count=T)  # fmt: skip
+        await engine.put_bytes(meta, data)
+        ctx = engine.contexts["doc"]
+        TokenEcho.seen.clear()
+        assert not await engine.profiling.profile_context(ctx)
+        assert "none were registered" in engine.profiling.last_error
+        assert TokenEcho.seen == []
+        prompt = tuple(range(100, 100 + T + 5))  # the prompt: the context plus a suffix
+        await engine.profiling.set_tokens("doc", prompt)
+        assert await engine.profiling.profile_context(ctx)
+        assert TokenEcho.seen == [prompt[:T]]
+    finally:
+        await engine.close()
+
+
+def test_set_context_tokens_over_the_socket(start_daemon) -> None:
+    d = start_daemon()
+    with KVClient(d.socket_path) as c:
+        c.set_context_tokens("not-yet-stored", [1, 2, 3])  # the put may still be in flight
+        with pytest.raises(errors.InvalidArgumentError, match="1 to"):
+            c.set_context_tokens("x", [])
+        with pytest.raises(errors.InvalidArgumentError, match="context_id"):
+            c.set_context_tokens("", [1])
