@@ -5,7 +5,8 @@ prompt ``[M placeholder ids] + suffix``. The placeholder ids are a deterministic
 sequence per (context, variant), so vLLM's prefix cache never confuses two of them, and the
 plugin stores the ``M`` kept entries (keys rotated by ``M - N``) under the LMCache chunk keys of
 that sequence. A :class:`Manifest`, stored in the daemon under a key derived from the context's
-tokens, tells the router the placeholder ids and chunk keys.
+tokens (``kvtierd.router_protocol.context_digest``), tells the router the placeholder ids and
+chunk keys.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ MANIFEST_PREFIX = "kvtierd-ph@"
 # rope_type values whose rotation angle does not depend on the sequence length: a constant
 # delta rotation is exact for them (YaRN's mscale is already inside the stored keys).
 _EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-
-
-def context_digest(model: str, token_ids: Sequence[int]) -> str:
-    """The identity of a context: model + its token ids (hex, 32 characters)."""
-    h = hashlib.sha256(model.encode())
-    h.update(b"\0")
-    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
-    return h.hexdigest()[:32]
 
 
 def manifest_key(digest: str) -> str:

@@ -28,7 +28,6 @@ with the context are served that variant. ``int8``/``int4`` alone cannot be scor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -42,7 +41,6 @@ from types import MappingProxyType
 from typing import Any
 
 import grpc
-import numpy as np
 
 from kvtierd.errors import InvalidArgumentError, KvtierError, UnavailableError
 from kvtierd.kernels.variants import ORIGINAL, parse_variant
@@ -56,11 +54,9 @@ from kvtierd.profiler.quality import (
     QualityResult,
     register_evaluator,
 )
+from kvtierd.router_protocol import LOADED_HEADER, context_digest, loaded_value
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
-
-LOADED_HEADER = "x-kvtierd-context"
-"""The router's answer header naming the ``<digest>/<variant>`` it loaded (absent: real prompt)."""
 
 QUANT_ONLY_REFUSED = (
     "the engine evaluator cannot score {v!r}: the plugin stores a quantization-only variant "
@@ -88,15 +84,6 @@ def scorable_variant(variant: str) -> str:
     if v.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_REFUSED.format(v=variant))
     return str(v)
-
-
-def context_digest(model_root: str, token_ids: Sequence[int]) -> str:
-    """The router's identity of a context (``kvtierd.integrations.placeholder.context_digest``,
-    which this layer may not import; ``tests/profiler`` holds the two equal)."""
-    h = hashlib.sha256(model_root.encode())
-    h.update(b"\0")
-    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
-    return h.hexdigest()[:32]
 
 
 def _check_url(url: str, what: str) -> str:
@@ -286,7 +273,7 @@ class EngineEvaluator(QualityEvaluator):
             finally:
                 for cid in owned:  # all of them are ours: none existed before the store
                     daemon.evict(cid)
-        self._check_loaded(served, f"{digest}/{v}", fallbacks)
+        self._check_loaded(served, loaded_value(digest, v), fallbacks)
         return [s.text for s in served]
 
     def _check_loaded(self, served: list[Served], want: str, fallbacks_before: int) -> None:

@@ -18,7 +18,8 @@ import torch
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
-from kvtierd.profiler.engine_eval import LOADED_HEADER, EngineEvaluator, context_digest
+from kvtierd.profiler.engine_eval import EngineEvaluator
+from kvtierd.router_protocol import LOADED_HEADER, context_digest
 from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config
 from tests.integrations.servers import post, start_router, start_vllm, stop

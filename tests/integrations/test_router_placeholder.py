@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from kvtierd.client import KVClient
-from kvtierd.integrations.placeholder import Manifest, context_digest, kept_key, manifest_key
+from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
+from kvtierd.router_protocol import context_digest
 from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config
 from tests.integrations.servers import (

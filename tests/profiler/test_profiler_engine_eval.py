@@ -14,10 +14,9 @@ import torch
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.errors import ConfigError, InvalidArgumentError, UnavailableError
-from kvtierd.integrations.placeholder import context_digest as router_digest
 from kvtierd.policy_config import parse_policy
 from kvtierd.profiler import ContextKV, ProfilingQuery, evaluator_class, make_evaluator
-from kvtierd.profiler.engine_eval import EngineEvaluator, context_digest, scorable_variant
+from kvtierd.profiler.engine_eval import EngineEvaluator, scorable_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = tuple(range(10, 42))
@@ -103,11 +102,6 @@ def test_refusals_come_before_any_request(evaluator: EngineEvaluator) -> None:
 def test_a_missing_router_is_a_clear_error(evaluator: EngineEvaluator) -> None:
     with pytest.raises(UnavailableError, match=rf"cannot reach {evaluator.router_url}/v1/models"):
         evaluator.evaluate(_kv(), ["knorm@0.5"], [QUERY])
-
-
-def test_digest_is_the_routers() -> None:
-    for root, ids in (("/models/llama", TOKENS), ("m", (0, 2**40, 7))):
-        assert context_digest(root, ids) == router_digest(root, ids)
 
 
 # -- the policy keys --------------------------------------------------------------------------

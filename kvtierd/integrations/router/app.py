@@ -27,6 +27,7 @@ from aiohttp import web
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite, store_tags
+from kvtierd.router_protocol import LOADED_HEADER, loaded_value
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class Router:
 
 def _loaded(rw: Rewrite) -> dict[str, str]:
     """The header that tells the client its request was served from a compressed context."""
-    return {"x-kvtierd-context": f"{rw.manifest.digest}/{rw.manifest.variant}"}
+    return {LOADED_HEADER: loaded_value(rw.manifest.digest, rw.manifest.variant)}
 
 
 def _choices_ok(data: dict[str, Any]) -> bool:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtierd.client import AsyncKVClient
-from kvtierd.integrations.placeholder import Manifest, context_digest, manifest_key
+from kvtierd.integrations.placeholder import Manifest, manifest_key
+from kvtierd.router_protocol import context_digest
 
 
 @dataclass(frozen=True, slots=True)
