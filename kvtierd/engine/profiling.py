@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -185,9 +186,13 @@ class ProfilingService:
         return tuple(out)
 
     def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
+        """The chunks a variant is made from: the stored original, or the reference copy plus
+        the chunks a client added later in the compressed form (they have no original)."""
+        e = self.engine
         if ctx.variant == ORIGINAL_VARIANT:
-            return [self.engine.objects[k].meta for k in ctx.keys]
-        return [m for m, _ in ctx.reference or ()]
+            return [e.objects[k].meta for k in ctx.keys]
+        added = [e.objects[k].meta for k in e.added_in_form(ctx)] if ctx.reference else []
+        return [*(m for m, _ in ctx.reference or ()), *added]
 
     def variants(self) -> list[str]:
         """The running policy's grid less what the daemon cannot produce (cached per policy)."""
@@ -209,20 +214,23 @@ class ProfilingService:
         cached = self._geometry_cache.get(ctx.context_id)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        fmt, tokens = self._geometry(originals)
-        value = (fmt, tokens, sum(m.size_bytes for m in originals))
+        value = self._geometry(originals)
         self._geometry_cache[ctx.context_id] = (stamp, value)
         return value
 
-    def _geometry(self, metas: list[ObjectMeta]) -> tuple[ChunkFormat | None, int]:
-        tokens, fmt = 0, None
+    def _geometry(self, metas: list[ObjectMeta]) -> tuple[ChunkFormat | None, int, int]:
+        """Chunk format, tokens and original bytes; a chunk stored quantized counts with the
+        bytes its original would have."""
+        tokens, nbytes, fmt = 0, 0, None
         for meta in metas:
             try:
                 fmt = ChunkFormat.parse(meta.layout)
             except CorruptObjectError:
-                return None, 0
+                return None, 0, 0
             tokens += fmt.shape[2]
-        return fmt, tokens
+            dense = math.prod(fmt.shape) * _dtype_bytes(fmt.dtype)
+            nbytes += dense if fmt.quant else meta.size_bytes
+        return fmt, tokens, nbytes
 
     def profiled(self, context_id: str) -> dict[str, VariantProfile]:
         if self.profiler is None:

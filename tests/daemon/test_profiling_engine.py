@@ -177,3 +177,30 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
     fixed = engine.write_planner.plan("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (fixed.variant, fixed.source) == ("int8", "default")
+
+
+async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> None:
+    """A compressed context that a client extended with int8 chunks (the LMCache plugin on the
+    write plan's word) is sized as the original of all its chunks, not of the first ones."""
+    from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+
+    policy = parse_policy(
+        "placer: evicpress\nvariants:\n  methods: [knorm, int8]\n  ratios: [0.5]\n",
+        "test.yaml",
+    )
+    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    await _put_context(engine, "doc")
+    ctx = engine.contexts["doc"]
+    await engine.executor.idle()
+    await engine.compress_context(ctx, "int8", "cpu")
+    assert ctx.variant == "int8"
+    g = torch.Generator().manual_seed(1)
+    for i in range(CHUNKS, CHUNKS + 2):
+        x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
+        fmt = chunk_format(x, H, "int8")
+        data = encode_chunk(x, fmt)
+        meta = ObjectMeta(key=f"doc/{i}", size_bytes=data.nbytes, context_id="doc",
+                          variant="int8", layout=fmt.layout(), token_count=T)  # fmt: skip
+        await engine.put_bytes(meta, memoryview(data.numpy().tobytes()))
+    sizes = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
+    assert sizes["none"] == (CHUNKS + 2) * CHUNK_BYTES
