@@ -100,9 +100,10 @@ async def engine(tmp_path: Path):
     await e.close()
 
 
-async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
-    # alpha from the measured tiers: keeping the original on SSD must cost more TTFT than a
-    # 5% quality loss is worth, and less than a 50% loss (see the module docstring).
+async def _apply_knorm_policy(engine: Engine, profiling: str) -> None:
+    """EvicPress over knorm@{1.0, 0.5} with alpha from the measured tiers: keeping the original
+    on SSD must cost more TTFT than a 5% quality loss is worth, and less than a 50% loss (see
+    the module docstring)."""
     cpu, ssd = engine.tier_models()
     dt = (
         2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
@@ -111,10 +112,14 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     )
     policy = parse_policy(
         f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
-        "  ratios: [1.0, 0.5]\nprofiling:\n  reprofile_threshold: 0.05\n  interval_s: 0.2\n",
+        f"  ratios: [1.0, 0.5]\nprofiling:\n{profiling}",
         "test.yaml",
     )
     await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+
+
+async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
+    await _apply_knorm_policy(engine, "  reprofile_threshold: 0.05\n  interval_s: 0.2\n")
     await _put_context(engine, "doc")
     await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
@@ -143,18 +148,7 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
 async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
-    cpu, ssd = engine.tier_models()
-    dt = (
-        2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
-        + ssd.load_overhead_s
-        - (CHUNKS * CHUNK_BYTES / 2 / cpu.load_bandwidth_bytes_per_s + cpu.load_overhead_s)
-    )
-    policy = parse_policy(
-        f"placer: evicpress\nalpha: {6 * dt:.9g}\nvariants:\n  methods: [knorm]\n"
-        "  ratios: [1.0, 0.5]\nprofiling:\n  interval_s: 0.2\n",
-        "test.yaml",
-    )
-    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    await _apply_knorm_policy(engine, "  interval_s: 0.2\n")
     planner = engine.write_planner
     before = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (before.variant, before.source) == ("none", "default")
