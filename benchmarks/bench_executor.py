@@ -10,8 +10,9 @@ keeps originals as EvicPress's reference copies). Contexts of 4 chunks x 256 tok
 * compress (int8, knorm@0.5): ``decode_context`` + ``encode_variant`` + a tier ``put`` of the
   encoded objects and of the reference copy — the executor's work without its bookkeeping,
   manifest and crash-safe ordering;
-* demote (cpu -> ssd) / promote (ssd -> cpu): a tier ``put`` / ``read_into`` of the same bytes
-  from / into page-aligned buffers (as the arena's blocks are).
+* demote (cpu -> ssd): a tier ``put`` of the same bytes from page-aligned huge-page buffers
+  (as the arena's blocks are); promote (ssd -> cpu): a tier ``read_into`` such buffers (already
+  faulted in) plus the ``delete`` of the source files that a move does.
 
 Then the load path: ``Engine.get`` + ``release`` of an 8 MiB CPU-tier chunk, p50/p99/max while
 the executor compresses contexts (measured only while plans are pending) vs while it is idle.
@@ -101,7 +102,13 @@ async def direct_compress(engine: Engine, cid: str, variant: str) -> float:
 
 
 def _aligned(n: int) -> memoryview:
-    return memoryview(mmap.mmap(-1, n))
+    """Page-aligned memory with transparent huge pages, as the arena's blocks have (O_DIRECT
+    into 4 KiB pages runs markedly slower here, docs/daemon.md)."""
+    m = mmap.mmap(-1, n)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        m.madvise(advice)
+    return memoryview(m)
 
 
 def _renamed(meta: ObjectMeta, tag: str) -> ObjectMeta:
@@ -130,7 +137,9 @@ async def direct_copy(engine: Engine, cid: str, to_ssd: bool) -> float:
         t0 = time.perf_counter()
         for m, b in zip(keys, bufs, strict=True):
             await ssd.read_into(m.key, b)
-        dt = time.perf_counter() - t0
+        for m in keys:  # a move deletes its source
+            await ssd.delete(m.key)
+        return time.perf_counter() - t0
     for m in keys:
         await ssd.delete(m.key)
     return dt
