@@ -15,9 +15,12 @@ the daemon (``kvtierd.hold_s``) until the load. Each put (the chunks one request
 the daemon's write plan which form to store them in, unless the request's
 ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces one; the context the
 chunks join and the form follow ``put_plan.py``. Quantized forms (int8/int4) are encoded chunk
-by chunk on :attr:`KvtierdStoragePlugin.codec_device`; a forced token-dropping variant also
-builds the placeholder variant of the request's context (``placeholder_store``). Loads decode
-every chunk by the layout it was stored with, whoever compressed it (plugin or daemon).
+by chunk on :attr:`KvtierdStoragePlugin.codec_device`. A ``kvtierd router`` store request of a
+token-dropping variant also builds the placeholder variant of the request's context, from its
+chunks whether LMCache held them (read back from the daemon) or put them: its lookup reports
+the context's last chunk missing so that a put always comes (``store_request``,
+``placeholder_store``). Loads decode every chunk by the layout it was stored with, whoever
+compressed it (plugin or daemon).
 
 **Failures never reach LMCache as exceptions.** LMCache 0.5.6 does not catch a plugin's
 exceptions on the load path: one raised from a get reaches vLLM's worker and kills the engine
@@ -48,7 +51,7 @@ from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvtierd.client import KVClient
-from kvtierd.errors import KvtierError
+from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.plugin_settings import (
     PLAN,
@@ -59,6 +62,7 @@ from kvtierd.integrations.plugin_settings import (
     tag,
 )
 from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
+from kvtierd.integrations.store_request import ContextChunks, StoreRequest
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.variants import parse_variant
 
@@ -83,6 +87,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.chunk_tokens = int(metadata.kv_shape[2])
         self.stats = PluginStats()
         self.links = ContextLinks()
+        self.context_chunks = ContextChunks()
         self.codec_device = codec_device()
         # Contexts whose plan was only partly applied, logged once each (the most recent).
         self._noted: OrderedDict[str, None] = OrderedDict()
@@ -118,6 +123,9 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             hold = self.settings.hold_s if pin else 0.0
             names = [key_string(k) for k in keys]
             hits = self.client.lookup(names, hold_s=hold).prefix_hits
+            store = StoreRequest.of(keys[0]) if keys else None
+            if store is not None:  # its put must carry the context's last chunk
+                hits = self.context_chunks.looked_up(store, names, hits, self.chunk_tokens)
             self.links.looked_up(names, hits)
         except Exception as e:
             self._failed("lookup", e)
@@ -202,7 +210,14 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         if forced and parse_variant(forced).drops_tokens and not rewritten:
             from kvtierd.integrations.placeholder_store import store_placeholder_variant
 
-            store_placeholder_variant(self, keys, objs, forced)
+            request = StoreRequest.of(keys[0])
+            if request is None:
+                raise InvalidArgumentError(
+                    f"variant {forced!r} drops tokens but the request is not a store request "
+                    "of `kvtierd router` (lmcache.tag.kvtierd_context, kvtierd_context_tokens "
+                    "and kvtierd_variant)"
+                )
+            store_placeholder_variant(self, request, names, objs)
 
     def _plan(
         self,

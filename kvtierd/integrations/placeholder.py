@@ -24,6 +24,13 @@ from kvtierd.errors import InvalidArgumentError
 
 MANIFEST_PREFIX = "kvtierd-ph@"
 
+SNAPKV_UNAVAILABLE = (
+    "snapkv is not available through the LMCache plugin: it scores tokens with the queries of "
+    "the context's last window, and vLLM's paged cache keeps no queries (only K and V reach a "
+    "KV connector); use knorm, keydiff, paged_eviction or streamingllm here, or compress with "
+    "snapkv offline through the profiler, which runs the model and has the queries"
+)
+
 # rope_type values whose rotation angle does not depend on the sequence length: a constant
 # delta rotation is exact for them (YaRN's mscale is already inside the stored keys).
 _EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})

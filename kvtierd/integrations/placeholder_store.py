@@ -1,9 +1,11 @@
 """Build and store a request's token-dropped variant under a placeholder identity.
 
-Runs inside the LMCache plugin on the chunks of one put (the request's context, in order from
-token 0): the chunks are joined into ``[2, L, N, H*D]``, compressed with the kernels (kept keys
-rotated by ``M - N``, the same kept count in every layer and head), cut into chunks again and
-stored under the LMCache chunk keys of the placeholder prompt, with a manifest for the router.
+Runs inside the LMCache plugin on the put of a ``kvtierd router`` store request
+(``store_request.py``): the context's chunks — those LMCache already held, read back from the
+daemon and decoded by the layout they were stored with, then the put's own — are joined into
+``[2, L, N, H*D]``, compressed with the kernels (kept keys rotated by ``M - N``, the same kept
+count in every layer and head), cut into chunks again and stored under the LMCache chunk keys of
+the placeholder prompt, with a manifest for the router.
 """
 
 from __future__ import annotations
@@ -14,30 +16,27 @@ from typing import Any
 
 import torch
 
+from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.integrations.daemon_io import PutItem, put_many
+from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many, read_bytes
 from kvtierd.integrations.placeholder import (
+    SNAPKV_UNAVAILABLE,
     Manifest,
     kept_key,
     manifest_key,
     placeholder_ids,
     read_model_rope,
 )
-from kvtierd.integrations.plugin_settings import key_string, tag
+from kvtierd.integrations.plugin_settings import key_string
+from kvtierd.integrations.store_request import StoreRequest
 from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
-from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.kernels.variants import Variant, parse_variant
 
 logger = logging.getLogger(__name__)
-
-SNAPKV_UNAVAILABLE = (
-    "snapkv is not available through the LMCache plugin: it scores tokens with the queries of "
-    "the context's last window, and vLLM's paged cache keeps no queries (only K and V reach a "
-    "KV connector); use knorm, keydiff, paged_eviction or streamingllm here, or compress with "
-    "snapkv offline through the profiler, which runs the model and has the queries"
-)
 
 
 def rope_spec(model: str) -> RopeSpec:
@@ -54,74 +53,114 @@ def _placeholder_keys(plugin: Any, ids: list[int]) -> list[str]:
     return [key_string(r[2]) for r in db.process_tokens(tokens=torch.tensor(ids))]
 
 
+def read_chunks(client: KVClient, names: Sequence[str]) -> list[torch.Tensor]:
+    """Chunks held by the daemon as LMCache's ``[2, L, T, H*D]`` tensors, in order, decoded by
+    the layout each was stored with (original, or int8/int4 by whoever compressed it)."""
+    if not names:
+        return []
+    out = []
+    with lease_many(client, names) as views:
+        for info, view in views:
+            fmt = ChunkFormat.parse(info.spec.layout)
+            chunk = torch.empty(fmt.shape, dtype=getattr(torch, fmt.dtype))
+            decode_chunk(torch.frombuffer(view, dtype=torch.uint8), fmt, chunk)
+            out.append(chunk)
+    return out
+
+
+def context_kv(
+    plugin: Any, request: StoreRequest, names: Sequence[str], objs: Sequence[Any]
+) -> torch.Tensor:
+    """The context's KV ``[2, L, N, H*D]``: the chunks before the put (LMCache held them, so it
+    did not put them) read from the daemon, then the put's own (``names``, ``objs``)."""
+    chunk = plugin.chunk_tokens
+    if request.num_tokens % chunk:
+        raise InvalidArgumentError(
+            f"context of {request.num_tokens} tokens: must be a multiple of chunk_size {chunk}"
+        )
+    context = plugin.context_chunks.get(request.digest)
+    if context is None or len(context) != request.num_tokens // chunk:
+        raise InvalidArgumentError(
+            f"context {request.digest}: this plugin saw no lookup of the store request covering "
+            f"its {request.num_tokens} tokens, so where this put starts in it is unknown"
+        )
+    if names[0] not in context:
+        raise InvalidArgumentError(
+            f"context {request.digest}: the put starts after its {len(context)} chunks (LMCache "
+            "held them all and no lookup capped the hit); nothing to build from"
+        )
+    start = context.index(names[0])
+    fresh = len(context) - start
+    if tuple(names[:fresh]) != context[start:]:
+        raise InvalidArgumentError(
+            f"context {request.digest}: the put's chunks are not the context's chunks "
+            f"{start}-{len(context) - 1}"
+        )
+    held = read_chunks(plugin.client, context[:start])
+    plugin.stats.held_chunks += len(held)
+    return torch.cat([*held, *(o.tensor for o in objs[:fresh])], dim=2)
+
+
+def stored_manifest(client: KVClient, key: str) -> Manifest | None:
+    if not client.lookup([key]).found[0]:
+        return None
+    return Manifest.from_bytes(read_bytes(client, key))
+
+
 def store_placeholder_variant(
-    plugin: Any, keys: Sequence[Any], objs: Sequence[Any], variant: str
+    plugin: Any, request: StoreRequest, names: Sequence[str], objs: Sequence[Any]
 ) -> Manifest:
-    v = parse_variant(variant)
+    """Build ``request``'s variant from the context's chunks and store it with its manifest;
+    a context already stored as that variant is left as it is (a repeated store request)."""
+    v = parse_variant(request.variant)
     if v.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
-    digest = tag(keys[0], "kvtierd_context")
-    if not digest:
+    digest, n, chunk = request.digest, request.num_tokens, plugin.chunk_tokens
+    existing = stored_manifest(plugin.client, manifest_key(digest))
+    if existing is not None:
+        if (existing.variant, existing.num_tokens) == (str(v), n):
+            return existing
         raise InvalidArgumentError(
-            f"variant {variant!r} drops tokens but the request names no context "
-            "(lmcache.tag.kvtierd_context, set by `kvtierd router`)"
+            f"context {digest} is already stored as {existing.variant}; evict it first "
+            f"(kvtierctl evict {digest}/{existing.variant})"
         )
-    chunk = plugin.chunk_tokens
-    n_tag = tag(keys[0], "kvtierd_context_tokens")
-    n = int(n_tag) if n_tag else sum(int(o.tensor.shape[2]) for o in objs)
-    if n % chunk or n > len(objs) * chunk:
-        raise InvalidArgumentError(
-            f"context of {n} tokens: must be a multiple of chunk_size {chunk} and within the "
-            f"{len(objs)} chunks stored by this request"
-        )
-    kv = torch.cat([o.tensor for o in objs[: n // chunk]], dim=2)
+    kv = context_kv(plugin, request, names, objs)
     device = torch.device("cuda") if torch.cuda.is_available() else kv.device
     source = KVSource.from_kv_2ltd(kv.to(device), plugin.num_kv_heads)
-    rope = rope_spec(str(plugin.metadata.model_name))
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope, chunk_tokens=chunk)
+    model = str(plugin.metadata.model_name)
+    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model),
+                          chunk_tokens=chunk)  # fmt: skip
     m = dropped.num_kept
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
-    keys_d, values_d = dense_kv(dropped)
-    data = to_kv_2ltd(keys_d, values_d).cpu()
-    r = read_model_rope(str(plugin.metadata.model_name))
+    r = read_model_rope(model)
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
-    quant = v.quant or "none"
-    items = []
-    for i, key in enumerate(chunk_keys):
-        part = data[:, :, i * chunk : (i + 1) * chunk].contiguous()
-        fmt = chunk_format(part, plugin.num_kv_heads, quant)
-        enc = encode_chunk(part, fmt)
-        items.append(
-            PutItem(
-                key,
-                enc,
-                f"{digest}/{v}",
-                str(v),
-                fmt.layout(),
-                chunk,
-                b"",
-                tuple(enc.shape) if not fmt.quant else (),
-            )
-        )
     manifest = Manifest(digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys))
-    kept = dropped.kept.to(torch.int32).cpu().contiguous()
-    items.append(
-        PutItem(
-            kept_key(digest),
-            kept,
-            f"{digest}/{v}",
-            str(v),
-            "kept[L,H,M]",
-            m,
-            b"",
-            tuple(kept.shape),
-        )
-    )
-    meta = torch.frombuffer(bytearray(manifest.to_bytes()), dtype=torch.uint8)
-    items.append(PutItem(manifest_key(digest), meta, f"{digest}/{v}", str(v), "manifest", 0))
+    items = _variant_items(plugin, manifest, v, dropped)
     put_many(plugin.client, items, durable=plugin.settings.durable)
     plugin.stats.placeholder_variants += 1
     logger.info("kvtierd plugin: stored %s of context %s: %d -> %d tokens", v, digest, n, m)
     return manifest
+
+
+def _variant_items(
+    plugin: Any, manifest: Manifest, v: Variant, dropped: CompressedKV
+) -> list[PutItem]:
+    """The placeholder chunks (in ``v``'s quantization), the kept indices and the manifest."""
+    chunk, context_id = plugin.chunk_tokens, f"{manifest.digest}/{v}"
+    keys_d, values_d = dense_kv(dropped)
+    data = to_kv_2ltd(keys_d, values_d).cpu()
+    items = []
+    for i, key in enumerate(manifest.chunk_keys):
+        part = data[:, :, i * chunk : (i + 1) * chunk].contiguous()
+        fmt = chunk_format(part, plugin.num_kv_heads, v.quant or "none")
+        enc = encode_chunk(part, fmt)
+        shape = tuple(enc.shape) if not fmt.quant else ()
+        items.append(PutItem(key, enc, context_id, str(v), fmt.layout(), chunk, b"", shape))
+    kept = dropped.kept.to(torch.int32).cpu().contiguous()
+    items.append(PutItem(kept_key(manifest.digest), kept, context_id, str(v), "kept[L,H,M]",
+                         manifest.num_kept, b"", tuple(kept.shape)))  # fmt: skip
+    meta = torch.frombuffer(bytearray(manifest.to_bytes()), dtype=torch.uint8)
+    items.append(PutItem(manifest_key(manifest.digest), meta, context_id, str(v), "manifest", 0))
+    return items

@@ -78,6 +78,7 @@ class PluginStats:
     claimed_chunks: int = 0  # missing placeholder chunks reported as hits (their load fails)
     get_chunks: int = 0
     placeholder_variants: int = 0
+    held_chunks: int = 0  # context chunks a variant was built from that were read from the daemon
     errors: int = 0
     last_error: str = ""
 

@@ -4,7 +4,7 @@ LMCache + our plugin) and ``kvtierd router``, one of each for the module.
 Ratio 1.0 (``M = N`` placeholder entries) gives vLLM's full-context answers exactly, so it
 scores 1.0; a variant keeping a tenth of the context answers differently and scores lower.
 Profiling leaves nothing behind that production traffic could see, and a context whose chunks
-are already cached is refused rather than scored from a re-prefilled prompt."""
+are already cached is scored from them (the plugin reads them back from the daemon)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from kvtierd.client import KVClient
-from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.profiler.engine_eval import EngineEvaluator
-from kvtierd.router_protocol import LOADED_HEADER, context_digest
+from kvtierd.router_protocol import LOADED_HEADER
 from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config
 from tests.integrations.servers import post, start_router, start_vllm, stop
@@ -94,16 +93,17 @@ def test_ratio_one_scores_one_and_heavy_compression_scores_lower(
     assert LOADED_HEADER not in {h.lower() for h in headers}
 
 
-def test_a_context_already_cached_is_refused_and_left_alone(
+def test_a_context_already_cached_is_scored_and_left_alone(
     stack: dict[str, Any], evaluator: EngineEvaluator
 ) -> None:
-    """LMCache does not hand the plugin chunks it already holds, so the variant is never built
-    and the router serves the real prompt: detected from the missing header, not scored."""
+    """LMCache hands the plugin none of a cached context's chunks; the plugin builds the variant
+    from the chunks the daemon holds, and the production context is left as it was."""
     body = {"model": stack["model"], "prompt": [*CACHED_CTX, 5, 6], "max_tokens": 1}
     post(f"{stack['router']}/v1/completions", body)  # production caches the context
     before = _context_ids(stack)
     assert before, "the production request should have stored the context"
-    digest = context_digest(stack["model"], CACHED_CTX)
-    with pytest.raises(InvalidArgumentError, match=f"found no stored {digest}/knorm@0.5"):
-        evaluator.evaluate(_kv(CACHED_CTX), ["knorm@0.5"], QUERIES[:1])
+    result = evaluator.evaluate(_kv(CACHED_CTX), ["knorm@1", HEAVY[0]], QUERIES)
+    print("cached context:", dict(result.quality))
+    assert result.per_query["knorm@1"] == (1.0,) * len(QUERIES)
+    assert result[HEAVY[0]] < 1.0
     assert _context_ids(stack) == before

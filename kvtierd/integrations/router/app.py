@@ -10,7 +10,8 @@ there (HTTP status, an ``error`` event, or an ``error``/``abort`` finish reason)
 prompt can still be sent. A failure after the first event reaches the client as vLLM sent it:
 tokens already streamed cannot be taken back. A request may carry
 ``"kvtierd": {"context_tokens": N, "variant": "knorm@0.5"}`` to have its first ``N`` tokens
-stored in that variant. Chat requests are rewritten after vLLM's chat template
+stored in that variant; it is answered once the variant is checked to be in the daemon, or with
+an error saying why not (``store.py``). Chat requests are rewritten after vLLM's chat template
 (``/tokenize`` with ``messages``) and sent as completions, answered in chat format.
 """
 
@@ -26,7 +27,9 @@ import aiohttp
 from aiohttp import web
 
 from kvtierd.client import AsyncKVClient
-from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite, store_tags
+from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
+from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
+from kvtierd.integrations.router.store import StoreTarget, prepare_store, store_failure
 from kvtierd.router_protocol import LOADED_HEADER, loaded_value
 
 logger = logging.getLogger(__name__)
@@ -115,16 +118,39 @@ class Router:
             tokens = await self._tokenize(body)
             model = await self._root()
             if store is not None:
-                tags = store_tags(model, tokens, store)
-                return await self._forward(path, _with_params(body, tags), request)
+                if body.get("stream"):
+                    raise InvalidArgumentError(
+                        "a store request (kvtierd.context_tokens) cannot be streamed: the "
+                        "router answers it only once it has checked that the variant is stored"
+                    )
+                target = await prepare_store(
+                    self.client, model, tokens, store, self.config.chunk_tokens
+                )
+                return await self._store(path, body, target, request)
             rw = await find_rewrite(
                 self.client, model, tokens, self.config.chunk_tokens, self.config.hold_s
             )
+        except AlreadyExistsError as e:
+            return _error(str(e), 409)
         except (aiohttp.ClientError, ValueError, KeyError) as e:
-            return web.json_response({"error": {"message": str(e)}}, status=400)
+            return _error(str(e), 400)
         if rw is None:
             return await self._forward(path, body, request)
         return await self._rewritten(body, rw, request, chat=chat)
+
+    async def _store(
+        self, path: str, body: dict[str, Any], target: StoreTarget, request: web.Request
+    ) -> web.StreamResponse:
+        """Forward a store request; a 502 with the reason if vLLM answered but the variant was
+        not stored (``store.py``)."""
+        answer = await self._forward(path, _with_params(body, target.tags), request)
+        if answer.status != 200:
+            return answer
+        why = await store_failure(self.client, target)
+        if why:
+            logger.error("store request: %s", why)
+            return _error(why, 502)
+        return answer
 
     async def _rewritten(
         self, body: dict[str, Any], rw: Rewrite, request: web.Request, *, chat: bool
@@ -203,6 +229,10 @@ class Router:
                 await out.write(_chat_line(line) if chat else line)
             await out.write_eof()
             return out
+
+
+def _error(message: str, status: int) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
 
 def _loaded(rw: Rewrite) -> dict[str, str]:

@@ -10,9 +10,9 @@ be prefilled from its ids).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kvtierd.client import AsyncKVClient
+from kvtierd.errors import NotFoundError
 from kvtierd.integrations.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 
@@ -48,9 +48,8 @@ async def find_rewrite(
     for n, digest, ok in sorted(zip(lengths, digests, found.found, strict=True), reverse=True):
         if not ok:
             continue
-        raw = await client.get(manifest_key(digest))
-        manifest = Manifest.from_bytes(bytes(raw))
-        if manifest.num_tokens != n:
+        manifest = await read_manifest(client, manifest_key(digest))
+        if manifest is None or manifest.num_tokens != n:
             continue
         held = await client.lookup(list(manifest.chunk_keys), hold_s=hold_s)
         if held.prefix_hits != len(manifest.chunk_keys):
@@ -59,14 +58,11 @@ async def find_rewrite(
     return None
 
 
-def store_tags(model: str, token_ids: list[int], spec: dict[str, Any]) -> dict[str, str]:
-    """Tags asking the plugin to store the first ``context_tokens`` of a request as
-    ``variant`` (the request's ``"kvtierd"`` field)."""
-    n = int(spec["context_tokens"])
-    if not 0 < n <= len(token_ids):
-        raise ValueError(f"kvtierd.context_tokens={n} outside the prompt's {len(token_ids)}")
-    return {
-        "lmcache.tag.kvtierd_context": context_digest(model, token_ids[:n]),
-        "lmcache.tag.kvtierd_variant": str(spec["variant"]),
-        "lmcache.tag.kvtierd_context_tokens": str(n),
-    }
+async def read_manifest(client: AsyncKVClient, key: str) -> Manifest | None:
+    """The manifest stored under ``key``, or ``None``."""
+    if not (await client.lookup([key])).found[0]:
+        return None
+    try:
+        return Manifest.from_bytes(bytes(await client.get(key)))
+    except NotFoundError:
+        return None  # evicted between the two calls

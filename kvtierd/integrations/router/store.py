@@ -1,0 +1,100 @@
+"""Store requests: ``"kvtierd": {"context_tokens": N, "variant": v}`` on a completion request.
+
+The LMCache plugin builds the variant while vLLM serves the request (``store_request.py``);
+the router checks what it can before vLLM prefills — the variant, ``N`` a multiple of LMCache's
+``chunk_size``, a kept count of whole chunks, no other variant already stored for the context —
+tags the request, and after vLLM answers checks that the variant's manifest is in the daemon.
+A token-dropping store that built nothing is answered as an error naming the likely causes,
+never as a plain success. Quantization-only variants (``int8``) are only tagged: the plugin
+stores the chunks it puts in that form, under their own LMCache keys (no manifest to check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvtierd.client import AsyncKVClient
+from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
+from kvtierd.integrations.placeholder import SNAPKV_UNAVAILABLE, manifest_key
+from kvtierd.integrations.router.rewrite import read_manifest
+from kvtierd.kernels.variants import Variant, parse_variant, variant_kept_tokens
+from kvtierd.router_protocol import context_digest, loaded_value
+
+
+@dataclass(frozen=True, slots=True)
+class StoreTarget:
+    """What a store request asks for: ``variant`` of the first ``num_tokens`` tokens, named
+    ``digest``."""
+
+    digest: str
+    variant: Variant
+    num_tokens: int
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """``kv_transfer_params`` that make the request a store request for the plugin."""
+        return {
+            "lmcache.tag.kvtierd_context": self.digest,
+            "lmcache.tag.kvtierd_variant": str(self.variant),
+            "lmcache.tag.kvtierd_context_tokens": str(self.num_tokens),
+        }
+
+
+async def prepare_store(
+    client: AsyncKVClient,
+    model: str,
+    token_ids: list[int],
+    spec: dict[str, Any],
+    chunk_tokens: int,
+) -> StoreTarget:
+    """Check a request's ``"kvtierd"`` store field before vLLM prefills anything: raises
+    :class:`InvalidArgumentError` for what cannot be built, :class:`AlreadyExistsError` when the
+    context is stored as another token-dropped variant (one per context: its manifest)."""
+    n = int(spec["context_tokens"])
+    if not 0 < n <= len(token_ids):
+        raise InvalidArgumentError(
+            f"kvtierd.context_tokens={n} outside the prompt's {len(token_ids)} tokens"
+        )
+    try:
+        variant = parse_variant(str(spec["variant"]))
+    except ValueError as e:
+        raise InvalidArgumentError(f"kvtierd.variant: {e}") from e
+    target = StoreTarget(context_digest(model, token_ids[:n]), variant, n)
+    if not variant.drops_tokens:
+        return target
+    if variant.method == "snapkv":
+        raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
+    kept = variant_kept_tokens(n, variant, chunk_tokens=chunk_tokens)
+    if n % chunk_tokens or kept % chunk_tokens:
+        raise InvalidArgumentError(
+            f"kvtierd.context_tokens={n} as {variant} keeps {kept} tokens: both must be "
+            f"multiples of LMCache's chunk_size {chunk_tokens} (the router's --chunk-size)"
+        )
+    stored = await read_manifest(client, manifest_key(target.digest))
+    if stored is not None and stored.variant != str(variant):
+        raise AlreadyExistsError(
+            f"context {target.digest} is already stored as {stored.variant}; evict it first "
+            f"(kvtierctl evict {loaded_value(target.digest, stored.variant)})"
+        )
+    return target
+
+
+async def store_failure(client: AsyncKVClient, target: StoreTarget) -> str:
+    """Why ``target`` is not stored after vLLM answered its request, ``""`` when it is."""
+    if not target.variant.drops_tokens:
+        return ""
+    stored = await read_manifest(client, manifest_key(target.digest))
+    if stored is not None and (stored.variant, stored.num_tokens) == (
+        str(target.variant),
+        target.num_tokens,
+    ):
+        return ""
+    return (
+        f"vLLM answered, but {loaded_value(target.digest, str(target.variant))} "
+        f"({target.num_tokens} tokens) is not stored: the kvtierd LMCache plugin did not build "
+        "it and logged why in vLLM's log ('kvtierd plugin: put failed'). Likely causes: vLLM "
+        "runs without the kvtierd plugin, the request set lmcache.skip_save (LMCache then puts "
+        "nothing), the model's position encoding does not allow token dropping, or the daemon "
+        "lost the context's chunks before the plugin read them"
+    )

@@ -1,0 +1,84 @@
+"""A ``kvtierd router`` store request as the LMCache plugin sees it, and its context's chunks.
+
+The router asks for a request's first ``N`` tokens to be stored as a token-dropped variant by
+tagging it (``lmcache.tag.kvtierd_context``, ``kvtierd_context_tokens``, ``kvtierd_variant``).
+LMCache hands the plugin's put only the chunks it does not hold: when the daemon already holds
+the context's first ``k`` chunks the put starts at chunk ``k``, and when it holds all of them
+there may be no put at all. So the plugin
+
+1. at the request's lookup, which always covers the prompt from token 0, remembers the chunk
+   keys of the context (:class:`ContextChunks`) and reports at most ``N / chunk - 1`` of them
+   as stored (:meth:`ContextChunks.looked_up`): vLLM recomputes the context's last chunk and
+   LMCache puts it, so every store request has a put, carrying the tags;
+2. at the put, finds where the put starts among the context's chunks and builds the variant from
+   the chunks before it, read back from the daemon, followed by the put's own
+   (``placeholder_store.context_kv``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtierd.integrations.plugin_settings import placeholder_chunks, tag
+from kvtierd.kernels.variants import parse_variant
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRequest:
+    """Store the first ``num_tokens`` tokens of the request as ``variant`` under the context
+    identity ``digest`` (``kvtierd.router_protocol.context_digest``)."""
+
+    digest: str
+    variant: str
+    num_tokens: int
+
+    @classmethod
+    def of(cls, key: Any) -> StoreRequest | None:
+        """The store request a key's tags make, or ``None`` for any other request (also a
+        rewritten placeholder request, which names its context and variant too). A variant that
+        does not parse is left to the put, which reports it."""
+        digest = tag(key, "kvtierd_context")
+        tokens = tag(key, "kvtierd_context_tokens")
+        variant = tag(key, "kvtierd_variant")
+        if not (digest and tokens and variant) or placeholder_chunks(key, 1):
+            return None
+        try:
+            if not parse_variant(variant).drops_tokens:
+                return None
+            return cls(digest, variant, int(tokens))
+        except ValueError:
+            return None
+
+
+class ContextChunks:
+    """The chunk keys of the contexts of recent store requests, from their lookups (module
+    docstring). Bounded (least recently looked up first out) and thread-safe: lookups and puts
+    run on different LMCache threads. Requests for the same digest have the same chunk keys."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._chunks: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def looked_up(
+        self, request: StoreRequest, names: Sequence[str], hits: int, chunk_tokens: int
+    ) -> int:
+        """Remember the context's chunk keys among a lookup's ``names`` and return the prefix
+        hits to report: fewer than the context's chunks, so that a put carries its last one."""
+        count = request.num_tokens // chunk_tokens
+        if request.num_tokens % chunk_tokens or not 0 < count <= len(names):
+            return hits  # not a whole-chunk context within the prompt: the put refuses it
+        with self._lock:
+            self._chunks[request.digest] = tuple(names[:count])
+            self._chunks.move_to_end(request.digest)
+            while len(self._chunks) > self.capacity:
+                self._chunks.popitem(last=False)
+        return min(hits, count - 1)
+
+    def get(self, digest: str) -> tuple[str, ...] | None:
+        with self._lock:
+            return self._chunks.get(digest)
