@@ -204,7 +204,9 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             "" if self.settings.variant == PLAN else self.settings.variant
         )
         rewritten = placeholder_chunks(keys[0], self.chunk_tokens) > 0
-        if todo:
+        # A scoped store (profiling) writes only its variant: the put's chunks keep their
+        # LMCache keys, which production prompts load (router_protocol: scopes).
+        if todo and not tag(keys[0], "kvtierd_scope"):
             plan = self._plan(keys[0], names, present.index(False), forced, todo)
             self._store(todo, plan)
         if forced and parse_variant(forced).drops_tokens and not rewritten:

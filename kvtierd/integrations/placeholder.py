@@ -36,12 +36,16 @@ SNAPKV_UNAVAILABLE = (
 _EXACT_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 
 
-def manifest_key(digest: str) -> str:
-    return f"{MANIFEST_PREFIX}{digest}"
+def manifest_key(digest: str, variant: str = "") -> str:
+    """Where the manifest of ``digest`` is stored: one per production context (``variant``
+    ``""``: a request loads whichever variant is stored), one per (context, variant) for a
+    scoped context (``kvtierd.router_protocol``: a request names the variant it loads)."""
+    return f"{MANIFEST_PREFIX}{digest}/{variant}" if variant else f"{MANIFEST_PREFIX}{digest}"
 
 
-def kept_key(digest: str) -> str:
-    return f"{MANIFEST_PREFIX}{digest}@kept"
+def kept_key(digest: str, variant: str = "") -> str:
+    """The kept indices ``[L, H, M]`` beside the manifest (same rule as :func:`manifest_key`)."""
+    return f"{manifest_key(digest, variant)}@kept"
 
 
 def placeholder_ids(

@@ -34,7 +34,7 @@ from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk,
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import Variant, parse_variant
+from kvtierd.kernels.variants import parse_variant
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def store_placeholder_variant(
     if v.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
     digest, n, chunk = request.digest, request.num_tokens, plugin.chunk_tokens
-    existing = stored_manifest(plugin.client, manifest_key(digest))
+    keyed = str(v) if request.scope else ""  # the variant the manifest's key names
+    existing = stored_manifest(plugin.client, manifest_key(digest, keyed))
     if existing is not None:
         if (existing.variant, existing.num_tokens) == (str(v), n):
             return existing
@@ -137,17 +138,20 @@ def store_placeholder_variant(
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
     manifest = Manifest(digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys))
-    items = _variant_items(plugin, manifest, v, dropped)
+    items = _variant_items(plugin, manifest, dropped, keyed)
     put_many(plugin.client, items, durable=plugin.settings.durable)
     plugin.stats.placeholder_variants += 1
-    logger.info("kvtierd plugin: stored %s of context %s: %d -> %d tokens", v, digest, n, m)
+    logger.info("kvtierd plugin: stored %s of context %s%s: %d -> %d tokens", v, digest,
+                f" (scope {request.scope})" if request.scope else "", n, m)  # fmt: skip
     return manifest
 
 
 def _variant_items(
-    plugin: Any, manifest: Manifest, v: Variant, dropped: CompressedKV
+    plugin: Any, manifest: Manifest, dropped: CompressedKV, keyed: str
 ) -> list[PutItem]:
-    """The placeholder chunks (in ``v``'s quantization), the kept indices and the manifest."""
+    """The placeholder chunks (in the variant's quantization), the kept indices and the
+    manifest, the last two under keys naming ``keyed`` (``placeholder.manifest_key``)."""
+    v = parse_variant(manifest.variant)
     chunk, context_id = plugin.chunk_tokens, f"{manifest.digest}/{v}"
     keys_d, values_d = dense_kv(dropped)
     data = to_kv_2ltd(keys_d, values_d).cpu()
@@ -159,8 +163,9 @@ def _variant_items(
         shape = tuple(enc.shape) if not fmt.quant else ()
         items.append(PutItem(key, enc, context_id, str(v), fmt.layout(), chunk, b"", shape))
     kept = dropped.kept.to(torch.int32).cpu().contiguous()
-    items.append(PutItem(kept_key(manifest.digest), kept, context_id, str(v), "kept[L,H,M]",
+    items.append(PutItem(kept_key(manifest.digest, keyed), kept, context_id, str(v), "kept[L,H,M]",
                          manifest.num_kept, b"", tuple(kept.shape)))  # fmt: skip
     meta = torch.frombuffer(bytearray(manifest.to_bytes()), dtype=torch.uint8)
-    items.append(PutItem(manifest_key(manifest.digest), meta, context_id, str(v), "manifest", 0))
+    key = manifest_key(manifest.digest, keyed)
+    items.append(PutItem(key, meta, context_id, str(v), "manifest", 0))
     return items

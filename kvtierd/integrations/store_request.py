@@ -30,11 +30,19 @@ from kvtierd.kernels.variants import parse_variant
 @dataclass(frozen=True, slots=True)
 class StoreRequest:
     """Store the first ``num_tokens`` tokens of the request as ``variant`` under the context
-    identity ``digest`` (``kvtierd.router_protocol.context_digest``)."""
+    identity ``digest`` (``kvtierd.router_protocol.context_digest``, which folds ``scope`` in;
+    ``""``: production)."""
 
     digest: str
     variant: str
     num_tokens: int
+    scope: str = ""
+
+    @property
+    def manifest_variant(self) -> str:
+        """The variant the manifest key names: none in production (one manifest per context),
+        the variant in a scope (one per (context, variant), ``placeholder.manifest_key``)."""
+        return self.variant if self.scope else ""
 
     @classmethod
     def of(cls, key: Any) -> StoreRequest | None:
@@ -49,7 +57,7 @@ class StoreRequest:
         try:
             if not parse_variant(variant).drops_tokens:
                 return None
-            return cls(digest, variant, int(tokens))
+            return cls(digest, variant, int(tokens), tag(key, "kvtierd_scope"))
         except ValueError:
             return None
 

@@ -6,39 +6,43 @@ loaded as the variant through the router — the path production traffic takes: 
 rotated keys, the plugin's chunks. Both are embedded with MiniLM-L6-v2 and compared by cosine;
 a variant's quality is the mean over queries (EvicPress §6.1, as :mod:`.answer`).
 
-Per variant (one at a time: the router keeps one stored compressed form per context, under a
-manifest named by the context's tokens):
+Each call of :meth:`EngineEvaluator.evaluate` works in a profiling **scope** of its own
+(``kvtierd.router_protocol``): the variants it stores have a context identity no production
+prompt is ever rewritten to (other manifest keys, other placeholder ids), and they are stored
+side by side, one manifest per variant, so they are scored concurrently. Steps:
 
 1. refuse up front what the stack cannot load verifiably (:func:`scorable_variant`);
-2. refuse if the daemon already holds a router-stored form of the context (it would be evicted);
-3. store: one request with ``"kvtierd": {"context_tokens": N, "variant": v}`` (a prefill);
-4. ask every query through the router (concurrently, ``lmcache.skip_save``): each answer must
-   carry ``x-kvtierd-context: <digest>/<v>``, else it came from a re-prefilled prompt — a
-   router fallback (its counter moved) or a store that never happened — and nothing is scored;
-5. evict what step 3 stored (contexts ``<digest>``, ``<digest>/<v>``, ``<digest>/<quant>``).
+2. reference: every query through the router in the scope with no variant — the real prompt,
+   never a stored variant (``lmcache.skip_save``: nothing stored);
+3. store every variant at once (``max_concurrency`` requests in flight): ``"kvtierd":
+   {"context_tokens": N, "variant": v, "scope": s}``. The router answers only once the variant
+   is in the daemon — built from a put of the context, or from the context's chunks the daemon
+   already holds — and answers an error saying why otherwise;
+4. ask every (variant, query) through the router (``"kvtierd": {"scope": s, "variant": v}``,
+   ``lmcache.skip_save``), ``max_concurrency`` at a time: each answer must carry
+   ``x-kvtierd-context: <digest>/<v>``, else it came from a re-prefilled prompt (a router
+   fallback: its counter moved) and nothing is scored;
+5. evict what step 3 stored (context ``<digest>/<v>``: a scoped store writes nothing else).
 
-The reference answers go through the router too, with ``lmcache.skip_save`` (nothing stored),
-and must come back without that header (else the context is already served compressed).
-
-Limits (docs/profiler.md): the context's token ids are required; a context whose chunks are
-already cached in the daemon cannot be scored (LMCache hands the plugin only chunks it does not
-hold, so the variant is never built); while a variant is scored, production requests starting
-with the context are served that variant. ``int8``/``int4`` alone cannot be scored.
+Limits (docs/profiler.md): the context's token ids are required; ``int8``/``int4`` alone and
+``snapkv`` cannot be scored.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -54,9 +58,11 @@ from kvtierd.profiler.quality import (
     QualityResult,
     register_evaluator,
 )
-from kvtierd.router_protocol import LOADED_HEADER, context_digest, loaded_value
+from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, context_digest, loaded_value
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+
+_T = TypeVar("_T")
 
 QUANT_ONLY_REFUSED = (
     "the engine evaluator cannot score {v!r}: the plugin stores a quantization-only variant "
@@ -107,8 +113,20 @@ class _Stack:
     root: str  # the model path vLLM loaded (part of every context digest)
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One ``evaluate`` call: the stack, its profiling scope, the context's digest in it, the
+    context's and the queries' token ids."""
+
+    stack: _Stack
+    scope: str
+    digest: str
+    context: tuple[int, ...]
+    prompts: tuple[tuple[int, ...], ...]
+
+
 class DaemonAdmin:
-    """The two Admin calls the evaluator needs, over the daemon's Unix socket (this layer may
+    """The Admin call the evaluator needs (``Evict``), over the daemon's Unix socket (this layer may
     not import ``kvtierd.client``; the generated stubs sit below it)."""
 
     def __init__(self, socket_path: str, timeout_s: float) -> None:
@@ -122,10 +140,6 @@ class DaemonAdmin:
 
     def __exit__(self, *exc: object) -> None:
         self._channel.close()
-
-    def has_context(self, context_id: str) -> bool:
-        request = pb.DescribeContextRequest(context_id=context_id)
-        return self._call(self._admin.DescribeContext, request)
 
     def evict(self, context_id: str) -> bool:
         return self._call(self._admin.Evict, pb.EvictRequest(context_ids=[context_id]))
@@ -150,7 +164,7 @@ class EngineEvaluator(QualityEvaluator):
     ``router_url``: the router; ``vllm_url``: vLLM itself, only to tokenize text-only queries;
     ``model``: the served model name (default: the first the router lists); ``daemon_socket``:
     the daemon the router's plugin stores into (default ``$KVTIERD_SOCKET``, else the daemon's
-    default), used to check for and evict the variants this evaluator stores.
+    default), used to evict the variants this evaluator stores.
     """
 
     name = "engine"
@@ -208,13 +222,13 @@ class EngineEvaluator(QualityEvaluator):
             )
         t0 = time.perf_counter()
         stack = self._stack()
-        prompts = [self._query_ids(q, stack) for q in queries]
-        digest = context_digest(stack.root, context)
-        reference = self._reference(stack, digest, context, prompts)
-        answers: dict[str, list[str]] = {ORIGINAL: reference}
-        for v in dict.fromkeys(names.values()):
-            if v not in answers:
-                answers[v] = self._variant_answers(stack, digest, context, prompts, v)
+        prompts = tuple(tuple(self._query_ids(q, stack)) for q in queries)
+        scope = f"profile-{uuid.uuid4().hex[:16]}"
+        digest = context_digest(stack.root, context, scope)
+        run = _Run(stack, scope, digest, tuple(context), prompts)
+        reference = self._reference(run)
+        stored = [v for v in dict.fromkeys(names.values()) if v != ORIGINAL]
+        answers = {ORIGINAL: reference, **self._variant_answers(run, stored)}
         per_query = {
             v: tuple(self.embedder.similarity(reference, answers[names[v]])) for v in variants
         }
@@ -239,42 +253,37 @@ class EngineEvaluator(QualityEvaluator):
             )
         return list(kv.token_ids)
 
-    def _reference(
-        self, stack: _Stack, digest: str, context: list[int], prompts: list[list[int]]
-    ) -> list[str]:
-        served = self._ask_all(stack, context, prompts)
+    def _reference(self, run: _Run) -> list[str]:
+        """The full context's answers: the scope with no variant never loads a stored one."""
+        served = self._ask(run, [""])
         for s in served:
             if s.loaded:
-                raise InvalidArgumentError(
-                    f"the router served the full-context reference of context {digest} from "
-                    f"the stored variant {s.loaded!r}: the context (or a prefix of it) is "
-                    "already stored token-dropped, so the engine evaluator cannot get its "
-                    "full-context answers nor store another variant of it"
+                raise KvtierError(
+                    f"the router loaded {s.loaded!r} for a request of scope {run.scope} naming "
+                    "no variant; it must send the real prompt (a router older than this "
+                    "evaluator?), so the full-context answers are not available"
                 )
         return [s.text for s in served]
 
-    def _variant_answers(
-        self, stack: _Stack, digest: str, context: list[int], prompts: list[list[int]], v: str
-    ) -> list[str]:
-        quant = parse_variant(v).quant
-        owned = [digest, f"{digest}/{v}", *([f"{digest}/{quant}"] if quant else [])]
+    def _variant_answers(self, run: _Run, variants: list[str]) -> dict[str, list[str]]:
+        """Store every variant in the run's scope, ask every query of each, evict them."""
+        if not variants:
+            return {}
         with DaemonAdmin(self._socket(), self.timeout_s) as daemon:
-            taken = [cid for cid in owned if daemon.has_context(cid)]
-            if taken:
-                raise InvalidArgumentError(
-                    f"the daemon already holds {', '.join(taken)} (stored through the router); "
-                    f"scoring {v} would replace and then evict them, so it is not scored (if "
-                    "they are left from an interrupted profiling run: kvtierctl evict ID...)"
-                )
             fallbacks = self._fallbacks()
             try:
-                self._store(stack, context, prompts[0], v)
-                served = self._ask_all(stack, context, prompts)
-            finally:
-                for cid in owned:  # all of them are ours: none existed before the store
-                    daemon.evict(cid)
-        self._check_loaded(served, loaded_value(digest, v), fallbacks)
-        return [s.text for s in served]
+                self._parallel([functools.partial(self._store, run, v) for v in variants])
+                served = self._ask(run, variants)
+            finally:  # a scoped store writes only <digest>/<v>, all of them ours
+                for v in variants:
+                    daemon.evict(loaded_value(run.digest, v))
+        n = len(run.prompts)
+        answers = {}
+        for i, v in enumerate(variants):
+            mine = served[i * n : (i + 1) * n]
+            self._check_loaded(mine, loaded_value(run.digest, v), fallbacks)
+            answers[v] = [s.text for s in mine]
+        return answers
 
     def _check_loaded(self, served: list[Served], want: str, fallbacks_before: int) -> None:
         for s in served:
@@ -289,11 +298,9 @@ class EngineEvaluator(QualityEvaluator):
                     f"(router fallbacks {fallbacks_before} -> {after}); the answer would be the "
                     "full context's, so the variant is not scored"
                 )
-            raise InvalidArgumentError(
-                f"the router found no stored {want}: the plugin did not build it. Causes: the "
-                "context's chunks were already cached in the daemon (LMCache hands the plugin "
-                "only chunks it does not hold), its length is not a multiple of LMCache's "
-                "chunk_size, or the model's RoPE does not allow token dropping (vLLM log)"
+            raise UnavailableError(
+                f"the router found no stored {want} although it had confirmed the store: the "
+                "daemon dropped it before the queries (its capacity), so nothing is scored"
             )
 
     # -- requests -----------------------------------------------------------------------------
@@ -304,22 +311,34 @@ class EngineEvaluator(QualityEvaluator):
         data, headers = self._http("POST", f"{self.router_url}/v1/completions", body)
         return Served(str(data["choices"][0]["text"]).strip(), headers.get(LOADED_HEADER, ""))
 
-    def _ask_all(self, stack: _Stack, context: list[int], prompts: list[list[int]]) -> list[Served]:
-        """Every query against the context through the router, ``max_concurrency`` at a time
-        (vLLM batches them); ``lmcache.skip_save``: nothing of these requests is stored."""
+    def _ask(self, run: _Run, variants: Sequence[str]) -> list[Served]:
+        """Every query against the context as each of ``variants`` (``""``: the real prompt)
+        through the router, in that order; ``lmcache.skip_save``: nothing of them is stored."""
         params = {"lmcache.skip_save": True}
-        workers = min(self.max_concurrency, len(prompts))
+        calls = [
+            functools.partial(
+                self._completion, run.stack, [*run.context, *q], kv_transfer_params=params,
+                kvtierd=ContextRequest(variant=v, scope=run.scope).to_json(),
+            )
+            for v in variants
+            for q in run.prompts
+        ]  # fmt: skip
+        return self._parallel(calls)
+
+    def _parallel(self, calls: Sequence[Callable[[], _T]]) -> list[_T]:
+        """``calls``, ``max_concurrency`` at a time (vLLM batches them), results in order; all
+        have finished when the first error is raised."""
+        workers = min(self.max_concurrency, len(calls))
         with ThreadPoolExecutor(workers, thread_name_prefix="kvtierd-engine-eval") as pool:
-            futures = [
-                pool.submit(self._completion, stack, context + q, kv_transfer_params=params)
-                for q in prompts
-            ]
+            futures = [pool.submit(c) for c in calls]
             return [f.result() for f in futures]
 
-    def _store(self, stack: _Stack, context: list[int], query: list[int], v: str) -> None:
-        spec = {"context_tokens": len(context), "variant": v}
-        body = {"model": stack.model, "prompt": context + query, "max_tokens": 1,
-                "temperature": 0.0, "kvtierd": spec}  # fmt: skip
+    def _store(self, run: _Run, v: str) -> None:
+        """Store ``v`` in the run's scope; the router answers once it is in the daemon, else
+        with an error saying why (raised here as the domain error of its status)."""
+        spec = ContextRequest(len(run.context), v, run.scope)
+        body = {"model": run.stack.model, "prompt": [*run.context, *run.prompts[0]],
+                "max_tokens": 1, "temperature": 0.0, "kvtierd": spec.to_json()}  # fmt: skip
         self._http("POST", f"{self.router_url}/v1/completions", body)
 
     def _fallbacks(self) -> int:

@@ -8,7 +8,9 @@ are already cached is scored from them (the plugin reads them back from the daem
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,9 @@ import torch
 
 from kvtierd.client import KVClient
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
-from kvtierd.profiler.engine_eval import EngineEvaluator
-from kvtierd.router_protocol import LOADED_HEADER
+from kvtierd.profiler.engine_eval import DaemonAdmin, EngineEvaluator
+from kvtierd.profiler.quality import QualityResult
+from kvtierd.router_protocol import LOADED_HEADER, context_digest
 from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config
 from tests.integrations.servers import post, start_router, start_vllm, stop
@@ -28,6 +31,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 CTX = [30 + (13 * i) % 900 for i in range(4 * CHUNK)]
 CACHED_CTX = [40 + (17 * i) % 900 for i in range(4 * CHUNK)]
+SCOPED_CTX = [50 + (19 * i) % 900 for i in range(4 * CHUNK)]
 QUERIES = [ProfilingQuery(token_ids=(500 + i, 600 + i, 700 + i)) for i in range(3)]
 TEXT_QUERY = ProfilingQuery(text=words([497, 498, 499]))  # tokenized by vLLM
 HEAVY = ("knorm@0.1", "streamingllm@0.1")  # 64 tokens -> one 16-token chunk kept
@@ -107,3 +111,67 @@ def test_a_context_already_cached_is_scored_and_left_alone(
     assert result.per_query["knorm@1"] == (1.0,) * len(QUERIES)
     assert result[HEAVY[0]] < 1.0
     assert _context_ids(stack) == before
+
+
+def test_two_evaluations_of_one_context_run_at_once(
+    stack: dict[str, Any], evaluator: EngineEvaluator
+) -> None:
+    """Each evaluation has a scope of its own, and stores its variants side by side: two of one
+    context at once neither collide nor serve each other's variants (knorm@1 stays exactly 1.0
+    while knorm@0.1 of the same context is stored)."""
+    before = _context_ids(stack)
+    spans: dict[str, tuple[float, float]] = {}
+
+    def run(variants: list[str]) -> QualityResult:
+        t0 = time.monotonic()
+        result = evaluator.evaluate(_kv(CTX), variants, QUERIES)
+        spans[variants[0]] = (t0, time.monotonic())
+        return result
+
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(run, ["knorm@1", HEAVY[1]])
+        b = pool.submit(run, [HEAVY[0]])
+        first, second = a.result(), b.result()
+    print("concurrent:", dict(first.quality), dict(second.quality), spans)
+    assert max(t0 for t0, _ in spans.values()) < min(t1 for _, t1 in spans.values())
+    assert first.per_query["knorm@1"] == (1.0,) * len(QUERIES)
+    assert first[HEAVY[1]] < 1.0 and second[HEAVY[0]] < 1.0
+    assert _context_ids(stack) == before
+
+
+def test_a_scoped_variant_is_never_served_to_production(stack: dict[str, Any]) -> None:
+    """Two variants of a context stored in a scope exist side by side, one manifest each, and
+    the scoped stores wrote nothing else; a production prompt starting with the context is not
+    rewritten to either, nor is another scope's; a production store of the same context is
+    independent of them."""
+    prompt = [*SCOPED_CTX, 500, 600, 700]
+    scoped = context_digest(stack["model"], SCOPED_CTX, "t1")
+    production = context_digest(stack["model"], SCOPED_CTX)
+    before = set(_context_ids(stack))
+    for v in ("knorm@1", "knorm@0.25"):
+        _ask(stack, prompt, {"context_tokens": len(SCOPED_CTX), "variant": v, "scope": "t1"})
+    assert set(_context_ids(stack)) - before == {f"{scoped}/knorm@1", f"{scoped}/knorm@0.25"}
+    assert _ask(stack, prompt) == ""
+    assert _ask(stack, prompt, {"scope": "t1", "variant": "knorm@1"}) == f"{scoped}/knorm@1"
+    assert _ask(stack, prompt, {"scope": "t1", "variant": "knorm@0.25"}) == f"{scoped}/knorm@0.25"
+    assert _ask(stack, prompt, {"scope": "t1"}) == ""
+    assert _ask(stack, prompt, {"scope": "t2", "variant": "knorm@1"}) == ""
+
+    _ask(stack, prompt, {"context_tokens": len(SCOPED_CTX), "variant": "knorm@0.5"})
+    assert _ask(stack, prompt) == f"{production}/knorm@0.5"
+    assert _ask(stack, prompt, {"scope": "t1", "variant": "knorm@1"}) == f"{scoped}/knorm@1"
+    with DaemonAdmin(stack["socket"], 30) as daemon:
+        for cid in set(_context_ids(stack)) - before:
+            daemon.evict(cid)
+
+
+def _ask(stack: dict[str, Any], prompt: list[int], kvtierd: dict[str, Any] | None = None) -> str:
+    """The router's answer header for ``prompt`` (``""``: the real prompt was sent)."""
+    body = {"model": stack["model"], "prompt": prompt, "max_tokens": 1,
+            "kv_transfer_params": {"lmcache.skip_save": True}}  # fmt: skip
+    if kvtierd is not None:
+        body["kvtierd"] = kvtierd
+        if "context_tokens" in kvtierd:
+            body["kv_transfer_params"] = {}  # a store request saves
+    _, headers = post(f"{stack['router']}/v1/completions", body)
+    return {h.lower(): v for h, v in headers.items()}.get(LOADED_HEADER, "")

@@ -11,8 +11,11 @@ prompt can still be sent. A failure after the first event reaches the client as 
 tokens already streamed cannot be taken back. A request may carry
 ``"kvtierd": {"context_tokens": N, "variant": "knorm@0.5"}`` to have its first ``N`` tokens
 stored in that variant; it is answered once the variant is checked to be in the daemon, or with
-an error saying why not (``store.py``). Chat requests are rewritten after vLLM's chat template
-(``/tokenize`` with ``messages``) and sent as completions, answered in chat format.
+an error saying why not (``store.py``). With ``"scope": s`` the context is stored under a
+scoped identity no production prompt is rewritten to, and ``"kvtierd": {"scope": s,
+"variant": v}`` loads it (``kvtierd.router_protocol``). Chat requests are rewritten after
+vLLM's chat template (``/tokenize`` with ``messages``) and sent as completions, answered in
+chat format.
 """
 
 from __future__ import annotations
@@ -29,8 +32,13 @@ from aiohttp import web
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
-from kvtierd.integrations.router.store import StoreTarget, prepare_store, store_failure
-from kvtierd.router_protocol import LOADED_HEADER, loaded_value
+from kvtierd.integrations.router.store import (
+    StoreTarget,
+    checked_variant,
+    prepare_store,
+    store_failure,
+)
+from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, loaded_value
 
 logger = logging.getLogger(__name__)
 
@@ -112,24 +120,23 @@ class Router:
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body: dict[str, Any] = await request.json()
-        store = body.pop("kvtierd", None)
+        field = body.pop("kvtierd", None)
         path = "/v1/chat/completions" if chat else "/v1/completions"
         try:
+            spec = ContextRequest() if field is None else ContextRequest.from_json(field)
             tokens = await self._tokenize(body)
             model = await self._root()
-            if store is not None:
+            if spec.is_store:
                 if body.get("stream"):
                     raise InvalidArgumentError(
                         "a store request (kvtierd.context_tokens) cannot be streamed: the "
                         "router answers it only once it has checked that the variant is stored"
                     )
                 target = await prepare_store(
-                    self.client, model, tokens, store, self.config.chunk_tokens
+                    self.client, model, tokens, spec, self.config.chunk_tokens
                 )
                 return await self._store(path, body, target, request)
-            rw = await find_rewrite(
-                self.client, model, tokens, self.config.chunk_tokens, self.config.hold_s
-            )
+            rw = await self._find_rewrite(model, tokens, spec)
         except AlreadyExistsError as e:
             return _error(str(e), 409)
         except (aiohttp.ClientError, ValueError, KeyError) as e:
@@ -137,6 +144,19 @@ class Router:
         if rw is None:
             return await self._forward(path, body, request)
         return await self._rewritten(body, rw, request, chat=chat)
+
+    async def _find_rewrite(
+        self, model: str, tokens: list[int], spec: ContextRequest
+    ) -> Rewrite | None:
+        """A production request loads whatever its context is stored as; a scoped one only
+        the variant it names, else nothing (``kvtierd.router_protocol``)."""
+        if spec.scope and not spec.variant:
+            return None
+        variant = str(checked_variant(spec.variant)) if spec.variant else ""
+        c = self.config
+        return await find_rewrite(
+            self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope, variant=variant
+        )
 
     async def _store(
         self, path: str, body: dict[str, Any], target: StoreTarget, request: web.Request

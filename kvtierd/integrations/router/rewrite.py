@@ -37,19 +37,31 @@ class Rewrite:
 
 
 async def find_rewrite(
-    client: AsyncKVClient, model: str, token_ids: list[int], chunk_tokens: int, hold_s: float
+    client: AsyncKVClient,
+    model: str,
+    token_ids: list[int],
+    chunk_tokens: int,
+    hold_s: float,
+    *,
+    scope: str = "",
+    variant: str = "",
 ) -> Rewrite | None:
-    """The rewrite of ``token_ids`` through its longest stored compressed prefix, or None."""
+    """The rewrite of ``token_ids`` through its longest stored compressed prefix, or None:
+    production (``scope`` ``""``) through whichever variant a prefix is stored in, a scoped
+    request only through ``variant`` of a prefix stored in its scope (``router_protocol``)."""
     lengths = list(range(chunk_tokens, len(token_ids), chunk_tokens))  # >= 1 suffix token
     if not lengths:
         return None
-    digests = [context_digest(model, token_ids[:n]) for n in lengths]
-    found = await client.lookup([manifest_key(d) for d in digests])
-    for n, digest, ok in sorted(zip(lengths, digests, found.found, strict=True), reverse=True):
+    digests = [context_digest(model, token_ids[:n], scope) for n in lengths]
+    keys = [manifest_key(d, variant) for d in digests]
+    found = await client.lookup(keys)
+    for n, key, ok in sorted(zip(lengths, keys, found.found, strict=True), reverse=True):
         if not ok:
             continue
-        manifest = await read_manifest(client, manifest_key(digest))
+        manifest = await read_manifest(client, key)
         if manifest is None or manifest.num_tokens != n:
+            continue
+        if variant and manifest.variant != variant:
             continue
         held = await client.lookup(list(manifest.chunk_keys), hold_s=hold_s)
         if held.prefix_hits != len(manifest.chunk_keys):

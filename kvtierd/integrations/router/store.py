@@ -1,4 +1,5 @@
-"""Store requests: ``"kvtierd": {"context_tokens": N, "variant": v}`` on a completion request.
+"""Store requests: ``"kvtierd": {"context_tokens": N, "variant": v}`` on a completion request
+(``"scope": s`` too for a scoped context, ``kvtierd.router_protocol``).
 
 The LMCache plugin builds the variant while vLLM serves the request (``store_request.py``);
 the router checks what it can before vLLM prefills — the variant, ``N`` a multiple of LMCache's
@@ -6,20 +7,20 @@ the router checks what it can before vLLM prefills — the variant, ``N`` a mult
 tags the request, and after vLLM answers checks that the variant's manifest is in the daemon.
 A token-dropping store that built nothing is answered as an error naming the likely causes,
 never as a plain success. Quantization-only variants (``int8``) are only tagged: the plugin
-stores the chunks it puts in that form, under their own LMCache keys (no manifest to check).
+stores the chunks it puts in that form, under their own LMCache keys (no manifest to check);
+a scope refuses them, since a scoped store writes nothing under keys production loads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
 from kvtierd.integrations.placeholder import SNAPKV_UNAVAILABLE, manifest_key
 from kvtierd.integrations.router.rewrite import read_manifest
 from kvtierd.kernels.variants import Variant, parse_variant, variant_kept_tokens
-from kvtierd.router_protocol import context_digest, loaded_value
+from kvtierd.router_protocol import ContextRequest, context_digest, loaded_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,38 +31,49 @@ class StoreTarget:
     digest: str
     variant: Variant
     num_tokens: int
+    scope: str = ""
+
+    @property
+    def manifest_key(self) -> str:
+        """One manifest per production context, one per (context, variant) in a scope."""
+        return manifest_key(self.digest, str(self.variant) if self.scope else "")
 
     @property
     def tags(self) -> dict[str, str]:
         """``kv_transfer_params`` that make the request a store request for the plugin."""
-        return {
+        tags = {
             "lmcache.tag.kvtierd_context": self.digest,
             "lmcache.tag.kvtierd_variant": str(self.variant),
             "lmcache.tag.kvtierd_context_tokens": str(self.num_tokens),
         }
+        return tags | ({"lmcache.tag.kvtierd_scope": self.scope} if self.scope else {})
 
 
 async def prepare_store(
     client: AsyncKVClient,
     model: str,
     token_ids: list[int],
-    spec: dict[str, Any],
+    spec: ContextRequest,
     chunk_tokens: int,
 ) -> StoreTarget:
     """Check a request's ``"kvtierd"`` store field before vLLM prefills anything: raises
-    :class:`InvalidArgumentError` for what cannot be built, :class:`AlreadyExistsError` when the
-    context is stored as another token-dropped variant (one per context: its manifest)."""
-    n = int(spec["context_tokens"])
+    :class:`InvalidArgumentError` for what cannot be built, :class:`AlreadyExistsError` when a
+    production context is stored as another token-dropped variant (one manifest per context)."""
+    n = spec.context_tokens
     if not 0 < n <= len(token_ids):
         raise InvalidArgumentError(
             f"kvtierd.context_tokens={n} outside the prompt's {len(token_ids)} tokens"
         )
-    try:
-        variant = parse_variant(str(spec["variant"]))
-    except ValueError as e:
-        raise InvalidArgumentError(f"kvtierd.variant: {e}") from e
-    target = StoreTarget(context_digest(model, token_ids[:n]), variant, n)
+    variant = checked_variant(spec.variant)
+    digest = context_digest(model, token_ids[:n], spec.scope)
+    target = StoreTarget(digest, variant, n, spec.scope)
     if not variant.drops_tokens:
+        if spec.scope:
+            raise InvalidArgumentError(
+                f"kvtierd.variant {variant} in a scope: a scoped store writes only a "
+                "token-dropped variant (a quantized one would go under the chunks' own keys, "
+                "which production prompts load)"
+            )
         return target
     if variant.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
@@ -71,7 +83,7 @@ async def prepare_store(
             f"kvtierd.context_tokens={n} as {variant} keeps {kept} tokens: both must be "
             f"multiples of LMCache's chunk_size {chunk_tokens} (the router's --chunk-size)"
         )
-    stored = await read_manifest(client, manifest_key(target.digest))
+    stored = await read_manifest(client, target.manifest_key)
     if stored is not None and stored.variant != str(variant):
         raise AlreadyExistsError(
             f"context {target.digest} is already stored as {stored.variant}; evict it first "
@@ -80,11 +92,19 @@ async def prepare_store(
     return target
 
 
+def checked_variant(text: str) -> Variant:
+    """``text`` parsed, or :class:`InvalidArgumentError` naming the field."""
+    try:
+        return parse_variant(text)
+    except ValueError as e:
+        raise InvalidArgumentError(f"kvtierd.variant: {e}") from e
+
+
 async def store_failure(client: AsyncKVClient, target: StoreTarget) -> str:
     """Why ``target`` is not stored after vLLM answered its request, ``""`` when it is."""
     if not target.variant.drops_tokens:
         return ""
-    stored = await read_manifest(client, manifest_key(target.digest))
+    stored = await read_manifest(client, target.manifest_key)
     if stored is not None and (stored.variant, stored.num_tokens) == (
         str(target.variant),
         target.num_tokens,
