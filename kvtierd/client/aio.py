@@ -188,6 +188,14 @@ class AsyncKVClient:
         req = pb.SetContextTokensRequest(context_id=context_id, token_ids=list(token_ids))
         await self.call(self.kv.SetContextTokens, req)
 
+    async def note_prompt(self, request_id: str, token_ids: Sequence[int]) -> None:
+        req = pb.SetContextTokensRequest(request_id=request_id, token_ids=list(token_ids))
+        await self.call(self.kv.SetContextTokens, req)
+
+    async def link_prompt(self, context_id: str, request_id: str) -> None:
+        req = pb.SetContextTokensRequest(context_id=context_id, request_id=request_id)
+        await self.call(self.kv.SetContextTokens, req)
+
     async def plan(
         self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
     ) -> pb.ContextPlan:

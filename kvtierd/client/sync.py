@@ -229,6 +229,16 @@ class KVClient:
         req = pb.SetContextTokensRequest(context_id=context_id, token_ids=list(token_ids))
         self.call(self.kv.SetContextTokens, req)
 
+    def note_prompt(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Register a request's prompt for a later :meth:`link_prompt` (kvtierd router)."""
+        req = pb.SetContextTokensRequest(request_id=request_id, token_ids=list(token_ids))
+        self.call(self.kv.SetContextTokens, req)
+
+    def link_prompt(self, context_id: str, request_id: str) -> None:
+        """The registered prompt of ``request_id`` made or read ``context_id`` (the plugin)."""
+        req = pb.SetContextTokensRequest(context_id=context_id, request_id=request_id)
+        self.call(self.kv.SetContextTokens, req)
+
     def plan(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.ContextPlan:
         """The variant to store ``context_id`` in (``docs/daemon.md``, write plans); the
         sizes matter only for a context the daemon does not hold yet."""

@@ -15,14 +15,14 @@ import contextlib
 import logging
 import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.state import ContextRecord
-from kvtierd.errors import CorruptObjectError, KvtierError, UnavailableError
+from kvtierd.errors import CorruptObjectError, KvtierError, NotFoundError, UnavailableError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
+MAX_PENDING_PROMPTS = 4096
+"""Prompts registered by request id (kvtierd router) and not yet linked to a context: the
+oldest are forgotten beyond this many (a link then fails with NOT_FOUND)."""
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 NO_TOKEN_IDS = (
     "evaluator {name!r} needs the context's token ids, and none were registered for it "
@@ -52,6 +55,7 @@ class ProfilingService:
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
         self._changed: dict[str, float] = {}
+        self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # request id -> tokens
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -134,6 +138,37 @@ class ProfilingService:
         if self.profiler is None:
             return
         store = partial(self.profiler.queries.set_tokens, context_id, tokens)
+        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+
+    def note_prompt(self, request_id: str, tokens: tuple[int, ...]) -> None:
+        """A request's prompt, by the id its writer will name at the put (bounded, in memory)."""
+        self._prompts[request_id] = tokens
+        self._prompts.move_to_end(request_id)
+        while len(self._prompts) > MAX_PENDING_PROMPTS:
+            self._prompts.popitem(last=False)
+
+    async def link_prompt(self, context_id: str, request_id: str) -> None:
+        """The prompt of ``request_id`` made (or read) ``context_id``: the context gets its
+        tokens, and the tokens past the context's end are a real query of it."""
+        from kvtierd.profiler import ProfilingQuery
+
+        tokens = self._prompts.get(request_id)
+        if tokens is None:
+            raise NotFoundError(
+                f"no prompt registered for request {request_id!r}: it was never registered, or "
+                f"more than {MAX_PENDING_PROMPTS} newer ones pushed it out"
+            )
+        ctx = self.engine.contexts.get(context_id)
+        if self.profiler is None or ctx is None:
+            return
+        _, n, _ = self._geometry_of(ctx)
+        profiler = self.profiler
+
+        def store() -> None:
+            profiler.queries.set_tokens(context_id, tokens)
+            if 0 < n < len(tokens):
+                profiler.queries.record(context_id, ProfilingQuery(token_ids=tokens[n:]))
+
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:

@@ -780,16 +780,23 @@ Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
 
 @_typing.final
 class SetContextTokensRequest(_message.Message):
-    """The token ids a context was computed from (a writer that knows them, e.g. kvtierd router):
-    evaluators that run the model through the serving stack (`engine`) need them. A context the
-    daemon does not hold yet is accepted (the store may still be in flight).
+    """The token ids a context was computed from: evaluators that run the model through the serving
+    stack (`engine`) need them. Three forms:
+      context_id + token_ids: the context's tokens (a context not held yet is accepted);
+      request_id + token_ids: a request's prompt, kept a while in memory (kvtierd router, which
+        knows prompts but not the context ids the LMCache plugin will store them under);
+      context_id + request_id: that request's prompt made the context (the plugin, at its put):
+        the context gets the prompt's tokens, and the prompt's tokens beyond the context are
+        recorded as a real-traffic query of it (drift detection, profiling).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
+    request_id: _builtins.str
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -797,10 +804,11 @@ class SetContextTokensRequest(_message.Message):
         *,
         context_id: _builtins.str = ...,
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "request_id", b"request_id", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

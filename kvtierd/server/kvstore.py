@@ -202,15 +202,27 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def SetContextTokens(
         self, request: pb.SetContextTokensRequest, context: Any
     ) -> pb.SetContextTokensResponse:
-        if not request.context_id:
-            raise InvalidArgumentError("SetContextTokens: context_id must not be empty")
-        if not 0 < len(request.token_ids) <= MAX_CONTEXT_TOKENS:
+        caller = CALLER.get()
+        form = (bool(request.context_id), bool(request.token_ids), bool(request.request_id))
+        if len(request.token_ids) > MAX_CONTEXT_TOKENS:
             raise InvalidArgumentError(
-                f"SetContextTokens: 1 to {MAX_CONTEXT_TOKENS} token ids, got "
+                f"SetContextTokens: at most {MAX_CONTEXT_TOKENS} token ids, got "
                 f"{len(request.token_ids)}"
             )
-        cid = CALLER.get().scoped(request.context_id)
-        await self.engine.profiling.set_tokens(cid, tuple(request.token_ids))
+        profiling = self.engine.profiling
+        if form == (True, True, False):
+            await profiling.set_tokens(caller.scoped(request.context_id), tuple(request.token_ids))
+        elif form == (False, True, True):
+            profiling.note_prompt(caller.scoped(request.request_id), tuple(request.token_ids))
+        elif form == (True, False, True):
+            await profiling.link_prompt(
+                caller.scoped(request.context_id), caller.scoped(request.request_id)
+            )
+        else:
+            raise InvalidArgumentError(
+                "SetContextTokens takes context_id + token_ids, request_id + token_ids, or "
+                "context_id + request_id"
+            )
         return pb.SetContextTokensResponse()
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:

@@ -58,6 +58,15 @@ if TokenEcho.name not in EVALUATORS:
     register_evaluator(TokenEcho)
 
 
+async def _put_chunk(engine: Engine, cid: str) -> None:
+    x = torch.zeros(2, 2, T, 2 * 32, dtype=torch.bfloat16)
+    layout = ChunkFormat(tuple(x.shape), "bfloat16", 2).layout()
+    data = memoryview(x.view(torch.uint8).numpy().tobytes())
+    meta = ObjectMeta(key=f"{cid}/0", size_bytes=len(data), context_id=cid, dtype="bfloat16",
+                      shape=tuple(x.shape), layout=layout, token_count=T)  # fmt: skip
+    await engine.put_bytes(meta, data)
+
+
 def test_query_store_keeps_the_longest_tokens_across_a_reload(tmp_path: Path) -> None:
     store = QueryStore(tmp_path)
     store.set_tokens("c", (1, 2, 3, 4))
@@ -80,12 +89,7 @@ async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> N
             "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [0.5]\n", "p.yaml"
         )
         await engine.apply_policy(replace(policy, evaluator=TokenEcho.name))
-        x = torch.zeros(2, 2, T, 2 * 32, dtype=torch.bfloat16)
-        layout = ChunkFormat(tuple(x.shape), "bfloat16", 2).layout()
-        data = memoryview(x.view(torch.uint8).numpy().tobytes())
-        meta = ObjectMeta(key="doc/0", size_bytes=len(data), context_id="doc", dtype="bfloat16",
-                          shape=tuple(x.shape), layout=layout, token_count=T)  # fmt: skip
-        await engine.put_bytes(meta, data)
+        await _put_chunk(engine, "doc")
         ctx = engine.contexts["doc"]
         TokenEcho.seen.clear()
         assert not await engine.profiling.profile_context(ctx)
@@ -99,11 +103,38 @@ async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> N
         await engine.close()
 
 
+async def test_a_linked_prompt_gives_tokens_and_a_traffic_query(tmp_path: Path) -> None:
+    """The router registers a prompt by request id; the plugin's put links it to the context:
+    the context gets the prompt's tokens, the rest of the prompt is a real query of it."""
+    from kvtierd.profiler import ProfilingQuery
+
+    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
+    engine = Engine(
+        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
+    )
+    await engine.start()
+    try:
+        await _put_chunk(engine, "doc")
+        prompt = tuple(range(500, 500 + T + 3))
+        engine.profiling.note_prompt("req-1", prompt)
+        await engine.profiling.link_prompt("doc", "req-1")
+        queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
+        assert queries.tokens("doc", T) == prompt[:T]
+        assert queries.recent("doc") == (ProfilingQuery(token_ids=prompt[T:]),)
+        with pytest.raises(errors.NotFoundError, match="no prompt registered"):
+            await engine.profiling.link_prompt("doc", "never-registered")
+    finally:
+        await engine.close()
+
+
 def test_set_context_tokens_over_the_socket(start_daemon) -> None:
     d = start_daemon()
     with KVClient(d.socket_path) as c:
         c.set_context_tokens("not-yet-stored", [1, 2, 3])  # the put may still be in flight
-        with pytest.raises(errors.InvalidArgumentError, match="1 to"):
-            c.set_context_tokens("x", [])
-        with pytest.raises(errors.InvalidArgumentError, match="context_id"):
-            c.set_context_tokens("", [1])
+        c.note_prompt("r", [1, 2, 3])
+        c.link_prompt("not-yet-stored", "r")  # nothing to link to yet: accepted, no effect
+        with pytest.raises(errors.NotFoundError, match="no prompt registered"):
+            c.link_prompt("x", "unknown-request")
+        for bad in (lambda: c.set_context_tokens("x", []), lambda: c.set_context_tokens("", [1])):
+            with pytest.raises(errors.InvalidArgumentError, match="context_id \\+ token_ids"):
+                bad()
