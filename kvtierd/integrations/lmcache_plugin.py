@@ -20,7 +20,10 @@ token-dropping variant also builds the placeholder variant of the request's cont
 chunks whether LMCache held them (read back from the daemon) or put them: its lookup reports
 the context's last chunk missing so that a put always comes (``store_request``,
 ``placeholder_store``). Loads decode every chunk by the layout it was stored with, whoever
-compressed it (plugin or daemon).
+compressed it (plugin or daemon). A request whose prompt ``kvtierd router`` registered with the
+daemon (``lmcache.tag.kvtierd_request``) is linked to the context it stored or read, so that
+the daemon learns the context's tokens and records the prompt as a real query of it
+(``prompt_links``).
 
 **Failures never reach LMCache as exceptions.** LMCache 0.5.6 does not catch a plugin's
 exceptions on the load path: one raised from a get reaches vLLM's worker and kills the engine
@@ -61,6 +64,7 @@ from kvtierd.integrations.plugin_settings import (
     placeholder_chunks,
     tag,
 )
+from kvtierd.integrations.prompt_links import PromptLinks
 from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
 from kvtierd.integrations.store_request import ContextChunks, StoreRequest
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
@@ -94,6 +98,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
         self._lock = threading.Lock()
         self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
+        self.prompts = PromptLinks(self.client, self.links, self.stats, self._lock)
         status = self.client.status()  # LMCache catches a constructor's error (manager.py)
         logger.info(
             "kvtierd plugin: daemon %s at %s (variant %s; int8/int4 chunks are encoded and "
@@ -113,11 +118,23 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self.stats.last_error = f"{op}: {type(e).__name__}: {e}"
         logger.error("kvtierd plugin: %s failed", op, exc_info=e)
 
+    def _report_prompt(self, key: Any, first_chunk: str = "") -> None:
+        """Link a registered prompt to its context (``prompt_links``); ``first_chunk``: at its
+        lookup, the key of the prompt's first chunk."""
+        try:
+            if first_chunk:
+                self.prompts.looked_up(key, first_chunk)
+            else:
+                self.prompts.report(key)
+        except Exception as e:
+            self._failed("prompt link", e)
+
     # -- lookups ------------------------------------------------------------------------------
 
-    def _prefix_hits(self, keys: Sequence[Any], pin: bool) -> int:
+    def _prefix_hits(self, keys: Sequence[Any], pin: bool, prompt: bool = False) -> int:
         """Stored chunks from the first key on; a placeholder request's placeholder chunks
-        count as stored even when they are not, so that their load fails closed."""
+        count as stored even when they are not, so that their load fails closed. ``prompt``:
+        a lookup of a whole prompt (LMCache's, from token 0), not of one chunk."""
         claimed = min(len(keys), placeholder_chunks(keys[0], self.chunk_tokens)) if keys else 0
         try:
             hold = self.settings.hold_s if pin else 0.0
@@ -130,6 +147,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         except Exception as e:
             self._failed("lookup", e)
             hits = 0
+        if prompt and keys:
+            self._report_prompt(keys[0], key_string(keys[0]))
         with self._lock:
             self.stats.lookups += 1
             self.stats.hit_chunks += hits
@@ -148,7 +167,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         return self._prefix_hits([key], pin) == 1
 
     def batched_contains(self, keys: list[Any], pin: bool = False) -> int:
-        return self._prefix_hits(keys, pin)
+        return self._prefix_hits(keys, pin, prompt=True)
 
     async def batched_async_contains(
         self, lookup_id: str, keys: list[Any], pin: bool = False
@@ -179,6 +198,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self._put(keys, objs)
         except Exception as e:
             self._failed("put", e)  # not stored: a later request recomputes these chunks
+        if keys:
+            self._report_prompt(keys[0])
         if on_complete_callback is not None:
             for key in keys:
                 on_complete_callback(key)
@@ -270,6 +291,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 )
             )
         stored = put_many(self.client, items, durable=self.settings.durable)
+        self.links.touched(chunks[0][0], plan.context_id)  # a prompt's first chunk: its context
         self.links.touched(chunks[-1][0], plan.context_id)
         with self._lock:
             self.stats.put_chunks += len(items)
@@ -295,6 +317,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 out = self._get_each(names)
         with self._lock:
             self.stats.get_chunks += len(out)
+        if out:
+            self._report_prompt(keys[0])
         return out + [None] * (len(keys) - len(out))
 
     def _get_each(self, names: list[str]) -> list[Any]:
@@ -353,6 +377,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+        self.prompts.close()
         self.client.close()
         logger.info("kvtierd plugin closed: %s", self.stats)
 

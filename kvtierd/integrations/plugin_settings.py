@@ -18,6 +18,11 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
+PROMPT_TAG = "kvtierd_request"
+"""``lmcache.tag.kvtierd_request``: the id under which ``kvtierd router`` registered the request's
+prompt with the daemon (``KVStore.SetContextTokens``); the plugin names the context the prompt
+made or read (``prompt_links.py``)."""
+
 PLAN = "plan"
 """``kvtierd.variant: plan``: ask the daemon's write plan for every put (``put_plan.py``)."""
 
@@ -79,6 +84,8 @@ class PluginStats:
     get_chunks: int = 0
     placeholder_variants: int = 0
     held_chunks: int = 0  # context chunks a variant was built from that were read from the daemon
+    prompt_links: int = 0  # (request, context) pairs reported to the daemon (prompt_links.py)
+    prompt_link_errors: int = 0  # of those, the daemon refused or could not be reached
     errors: int = 0
     last_error: str = ""
 

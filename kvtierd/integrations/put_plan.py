@@ -108,6 +108,11 @@ class ContextLinks:
         with self._lock:
             self._remember(self._context_of, key, context_id)
 
+    def context_of(self, key: str) -> str:
+        """The context a stored or loaded chunk ``key`` belongs to, ``""`` if not seen."""
+        with self._lock:
+            return self._context_of.get(key, "")
+
     def continued(self, keys: Sequence[str], start: int) -> str:
         """The context a put storing ``keys[start:]`` continues, or ``""``: that of
         ``keys[start - 1]`` when the put itself starts earlier (LMCache re-puts stored chunks),
