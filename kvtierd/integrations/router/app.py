@@ -15,7 +15,9 @@ an error saying why not (``store.py``). With ``"scope": s`` the context is store
 scoped identity no production prompt is rewritten to, and ``"kvtierd": {"scope": s,
 "variant": v}`` loads it (``kvtierd.router_protocol``). Chat requests are rewritten after
 vLLM's chat template (``/tokenize`` with ``messages``) and sent as completions, answered in
-chat format.
+chat format. Every real-traffic prompt sent as it is (plain, store, or a rewrite's fallback; not
+a scoped profiling request) is registered with the daemon and tagged, best effort, so that the
+daemon learns its context's tokens and records it as a query (``prompts.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aiohttp import web
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
+from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
     StoreTarget,
@@ -122,28 +125,36 @@ class Router:
         body: dict[str, Any] = await request.json()
         field = body.pop("kvtierd", None)
         path = "/v1/chat/completions" if chat else "/v1/completions"
+        note: PromptNote | None = None
         try:
-            spec = ContextRequest() if field is None else ContextRequest.from_json(field)
-            tokens = await self._tokenize(body)
-            model = await self._root()
-            if spec.is_store:
-                if body.get("stream"):
-                    raise InvalidArgumentError(
-                        "a store request (kvtierd.context_tokens) cannot be streamed: the "
-                        "router answers it only once it has checked that the variant is stored"
+            try:
+                spec = ContextRequest() if field is None else ContextRequest.from_json(field)
+                tokens = await self._tokenize(body)
+                # Real traffic only: a scoped request is a profiler's (router_protocol).
+                note = None if spec.scope else PromptNote(self.client, tokens)
+                model = await self._root()
+                if spec.is_store:
+                    if body.get("stream"):
+                        raise InvalidArgumentError(
+                            "a store request (kvtierd.context_tokens) cannot be streamed: the "
+                            "router answers it only once it has checked that the variant is "
+                            "stored"
+                        )
+                    target = await prepare_store(
+                        self.client, model, tokens, spec, self.config.chunk_tokens
                     )
-                target = await prepare_store(
-                    self.client, model, tokens, spec, self.config.chunk_tokens
-                )
-                return await self._store(path, body, target, request)
-            rw = await self._find_rewrite(model, tokens, spec)
-        except AlreadyExistsError as e:
-            return _error(str(e), 409)
-        except (aiohttp.ClientError, ValueError, KeyError) as e:
-            return _error(str(e), 400)
-        if rw is None:
-            return await self._forward(path, body, request)
-        return await self._rewritten(body, rw, request, chat=chat)
+                    return await self._store(path, body, target, request, note)
+                rw = await self._find_rewrite(model, tokens, spec)
+            except AlreadyExistsError as e:
+                return _error(str(e), 409)
+            except (aiohttp.ClientError, ValueError, KeyError) as e:
+                return _error(str(e), 400)
+            if rw is None:
+                return await self._forward(path, await _tagged(body, note), request)
+            return await self._rewritten(body, rw, request, chat=chat, note=note)
+        finally:
+            if note is not None:
+                note.cancel()  # sent or refused by now: nothing waits for the registration
 
     async def _find_rewrite(
         self, model: str, tokens: list[int], spec: ContextRequest
@@ -159,11 +170,17 @@ class Router:
         )
 
     async def _store(
-        self, path: str, body: dict[str, Any], target: StoreTarget, request: web.Request
+        self,
+        path: str,
+        body: dict[str, Any],
+        target: StoreTarget,
+        request: web.Request,
+        note: PromptNote | None,
     ) -> web.StreamResponse:
         """Forward a store request; a 502 with the reason if vLLM answered but the variant was
         not stored (``store.py``)."""
-        answer = await self._forward(path, _with_params(body, target.tags), request)
+        tags = target.tags | (await note.tags() if note is not None else {})
+        answer = await self._forward(path, _with_params(body, tags), request)
         if answer.status != 200:
             return answer
         why = await store_failure(self.client, target)
@@ -173,8 +190,17 @@ class Router:
         return answer
 
     async def _rewritten(
-        self, body: dict[str, Any], rw: Rewrite, request: web.Request, *, chat: bool
+        self,
+        body: dict[str, Any],
+        rw: Rewrite,
+        request: web.Request,
+        *,
+        chat: bool,
+        note: PromptNote | None,
     ) -> web.StreamResponse:
+        """Send ``[placeholder ids] + suffix``; the real prompt if vLLM fails it. Only the real
+        prompt is reported to the daemon (``note``): the rewritten one reads a token-dropped
+        variant, whose KV is not the context's and whose prompt is not its tokens."""
         new = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
         new["prompt"] = rw.prompt_ids
         new = _with_params(new, rw.kv_transfer_params)
@@ -182,6 +208,7 @@ class Router:
             streamed = await self._stream_rewritten(new, rw, request, chat=chat)
             if streamed is not None:
                 return streamed
+            body = await _tagged(body, note)
             return await self._fallback(body, rw, "its first stream event", request, chat=chat)
         async with self.http.post(f"{self.config.upstream}/v1/completions", json=new) as r:
             try:
@@ -190,7 +217,7 @@ class Router:
                 data = {"error": f"HTTP {r.status}: {(await r.text())[:200]}"}
             ok = r.status == 200 and isinstance(data, dict) and _choices_ok(data)
         if not ok:
-            return await self._fallback(body, rw, data, request, chat=chat)
+            return await self._fallback(await _tagged(body, note), rw, data, request, chat=chat)
         self.rewrites += 1
         return web.json_response(_as_chat(data) if chat else data, headers=_loaded(rw))
 
@@ -279,6 +306,12 @@ def _first_event_ok(line: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(data, dict) and _choices_ok(data)
+
+
+async def _tagged(body: dict[str, Any], note: PromptNote | None) -> dict[str, Any]:
+    """``body`` naming its registered prompt to the plugin (``prompts.py``), if it was."""
+    tags = await note.tags() if note is not None else {}
+    return _with_params(body, tags) if tags else body
 
 
 def _with_params(body: dict[str, Any], tags: dict[str, str]) -> dict[str, Any]:
