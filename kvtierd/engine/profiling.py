@@ -35,10 +35,10 @@ logger = logging.getLogger(__name__)
 
 NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
+"""Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 MAX_PENDING_PROMPTS = 4096
 """Prompts registered by request id (kvtierd router) and not yet linked to a context: the
 oldest are forgotten beyond this many (a link then fails with NOT_FOUND)."""
-"""Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 NO_TOKEN_IDS = (
     "evaluator {name!r} needs the context's token ids, and none were registered for it "
     "(LMCache gives the daemon chunk hashes, never tokens; kvtierd router registers the tokens "
