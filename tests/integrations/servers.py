@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,27 @@ def get_json(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=30) as r:
         result: dict[str, Any] = json.loads(r.read())
         return result
+
+
+@contextlib.contextmanager
+def router_stack(work: Path, model: Path) -> Iterator[dict[str, Any]]:
+    """A daemon (LRU test config), ``vllm serve`` with the kvtierd LMCache plugin, and
+    ``kvtierd router`` in front of it; torn down in reverse order."""
+    from tests.daemon_proc import DaemonProcess, write_config
+    from tests.integrations.harness import CHUNK, lmcache_config
+
+    config = write_config(work / "daemon")
+    sock = str(work / "daemon" / "kvtierd.sock")
+    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
+    procs = []
+    try:
+        vllm, vurl = start_vllm(work, model, lmcache_config(sock))
+        procs.append(vllm)
+        router, rurl = start_router(work, vurl, sock, CHUNK)
+        procs.append(router)
+        yield {"router": rurl, "vllm": vurl, "socket": sock, "model": str(model),
+               "vllm_log": work / "vllm-serve.log"}  # fmt: skip
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        daemon.kill()

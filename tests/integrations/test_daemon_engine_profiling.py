@@ -18,9 +18,8 @@ import pytest
 
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess, write_config
-from tests.integrations.harness import CHUNK, lmcache_config
-from tests.integrations.servers import post, start_router, start_vllm, stop
+from tests.integrations.harness import CHUNK
+from tests.integrations.servers import post, router_stack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,26 +40,12 @@ profiling:
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("engine-from-traffic")
-    config = write_config(work / "daemon")
-    sock = str(work / "daemon" / "kvtierd.sock")
-    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
-    procs = []
-    try:
-        vllm, vurl = start_vllm(work, tiny_model, lmcache_config(sock))
-        procs.append(vllm)
-        router, rurl = start_router(work, vurl, sock, CHUNK)
-        procs.append(router)
+    with router_stack(tmp_path_factory.mktemp("engine-from-traffic"), tiny_model) as stack:
         # The router's URL is known only now: apply the policy that names it (hot reload).
-        with KVClient(sock) as c:
-            text = POLICY.format(router=rurl, vllm=vurl)
+        with KVClient(stack["socket"]) as c:
+            text = POLICY.format(router=stack["router"], vllm=stack["vllm"])
             c.call(c.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=text, source="test"))
-        yield {"router": rurl, "vllm": vurl, "socket": sock, "model": str(tiny_model),
-               "vllm_log": work / "vllm-serve.log"}  # fmt: skip
-    finally:
-        for p in reversed(procs):
-            stop(p)
-        daemon.kill()
+        yield stack
 
 
 def _complete(url: str, model: str, prompt: list[int], **extra: Any) -> str:

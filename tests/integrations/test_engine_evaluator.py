@@ -22,9 +22,8 @@ from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.profiler.engine_eval import DaemonAdmin, EngineEvaluator
 from kvtierd.profiler.quality import QualityResult
 from kvtierd.router_protocol import LOADED_HEADER, context_digest
-from tests.daemon_proc import DaemonProcess, write_config
-from tests.integrations.harness import CHUNK, lmcache_config
-from tests.integrations.servers import post, start_router, start_vllm, stop
+from tests.integrations.harness import CHUNK
+from tests.integrations.servers import post, router_stack
 from tests.integrations.tiny_model import words
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -39,21 +38,8 @@ HEAVY = ("knorm@0.1", "streamingllm@0.1")  # 64 tokens -> one 16-token chunk kep
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("engine-eval")
-    config = write_config(work / "daemon")
-    sock = str(work / "daemon" / "kvtierd.sock")
-    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
-    procs = []
-    try:
-        vllm, vurl = start_vllm(work, tiny_model, lmcache_config(sock))
-        procs.append(vllm)
-        router, rurl = start_router(work, vurl, sock, CHUNK)
-        procs.append(router)
-        yield {"router": rurl, "vllm": vurl, "socket": sock, "model": str(tiny_model)}
-    finally:
-        for p in reversed(procs):
-            stop(p)
-        daemon.kill()
+    with router_stack(tmp_path_factory.mktemp("engine-eval"), tiny_model) as stack:
+        yield stack
 
 
 @pytest.fixture(scope="module")

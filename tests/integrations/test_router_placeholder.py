@@ -18,15 +18,11 @@ from kvtierd.client import KVClient
 from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.profiler.engine_eval import DaemonAdmin
 from kvtierd.router_protocol import context_digest
-from tests.daemon_proc import DaemonProcess, write_config
-from tests.integrations.harness import CHUNK, lmcache_config
 from tests.integrations.servers import (
     get_json,
     post,
     post_stream,
-    start_router,
-    start_vllm,
-    stop,
+    router_stack,
 )
 from tests.integrations.tiny_model import words
 
@@ -49,21 +45,8 @@ LOGPROB_TOLERANCE = 0.1  # bf16 rounding of two different attention implementati
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("router")
-    config = write_config(work / "daemon")
-    sock = str(work / "daemon" / "kvtierd.sock")
-    daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
-    procs = []
-    try:
-        vllm, vurl = start_vllm(work, tiny_model, lmcache_config(sock))
-        procs.append(vllm)
-        router, rurl = start_router(work, vurl, sock, CHUNK)
-        procs.append(router)
-        yield {"router": rurl, "vllm": vurl, "socket": sock, "model": str(tiny_model)}
-    finally:
-        for p in reversed(procs):
-            stop(p)
-        daemon.kill()
+    with router_stack(tmp_path_factory.mktemp("router"), tiny_model) as stack:
+        yield stack
 
 
 def complete(
