@@ -23,6 +23,18 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: str | Path) -> Path:
+    """Log TTFT axis, grid and legend (both figures share them); write the PNG and close."""
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    out = Path(path)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def plot_frontier(sweep: Sweep, path: str | Path) -> Path:
     """Mean TTFT (s) against mean quality for EvicPress (alpha sweep) and every baseline."""
     plt = _pyplot()
@@ -38,14 +50,7 @@ def plot_frontier(sweep: Sweep, path: str | Path) -> Path:
         ax.plot([r.quality_mean for r in runs], [r.ttft_mean_s for r in runs], style, label=name)
     ax.set_xlabel("mean quality (1.0 = uncompressed)")
     ax.set_ylabel("mean TTFT (s, unloaded)")
-    ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    out = Path(path)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, path)
 
 
 def plot_qps(runs: dict[str, SimulationResult], path: str | Path, max_qps: float) -> Path:
@@ -57,11 +62,4 @@ def plot_qps(runs: dict[str, SimulationResult], path: str | Path, max_qps: float
         ax.plot(grid, [loaded_ttft_s(r, q) for q in grid], label=name)
     ax.set_xlabel("requests per second")
     ax.set_ylabel("mean TTFT (s, FIFO queue on one GPU)")
-    ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    out = Path(path)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, path)
