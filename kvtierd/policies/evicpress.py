@@ -50,10 +50,7 @@ class EvicPressPlacer(Placer):
     # -- the Placer interface ----------------------------------------------------------------
 
     def insert(self, profile: ContextProfile) -> Plan:
-        table = UtilityTable.from_profiles(
-            [self._merge_counted(profile)], self.tiers, self.params.alpha
-        )
-        return self.insert_row(table, 0)
+        return self.insert_row(self._table([profile]), 0)
 
     def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
         """Record a context that already lives at ``placement``; only resolve an overflow."""
@@ -89,15 +86,7 @@ class EvicPressPlacer(Placer):
         return Placement(s.names[slot][int(s.variant[slot])], self.tiers[t].name)
 
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        s = self._state.slots
-        counted = [s.freq[i] if (i := s.index.get(p.context_id)) is not None else 0.0
-                   for p in profiles]  # fmt: skip
-        merged = [
-            replace(p, frequency=float(f)) if f > p.frequency else p
-            for p, f in zip(profiles, counted, strict=True)
-        ]
-        table = UtilityTable.from_profiles(merged, self.tiers, self.params.alpha)
-        return self.rebalance_table(table)
+        return self.rebalance_table(self._table(profiles))
 
     # -- extensions ------------------------------------------------------------------------
 
@@ -149,6 +138,11 @@ class EvicPressPlacer(Placer):
             known = ", ".join(self._tier_index)
             raise ValueError(f"unknown tier {name!r}; tiers: {known}") from None
 
+    def _table(self, profiles: Sequence[ContextProfile]) -> UtilityTable:
+        """The profiles' utilities, each at ``max(profiled frequency, hits counted here)``."""
+        merged = [self._merge_counted(p) for p in profiles]
+        return UtilityTable.from_profiles(merged, self.tiers, self.params.alpha)
+
     def _merge_counted(self, profile: ContextProfile) -> ContextProfile:
         """``profile`` with the hits counted by :meth:`access` if they exceed its frequency."""
         s = self._state.slots
@@ -159,9 +153,7 @@ class EvicPressPlacer(Placer):
 
     def _readd(self, profile: ContextProfile) -> int:
         """Forget the context's old slot and give it a fresh one (dropped) from ``profile``."""
-        table = UtilityTable.from_profiles(
-            [self._merge_counted(profile)], self.tiers, self.params.alpha
-        )
+        table = self._table([profile])
         self._state.discard(profile.context_id)
         return self._state.add(profile.context_id, table.variant_names[0], table, 0)
 
