@@ -16,7 +16,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -130,13 +129,7 @@ class AnswerEvaluator(QualityEvaluator):
             sims = self.embedder.similarity([texts[0]] * len(variants), texts[1:])
             for v, s in zip(variants, sims, strict=True):
                 per_query[v].append(s)
-        return QualityResult(
-            evaluator=self.name,
-            quality=MappingProxyType({v: sum(s) / len(s) for v, s in per_query.items()}),
-            num_queries=len(queries),
-            elapsed_s=time.perf_counter() - t0,
-            per_query=MappingProxyType({v: tuple(s) for v, s in per_query.items()}),
-        )
+        return QualityResult.mean_of(self.name, per_query, len(queries), time.perf_counter() - t0)
 
     def _answers(
         self, model: Any, kv: ContextKV, items: list[Any], query_ids: list[int]

@@ -41,7 +41,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 import grpc
@@ -232,13 +231,7 @@ class EngineEvaluator(QualityEvaluator):
         per_query = {
             v: tuple(self.embedder.similarity(reference, answers[names[v]])) for v in variants
         }
-        return QualityResult(
-            evaluator=self.name,
-            quality=MappingProxyType({v: sum(s) / len(s) for v, s in per_query.items()}),
-            num_queries=len(queries),
-            elapsed_s=time.perf_counter() - t0,
-            per_query=MappingProxyType(per_query),
-        )
+        return QualityResult.mean_of(self.name, per_query, len(queries), time.perf_counter() - t0)
 
     @staticmethod
     def _context_ids(kv: ContextKV) -> list[int]:

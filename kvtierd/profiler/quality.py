@@ -98,6 +98,23 @@ class QualityResult:
     elapsed_s: float = 0.0
     per_query: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
+    @classmethod
+    def mean_of(
+        cls,
+        evaluator: str,
+        per_query: Mapping[str, Sequence[float]],
+        num_queries: int,
+        elapsed_s: float,
+    ) -> QualityResult:
+        """A result whose quality per variant is the mean of its per-query scores."""
+        return cls(
+            evaluator=evaluator,
+            quality=MappingProxyType({v: sum(s) / len(s) for v, s in per_query.items()}),
+            num_queries=num_queries,
+            elapsed_s=elapsed_s,
+            per_query=MappingProxyType({v: tuple(s) for v, s in per_query.items()}),
+        )
+
     def __getitem__(self, variant: str) -> float:
         try:
             return self.quality[variant]
