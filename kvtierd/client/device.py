@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 
 class DevicePools:
     def __init__(self) -> None:
-        self._pools: dict[bytes, torch.Tensor] = {}
+        # Keyed as torch's rebuild_cuda_tensor keys its cache: one cudaMalloc segment (one
+        # handle) can hold several storages, told apart by their offset in it.
+        self._pools: dict[tuple[bytes, int], torch.Tensor] = {}
 
     def region(self, r: pb.DeviceRegion) -> torch.Tensor:
         """A ``uint8`` CUDA tensor over the object's bytes in the daemon's pool (no copy)."""
-        pool = self._pools.get(r.pool.handle)
+        key = (r.pool.handle, r.pool.storage_offset_bytes)
+        pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[r.pool.handle] = _open(r.pool)
+            pool = self._pools[key] = _open(r.pool)
         if r.offset + r.length > pool.numel():
             raise InvalidArgumentError(
                 f"device region [{r.offset}, {r.offset + r.length}) outside the pool of "
