@@ -59,7 +59,7 @@ class ProfilingService:
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
-            str, tuple[tuple[str, int], tuple[ChunkFormat | None, int, int]]
+            str, tuple[tuple[str, int, int], tuple[ChunkFormat | None, int, int]]
         ] = {}
         self._task: asyncio.Task[None] | None = None
         self._drift: asyncio.Task[None] | None = None
@@ -243,13 +243,13 @@ class ProfilingService:
     def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
         """Chunk format, token count and bytes of the context's original; cached until the
         context gains objects or changes form (a put of chunk k would otherwise re-parse the
-        k layouts before it)."""
-        originals = self._originals(ctx)
-        stamp = (ctx.variant, len(originals))
+        k layouts before it). The stamp is read off the record, not off :meth:`_originals`:
+        listing the originals to check the cache is itself a pass over the context's keys."""
+        stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()))
         cached = self._geometry_cache.get(ctx.context_id)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        value = self._geometry(originals)
+        value = self._geometry(self._originals(ctx))
         self._geometry_cache[ctx.context_id] = (stamp, value)
         return value
 
