@@ -20,7 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.policies.model import Assignment, FloatArray, IntArray, UtilityTable
+from kvtierd.policies.model import (
+    Assignment,
+    FloatArray,
+    IntArray,
+    UtilityTable,
+    capacity_array,
+)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -48,9 +54,7 @@ def _build(table: UtilityTable) -> _Model:
     from scipy import sparse
 
     n, _, n_tiers = table.util.shape
-    fits = np.stack(
-        [table.size_bytes <= (np.inf if c is None else c) for c in table.capacity_bytes], axis=2
-    )
+    fits = table.size_bytes[:, :, None] <= capacity_array(table.capacity_bytes)
     usable = np.isfinite(table.util) & fits
     if table.pinned.any():
         usable[table.pinned, :, 1:] = False

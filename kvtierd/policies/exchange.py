@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtierd.policies.model import Assignment, FloatArray, IntArray, UtilityTable
+from kvtierd.policies.model import (
+    Assignment,
+    FloatArray,
+    IntArray,
+    UtilityTable,
+    capacity_array,
+)
 
 EXCHANGE_MAX = 64
 """Largest instance (contexts) the exchange phase runs on by default."""
@@ -42,7 +48,7 @@ class _Options:
 
 def _options(table: UtilityTable) -> _Options:
     n, n_var, n_tiers = table.util.shape
-    caps = np.array([np.inf if c is None else float(c) for c in table.capacity_bytes])
+    caps = capacity_array(table.capacity_bytes)
     # Option k < V*T is (variant k // T, tier k % T); option V*T is dropped.
     util = np.concatenate([table.util.reshape(n, n_var * n_tiers), table.drop_util[:, None]], 1)
     size = np.concatenate([np.repeat(table.size_bytes, n_tiers, axis=1), np.zeros((n, 1))], 1)
@@ -140,7 +146,7 @@ def improve(table: UtilityTable, assignment: Assignment, max_rounds: int = 256) 
     variant = assignment.variant.copy()
     tier = assignment.tier.copy()
     dropped = assignment.dropped.copy()
-    caps = np.array([np.inf if c is None else float(c) for c in table.capacity_bytes])
+    caps = capacity_array(table.capacity_bytes)
     movable = ~table.pinned
     for _ in range(max_rounds):
         cur_size = np.where(dropped, 0.0, table.size_bytes[rows, variant])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtierd.errors import CapacityError, InvalidArgumentError
-from kvtierd.policies.model import FloatArray, IntArray, UtilityTable
+from kvtierd.policies.model import FloatArray, IntArray, UtilityTable, capacity_array
 from kvtierd.policies.slots import Slots
 
 DROP = -1
@@ -71,7 +71,7 @@ class GreedyState:
     def __init__(self, capacities: tuple[int | None, ...], selection: Selection) -> None:
         self.capacities = capacities
         self.selection = selection
-        self.caps = np.array([np.inf if c is None else float(c) for c in capacities])
+        self.caps = capacity_array(capacities)
         self.slots = Slots(len(capacities))
         self.used = [0.0] * len(capacities)
         self._heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in capacities]

@@ -36,6 +36,11 @@ def load_ttft_s(size_bytes: FloatArray, restore_s: FloatArray, tier: TierModel) 
     return size_bytes / tier.load_bandwidth_bytes_per_s + tier.load_overhead_s + restore_s
 
 
+def capacity_array(capacity_bytes: Sequence[int | None]) -> FloatArray:
+    """Tier capacities as floats, ``inf`` for an unbounded tier, shape ``(T,)``."""
+    return np.array([np.inf if c is None else float(c) for c in capacity_bytes])
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class UtilityTable:
     """Dense utilities of every configuration of ``n`` contexts (EvicPress §4.2, §4.4).
