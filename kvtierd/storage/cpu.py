@@ -23,6 +23,7 @@ import numpy as np
 
 from kvtierd.config import TierConfig, parse_size
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.storage.aligned_io import copy_bytes
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import MEMFD, Arena
 from kvtierd.storage.base import register_tier
@@ -76,8 +77,8 @@ class CpuTier(PooledTier):
             with ThreadPoolExecutor(1, thread_name_prefix="kvtierd-calibrate") as pool:
                 for _ in range(repeats):
                     t0 = time.perf_counter()
-                    other = pool.submit(_copy, dst[half:], src[half:])
-                    _copy(dst[:half], src[:half])
+                    other = pool.submit(copy_bytes, dst[half:], src[half:])
+                    copy_bytes(dst[:half], src[:half])
                     other.result()
                     seconds.append(time.perf_counter() - t0)
             self.read_meter.record(nbytes, statistics.median(seconds))
@@ -129,14 +130,14 @@ class CpuTier(PooledTier):
         self._index.check_absent(meta.key)
         block = self.stage(meta.size_bytes)
         t0 = time.perf_counter()
-        await asyncio.to_thread(_copy, self.view(block), data)
+        await asyncio.to_thread(copy_bytes, self.view(block), data)
         self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
         return self.adopt(meta, block)
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._index.get(key)
         t0 = time.perf_counter()
-        await asyncio.to_thread(_copy, dst[: stored.meta.size_bytes], self.view(stored.block))
+        await asyncio.to_thread(copy_bytes, dst[: stored.meta.size_bytes], self.view(stored.block))
         self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
         return stored.meta
 
@@ -168,8 +169,3 @@ class CpuTier(PooledTier):
             fragmentation=alloc.fragmentation if alloc else 0.0,
             detail=f"arena {self._arena.path}" if self._arena else "not started",
         )
-
-
-def _copy(dst: memoryview, src: memoryview) -> None:
-    # numpy releases the GIL for large copies; memoryview slice assignment does not.
-    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))
