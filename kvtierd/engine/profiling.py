@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.state import ContextRecord
+from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import CorruptObjectError, KvtierError, NotFoundError, UnavailableError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
@@ -388,4 +389,4 @@ class ProfilingService:
 
 
 def _dtype_bytes(name: str) -> int:
-    return {"float32": 4, "float64": 8}.get(name, 2)
+    return int(DTYPE_BYTES.get(name, 2))  # a layout's dtype is not validated: 16-bit if unknown
