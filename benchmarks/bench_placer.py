@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from kvtierd.policies.base import PlacerParams
-from kvtierd.policies.evicpress import EvicPressPlacer, solve
+from kvtierd.policies.evicpress import EvicPressPlacer, algorithm1_offline, solve
 from kvtierd.policies.exact import solve_exact
 from kvtierd.policies.greedy_state import Selection
 from kvtierd.policies.knapsack import greedy_assign
@@ -102,15 +102,10 @@ def milp_gaps(kind: str, count: int) -> None:
         )
         opt = solve_exact(table).objective
         floor = float(table.drop_util.sum())  # all dropped: the utility with no cache
-        values = [
+        values = [  # in the order of ``names``
             solve(table, Selection.PER_BYTE).total_utility(table),
+            algorithm1_offline(table, Selection.PER_BYTE).total_utility(table),
             solve(table, Selection.ABSOLUTE).total_utility(table),
-        ]
-        values.insert(1, _alg1(table, Selection.PER_BYTE))
-        values = [
-            values[0],
-            values[1],
-            values[2],
             online(table, "per_byte"),
             online(table, "absolute"),
         ]
@@ -132,12 +127,6 @@ def milp_gaps(kind: str, count: int) -> None:
             f" {np.median(r):.4f} {np.mean(r >= 0.98):6.1%} ({np.sum(r < 0.98):3d}) |"
             f" {g.min():.4f} {np.percentile(g, 5):.4f} {np.median(g):.4f} {np.sum(g < 0.98):4d}"
         )
-
-
-def _alg1(table: UtilityTable, selection: Selection) -> float:
-    from kvtierd.policies.evicpress import algorithm1_offline
-
-    return algorithm1_offline(table, selection).total_utility(table)
 
 
 def lp_gaps(sizes: list[int]) -> None:
@@ -235,7 +224,7 @@ def _with_ids(table: UtilityTable, scale: float | np.ndarray) -> UtilityTable:
         quality=table.quality,
         restore_s=np.zeros_like(table.size_bytes),
         frequency=table.frequency * scale,
-        prefill_s=(table.drop_util / table.frequency - 1.0) * -1.0,
+        prefill_s=1.0 - table.drop_util / table.frequency,  # drop_util = (1 - prefill) * freq
         context_ids=[f"c{i}" for i in range(n)],
         variant_names=[tuple(str(v) for v in range(n_var))] * n,
     )
