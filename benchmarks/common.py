@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -22,15 +21,6 @@ def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
-
-
-def median_of(fn: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def machine() -> str:
