@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine
+from benchmarks.common import machine, verdict
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.engine.context_kv import chunk_formats, decode_context, encode_variant
@@ -209,9 +209,8 @@ async def main(n: int) -> None:
           f"{n} contexts x {CTX_BYTES >> 20} MiB")  # fmt: skip
     print(f"{'plan operation':24} {'direct/executor':>15} {'goal':>7}  verdict  s per context")
     for name, ratio, dt, direct in rows:
-        verdict = "PASS" if ratio >= 0.8 else "FAIL"
         print(
-            f"{name:24} {ratio:15.3f} {'>= 0.80':>7}  {verdict:7}  "
+            f"{name:24} {ratio:15.3f} {'>= 0.80':>7}  {verdict(ratio, 0.8):7}  "
             f"{dt:.3f} (direct {direct:.3f}; {CTX_BYTES / dt / 1e9:.2f} GB/s in)"
         )
     p = {k: np.percentile(np.array(v) * 1e3, [50, 99, 100])
