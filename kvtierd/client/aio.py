@@ -136,17 +136,11 @@ class AsyncKVClient:
         self, key: str, lease_s: float = 0.0
     ) -> AsyncIterator[tuple[pb.ObjectInfo, torch.Tensor]]:
         """The asyncio twin of :meth:`KVClient.device_lease`."""
-        import torch
-
         request = pb.GetRequest(keys=[key], lease_s=lease_s, device_ok=True)
         resp = await self.call(self.kv.Get, request)
         (lease,) = resp.leases
         try:
-            if lease.HasField("device"):
-                yield lease.object, self._device_pools.region(lease.device)
-            else:
-                view = self._arena.region(lease.region)
-                yield lease.object, torch.frombuffer(view, dtype=torch.uint8)
+            yield lease.object, self._device_pools.tensor(lease, self._arena)
         finally:
             await self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
 

@@ -15,12 +15,23 @@ from kvtierd.rpc import kvtier_pb2 as pb
 if TYPE_CHECKING:
     import torch
 
+    from kvtierd.client.buffers import ArenaMap
+
 
 class DevicePools:
     def __init__(self) -> None:
         # Keyed as torch's rebuild_cuda_tensor keys its cache: one cudaMalloc segment (one
         # handle) can hold several storages, told apart by their offset in it.
         self._pools: dict[tuple[bytes, int], torch.Tensor] = {}
+
+    def tensor(self, lease: pb.Lease, arena: ArenaMap) -> torch.Tensor:
+        """A ``uint8`` tensor over a ``device_ok`` lease's bytes: in the daemon's gpu pool
+        when the object is there, else a CPU tensor over its bytes in the arena (no copy)."""
+        if lease.HasField("device"):
+            return self.region(lease.device)
+        import torch
+
+        return torch.frombuffer(arena.region(lease.region), dtype=torch.uint8)
 
     def region(self, r: pb.DeviceRegion) -> torch.Tensor:
         """A ``uint8`` CUDA tensor over the object's bytes in the daemon's pool (no copy)."""

@@ -171,16 +171,10 @@ class KVClient:
         """Zero-copy read for a CUDA process: a ``uint8`` CUDA tensor over the object's bytes
         in the daemon's gpu tier when it is there (CUDA IPC, in place), else a CPU tensor over
         its bytes in the arena. Valid inside the block; the object is not moved under it."""
-        import torch
-
         request = pb.GetRequest(keys=[key], lease_s=lease_s, device_ok=True)
         (lease,) = self.call(self.kv.Get, request).leases
         try:
-            if lease.HasField("device"):
-                yield lease.object, self._device_pools.region(lease.device)
-            else:
-                view = self._arena.region(lease.region)
-                yield lease.object, torch.frombuffer(view, dtype=torch.uint8)
+            yield lease.object, self._device_pools.tensor(lease, self._arena)
         finally:
             self.call(self.kv.Release, pb.ReleaseRequest(lease_ids=[lease.lease_id]))
 
