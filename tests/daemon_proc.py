@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,62 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def certificate(
+    directory: Path, name: str = "localhost", issuer: tuple[Path, Path] | None = None
+) -> tuple[Path, Path]:
+    """A throwaway certificate and key for localhost / 127.0.0.1 (cryptography, no openssl
+    binary), written as ``<name>.pem`` / ``<name>.key``: a self-signed CA without ``issuer``,
+    else signed by the ``(cert, key)`` files of ``issuer``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(san, critical=False)
+    )
+    if issuer is None:
+        ca = x509.BasicConstraints(ca=True, path_length=None)
+        cert = (
+            builder.issuer_name(subject).add_extension(ca, critical=True).sign(key, hashes.SHA256())
+        )
+    else:
+        ca_cert = x509.load_pem_x509_certificate(issuer[0].read_bytes())
+        ca_key: Any = serialization.load_pem_private_key(issuer[1].read_bytes(), None)
+        cert = builder.issuer_name(ca_cert.subject).sign(ca_key, hashes.SHA256())
+    cert_path, key_path = directory / f"{name}.pem", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
 
 
 def write_config(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -13,13 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.daemon_proc import DaemonProcess, free_port
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -4,68 +4,19 @@ rejected at start."""
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess, write_config
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    """A throwaway certificate for localhost / 127.0.0.1 (cryptography, no openssl binary)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    san = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(san, critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
+from tests.daemon_proc import DaemonProcess, certificate, free_port, write_config
 
 
 def test_tcp_with_tls_and_token(start_daemon, tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = certificate(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
-    port = _free_port()
+    port = free_port()
     d = start_daemon(
         tcp_address=f"127.0.0.1:{port}",
         tls={"cert_file": str(cert), "key_file": str(key)},
@@ -85,55 +36,13 @@ def test_tcp_with_tls_and_token(start_daemon, tmp_path):
         assert c.lookup(["remote-put"]).found == (True,)
 
 
-def _signed(directory: Path, name: str, ca_cert, ca_key) -> tuple[Path, Path]:
-    """A certificate for ``name`` signed by the test CA."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    san = x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    )
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(san, critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / f"{name}.pem", directory / f"{name}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 def test_mutual_tls_requires_a_client_certificate(start_daemon, tmp_path):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-
-    ca_path, ca_key_path = _self_signed(tmp_path)
-    ca_cert = x509.load_pem_x509_certificate(ca_path.read_bytes())
-    ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), None)
-    server_cert, server_key = _signed(tmp_path, "server", ca_cert, ca_key)
-    client_cert, client_key = _signed(tmp_path, "client", ca_cert, ca_key)
+    ca = certificate(tmp_path)
+    ca_path = ca[0]
+    server_cert, server_key = certificate(tmp_path, "server", issuer=ca)
+    client_cert, client_key = certificate(tmp_path, "client", issuer=ca)
     (tmp_path / "token").write_text("t0ken")
-    port = _free_port()
+    port = free_port()
     start_daemon(
         tcp_address=f"127.0.0.1:{port}",
         tls={"cert_file": str(server_cert), "key_file": str(server_key),

@@ -10,7 +10,7 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon.test_tcp_tls import _free_port, _self_signed
+from tests.daemon_proc import certificate, free_port
 
 MiB = 1 << 20
 TENANTS = [
@@ -69,10 +69,10 @@ def test_quota_per_tier_and_total(start_daemon):
 
 
 def test_tenant_token_over_tcp_without_admin(start_daemon, tmp_path):
-    cert, key = _self_signed(tmp_path)
+    cert, key = certificate(tmp_path)
     (tmp_path / "admin.token").write_text("admin-token")
     (tmp_path / "b.token").write_text("b-token")
-    port = _free_port()
+    port = free_port()
     d = start_daemon(
         tcp_address=f"127.0.0.1:{port}",
         tls={"cert_file": str(cert), "key_file": str(key)},
