@@ -86,13 +86,11 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
     # Best utility in tiers t..T-1 or dropped, for the "leave tier t-1" option.
     below = np.empty((n, n_tiers + 1))
     below[:, n_tiers] = table.drop_util
-    best_here = table.util.max(axis=1) if not prices.any() else None
     for t in range(n_tiers - 1, -1, -1):
-        if best_here is not None:
-            here = best_here[:, t]
-        else:
-            here = (table.util[:, :, t] - prices[t] * table.size_bytes).max(axis=1)
-        below[:, t] = np.maximum(below[:, t + 1], here)
+        priced = table.util[:, :, t]
+        if prices[t]:  # round 1 has no prices: skip an (n, V) temporary per tier
+            priced = priced - prices[t] * table.size_bytes
+        below[:, t] = np.maximum(below[:, t + 1], priced.max(axis=1))
     for t in range(n_tiers):
         if remaining.size == 0:
             break
