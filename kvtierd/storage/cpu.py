@@ -129,10 +129,14 @@ class CpuTier(PooledTier):
             )
         self._index.check_absent(meta.key)
         block = self.stage(meta.size_bytes)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(copy_bytes, self.view(block), data)
-        self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
-        return self.adopt(meta, block)
+        try:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(copy_bytes, self.view(block), data)
+            self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
+            return self.adopt(meta, block)  # raises if a racing put of the key adopted first
+        except BaseException:
+            self.free_block(block)
+            raise
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._index.get(key)

@@ -135,10 +135,10 @@ class GpuTier(PooledTier):
             t0 = time.perf_counter()
             await asyncio.to_thread(self._copy, block, data, True)
             self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
+            self._index.add(meta, block)  # raises if a racing put of the key added first
         except BaseException:
             self.allocator.free(block)
             raise
-        self._index.add(meta, block)
         return meta
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:

@@ -125,6 +125,19 @@ async def test_concurrent_puts_and_reads(tier):
     assert all(bytes(outs[k]) == v for k, v in blobs.items())
 
 
+async def test_racing_puts_of_one_key_store_one_object(tier):
+    blobs = [os.urandom(MiB), os.urandom(MiB)]
+    base_used, base_count = tier.used_bytes(), tier.object_count()
+    results = await asyncio.gather(
+        *(tier.put(meta("race", MiB), memoryview(b)) for b in blobs), return_exceptions=True
+    )
+    assert [type(r) for r in results].count(errors.AlreadyExistsError) == 1
+    assert tier.used_bytes() - base_used == MiB and tier.object_count() - base_count == 1
+    out = bytearray(MiB)
+    await tier.read_into("race", memoryview(out))
+    assert bytes(out) in blobs
+
+
 async def test_bandwidth_is_measured(tier):
     data = os.urandom(4 * MiB)
     await tier.put(meta("bw", len(data)), memoryview(data))
