@@ -89,6 +89,9 @@ class FrequencyTracker:
     def __iter__(self) -> Iterator[str]:
         return iter(self._counters)
 
+    def __contains__(self, context_id: object) -> bool:
+        return context_id in self._counters
+
     def state(self, context_id: str) -> tuple[float, float]:
         """``(value, t_ref_s)`` for persistence."""
         c = self._counters[context_id]

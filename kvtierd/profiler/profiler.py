@@ -256,7 +256,7 @@ class Profiler:
             return
         record = self._records[context_id]
         value, t_ref = (
-            self.frequency.state(context_id) if context_id in set(self.frequency) else (0.0, 0.0)
+            self.frequency.state(context_id) if context_id in self.frequency else (0.0, 0.0)
         )
         record = replace(record, frequency_value=value, frequency_t_ref_s=t_ref)
         self._records[context_id] = record

@@ -62,6 +62,7 @@ def test_tracker_per_context_and_half_life_switch() -> None:
     f.forget("a")
     assert f.frequency("a", 110.0) == 0.0
     assert set(f) == {"b"}
+    assert "b" in f and "a" not in f
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
