@@ -64,7 +64,9 @@ class GpuTier(PooledTier):
         self._pool: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
         self._ipc: CudaIpcHandle | None = None
-        self._lock = asyncio.Lock()  # one staged copy at a time through the pinned buffer
+        # One staged copy at a time: every copy goes through the one pinned buffer, so two on
+        # worker threads at once would overwrite each other's bytes in it.
+        self._lock = asyncio.Lock()
 
     @property
     def pool(self) -> torch.Tensor:
@@ -119,11 +121,6 @@ class GpuTier(PooledTier):
     def free_block(self, block: Block) -> None:
         self.allocator.free(block)
 
-    def tensor(self, key: str) -> torch.Tensor:
-        """A device view of the object's bytes (no copy)."""
-        block = self.block_of(key)
-        return self.pool[block.offset : block.offset + block.length]
-
     async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
         self._index.check_absent(meta.key)
         if len(data) != meta.size_bytes:
@@ -132,9 +129,10 @@ class GpuTier(PooledTier):
             )
         block = self.allocator.allocate(meta.size_bytes)
         try:
-            t0 = time.perf_counter()
-            await asyncio.to_thread(self._copy, block, data, True)
-            self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
+            async with self._lock:
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self._copy, block, data, True)
+                self.write_meter.record(meta.size_bytes, time.perf_counter() - t0)
             self._index.add(meta, block)  # raises if a racing put of the key added first
         except BaseException:
             self.allocator.free(block)
@@ -143,9 +141,10 @@ class GpuTier(PooledTier):
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._index.get(key)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(self._copy, stored.block, dst[: stored.meta.size_bytes], False)
-        self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
+        async with self._lock:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self._copy, stored.block, dst[: stored.meta.size_bytes], False)
+            self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
         return stored.meta
 
     def _copy(self, block: Block, host: memoryview, to_device: bool) -> None:
@@ -153,13 +152,14 @@ class GpuTier(PooledTier):
         import torch
 
         assert self._staging is not None
-        host_t = torch.frombuffer(host, dtype=torch.uint8) if len(host) else None
+        if block.length == 0:
+            return  # nothing to move (and torch.frombuffer refuses an empty buffer)
+        host_t = torch.frombuffer(host, dtype=torch.uint8)
         step = self.staging_bytes
         for start in range(0, block.length, step):
             n = min(step, block.length - start)
             dev = self.pool[block.offset + start : block.offset + start + n]
             stage = self._staging[:n]
-            assert host_t is not None
             if to_device:
                 stage.copy_(host_t[start : start + n])
                 dev.copy_(stage, non_blocking=False)
