@@ -15,7 +15,6 @@ there and ship only the compressed bytes, if it knows what the placer will do wi
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,9 +22,6 @@ from kvtierd.types import ORIGINAL_VARIANT
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
-
-PRIOR_TTL_S = 5.0
-"""How long the averaged profile of the stored contexts is reused before it is recomputed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +48,7 @@ class WritePlanner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._prior: dict[str, VariantPrior] = {}
-        self._prior_at = -PRIOR_TTL_S
+        self._prior_version = -1  # the profiling version it was computed at
         self._prior_count = 0
 
     def plan(self, context_id: str, num_tokens: int, size_bytes: int) -> WritePlan:
@@ -107,11 +103,13 @@ class WritePlanner:
         )  # fmt: skip
 
     def prior(self) -> dict[str, VariantPrior]:
-        """Each variant's quality and size ratio averaged over the profiled contexts."""
-        now = time.monotonic()
-        if now - self._prior_at < PRIOR_TTL_S:
-            return self._prior
+        """Each variant's quality and size ratio averaged over the profiled contexts;
+        recomputed (a pass over every context) only once a profile or a context's form has
+        changed since, not on every ``Plan``."""
         e = self.engine
+        version = e.profiling.version
+        if version == self._prior_version:
+            return self._prior
         sums: dict[str, list[float]] = {}
         count = 0
         for ctx in e.contexts.values():
@@ -136,5 +134,5 @@ class WritePlanner:
         self._prior = {
             name: VariantPrior(q / n, r / n, s / n) for name, (q, r, s, n) in sums.items()
         }
-        self._prior_at, self._prior_count = now, count
+        self._prior_version, self._prior_count = version, count
         return self._prior

@@ -69,6 +69,9 @@ class ProfilingService:
         self.reprofiled = 0
         self.runs: Counter[str] = Counter()
         self.last_error = ""
+        # Bumped when a profile appears, goes, or a context changes form (its grid may
+        # shrink to the form it has): what derived figures (the write plan's prior) key on.
+        self.version = 0
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -99,6 +102,7 @@ class ProfilingService:
             is_busy=self.engine.loads_busy,
         )
         self.profiler.load()
+        self.version += 1
         if self.profiler.evaluator.needs_token_ids:
             logger.warning(
                 "evaluator %r needs the context's token ids: only contexts whose tokens are "
@@ -309,8 +313,13 @@ class ProfilingService:
         if ctx.variant == ORIGINAL_VARIANT:
             self._changed[ctx.context_id] = time.monotonic()
 
+    def note_form(self) -> None:
+        """A context was compressed or restored."""
+        self.version += 1
+
     def forget(self, context_id: str) -> None:
         """A context is gone: drop what is kept about it (its profile file too)."""
+        self.version += 1
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
@@ -375,6 +384,7 @@ class ProfilingService:
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
         self.runs["ok"] += 1
+        self.version += 1
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
         if ctx.context_id in self.engine.contexts:
             self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))

@@ -164,6 +164,7 @@ class VariantOps:
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
         ctx.variant = variant
         ctx.manifest = (manifest, shadow or tier)
+        e.profiling.note_form()
 
     async def _drop_current_form(self, ctx: ContextRecord) -> None:
         """Delete the objects of the context's current form (never its reference copy)."""
@@ -206,6 +207,7 @@ class VariantOps:
             ctx.size_bytes = sum(m.size_bytes for m, _ in reference)
             ctx.variant = ORIGINAL_VARIANT
             ctx.reference = None
+            e.profiling.note_form()
 
     async def _store_encoded(self, obj: EncodedObject, tier: str) -> ObjectMeta:
         e = cast("Engine", self)

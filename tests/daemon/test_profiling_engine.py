@@ -161,7 +161,6 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     held = planner.plan("doc", 0, 0)
     assert (held.variant, held.tier, held.source) == ("knorm@0.5", "cpu", "placed")
 
-    planner._prior_at = -1e9  # the cached prior predates the profile
     new = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (new.variant, new.tier, new.source) == ("knorm@0.5", "cpu", "prior")
     assert "1 profiled contexts" in new.reason
