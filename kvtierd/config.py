@@ -108,6 +108,12 @@ def runtime_dir() -> Path:
     return Path(base) / "kvtierd" if os.environ.get("XDG_RUNTIME_DIR") else Path(base)
 
 
+def default_socket_path() -> str:
+    """The socket :func:`default_config` serves, without probing CUDA (which imports torch):
+    clients and kvtierctl resolve it on every start."""
+    return str(runtime_dir() / "kvtierd.sock")
+
+
 def data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "kvtierd"
@@ -150,9 +156,7 @@ def default_config() -> DaemonConfig:
     ]
     if _cuda_available():
         tiers.insert(0, TierConfig("gpu", "gpu", 4 << 30))
-    return DaemonConfig(
-        socket_path=str(runtime_dir() / "kvtierd.sock"), data_dir=str(data), tiers=tuple(tiers)
-    )
+    return DaemonConfig(socket_path=default_socket_path(), data_dir=str(data), tiers=tuple(tiers))
 
 
 # -- YAML loading ---------------------------------------------------------------------------

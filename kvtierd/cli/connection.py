@@ -1,8 +1,7 @@
 """How kvtierctl reaches the daemon: a Unix socket by default, TCP + TLS + token when asked.
 
 Resolution order for the socket: ``--socket``, ``$KVTIERD_SOCKET``, then the daemon's default
-(``<runtime dir>/kvtierd.sock``, the same path ``kvtierd.config.default_config()`` serves; that
-function is not called because it probes CUDA, which would import torch on every command).
+(``kvtierd.config.default_socket_path()``, ``<runtime dir>/kvtierd.sock``).
 ``--address HOST:PORT`` switches to TCP, always over TLS (``--tls-ca`` for a private CA; the
 daemon refuses plain TCP), with ``authorization: Bearer <token>`` metadata from ``--token``,
 ``--token-file`` or ``$KVTIERD_TOKEN``.
@@ -20,7 +19,7 @@ from typing import TypeVar
 import grpc
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
-from kvtierd.config import runtime_dir
+from kvtierd.config import default_socket_path
 from kvtierd.rpc import kvtier_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -44,10 +43,6 @@ _CODES: dict[grpc.StatusCode, ExitCode] = {
 }
 
 Resp = TypeVar("Resp")
-
-
-def default_socket_path() -> str:
-    return str(runtime_dir() / "kvtierd.sock")
 
 
 @dataclass(frozen=True, slots=True)

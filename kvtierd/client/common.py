@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from kvtierd import errors
-from kvtierd.config import default_config
+from kvtierd.config import default_socket_path
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc.framing import data_of
 
@@ -51,7 +51,7 @@ class Endpoint:
                 tls_cert_file=tls_cert_file,
                 tls_key_file=tls_key_file,
             )
-        path = socket_path or os.environ.get("KVTIERD_SOCKET") or default_config().socket_path
+        path = socket_path or os.environ.get("KVTIERD_SOCKET") or default_socket_path()
         return Endpoint(socket_path=path)
 
     @property
