@@ -3,7 +3,7 @@
 A file is written to a temporary name, fsynced, renamed over the old one and the directory is
 fsynced, so after a crash a context has its old or its new file, never a torn one. Context ids
 are arbitrary strings (LMCache keys, user names), so the file name is a hash of the id; the id
-itself is stored inside the document and checked on read.
+itself is stored inside the document, and a reload takes it from there.
 """
 
 from __future__ import annotations
@@ -48,16 +48,6 @@ class JsonDir:
             os.fsync(dfd)
         finally:
             os.close(dfd)
-
-    def read(self, context_id: str) -> dict[str, Any] | None:
-        """The document, or ``None`` when the context has none (never written or deleted)."""
-        p = self.path(context_id)
-        if not p.exists():
-            return None
-        doc = self._load(p)
-        if doc.get("context_id") != context_id:
-            raise CorruptObjectError(f"{p}: holds {doc.get('context_id')!r}, not {context_id!r}")
-        return doc
 
     def delete(self, context_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):

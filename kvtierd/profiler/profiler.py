@@ -159,9 +159,6 @@ class Profiler:
     def record(self, context_id: str) -> ProfileRecord | None:
         return self._records.get(context_id)
 
-    def profiles(self) -> list[ContextProfile]:
-        return [self.profile_of(cid) for cid in self._records]
-
     def forget(self, context_id: str) -> None:
         """The context left the daemon: drop its profile, queries and counts (files too)."""
         self._records.pop(context_id, None)

@@ -140,8 +140,6 @@ class ReprofileLoop:
         self.measure = measure
         self.reprofile = reprofile
         self.interval_s = interval_s
-        self.passes = 0
-        self.reprofiled = 0
 
     async def run_once(self) -> list[LoopStep]:
         steps: list[LoopStep] = []
@@ -160,8 +158,6 @@ class ReprofileLoop:
                     sample.online_quality,
                 )
                 await self.reprofile(cid)
-                self.reprofiled += 1
-        self.passes += 1
         return steps
 
     async def run_forever(self) -> None:

@@ -45,10 +45,6 @@ class ProfileStore:
     def save(self, record: ProfileRecord) -> None:
         self._files.write(record.context_id, _to_doc(record))
 
-    def get(self, context_id: str) -> ProfileRecord | None:
-        doc = self._files.read(context_id)
-        return None if doc is None else _from_doc(doc)
-
     def delete(self, context_id: str) -> None:
         self._files.delete(context_id)
 
