@@ -26,7 +26,7 @@ from kvtierd.errors import (
     StorageFullError,
     UnavailableError,
 )
-from kvtierd.storage import aligned_io
+from kvtierd.storage import aligned_io, ssd_probe
 from kvtierd.storage import ssd as ssd_module
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.storage.ssd_format import decode_header, encode_header
@@ -490,6 +490,30 @@ async def test_read_fit_calibrated_at_start_and_refit_from_real_reads(
     assert predicted_s > before_s + 5e-3
     assert predicted_s == pytest.approx(float(np.median(measured[-10:])), rel=0.2)
     assert tier.stats().read_bandwidth_bytes_per_s == tier.read_meter.bytes_per_s
+
+
+async def test_buffered_calibration_reads_the_disk_not_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without O_DIRECT every timed calibration read finds its file evicted from the page
+    cache, the second round's too (the first round's reads cached it again)."""
+    dropped: list[str] = []
+    real_drop = ssd_probe.drop_cached_pages
+
+    def drop(path: str) -> None:
+        dropped.append(Path(path).name)
+        real_drop(path)
+
+    monkeypatch.setattr(ssd_probe, "drop_cached_pages", drop)
+    t = make_tier(tmp_path, o_direct=False)
+    await t.start()
+    try:
+        assert t.calibrated and t.read_meter.samples == 2 * ssd_probe.CALIBRATION_ROUNDS
+        sizes = ssd_probe.calibration_sizes(t.options.chunk_bytes, t.options.queue_depth)
+        names = [f"calibration-{n}.kvt" for n in sizes]
+        assert dropped == names * ssd_probe.CALIBRATION_ROUNDS  # once before every timed read
+    finally:
+        await t.close()
 
 
 # -- crashes and a real full disk -------------------------------------------------------------
