@@ -113,7 +113,9 @@ def test_small_empty_and_non_positive_transfers_are_ignored() -> None:
     m.record(8 * MiB, 0.0)
     m.record(8 * MiB, float("inf"))
     assert m.samples == 0 and m.fit() == TransferFit()
-    TransferMeter(min_bytes=0).record(0, 1e-3)  # an empty transfer: no division by zero
+    empty = TransferMeter(min_bytes=0)
+    empty.record(0, 1e-3)  # an empty transfer: no division by zero, and nothing learnt
+    assert empty.samples == 0 and empty.fit() == TransferFit()
 
 
 def test_fit_in_sequence_adds_overheads_and_seconds_per_byte() -> None:
