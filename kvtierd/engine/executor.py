@@ -30,6 +30,7 @@ class Executor:
         self.engine = engine
         self._queue: asyncio.Queue[Plan] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._running = 0  # plans taken off the queue and not yet finished (0 or 1)
         self.done = Counter[str]()
         self.failed = Counter[str]()
         self.deferred: list[Operation] = []
@@ -55,7 +56,7 @@ class Executor:
     @property
     def pending(self) -> int:
         """Plans submitted and not yet finished (queued or running)."""
-        return int(self._queue._unfinished_tasks)  # type: ignore[attr-defined]
+        return self._queue.qsize() + self._running
 
     async def idle(self) -> None:
         """Wait until every submitted plan has been carried out."""
@@ -70,9 +71,11 @@ class Executor:
     async def _run_forever(self) -> None:
         while True:
             plan = await self._queue.get()
+            self._running = 1
             try:
                 await self.run(plan)
             finally:
+                self._running = 0
                 self._queue.task_done()
 
     async def run(self, plan: Plan) -> None:
