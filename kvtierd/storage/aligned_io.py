@@ -20,6 +20,8 @@ import queue
 
 import numpy as np
 
+from kvtierd.errors import InvalidArgumentError
+
 ALIGN = 4096
 """Alignment in bytes of O_DIRECT buffer addresses, lengths and file offsets."""
 
@@ -43,6 +45,13 @@ def buffer_address(view: memoryview) -> int:
     ``put`` may well be handed the bytes of an immutable object.
     """
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def byte_view(data: memoryview, what: str) -> memoryview:
+    """``data`` as a flat unsigned-byte view; non-contiguous buffers cannot be moved as one."""
+    if not data.c_contiguous:
+        raise InvalidArgumentError(f"{what} must be a C-contiguous buffer")
+    return data if data.format == "B" and data.ndim == 1 else data.cast("B")
 
 
 def copy_bytes(dst: memoryview, src: memoryview) -> None:

@@ -30,6 +30,7 @@ from kvtierd.errors import (
     StorageFullError,
     UnavailableError,
 )
+from kvtierd.storage.aligned_io import byte_view
 from kvtierd.storage.base import Tier, Timer, register_tier
 from kvtierd.storage.remote_cluster import (
     UNREACHABLE,
@@ -51,13 +52,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CALIBRATION_BYTES = 2 << 20  # above TransferMeter.min_bytes, small enough for every start
-
-
-def _flat(view: memoryview) -> memoryview:
-    """A 1-D unsigned-byte view of ``view`` (which must be C-contiguous)."""
-    if view.format == "B" and view.ndim == 1:
-        return view
-    return view.cast("B")
 
 
 @register_tier
@@ -180,7 +174,7 @@ class RemoteTier(Tier):
         Raises ``AlreadyExistsError``, ``StorageFullError`` (capacity or Redis ``maxmemory``),
         ``UnavailableError`` (cluster unreachable, or ``op_timeout_s`` exceeded).
         """
-        view = _flat(data)
+        view = byte_view(data, "put data")
         if len(view) != meta.size_bytes:
             raise InvalidArgumentError(f"data is {len(view)} bytes, meta says {meta.size_bytes}")
         if not self.unbounded and self.used_bytes() + meta.size_bytes > self.capacity_bytes:
@@ -233,7 +227,7 @@ class RemoteTier(Tier):
         ``CorruptObjectError`` on a checksum mismatch (the object is then deleted).
         """
         keys = object_keys(self.options.namespace, tenant, key)
-        out = _flat(dst)
+        out = byte_view(dst, "read destination")
         if out.readonly:
             raise InvalidArgumentError("read_into needs a writable destination")
         try:

@@ -50,7 +50,7 @@ from kvtierd.errors import (
     NotFoundError,
     StorageFullError,
 )
-from kvtierd.storage.aligned_io import BouncePool, open_file
+from kvtierd.storage.aligned_io import BouncePool, byte_view, open_file
 from kvtierd.storage.base import Tier, Timer, register_tier
 from kvtierd.storage.ssd_files import (
     Layout,
@@ -143,7 +143,7 @@ class SsdTier(Tier):
     # -- Tier interface -------------------------------------------------------------------
 
     async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
-        view = _byte_view(data, "put data")
+        view = byte_view(data, "put data")
         if view.nbytes != meta.size_bytes:
             raise InvalidArgumentError(
                 f"put {meta.key!r}: size_bytes is {meta.size_bytes} but {view.nbytes} bytes given"
@@ -157,7 +157,7 @@ class SsdTier(Tier):
             self._writing.discard(meta.key)
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
-        view = _byte_view(dst, "read destination")
+        view = byte_view(dst, "read destination")
         if view.readonly:
             raise InvalidArgumentError(f"read {key!r}: the destination buffer is read-only")
         return await self._io.spawn(self._read(key, view))
@@ -362,13 +362,6 @@ class SsdTier(Tier):
             done.set()
             if self._removing.get(key) is done:
                 del self._removing[key]
-
-
-def _byte_view(data: memoryview, what: str) -> memoryview:
-    """``data`` as a flat unsigned-byte view; non-contiguous buffers cannot be moved as one."""
-    if not data.c_contiguous:
-        raise InvalidArgumentError(f"{what} must be a C-contiguous buffer")
-    return data if data.format == "B" and data.ndim == 1 else data.cast("B")
 
 
 def _unlink_if_present(path: str) -> None:
