@@ -22,6 +22,7 @@ from kvtierd.client.common import (
     spec,
 )
 from kvtierd.client.device import DevicePools
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 
@@ -157,17 +158,28 @@ class AsyncKVClient:
         try:
             filled = 0
             dst = None
-            stream = self.kv.GetStream(pb.GetStreamRequest(key=key), metadata=self.metadata)
+            stream = self.kv.GetStream(
+                pb.GetStreamRequest(key=key), timeout=self.timeout_s, metadata=self.metadata
+            )
             async for chunk in stream:
                 if chunk.HasField("info"):
                     out = new_array(chunk.info.spec) if out is None else out
                     dst = bytes_view(out)
                     continue
-                assert dst is not None
+                if dst is None:
+                    raise CorruptObjectError(
+                        f"object {key!r}: the stream did not start with its info"
+                    )
                 dst[filled : filled + len(chunk.data)] = chunk.data
                 filled += len(chunk.data)
         except grpc.RpcError as e:
             raise domain_error(e, self.endpoint) from None
+        if dst is None:
+            raise CorruptObjectError(f"object {key!r}: the stream carried no object info")
+        if filled != len(dst):
+            raise InvalidArgumentError(
+                f"object {key!r}: {filled} bytes for a {len(dst)}-byte buffer"
+            )
         return out
 
     async def delete(self, keys: Sequence[str]) -> int:

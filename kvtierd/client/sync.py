@@ -26,7 +26,7 @@ from kvtierd.client.common import (
     spec,
 )
 from kvtierd.client.device import DevicePools
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
@@ -195,7 +195,8 @@ class KVClient:
         )
         try:
             first = next(stream)
-            assert isinstance(first, pb.GetChunk)
+            if not isinstance(first, pb.GetChunk) or not first.HasField("info"):
+                raise CorruptObjectError(f"object {key!r}: the stream did not start with its info")
             if out is None:
                 out = new_array(first.info.spec)
             dst, filled = bytes_view(out), 0

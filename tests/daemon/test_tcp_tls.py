@@ -4,11 +4,13 @@ rejected at start."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from kvtierd import errors
-from kvtierd.client import KVClient
+from kvtierd.client import AsyncKVClient, KVClient
 from tests.daemon_proc import DaemonProcess, certificate, free_port, write_config
 
 
@@ -34,6 +36,18 @@ def test_tcp_with_tls_and_token(start_daemon, tmp_path):
         c.status()
     with KVClient(d.socket_path) as c:  # the Unix socket needs no token
         assert c.lookup(["remote-put"]).found == (True,)
+
+    async def async_round_trip() -> None:
+        async with AsyncKVClient(
+            address=f"localhost:{port}", tls_ca_file=str(cert), token="s3cret-token"
+        ) as ac:
+            await ac.put("remote-aput", x[::-1].copy(), context_id="r")
+            assert np.array_equal(await ac.get("remote-aput"), x[::-1])
+            assert np.array_equal(await ac.get("remote-put"), x)
+            with pytest.raises(errors.InvalidArgumentError, match="bytes for a"):
+                await ac.get("remote-put", out=np.empty(x.size + 1, np.int32))
+
+    asyncio.run(async_round_trip())
 
 
 def test_mutual_tls_requires_a_client_certificate(start_daemon, tmp_path):
