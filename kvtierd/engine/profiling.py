@@ -172,7 +172,9 @@ class ProfilingService:
         def store() -> None:
             profiler.queries.set_tokens(context_id, tokens)
             if 0 < n < len(tokens):
-                profiler.queries.record(context_id, ProfilingQuery(token_ids=tokens[n:]))
+                # Per routed request: kept in memory, written by flush() (as record_query does)
+                query = ProfilingQuery(token_ids=tokens[n:])
+                profiler.queries.record(context_id, query, persist=False)
 
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
 

@@ -364,9 +364,9 @@ class EngineEvaluator(QualityEvaluator):
     def _socket(self) -> str:
         if self.daemon_socket:
             return self.daemon_socket
-        from kvtierd.config import default_config
+        from kvtierd.config import default_socket_path
 
-        return os.environ.get("KVTIERD_SOCKET") or default_config().socket_path
+        return os.environ.get("KVTIERD_SOCKET") or default_socket_path()
 
     def _http(
         self, method: str, url: str, body: dict[str, Any] | None, ok: tuple[int, ...] = (200,)

@@ -18,6 +18,7 @@ from kvtierd.storage.gpu import GpuTier
 DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
+MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
 MAX_CONTEXT_TOKENS = 1 << 21  # token ids per SetContextTokens (2M: longer than any model context)
 
 
@@ -171,8 +172,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         cid = caller.scoped(request.context_id)
         if cid not in self.engine.contexts:
             raise NotFoundError(f"context {request.context_id!r} not found")
-        if len(request.texts) > 1000:
-            raise InvalidArgumentError("AddQueries: at most 1000 queries per request")
+        if len(request.texts) > MAX_QUERIES_PER_REQUEST:
+            raise InvalidArgumentError(
+                f"AddQueries: at most {MAX_QUERIES_PER_REQUEST} queries per request"
+            )
         stored = await self.engine.profiling.add_queries(
             cid, list(request.texts), request.from_traffic
         )
