@@ -148,7 +148,10 @@ class Reads:
             await e.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
         except CorruptObjectError:
             e.cpu.free_block(block)
+            ctx = e.contexts[obj.meta.context]
             e._forget_object(obj.meta.key)
+            if ctx.context_id not in e.contexts:  # its last object: drop the rest, as delete does
+                await e.drop_extras(ctx)
             raise
         except BaseException:
             e.cpu.free_block(block)

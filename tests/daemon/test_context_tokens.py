@@ -5,6 +5,8 @@ profiles a context with such an evaluator only once they are known."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -138,3 +140,38 @@ def test_set_context_tokens_over_the_socket(start_daemon) -> None:
         for bad in (lambda: c.set_context_tokens("x", []), lambda: c.set_context_tokens("", [1])):
             with pytest.raises(errors.InvalidArgumentError, match="context_id \\+ token_ids"):
                 bad()
+
+
+async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: Path) -> None:
+    """A context whose last object turns out corrupt is gone like a deleted one: its tokens
+    and queries are forgotten, not left behind for a context that no longer exists."""
+    tiers = (
+        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),
+        TierConfig("ssd", "ssd", 64 << 20, str(tmp_path / "ssd")),
+    )
+    engine = Engine(
+        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
+    )
+    await engine.start()
+    try:
+        await _put_chunk(engine, "doc")
+        await engine.profiling.set_tokens("doc", tuple(range(T)))
+        queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
+        assert queries.tokens("doc", T)
+        await engine.move_context(engine.contexts["doc"], "ssd")
+        ssd = engine.tiers["ssd"]
+        path = ssd.layout.object_path("", "doc/0")  # type: ignore[attr-defined]
+        with open(path, "r+b") as f:
+            f.seek(4096 + 100)
+            byte = f.read(1)
+            f.seek(4096 + 100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        with pytest.raises(errors.CorruptObjectError):
+            await engine.get(["doc/0"])
+        assert "doc" not in engine.contexts
+        deadline = time.monotonic() + 5.0  # the profiler forgets on its worker thread
+        while queries.tokens("doc", T) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert queries.tokens("doc", T) == ()
+    finally:
+        await engine.close()
