@@ -48,7 +48,7 @@ class Reads:
         found only if the tier can still produce its manifest: a lookup must not promise what
         the following Get cannot deliver."""
         e = cast("Engine", self)
-        sick = {t.name: t for t in e._shared if not t.stats().healthy}
+        sick = {t.name: t for t in e._shared if not t.healthy}
         if not sick:
             return
         todo = [i for i, f in enumerate(found) if f is not None and f.tier in sick]

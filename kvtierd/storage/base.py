@@ -209,6 +209,11 @@ class Tier(abc.ABC):
     def object_count(self) -> int:
         return sum(1 for _ in self.metas())
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the tier can serve now; cheap, for the lookup path (stats() says it too)."""
+        return True
+
     def stats(self) -> TierStats:
         return TierStats(
             name=self.name,

@@ -329,6 +329,10 @@ class RemoteTier(Tier):
         with self._sizes_lock:
             return len(self._sizes)
 
+    @property
+    def healthy(self) -> bool:
+        return self._health.view.healthy
+
     def stats(self) -> TierStats:
         health = self._health.view
         capacity = "unbounded" if self.unbounded else f"{self.capacity_bytes} bytes"
