@@ -18,6 +18,11 @@ vLLM's chat template (``/tokenize`` with ``messages``) and sent as completions, 
 chat format. Every real-traffic prompt sent as it is (plain, store, or a rewrite's fallback; not
 a scoped profiling request) is registered with the daemon and tagged, best effort, so that the
 daemon learns its context's tokens and records it as a query (``prompts.py``).
+
+Serving does not depend on the daemon: a request whose manifests it cannot look up (daemon down
+or failing) goes out as the real prompt, logged and counted in ``/health``'s ``lookup_errors``;
+only a store request, which needs the daemon, is refused (503). A malformed request is a 400, an
+unreachable vLLM a 502.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from kvtierd.client import AsyncKVClient
-from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
+from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, KvtierError
 from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
@@ -62,6 +67,7 @@ class Router:
         self.model_root = ""
         self.rewrites = 0
         self.fallbacks = 0
+        self.lookup_errors = 0  # requests sent as they are because the daemon did not answer
 
     @property
     def client(self) -> AsyncKVClient:
@@ -87,14 +93,18 @@ class Router:
         req: dict[str, Any] = {"model": body.get("model", "")}
         if "messages" in body:
             req.update(messages=body["messages"], add_generation_prompt=True)
-        elif isinstance(body.get("prompt"), list) and all(
-            isinstance(x, int) for x in body["prompt"]
-        ):
+        elif "prompt" not in body:
+            raise InvalidArgumentError("the request has no 'prompt' (chat requests: 'messages')")
+        elif isinstance(body["prompt"], list) and all(isinstance(x, int) for x in body["prompt"]):
             return list(body["prompt"])
         else:
             req["prompt"] = body["prompt"]
         async with self.http.post(f"{self.config.upstream}/tokenize", json=req) as r:
-            r.raise_for_status()
+            if r.status != 200:  # vLLM's reason, not only its status line
+                message = f"vLLM /tokenize: {(await r.text())[:500]}"
+                raise aiohttp.ClientResponseError(
+                    r.request_info, r.history, status=r.status, message=message
+                )
             return [int(x) for x in (await r.json())["tokens"]]
 
     # -- handlers ----------------------------------------------------------------------------
@@ -109,7 +119,7 @@ class Router:
         ok = upstream_ok and status.health == "SERVING"
         body = {"status": "ok" if ok else "unhealthy", "daemon": status.health,
                 "upstream": upstream_ok, "rewrites": self.rewrites,
-                "fallbacks": self.fallbacks}  # fmt: skip
+                "fallbacks": self.fallbacks, "lookup_errors": self.lookup_errors}  # fmt: skip
         return web.json_response(body, status=200 if ok else 503)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
@@ -122,12 +132,12 @@ class Router:
         return await self._generate(request, chat=True)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body: dict[str, Any] = await request.json()
-        field = body.pop("kvtierd", None)
         path = "/v1/chat/completions" if chat else "/v1/completions"
         note: PromptNote | None = None
         try:
             try:
+                body = await _json_object(request)
+                field = body.pop("kvtierd", None)
                 spec = ContextRequest() if field is None else ContextRequest.from_json(field)
                 tokens = await self._tokenize(body)
                 # Real traffic only: a scoped request is a profiler's (router_protocol).
@@ -147,8 +157,14 @@ class Router:
                 rw = await self._find_rewrite(model, tokens, spec)
             except AlreadyExistsError as e:
                 return _error(str(e), 409)
-            except (aiohttp.ClientError, ValueError, KeyError) as e:
+            except aiohttp.ClientResponseError as e:  # vLLM refused what the router asked
+                return _error(e.message, e.status if 400 <= e.status < 500 else 502)
+            except aiohttp.ClientError as e:
+                return _error(f"vLLM at {self.config.upstream}: {type(e).__name__}: {e}", 502)
+            except (ValueError, KeyError) as e:  # InvalidArgumentError too
                 return _error(str(e), 400)
+            except KvtierError as e:  # the daemon, which a store request needs
+                return _error(str(e), 503)
             if rw is None:
                 return await self._forward(path, await _tagged(body, note), request)
             return await self._rewritten(body, rw, request, chat=chat, note=note)
@@ -165,9 +181,17 @@ class Router:
             return None
         variant = str(checked_variant(spec.variant)) if spec.variant else ""
         c = self.config
-        return await find_rewrite(
-            self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope, variant=variant
-        )
+        try:
+            return await find_rewrite(
+                self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope,
+                variant=variant,
+            )  # fmt: skip
+        except KvtierError as e:
+            # Serving never needs the daemon: the real prompt is always safe (fail closed).
+            self.lookup_errors += 1
+            logger.warning("no manifest lookup for a prompt of %d tokens (%s); sending the "
+                           "real prompt", len(tokens), e)  # fmt: skip
+            return None
 
     async def _store(
         self,
@@ -278,6 +302,16 @@ class Router:
             return out
 
 
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise InvalidArgumentError(f"the request body is not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise InvalidArgumentError(f"the request body must be a JSON object, not {body!r:.80}")
+    return body
+
+
 def _error(message: str, status: int) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status)
 
@@ -344,6 +378,10 @@ def _chat_line(line: bytes) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n"
 
 
+ROUTER = web.AppKey("router", Router)
+"""The app's :class:`Router` (its counters), for tests and embedding."""
+
+
 def make_app(config: RouterConfig) -> web.Application:
     router = Router(config)
     app = web.Application()
@@ -359,5 +397,5 @@ def make_app(config: RouterConfig) -> web.Application:
             await router._client.close()
 
     app.on_cleanup.append(close)
-    app["router"] = router
+    app[ROUTER] = router
     return app

@@ -1,0 +1,142 @@
+"""How ``kvtierd router`` answers when a request, the daemon or vLLM is not what it expects, on
+a real router app and a real (absent) daemon socket, without vLLM: a small HTTP stand-in
+answers the four vLLM endpoints the router calls and records what reaches it.
+
+The daemon is optional for serving: a request the router cannot look up goes out as the real
+prompt (always safe: only a placeholder prompt must never be prefilled), while a store request,
+which needs the daemon, is refused with the reason."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aiohttp")
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kvtierd.integrations.router.app import ROUTER, RouterConfig, make_app
+
+ANSWER = {"id": "c1", "object": "text_completion",
+          "choices": [{"index": 0, "text": " w1", "finish_reason": "length"}]}  # fmt: skip
+
+
+class Upstream:
+    """``/v1/models``, ``/tokenize``, ``/v1/completions`` and ``/health`` as vLLM answers them
+    (word-level tokenizer: ``wN`` is token ``N + 3``); keeps the completion bodies it got."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_get("/health", self.health)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "root": "/models/m"}]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        words = str((await request.json())["prompt"]).split()
+        return web.json_response({"tokens": [int(w[1:]) + 3 for w in words]})
+
+    async def complete(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        return web.json_response(ANSWER)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
+    up = Upstream()
+    async with TestServer(up.app()) as server:
+        yield up, str(server.make_url("")).rstrip("/")
+
+
+async def _router(upstream_url: str, socket_path: str) -> TestClient[Any, Any]:
+    config = RouterConfig(upstream_url, socket_path, chunk_tokens=16)
+    client: TestClient[Any, Any] = TestClient(TestServer(make_app(config)))
+    await client.start_server()
+    return client
+
+
+def _prompt(n: int) -> str:
+    return " ".join(f"w{i}" for i in range(n))
+
+
+async def test_without_the_daemon_a_request_is_served_from_the_real_prompt(
+    upstream: tuple[Upstream, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    up, url = upstream
+    router = await _router(url, str(tmp_path / "no-daemon.sock"))
+    try:
+        body = {"model": "m", "prompt": _prompt(40), "max_tokens": 1}
+        r = await router.post("/v1/completions", json=body)
+        assert (r.status, await r.json()) == (200, ANSWER)
+        assert up.bodies == [body]  # as sent: no placeholder ids, no tags
+        assert "sending the real prompt" in caplog.text and "cannot reach kvtierd" in caplog.text
+        assert router.server.app[ROUTER].lookup_errors == 1
+        health = await router.get("/health")
+        assert health.status == 503
+        assert (await health.json())["status"] == "unhealthy"
+    finally:
+        await router.close()
+
+
+async def test_without_the_daemon_a_store_request_is_refused_with_the_reason(
+    upstream: tuple[Upstream, str], tmp_path: Path
+) -> None:
+    up, url = upstream
+    router = await _router(url, str(tmp_path / "no-daemon.sock"))
+    try:
+        store = {"context_tokens": 32, "variant": "knorm@0.5"}
+        body = {"model": "m", "prompt": _prompt(40), "kvtierd": store}
+        r = await router.post("/v1/completions", json=body)
+        assert r.status == 503
+        assert "cannot reach kvtierd" in (await r.json())["error"]["message"]
+        assert up.bodies == []  # vLLM never prefilled it
+    finally:
+        await router.close()
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"{not json", "JSON"),
+        (b"[1, 2]", "JSON object"),
+        (b'{"model": "m"}', "prompt"),
+        (b'{"model": "m", "prompt": "w1", "kvtierd": {"scope": "a/b"}}', "kvtierd.scope"),
+    ],
+)
+async def test_a_malformed_request_is_a_400(
+    upstream: tuple[Upstream, str], tmp_path: Path, data: bytes, match: str
+) -> None:
+    up, url = upstream
+    router = await _router(url, str(tmp_path / "no-daemon.sock"))
+    try:
+        r = await router.post("/v1/completions", data=data)
+        assert r.status == 400
+        assert match in (await r.json())["error"]["message"]
+        assert up.bodies == []
+    finally:
+        await router.close()
+
+
+async def test_an_unreachable_vllm_is_a_502(tmp_path: Path) -> None:
+    async with TestServer(web.Application()) as gone:
+        url = str(gone.make_url("")).rstrip("/")
+    router = await _router(url, str(tmp_path / "no-daemon.sock"))
+    try:
+        r = await router.post("/v1/completions", json={"model": "m", "prompt": "w1 w2"})
+        assert r.status == 502
+        assert "vLLM" in (await r.json())["error"]["message"]
+    finally:
+        await router.close()
