@@ -92,13 +92,15 @@ class Manifest:
 
 @dataclass(frozen=True, slots=True)
 class ModelRope:
-    """The rope parameters of a Hugging Face config that token dropping needs."""
+    """The rope parameters of a Hugging Face config that token dropping needs; ``rope_type``
+    is one of the exact kinds (``default``, ``linear``, ``llama3``, ``yarn``)."""
 
     theta: float
     head_dim: int
     rotary_dim: int
     vocab_size: int
     special_ids: tuple[int, ...]
+    rope_type: str = "default"
 
 
 def model_rope(config: Mapping[str, Any]) -> ModelRope:
@@ -134,6 +136,7 @@ def model_rope(config: Mapping[str, Any]) -> ModelRope:
         rotary_dim=int(head_dim * partial),
         vocab_size=int(config["vocab_size"]),
         special_ids=tuple(flat),
+        rope_type=rope_type,
     )
 
 

@@ -22,6 +22,7 @@ from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many, read_b
 from kvtierd.integrations.placeholder import (
     SNAPKV_UNAVAILABLE,
     Manifest,
+    ModelRope,
     kept_key,
     manifest_key,
     placeholder_ids,
@@ -39,10 +40,22 @@ from kvtierd.kernels.variants import parse_variant
 logger = logging.getLogger(__name__)
 
 
-def rope_spec(model: str) -> RopeSpec:
-    """The model's RoPE for the delta rotation; refuses models where it is not exact."""
-    r = read_model_rope(model)
-    return RopeSpec.standard(r.head_dim, theta=r.theta, rotary_dim=r.rotary_dim)
+def rope_spec(model: str, rope: ModelRope) -> RopeSpec:
+    """The RoPE of the model in directory ``model`` for the delta rotation (``rope``: its
+    :func:`read_model_rope`, which refused the kinds where a delta rotation is inexact).
+
+    ``linear``, ``llama3`` and ``yarn`` scale the frequencies (yarn per channel), and the
+    rotation must use the model's own: they are computed as the model computes them, by
+    transformers' rope functions (vLLM's agree). Rotating with the unscaled ones was as far off
+    as the keys are large (tests/integrations/test_placeholder_rope.py)."""
+    if rope.rope_type == "default":
+        return RopeSpec.standard(rope.head_dim, theta=rope.theta, rotary_dim=rope.rotary_dim)
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = AutoConfig.from_pretrained(model)
+    inv_freq, _ = ROPE_INIT_FUNCTIONS[rope.rope_type](config, "cpu")
+    return RopeSpec.from_inv_freq(inv_freq, rope.head_dim)
 
 
 def _placeholder_keys(plugin: Any, ids: list[int]) -> list[str]:
@@ -125,16 +138,15 @@ def store_placeholder_variant(
             f"context {digest} is already stored as {existing.variant}; evict it first "
             f"(kvtierctl evict {digest}/{existing.variant})"
         )
-    kv = context_kv(plugin, request, names, objs)
-    device = torch.device("cuda") if torch.cuda.is_available() else kv.device
-    source = KVSource.from_kv_2ltd(kv.to(device), plugin.num_kv_heads)
     model = str(plugin.metadata.model_name)
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model),
+    r = read_model_rope(model)  # before any KV is read: refuses models it cannot serve
+    kv = context_kv(plugin, request, names, objs)
+    source = KVSource.from_kv_2ltd(kv.to(plugin.codec_device), plugin.num_kv_heads)
+    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
                           chunk_tokens=chunk)  # fmt: skip
     m = dropped.num_kept
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
-    r = read_model_rope(model)
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
     manifest = Manifest(digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys))
