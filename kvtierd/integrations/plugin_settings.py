@@ -30,10 +30,10 @@ PLAN = "plan"
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
     """``socket_path``: the daemon; ``variant``: the form of stored chunks — ``plan`` (the
-    daemon's write plan per put, the default), or a fixed ``none``, ``int8``, ``int4`` or
-    token-dropping variant such as ``knorm@0.5``; ``hold_s``: how long a pinned lookup holds
-    the objects for the load; ``durable``: commit to disk-backed tiers before acknowledging a
-    put."""
+    daemon's write plan per put, the default), or a fixed ``none``, ``int8`` or ``int4`` (a
+    token-dropping variant is only ever a ``kvtierd router`` store request's, which names it in
+    its own tag); ``hold_s``: how long a pinned lookup holds the objects for the load;
+    ``durable``: commit to disk-backed tiers before acknowledging a put."""
 
     socket_path: str = ""
     variant: str = PLAN
@@ -60,10 +60,17 @@ class PluginSettings:
             timeout_s=float(given.get("timeout_s", 30.0)),
         )
         try:
-            if s.variant != PLAN:
-                parse_variant(s.variant)
+            drops_tokens = s.variant != PLAN and parse_variant(s.variant).drops_tokens
         except ValueError as e:
             raise ConfigError(f"LMCache extra_config kvtierd.variant: {e} (or '{PLAN}')") from e
+        if drops_tokens:
+            # Every put would store the original and then fail: dropping tokens needs a
+            # router store request (its context and token count), which tags its own variant.
+            raise ConfigError(
+                f"LMCache extra_config kvtierd.variant {s.variant!r} drops tokens, which only a "
+                "`kvtierd router` store request can ask for (its request field names the "
+                f"variant); use {PLAN}, none, int8 or int4"
+            )
         if s.hold_s < 0:
             raise ConfigError(f"LMCache extra_config kvtierd.hold_s must be >= 0, got {s.hold_s}")
         return s

@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from kvtierd.client import KVClient
+from kvtierd.errors import ConfigError
 from kvtierd.integrations.plugin_settings import PLAN, PluginSettings
 from kvtierd.integrations.put_plan import ContextLinks, decide
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -32,6 +33,15 @@ def test_shipped_lmcache_configs_follow_the_plan_and_every_key_is_documented(pat
     doc = (ROOT / "docs" / "configuration.md").read_text()
     for f in dataclasses.fields(PluginSettings):
         assert f"`kvtierd.{f.name}`" in doc, f.name
+
+
+def test_a_token_dropping_plugin_variant_is_refused() -> None:
+    """It would store every put's chunks as the original and then fail the put: only a router
+    store request, which tags its own variant, can drop tokens."""
+    extra = {"kvtierd.variant": "knorm@0.5"}
+    with pytest.raises(ConfigError, match="only a `kvtierd router` store request"):
+        PluginSettings.from_extra_config(extra)
+    assert PluginSettings.from_extra_config({"kvtierd.variant": "int4"}).variant == "int4"
 
 
 def plan(variant: str, source: str = "default") -> pb.ContextPlan:
