@@ -60,6 +60,7 @@ from kvtierd.integrations.plugin_settings import (
     PLAN,
     PluginSettings,
     PluginStats,
+    is_rewritten,
     key_string,
     placeholder_chunks,
     tag,
@@ -224,7 +225,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         forced = tag(keys[0], "kvtierd_variant") or (
             "" if self.settings.variant == PLAN else self.settings.variant
         )
-        rewritten = placeholder_chunks(keys[0], self.chunk_tokens) > 0
+        rewritten = is_rewritten(keys[0])
         # A scoped store (profiling) writes only its variant: the put's chunks keep their
         # LMCache keys, which production prompts load (router_protocol: scopes).
         if todo and not tag(keys[0], "kvtierd_scope"):
@@ -254,7 +255,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         ``names[start]`` is the first chunk not stored yet."""
         # A rewritten request's new chunks follow its placeholder chunks: they continue the
         # placeholder variant's context, not the original one the tag names.
-        rewritten = placeholder_chunks(key, 1) > 0
+        rewritten = is_rewritten(key)
         named = "" if rewritten else tag(key, "kvtierd_context")
         continued = "" if named else self.links.continued(names, start)
         base = named or continued or names[0]

@@ -113,6 +113,12 @@ def tag(key: Any, name: str) -> str:
     return ""
 
 
+def is_rewritten(key: Any) -> bool:
+    """Whether a key's request is a rewritten placeholder request (``[M placeholder ids] +
+    suffix``, tagged by the router with its placeholder token count)."""
+    return bool(tag(key, "kvtierd_placeholder_tokens"))
+
+
 def placeholder_chunks(key: Any, chunk_tokens: int) -> int:
     """How many chunks of a rewritten request are placeholders (``kvtierd_placeholder_tokens``,
     set by the router); 0 for any other request."""

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from kvtierd.integrations.plugin_settings import PROMPT_TAG, placeholder_chunks, tag
+from kvtierd.integrations.plugin_settings import PROMPT_TAG, is_rewritten, tag
 
 if TYPE_CHECKING:
     from kvtierd.client import KVClient
@@ -66,7 +66,7 @@ class PromptLinks:
         """The registered request id a key's request carries, ``""`` for none. A rewritten
         request (placeholder ids) and a profiling one (a scope) are never linked: neither is a
         real prompt of the context it reads."""
-        if placeholder_chunks(key, 1) or tag(key, "kvtierd_scope"):
+        if is_rewritten(key) or tag(key, "kvtierd_scope"):
             return ""
         return tag(key, PROMPT_TAG)
 

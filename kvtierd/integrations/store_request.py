@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtierd.integrations.plugin_settings import placeholder_chunks, tag
+from kvtierd.integrations.plugin_settings import is_rewritten, tag
 from kvtierd.kernels.variants import parse_variant
 
 
@@ -52,7 +52,7 @@ class StoreRequest:
         digest = tag(key, "kvtierd_context")
         tokens = tag(key, "kvtierd_context_tokens")
         variant = tag(key, "kvtierd_variant")
-        if not (digest and tokens and variant) or placeholder_chunks(key, 1):
+        if not (digest and tokens and variant) or is_rewritten(key):
             return None
         try:
             if not parse_variant(variant).drops_tokens:

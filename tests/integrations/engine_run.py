@@ -3,7 +3,7 @@
 ``python -m tests.integrations.engine_run SPEC.json OUT.json`` — run by the tests in a
 subprocess with a timeout (a broken engine tends to hang). SPEC::
 
-    {"model": DIR, "lmcache": {...LMCache config...} | null, "socket": PATH,
+    {"model": DIR, "lmcache": {...LMCache config...} | null,
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
                 "logprobs": 5, "kv_transfer_params": {...}},
                {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"}]}

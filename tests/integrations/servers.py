@@ -59,16 +59,7 @@ def start_vllm(
            "--load-format", "safetensors", "--dtype", "bfloat16", "--enforce-eager",
            "--max-model-len", "2048", "--max-num-seqs", "4", "--seed", "0",
            "--kv-transfer-config", json.dumps(kv)]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=open(log, "wb"),  # noqa: SIM115 - the child keeps the file
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=REPO,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health", proc, log, 240)
-    return proc, url
+    return _spawn(cmd, env, log, port, 240)
 
 
 def start_router(
@@ -79,7 +70,13 @@ def start_router(
     code = "import sys; from kvtierd.integrations.router import main; sys.exit(main(sys.argv[1:]))"
     cmd = [sys.executable, "-c", code, "--upstream", upstream, "--socket", sock,
            "--port", str(port), "--chunk-size", str(chunk)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return _spawn(cmd, {**os.environ, "PYTHONPATH": str(REPO)}, log, port, 60)
+
+
+def _spawn(
+    cmd: list[str], env: dict[str, str], log: Path, port: int, timeout_s: float
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``cmd`` in the repository with its output in ``log``, once its ``/health`` answers."""
     proc = subprocess.Popen(
         cmd,
         stdout=open(log, "wb"),  # noqa: SIM115 - the child keeps the file
@@ -88,7 +85,7 @@ def start_router(
         cwd=REPO,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_http(f"{url}/health", proc, log, 60)
+    wait_http(f"{url}/health", proc, log, timeout_s)
     return proc, url
 
 

@@ -286,8 +286,9 @@ class Router:
         return await self._forward(path, body, request)
 
     async def _forward(
-        self, path: str, body: dict[str, Any] | None, request: web.Request, *, chat: bool = False
+        self, path: str, body: dict[str, Any] | None, request: web.Request
     ) -> web.StreamResponse:
+        """``body`` to vLLM's ``path`` as it is (``None``: a GET), its answer as vLLM gave it."""
         url = f"{self.config.upstream}{path}"
         method = "GET" if body is None else "POST"
         async with self.http.request(method, url, json=body) as r:
@@ -297,7 +298,7 @@ class Router:
             out = web.StreamResponse(status=r.status, headers={"Content-Type": r.content_type})
             await out.prepare(request)
             async for line in r.content:
-                await out.write(_chat_line(line) if chat else line)
+                await out.write(line)
             await out.write_eof()
             return out
 
