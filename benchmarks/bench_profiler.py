@@ -75,9 +75,7 @@ ENGINE_VARIANTS = ["knorm@0.5", "keydiff@0.5", "knorm@0.25", "streamingllm@0.25"
 
 
 def engine_vs_answer(lengths: tuple[int, ...]) -> None:
-    from tests.daemon_proc import DaemonProcess, write_config
-    from tests.integrations.harness import CHUNK, lmcache_config
-    from tests.integrations.servers import start_router, start_vllm, stop
+    from tests.integrations.servers import router_stack
     from tests.integrations.tiny_model import build_tiny_llama as build_vllm_llama
 
     print("| context tokens | variants | engine s/variant | answer s/variant | engine / answer | "
@@ -86,15 +84,9 @@ def engine_vs_answer(lengths: tuple[int, ...]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_vllm_llama(work / "model")
-        sock = str(work / "daemon" / "kvtierd.sock")
-        daemon = DaemonProcess(write_config(work / "daemon"), sock, work / "daemon.log").start()
-        procs = []
-        try:
-            vllm, vurl = start_vllm(work, model, lmcache_config(sock))
-            procs.append(vllm)
-            router, rurl = start_router(work, vurl, sock, CHUNK)
-            procs.append(router)
-            engine = make_evaluator("engine", {"router_url": rurl, "daemon_socket": sock,
+        with router_stack(work, model) as stack:
+            engine = make_evaluator("engine", {"router_url": stack["router"],
+                                               "daemon_socket": stack["socket"],
                                                "max_new_tokens": 8})  # fmt: skip
             answer = make_evaluator("answer", {"model_path": str(model), "max_new_tokens": 8})
             qs = [ProfilingQuery(token_ids=(500, 600, 700)), ProfilingQuery(token_ids=(9, 99))]
@@ -114,10 +106,6 @@ def engine_vs_answer(lengths: tuple[int, ...]) -> None:
                 fma = " ".join(f"{qa[v]:.3f}" for v in ENGINE_VARIANTS)
                 print(f"| {n} | {len(ENGINE_VARIANTS)} | {te:.3f} | {ta:.3f} | {te / ta:.1f} | "
                       f"{fmt} | {fma} |")  # fmt: skip
-        finally:
-            for p in reversed(procs):
-                stop(p)
-            daemon.kill()
 
 
 def main() -> None:
