@@ -176,6 +176,20 @@ def test_double_commit_unknown_allocation_and_existing_key(daemon, client):
         client.put("k", b"12345678")
 
 
+def test_commit_listing_an_allocation_twice_is_refused_and_keeps_it(daemon, client):
+    s = stub(daemon)
+    (alloc,) = s.Allocate(
+        pb.AllocateRequest(objects=[pb.ObjectSpec(key="twice", size_bytes=8)])
+    ).allocations
+    for durable in (False, True):
+        with pytest.raises(grpc.RpcError) as e:
+            s.Commit(pb.CommitRequest(allocation_ids=[alloc.allocation_id] * 2, durable=durable))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "listed twice" in e.value.details()
+    s.Commit(pb.CommitRequest(allocation_ids=[alloc.allocation_id]))  # still open: commits once
+    assert client.lookup(["twice"]).found == (True,)
+
+
 def test_unknown_key_and_lease_errors(daemon, client):
     with pytest.raises(errors.NotFoundError, match="'nope' not found"):
         client.get("nope")
