@@ -5,7 +5,8 @@ stays far below the SSD tier's capacity: a miss on a live object is a LOSS, not 
 Every byte read is compared with the deterministic payload of its key (tests/daemon/workload).
 With ``--restart-every S`` the driver kills the daemon every S seconds (SIGKILL and SIGTERM in
 turn) and starts it again; workers then count clean errors (``kvtierd.errors``), reconnect, and
-afterwards every durable put they had acknowledged must read back whole.
+afterwards every durable put they had acknowledged must read back whole. A delete the daemon
+died under may or may not have happened: its key must read back whole or be gone.
 
     python benchmarks/bench_load.py --clients 16 --seconds 120 [--restart-every 20] [--json F]
 
@@ -45,6 +46,8 @@ class WorkerResult:
     clean_errors: int = 0
     other_errors: list[str] = field(default_factory=list)
     durable_acknowledged: int = 0
+    unsure_deletes: int = 0
+    unsure_deletes_done: int = 0
 
 
 def size_of(key: str, max_bytes: int) -> int:
@@ -62,6 +65,8 @@ class Worker:
         self.rnd = random.Random(wid)
         self.live: dict[str, bool] = {}  # key -> durable acknowledged
         self.deleted: set[str] = set()
+        # Deletes the daemon died under: gone or intact are both right, never other bytes.
+        self.unsure: set[str] = set()
         self.r = WorkerResult()
         self.n = 0
 
@@ -77,6 +82,9 @@ class Worker:
             self.r.bytes_verified += len(data)
         self.r.bytes_read += len(data)
 
+    def _kind(self, key: str) -> str:
+        return "durable" if self.live[key] else "volatile"
+
     def one(self, c, s, op: str) -> None:
         from kvtierd import errors
 
@@ -90,10 +98,8 @@ class Worker:
             self.r.bytes_written += len(data)
             if len(self.live) > self.live_max:
                 oldest = next(iter(self.live))
-                if c.delete([oldest]) != 1 and not self.restarts:
-                    self.r.lost.append(oldest)
-                del self.live[oldest]
-                self.deleted.add(oldest)
+                if self.delete(c, oldest) != 1 and not self.restarts:
+                    self.r.lost.append(f"{oldest} (delete found nothing)")
             return
         key = self.rnd.choice(list(self.live))
         if op in ("get", "get_stream"):
@@ -103,18 +109,30 @@ class Worker:
                 if self.restarts and not self.live[key]:
                     del self.live[key]  # volatile and the daemon restarted: not a loss
                 else:
-                    self.r.lost.append(key)
+                    self.r.lost.append(f"{key} ({op}: {self._kind(key)})")
                     del self.live[key]
         elif op == "lookup":
             found = c.lookup([key]).found[0]
             if not found and (self.live[key] or not self.restarts):
-                self.r.lost.append(key)
+                self.r.lost.append(f"{key} (lookup: {self._kind(key)})")
         elif op == "touch":
             c.touch([key])
         else:
-            c.delete([key])
-            del self.live[key]
-            self.deleted.add(key)
+            self.delete(c, key)
+
+    def delete(self, c, key: str) -> int:
+        """Delete ``key``; if the daemon goes away meanwhile, the delete may or may not have
+        happened, so the key is no longer expected either way."""
+        from kvtierd import errors
+
+        del self.live[key]
+        try:
+            n = c.delete([key])
+        except errors.KvtierError:
+            self.unsure.add(key)
+            raise
+        self.deleted.add(key)
+        return int(n)
 
     def run(self, seconds: float) -> WorkerResult:
         from kvtierd import errors
@@ -162,7 +180,13 @@ class Worker:
                 try:
                     self.check(key, bytes(c.get(key)))
                 except errors.NotFoundError:
-                    self.r.lost.append(key)
+                    self.r.lost.append(f"{key} (final get: {self._kind(key)})")
+            for key in sorted(self.unsure):
+                try:
+                    self.check(key, bytes(c.get(key)))
+                except errors.NotFoundError:
+                    self.r.unsure_deletes_done += 1
+            self.r.unsure_deletes = len(self.unsure)
             gone = sorted(self.deleted)
             if gone and not self.restarts:
                 back = [k for k, f in zip(gone, c.lookup(gone).found, strict=True) if f]
@@ -211,6 +235,8 @@ class LoadResult:
     restarts_injected: int
     restarts_survived: int
     durable_acknowledged: int
+    unsure_deletes: int
+    unsure_deletes_done: int
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -289,6 +315,8 @@ def run_load(daemon, cfg: LoadConfig) -> LoadResult:
         restarts_injected=injected,
         restarts_survived=survived,
         durable_acknowledged=sum(r["durable_acknowledged"] for r in results),
+        unsure_deletes=sum(r["unsure_deletes"] for r in results),
+        unsure_deletes_done=sum(r["unsure_deletes_done"] for r in results),
     )
 
 
@@ -305,7 +333,8 @@ def report(r: LoadResult) -> str:
         f"lost {len(r.lost)}, corrupt {len(r.corrupt)}, bytes verified {r.bytes_verified}, "
         f"clean errors {r.clean_errors}, other errors {len(r.other_errors)}, "
         f"restarts injected {r.restarts_injected} / survived {r.restarts_survived}, "
-        f"durable acknowledged at the end {r.durable_acknowledged}",
+        f"durable acknowledged at the end {r.durable_acknowledged}, "
+        f"deletes the daemon died under {r.unsure_deletes} ({r.unsure_deletes_done} done)",
     ]
     return "\n".join(lines)
 
