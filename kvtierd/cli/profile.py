@@ -89,14 +89,20 @@ def run_profile_status(args: argparse.Namespace, out: Output) -> ExitCode:
     )
     if not cid:
         return ExitCode.OK
+    upcoming = [
+        ("next profile's queries", f"{r.next_num_queries} ({r.next_query_source or '-'})"),
+        ("token ids registered", r.known_tokens),
+    ]
     if not r.profiled:
-        out.line(f"context {cid} is not profiled yet (kvtierctl profile run {cid})")
+        out.fields(f"context {cid}", [("profiled", "not yet"), *upcoming])
+        out.line(f"profile it now: kvtierctl profile run {cid}")
         return ExitCode.OK
     out.fields(
         f"context {cid}",
         [
             ("profiled", f"{human_seconds(r.profiled_age_s)} ago"),
             ("queries", f"{r.num_queries} ({r.query_source or '-'})"),
+            *upcoming,
         ],
     )
     out.table(

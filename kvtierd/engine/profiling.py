@@ -200,6 +200,15 @@ class ProfilingService:
     def record(self, context_id: str) -> ProfileRecord | None:
         return None if self.profiler is None else self.profiler.record(context_id)
 
+    def upcoming(self, context_id: str) -> tuple[str, int, int] | None:
+        """What the context's next profile would run on: ``(query source, number of queries,
+        token ids registered)``; None before the profiler is configured."""
+        if self.profiler is None:
+            return None
+        queries = self.profiler.queries
+        source, texts = queries.profiling_set(context_id)
+        return source, len(texts), queries.known_tokens(context_id)
+
     def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
         """The context's variants with exact sizes and, once profiled, quality and restore.
         The whole grid while the original is at hand (stored, or kept as a reference copy);

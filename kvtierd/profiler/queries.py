@@ -96,6 +96,11 @@ class QueryStore:
         e = self._entries.get(context_id)
         return e.tokens[:n] if e is not None and len(e.tokens) >= n else ()
 
+    def known_tokens(self, context_id: str) -> int:
+        """How many of the context's token ids a writer has registered."""
+        e = self._entries.get(context_id)
+        return 0 if e is None else len(e.tokens)
+
     def profiling_set(self, context_id: str) -> tuple[str, tuple[ProfilingQuery, ...]]:
         """``(source, queries)`` to profile on: user + traffic, else the initial local set."""
         e = self._entries.get(context_id)

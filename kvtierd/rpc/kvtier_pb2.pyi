@@ -1623,6 +1623,9 @@ class ProfileStatusResponse(_message.Message):
     NUM_QUERIES_FIELD_NUMBER: _builtins.int
     QUERY_SOURCE_FIELD_NUMBER: _builtins.int
     VARIANTS_FIELD_NUMBER: _builtins.int
+    NEXT_NUM_QUERIES_FIELD_NUMBER: _builtins.int
+    NEXT_QUERY_SOURCE_FIELD_NUMBER: _builtins.int
+    KNOWN_TOKENS_FIELD_NUMBER: _builtins.int
     evaluator: _builtins.str
     runs_ok: _builtins.int
     runs_failed: _builtins.int
@@ -1633,7 +1636,12 @@ class ProfileStatusResponse(_message.Message):
     profiled_age_s: _builtins.float
     num_queries: _builtins.int
     query_source: _builtins.str
-    """"user", "traffic" or "initial" """
+    """"user", "traffic", "user+traffic" or "initial" """
+    next_num_queries: _builtins.int
+    """What the context's next profile would run on; changes as traffic arrives."""
+    next_query_source: _builtins.str
+    known_tokens: _builtins.int
+    """context token ids registered (the engine evaluator needs them)"""
     @_builtins.property
     def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantQuality]: ...
     def __init__(
@@ -1649,10 +1657,13 @@ class ProfileStatusResponse(_message.Message):
         num_queries: _builtins.int = ...,
         query_source: _builtins.str = ...,
         variants: _abc.Iterable[Global___VariantQuality] | None = ...,
+        next_num_queries: _builtins.int = ...,
+        next_query_source: _builtins.str = ...,
+        known_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "last_error", b"last_error", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

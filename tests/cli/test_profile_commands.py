@@ -102,7 +102,7 @@ def test_profile_run_all_reports_failures(daemon: DaemonProcess, ctl: Callable) 
     assert "nope" in missing.err and missing.err.count("\n") == 1
     assert run("profile", "status", "nope").code == 4
     raw = run("profile", "status", "raw")
-    assert raw.code == 0 and "not profiled yet" in raw.out
+    assert raw.code == 0 and "not yet" in raw.out and "kvtierctl profile run raw" in raw.out
 
 
 def test_queries_add_drives_the_next_profile(
@@ -111,12 +111,15 @@ def test_queries_add_drives_the_next_profile(
     run: Ctl = ctl(daemon)
     before = run("profile", "status", "asked", "--json").json()
     assert before["query_source"] in ("", "initial")  # not profiled yet, or without user queries
+    assert (before["next_query_source"], before["known_tokens"]) == ("initial", 0)
     questions = tmp_path / "questions.txt"
     questions.write_text("what does section 2 say?\n\n  who signed it?  \n")
     r = run("queries", "add", "asked", "summarize the contract", "--from-file", str(questions),
             "--json")  # fmt: skip
     assert r.code == 0, r.err
     assert r.json() == {"context_id": "asked", "requested": 3, "stored": 3}
+    upcoming = run("profile", "status", "asked", "--json").json()
+    assert (upcoming["next_query_source"], upcoming["next_num_queries"]) == ("user", 3)
     assert run("profile", "run", "asked").code == 0
     s = run("profile", "status", "asked", "--json").json()
     # num_queries is what the evaluator averaged over: the attention evaluator's probe count
@@ -124,6 +127,8 @@ def test_queries_add_drives_the_next_profile(
 
     human = run("queries", "add", "asked", "one more")
     assert human.code == 0 and "stored 1 of 1 profiling queries for asked" in human.out
+    shown = run("profile", "status", "asked").out
+    assert "next profile's queries" in shown and "4 (user)" in shown, shown
     assert run("queries", "add", "nope", "q").code == 4
     empty = run("queries", "add", "asked")
     assert empty.code == 2 and "no queries" in empty.err

@@ -61,11 +61,25 @@ def _production_context(c: KVClient, model: str) -> str:
     return cid
 
 
+def _linked_context(c: KVClient, model: str, queries: int) -> str:
+    """The production context once the plugin has linked every prompt to it (it links on a
+    thread of its own, after LMCache's calls): its tokens and ``queries`` traffic queries."""
+    deadline = time.monotonic() + 60
+    while True:
+        if any(x.context_id.startswith(model) for x in c.contexts()):
+            cid = _production_context(c, model)
+            s = c.call(c.admin.ProfileStatus, pb.ProfileStatusRequest(context_id=cid))
+            if (s.next_query_source, s.next_num_queries) == ("traffic", queries):
+                assert s.known_tokens >= len(CTX), s
+                return cid
+        assert time.monotonic() < deadline, f"prompts not linked in 60 s: {c.contexts()}"
+        time.sleep(0.1)
+
+
 def test_the_daemon_profiles_with_engine_from_router_traffic(stack: dict[str, Any]) -> None:
     answers = [_complete(stack["router"], stack["model"], [*CTX, *q]) for q in QUESTIONS]
-    time.sleep(1.0)  # the plugin links prompts on a thread of its own, after LMCache's calls
     with KVClient(stack["socket"], timeout_s=300) as c:
-        cid = _production_context(c, stack["model"])
+        cid = _linked_context(c, stack["model"], len(QUESTIONS))
         run = c.call(c.admin.Profile, pb.ProfileRequest(context_ids=[cid]))
         assert (run.profiled, list(run.errors)) == (1, []), run
         status = c.call(c.admin.ProfileStatus, pb.ProfileStatusRequest(context_id=cid))
