@@ -8,6 +8,8 @@ which needs the daemon, is refused with the reason."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,12 @@ async def upstream() -> AsyncIterator[tuple[Upstream, str]]:
         yield up, str(server.make_url("")).rstrip("/")
 
 
-async def _router(upstream_url: str, socket_path: str) -> TestClient[Any, Any]:
-    config = RouterConfig(upstream_url, socket_path, chunk_tokens=16)
+async def _router(
+    upstream_url: str, socket_path: str, lookup_timeout_s: float = 2.0
+) -> TestClient[Any, Any]:
+    config = RouterConfig(
+        upstream_url, socket_path, chunk_tokens=16, lookup_timeout_s=lookup_timeout_s
+    )
     client: TestClient[Any, Any] = TestClient(TestServer(make_app(config)))
     await client.start_server()
     return client
@@ -89,6 +95,31 @@ async def test_without_the_daemon_a_request_is_served_from_the_real_prompt(
         assert (await health.json())["status"] == "unhealthy"
     finally:
         await router.close()
+
+
+async def test_a_daemon_that_never_answers_holds_a_request_only_for_the_lookup_timeout(
+    upstream: tuple[Upstream, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung daemon (its socket takes connections, nothing answers): the request goes out as
+    the real prompt once ``lookup_timeout_s`` has passed, not after the client's 60 s."""
+    up, url = upstream
+    path = tmp_path / "hung.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as hung:
+        hung.bind(str(path))
+        hung.listen(64)  # connections queue in the kernel; nobody ever accepts them
+        router = await _router(url, str(path), lookup_timeout_s=0.5)
+        try:
+            body = {"model": "m", "prompt": _prompt(40), "max_tokens": 1}
+            t0 = time.monotonic()
+            r = await router.post("/v1/completions", json=body)
+            waited = time.monotonic() - t0
+            assert (r.status, await r.json()) == (200, ANSWER)
+            assert up.bodies == [body]
+            assert waited < 10, f"held {waited:.1f} s"  # lookup 0.5 s + registration 1 s
+            assert "kvtierd did not answer in 0.5 s" in caplog.text
+            assert router.server.app[ROUTER].lookup_errors == 1
+        finally:
+            await router.close()
 
 
 async def test_without_the_daemon_a_store_request_is_refused_with_the_reason(

@@ -22,9 +22,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--hold-s", type=float, default=30.0, help="pin placeholder chunks this long")
+    p.add_argument(
+        "--lookup-timeout-s", type=float, default=2.0,
+        help="wait this long for the daemon's manifest lookup, then send the real prompt",
+    )  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    config = RouterConfig(args.upstream.rstrip("/"), args.socket, args.chunk_size, args.hold_s)
+    if args.lookup_timeout_s <= 0:
+        p.error(f"--lookup-timeout-s must be > 0, got {args.lookup_timeout_s}")
+    config = RouterConfig(
+        args.upstream.rstrip("/"), args.socket, args.chunk_size, args.hold_s,
+        args.lookup_timeout_s,
+    )  # fmt: skip
     web.run_app(make_app(config), host=args.host, port=args.port, print=None)
     return 0
 

@@ -19,14 +19,15 @@ chat format. Every real-traffic prompt sent as it is (plain, store, or a rewrite
 a scoped profiling request) is registered with the daemon and tagged, best effort, so that the
 daemon learns its context's tokens and records it as a query (``prompts.py``).
 
-Serving does not depend on the daemon: a request whose manifests it cannot look up (daemon down
-or failing) goes out as the real prompt, logged and counted in ``/health``'s ``lookup_errors``;
-only a store request, which needs the daemon, is refused (503). A malformed request is a 400, an
-unreachable vLLM a 502.
+Serving does not depend on the daemon: a request whose manifests it cannot look up (daemon down,
+failing, or silent for ``lookup_timeout_s``) goes out as the real prompt, logged and counted in
+``/health``'s ``lookup_errors``; only a store request, which needs the daemon, is refused (503).
+A malformed request is a 400, an unreachable vLLM a 502.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -57,6 +58,7 @@ class RouterConfig:
     socket_path: str
     chunk_tokens: int = 256
     hold_s: float = 30.0
+    lookup_timeout_s: float = 2.0  # a request waits this long for its manifest lookup
 
 
 class Router:
@@ -181,17 +183,21 @@ class Router:
             return None
         variant = str(checked_variant(spec.variant)) if spec.variant else ""
         c = self.config
+        lookup = find_rewrite(
+            self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope,
+            variant=variant,
+        )  # fmt: skip
         try:
-            return await find_rewrite(
-                self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope,
-                variant=variant,
-            )  # fmt: skip
+            return await asyncio.wait_for(lookup, c.lookup_timeout_s)
+        except TimeoutError:
+            why = f"kvtierd did not answer in {c.lookup_timeout_s:g} s"
         except KvtierError as e:
-            # Serving never needs the daemon: the real prompt is always safe (fail closed).
-            self.lookup_errors += 1
-            logger.warning("no manifest lookup for a prompt of %d tokens (%s); sending the "
-                           "real prompt", len(tokens), e)  # fmt: skip
-            return None
+            why = str(e)
+        # Serving never needs the daemon: the real prompt is always safe (fail closed).
+        self.lookup_errors += 1
+        logger.warning("no manifest lookup for a prompt of %d tokens (%s); sending the real "
+                       "prompt", len(tokens), why)  # fmt: skip
+        return None
 
     async def _store(
         self,
