@@ -187,11 +187,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             await tier.close()
 
     def adopt_placement(self, ctx: ContextRecord, placement: Placement) -> Plan:
-        profile = self.profile(ctx)
-        try:
-            return self.placer.adopt(profile, placement)
-        except NotImplementedError:
-            return self.placer.insert(profile)
+        return self.placer.adopt(self.profile(ctx), placement)
 
     # -- puts through the arena ----------------------------------------------------------------
 

@@ -71,10 +71,10 @@ class Placer(abc.ABC):
         """Record a context that already lives at ``placement`` (found when the daemon starts).
 
         Unlike :meth:`insert` it does not choose a placement; the returned plan only resolves
-        an overflow. Placers that cannot honour an existing placement raise
-        ``NotImplementedError`` and the engine falls back to :meth:`insert`.
+        an overflow. This default, for placers that cannot honour an existing placement,
+        chooses one afresh (:meth:`insert`).
         """
-        raise NotImplementedError(f"placer {self.name!r} cannot adopt existing placements")
+        return self.insert(profile)
 
     @abc.abstractmethod
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:

@@ -7,6 +7,7 @@ import pytest
 from placer_helpers import profile, replay
 
 from kvtierd.policies.base import PlacerParams
+from kvtierd.policies.baselines import PrefillPlacer
 from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.types import DROPPED, OpKind, Placement
 
@@ -34,6 +35,12 @@ def test_adopt_resolves_only_the_overflow(two_tiers):
     ]
     replay(plan, state, SIZES, two_tiers)
     assert state == {"A": placer.placement("A"), "B": Placement("none", "fast")}
+
+
+def test_a_placer_that_cannot_honour_a_placement_places_afresh(two_tiers):
+    placer = PrefillPlacer(two_tiers)  # no adopt of its own: every context is dropped
+    assert not placer.adopt(A, Placement("none", "fast"))
+    assert placer.placement("A") == DROPPED
 
 
 def test_adopt_dropped_and_bad_input(two_tiers):
