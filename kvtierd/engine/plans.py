@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvtierd.policies.model import option_ttft_s
 from kvtierd.types import ORIGINAL_VARIANT
 
 if TYPE_CHECKING:
@@ -87,12 +88,11 @@ class WritePlanner:
         prefill = e.profiling.prefill_tokens_s(num_tokens)
         best = (alpha - prefill, ORIGINAL_VARIANT, "")  # dropped: recompute when asked
         for tier in e.tier_models():
-            bandwidth = max(tier.load_bandwidth_bytes_per_s, 1.0)
             for name, p in prior.items():
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
                     continue
-                ttft = size / bandwidth + tier.load_overhead_s + p.restore_s
+                ttft = option_ttft_s(size, p.restore_s, tier)
                 best = max(best, (alpha * p.quality - ttft, name, tier.name))
         utility, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"

@@ -77,7 +77,7 @@ class ProfilingService:
 
     def configure(self) -> None:
         """(Re)build the profiler for the running policy (at start and on hot reload)."""
-        from kvtierd.profiler import Profiler, TierLoad, TtftModel, make_evaluator
+        from kvtierd.profiler import Profiler, TtftModel, make_evaluator
 
         policy = self.engine.policy
         options = {
@@ -86,13 +86,8 @@ class ProfilingService:
                        "vllm_url": policy.evaluator_vllm_url,
                        "daemon_socket": self.engine.config.socket_path},
         }.get(policy.evaluator, {})  # fmt: skip
-        loads = [  # the placer's figures, so both predict the same load times
-            TierLoad(
-                m.name, max(m.load_bandwidth_bytes_per_s, 1.0), m.load_overhead_s, m.capacity_bytes
-            )
-            for m in self.engine.tier_models()
-        ]
-        ttft = TtftModel(loads, prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s)
+        # Restore and prefill times; the load times are the tiers' own (``tier_models``).
+        ttft = TtftModel(prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s)
         directory = Path(self.engine.config.data_dir) / "profiler"
         self.profiler = Profiler(
             make_evaluator(policy.evaluator, options),

@@ -36,6 +36,12 @@ def load_ttft_s(size_bytes: FloatArray, restore_s: FloatArray, tier: TierModel) 
     return size_bytes / tier.load_bandwidth_bytes_per_s + tier.load_overhead_s + restore_s
 
 
+def option_ttft_s(size_bytes: float, restore_s: float, tier: TierModel) -> float:
+    """:func:`load_ttft_s` of one variant in one tier (the daemon's utility table and write
+    plans price options with the placer's formula)."""
+    return float(load_ttft_s(np.asarray(size_bytes, np.float64), np.asarray(restore_s), tier))
+
+
 def capacity_array(capacity_bytes: Sequence[int | None]) -> FloatArray:
     """Tier capacities as floats, ``inf`` for an unbounded tier, shape ``(T,)``."""
     return np.array([np.inf if c is None else float(c) for c in capacity_bytes])

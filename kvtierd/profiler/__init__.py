@@ -28,7 +28,7 @@ from kvtierd.profiler.reprofile import (
     TokenBucket,
 )
 from kvtierd.profiler.store import ProfileRecord, ProfileStore
-from kvtierd.profiler.ttft import RestoreCost, TierLoad, TtftModel
+from kvtierd.profiler.ttft import RestoreCost, TtftModel
 
 __all__ = [
     "EVALUATORS",
@@ -49,7 +49,6 @@ __all__ = [
     "ReprofileLoop",
     "ReprofileScheduler",
     "RestoreCost",
-    "TierLoad",
     "TokenBucket",
     "TtftModel",
     "evaluator_class",

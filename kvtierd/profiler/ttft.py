@@ -1,18 +1,18 @@
-"""TTFT model: predicted seconds to make a stored variant usable (EvicPress §4.2, delay term).
+"""TTFT model: the profiler's half of the seconds to make a stored variant usable (EvicPress
+§4.2, delay term).
 
     ttft_s(variant, tier) = size_bytes / load_bandwidth_bytes_per_s(tier)   # transfer
                           + load_overhead_s(tier)                          # per-load fixed cost
                           + restore_s(variant, size_bytes)                 # dequantize / rotate
     prefill_s(tokens)     = tokens / prefill_tokens_per_s                  # a dropped context
 
-The paper assumes tier bandwidths fixed; here both load terms are fitted from the tiers' real
-reads (``kvtierd.storage.base.TransferMeter``: per-load overhead + bandwidth, calibrated at
-start with reads of a few MiB, refitted from every read after). The engine builds this model
-from ``Engine.tier_models()``, the placer's figures (:meth:`TtftModel.update_tier` takes newer
-ones); the profiler never imports the storage layer. Restore costs are
-*measured* on this host (:class:`RestoreCost`) once per kind and scaled linearly with bytes.
-The policies' :func:`kvtierd.policies.model.load_ttft_s` is the same formula over
-:meth:`TtftModel.tier_models` plus ``VariantProfile.restore_s``.
+This module holds the terms a profile carries: ``restore_s`` per variant and ``prefill_s``.
+Restore costs are *measured* on this host (:class:`RestoreCost`) once per kind and scaled
+linearly with bytes. The load terms are the tiers' fits of their real reads
+(``kvtierd.storage.base.TransferMeter``), which change while the daemon runs, so they are not
+copied into profiles: :func:`kvtierd.policies.model.load_ttft_s` adds them over
+``Engine.tier_models()`` whenever a placement is computed (placer, write planner,
+``DescribeContext``).
 """
 
 from __future__ import annotations
@@ -20,29 +20,10 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 
-from kvtierd.errors import InvalidArgumentError, NotFoundError
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, as_variant
-from kvtierd.types import TierModel
-
-
-@dataclass(frozen=True, slots=True)
-class TierLoad:
-    """A tier as the TTFT model sees it; ``capacity_bytes=None`` is unbounded."""
-
-    name: str
-    load_bandwidth_bytes_per_s: float
-    load_overhead_s: float = 0.0
-    capacity_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        bw, ov = self.load_bandwidth_bytes_per_s, self.load_overhead_s
-        if not (bw > 0 and math.isfinite(bw)) or not (ov >= 0 and math.isfinite(ov)):
-            raise InvalidArgumentError(
-                f"tier {self.name!r}: need bandwidth > 0 and overhead >= 0, got {bw} B/s, {ov} s"
-            )
 
 
 class RestoreCost:
@@ -113,69 +94,25 @@ def _best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 
 class TtftModel:
-    """Predicted load / restore / prefill times (module docstring). Thread-safe updates."""
+    """Predicted restore and prefill times (module docstring)."""
 
     def __init__(
         self,
-        tiers: Sequence[TierLoad],
         *,
         prefill_tokens_per_s: float,
         restore: RestoreCost | None = None,
         rotate_on_load: bool = False,
     ) -> None:
-        if not (prefill_tokens_per_s > 0):
+        if not (prefill_tokens_per_s > 0 and math.isfinite(prefill_tokens_per_s)):
             raise InvalidArgumentError(
                 f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s}"
             )
-        self._tiers = {t.name: t for t in tiers}
-        if len(self._tiers) != len(tiers):
-            raise InvalidArgumentError(f"duplicate tier names in {[t.name for t in tiers]}")
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self.restore = restore or RestoreCost()
         self.rotate_on_load = rotate_on_load
-        self._lock = threading.Lock()
-
-    def tier(self, name: str) -> TierLoad:
-        try:
-            return self._tiers[name]
-        except KeyError:
-            raise NotFoundError(f"unknown tier {name!r}; known: {', '.join(self._tiers)}") from None
-
-    def update_tier(
-        self,
-        name: str,
-        *,
-        load_bandwidth_bytes_per_s: float | None = None,
-        load_overhead_s: float | None = None,
-    ) -> None:
-        """Take a tier's current fitted figures (``Engine.tier_models()``)."""
-        with self._lock:
-            t = self.tier(name)
-            self._tiers[name] = replace(
-                t,
-                load_bandwidth_bytes_per_s=t.load_bandwidth_bytes_per_s
-                if load_bandwidth_bytes_per_s is None
-                else load_bandwidth_bytes_per_s,
-                load_overhead_s=t.load_overhead_s if load_overhead_s is None else load_overhead_s,
-            )
-
-    def load_s(self, size_bytes: int, tier: str) -> float:
-        """Transfer + per-load overhead of ``size_bytes`` from ``tier``."""
-        t = self.tier(tier)
-        return size_bytes / t.load_bandwidth_bytes_per_s + t.load_overhead_s
 
     def restore_s(self, variant: str, size_bytes: int) -> float:
         return self.restore.restore_s(variant, size_bytes, rotate_on_load=self.rotate_on_load)
 
-    def ttft_s(self, variant: str, size_bytes: int, tier: str) -> float:
-        return self.load_s(size_bytes, tier) + self.restore_s(variant, size_bytes)
-
     def prefill_s(self, num_tokens: int) -> float:
         return num_tokens / self.prefill_tokens_per_s
-
-    def tier_models(self) -> tuple[TierModel, ...]:
-        """The tiers as the placer takes them (``kvtierd.types.TierModel``), in given order."""
-        return tuple(
-            TierModel(t.name, t.capacity_bytes, t.load_bandwidth_bytes_per_s, t.load_overhead_s)
-            for t in self._tiers.values()
-        )

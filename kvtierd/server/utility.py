@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kvtierd.engine import Engine
 from kvtierd.engine.state import ContextRecord
+from kvtierd.policies.model import option_ttft_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,10 @@ def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
     alpha = engine.policy.alpha
     options = []
     for tier in engine.tier_models():
-        bandwidth = max(tier.load_bandwidth_bytes_per_s, 1.0)
         for v in profile.variants:
             if tier.capacity_bytes is not None and v.size_bytes > tier.capacity_bytes:
                 continue
-            ttft = v.size_bytes / bandwidth + tier.load_overhead_s + v.restore_s
+            ttft = option_ttft_s(v.size_bytes, v.restore_s, tier)
             utility = (alpha * v.quality - ttft) * profile.frequency
             options.append(Option(v.variant, tier.name, v.size_bytes, v.quality, ttft, utility))
     drop_ttft = profile.prefill_s

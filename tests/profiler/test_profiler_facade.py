@@ -24,7 +24,6 @@ from kvtierd.profiler import (
     QualityResult,
     QueryStore,
     RestoreCost,
-    TierLoad,
     TtftModel,
     evaluator_class,
     make_evaluator,
@@ -50,11 +49,7 @@ class Clock:
 def ttft() -> TtftModel:
     restore = RestoreCost()
     restore.set("int8", 1e-10)
-    return TtftModel(
-        [TierLoad("cpu", 10e9, 1e-4, 1 << 30), TierLoad("ssd", 1e9, 1e-3)],
-        prefill_tokens_per_s=1000.0,
-        restore=restore,
-    )
+    return TtftModel(prefill_tokens_per_s=1000.0, restore=restore)
 
 
 def kv(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,16 +191,12 @@ def test_registry_rejects_duplicates_and_lists_known_names() -> None:
 
 def test_ttft_model() -> None:
     m = ttft()
-    assert m.load_s(10**9, "ssd") == pytest.approx(1.0 + 1e-3)
-    assert m.ttft_s("int8", 10**9, "cpu") == pytest.approx(0.1 + 1e-4 + 0.1)
-    m.update_tier("ssd", load_bandwidth_bytes_per_s=2e9)
-    assert m.load_s(10**9, "ssd") == pytest.approx(0.5 + 1e-3)
-    tiers = m.tier_models()
-    assert [(t.name, t.capacity_bytes) for t in tiers] == [("cpu", 1 << 30), ("ssd", None)]
-    with pytest.raises(KeyError, match="unknown tier 'gpu'"):
-        m.load_s(1, "gpu")
-    with pytest.raises(InvalidArgumentError):
-        TierLoad("x", 0.0)
+    assert m.restore_s("int8", 10**9) == pytest.approx(0.1)
+    assert m.restore_s("none", 10**9) == 0.0
+    assert m.prefill_s(500) == pytest.approx(0.5)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidArgumentError, match="prefill_tokens_per_s must be > 0"):
+            TtftModel(prefill_tokens_per_s=bad)
 
 
 def test_restore_cost_is_measured_once_per_kind() -> None:
