@@ -103,14 +103,41 @@ class ModelRope:
     rope_type: str = "default"
 
 
+# Architectures vLLM (0.32.0, model_executor/models) builds with ``is_neox_style=False``: they
+# rotate adjacent pairs (GPT-J style), while the delta rotation here pairs the two halves of
+# the head (NeoX style, as Llama, Mistral, Qwen, Gemma, Phi-3 do).
+_INTERLEAVED_ROPE = frozenset({
+    "GPTJForCausalLM", "Glm4ForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM",
+    "Cohere2MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+    "Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "BailingMoeV2_5ForCausalLM",
+    "BailingMoeV3ForCausalLM", "AXK1ForCausalLM", "SarvamMoEForCausalLM", "SarvamMLAForCausalLM",
+    "PanguProMoEV2ForCausalLM", "PanguUltraMoEForCausalLM",
+})  # fmt: skip
+
+
+def _interleaved(config: Mapping[str, Any]) -> str:
+    """The architecture that rotates adjacent pairs, or ``""``."""
+    for arch in config.get("architectures") or ():
+        if arch in _INTERLEAVED_ROPE:
+            return str(arch)
+        if arch in ("ChatGLMModel", "ChatGLMForConditionalGeneration") and config.get(
+            "original_rope", True
+        ):  # vLLM: is_neox_style = not config.original_rope
+            return str(arch)
+    return ""
+
+
 def model_rope(config: Mapping[str, Any]) -> ModelRope:
     """Read a HF ``config.json``; refuse models whose position encoding makes a constant delta
-    rotation inexact (ALiBi, dynamic NTK, LongRoPE, M-RoPE) with the reason."""
+    rotation inexact (ALiBi, dynamic NTK, LongRoPE, M-RoPE) or that rotate adjacent pairs
+    (GPT-J style) with the reason."""
     model_type = str(config.get("model_type", ""))
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     rope_type = str(params.get("rope_type", params.get("type", "default")))
     why = ""
-    if config.get("alibi") or config.get("position_embedding_type") == "alibi" or model_type in (
+    if arch := _interleaved(config):
+        why = f"{arch} rotates adjacent pairs (GPT-J style); token dropping rotates NeoX style"
+    elif config.get("alibi") or config.get("position_embedding_type") == "alibi" or model_type in (
         "bloom", "mpt", "baichuan"):  # fmt: skip
         why = "ALiBi position biases are not rotations"
     elif "mrope_section" in params or rope_type in ("mrope", "default_mrope"):

@@ -66,6 +66,9 @@ def test_a_delta_rotation_moves_keys_as_the_model_places_them(
         ({"rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}, "M-RoPE"),
         ({"model_type": "bloom"}, "ALiBi"),
         ({"alibi": True}, "ALiBi"),
+        ({"architectures": ["GPTJForCausalLM"]}, "GPTJForCausalLM rotates adjacent pairs"),
+        ({"architectures": ["CohereForCausalLM"]}, "GPT-J style"),
+        ({"architectures": ["ChatGLMModel"], "original_rope": True}, "GPT-J style"),
     ],
 )
 def test_inexact_position_encodings_are_refused_with_the_reason(
@@ -73,6 +76,12 @@ def test_inexact_position_encodings_are_refused_with_the_reason(
 ) -> None:
     with pytest.raises(InvalidArgumentError, match=why):
         model_rope({**LLAMA, **config})
+
+
+def test_neox_style_architectures_are_accepted() -> None:
+    for config in ({"architectures": ["LlamaForCausalLM"]},
+                   {"architectures": ["ChatGLMModel"], "original_rope": False}):  # fmt: skip
+        assert model_rope({**LLAMA, **config}).head_dim == HEAD_DIM
 
 
 def test_a_llama3_config_is_read() -> None:
