@@ -8,6 +8,7 @@ which needs the daemon, is refused with the reason."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -118,6 +119,11 @@ async def test_a_daemon_that_never_answers_holds_a_request_only_for_the_lookup_t
             assert waited < 10, f"held {waited:.1f} s"  # lookup 0.5 s + registration 1 s
             assert "kvtierd did not answer in 0.5 s" in caplog.text
             assert router.server.app[ROUTER].lookup_errors == 1
+            # A profiler's scoped request is useless without its variant: it keeps waiting.
+            scoped = {**body, "kvtierd": {"scope": "p1", "variant": "knorm@0.5"}}
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(router.post("/v1/completions", json=scoped), 3.0)
+            assert up.bodies == [body]
         finally:
             await router.close()
 

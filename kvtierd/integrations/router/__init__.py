@@ -24,7 +24,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hold-s", type=float, default=30.0, help="pin placeholder chunks this long")
     p.add_argument(
         "--lookup-timeout-s", type=float, default=2.0,
-        help="wait this long for the daemon's manifest lookup, then send the real prompt",
+        help="wait this long for the daemon's manifest lookup of a production request, then "
+        "send the real prompt",
     )  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)

@@ -187,8 +187,11 @@ class Router:
             self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope,
             variant=variant,
         )  # fmt: skip
+        # A production request is better served now from its real prompt than late; a scoped
+        # one (a profiler's) is worth nothing without its variant, so it waits for the daemon.
+        timeout = None if spec.scope else c.lookup_timeout_s
         try:
-            return await asyncio.wait_for(lookup, c.lookup_timeout_s)
+            return await asyncio.wait_for(lookup, timeout)
         except TimeoutError:
             why = f"kvtierd did not answer in {c.lookup_timeout_s:g} s"
         except KvtierError as e:
