@@ -177,3 +177,15 @@ async def test_an_unreachable_vllm_is_a_502(tmp_path: Path) -> None:
         assert "vLLM" in (await r.json())["error"]["message"]
     finally:
         await router.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_lookup_timeout_that_is_not_positive_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvtierd.integrations.router import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--upstream", "http://127.0.0.1:1", "--lookup-timeout-s", value])
+    assert e.value.code == 2
+    assert f"--lookup-timeout-s must be > 0, got {float(value)}" in capsys.readouterr().err
