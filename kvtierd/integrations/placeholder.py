@@ -63,7 +63,9 @@ def placeholder_ids(
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """What the router needs to serve a context from its token-dropped variant."""
+    """What the router needs to serve a context from its token-dropped variant;
+    ``source_context`` is the daemon context holding the original chunks it was built from
+    (``""``: unknown, or a scoped variant), which the router reports its real prompts to."""
 
     digest: str
     variant: str
@@ -72,6 +74,7 @@ class Manifest:
     rope_delta: int
     placeholder_ids: tuple[int, ...]
     chunk_keys: tuple[str, ...]
+    source_context: str = ""
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -87,6 +90,7 @@ class Manifest:
             rope_delta=int(d["rope_delta"]),
             placeholder_ids=tuple(int(x) for x in d["placeholder_ids"]),
             chunk_keys=tuple(d["chunk_keys"]),
+            source_context=str(d.get("source_context", "")),  # absent in older manifests
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kvtierd.client import KVClient
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many, read_bytes
 from kvtierd.integrations.placeholder import (
     SNAPKV_UNAVAILABLE,
@@ -114,6 +114,23 @@ def context_kv(
     return torch.cat([*held, *(o.tensor for o in objs[:fresh])], dim=2)
 
 
+def _source_context(plugin: Any, digest: str) -> str:
+    """The daemon context of the context's first original chunk: as this plugin stored or
+    loaded it, else as the daemon says (a chunk another process stored)."""
+    chunks = plugin.context_chunks.get(digest)
+    if not chunks:
+        return ""
+    known = str(plugin.links.context_of(chunks[0]))
+    if known:
+        return known
+    try:
+        with lease_many(plugin.client, [chunks[0]]) as ((info, _),):
+            return str(info.spec.context_id)
+    except KvtierError as e:  # evicted meanwhile: the variant serves, unreported
+        logger.warning("kvtierd plugin: context %s: no source context (%s)", digest, e)
+        return ""
+
+
 def stored_manifest(client: KVClient, key: str) -> Manifest | None:
     if not client.lookup([key]).found[0]:
         return None
@@ -149,7 +166,10 @@ def store_placeholder_variant(
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
-    manifest = Manifest(digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys))
+    original = "" if request.scope else _source_context(plugin, digest)
+    manifest = Manifest(
+        digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys), original
+    )
     items = _variant_items(plugin, manifest, dropped, keyed)
     put_many(plugin.client, items, durable=plugin.settings.durable)
     plugin.stats.placeholder_variants += 1

@@ -65,7 +65,8 @@ class PromptLinks:
     def request_of(key: Any) -> str:
         """The registered request id a key's request carries, ``""`` for none. A rewritten
         request (placeholder ids) and a profiling one (a scope) are never linked: neither is a
-        real prompt of the context it reads."""
+        real prompt of the context it reads (the router links a rewritten request's real
+        prompt to the variant's source context itself)."""
         if is_rewritten(key) or tag(key, "kvtierd_scope"):
             return ""
         return tag(key, PROMPT_TAG)

@@ -58,6 +58,35 @@ async def test_a_failed_registration_sends_the_request_untagged(
     note.cancel()
 
 
+class AsyncLinks(FakeDaemon):
+    async def link_prompt(self, context_id: str, request_id: str) -> None:  # type: ignore[override]
+        super().link_prompt(context_id, request_id)
+
+
+async def test_a_link_keeps_the_registration_the_request_no_longer_waits_for() -> None:
+    """The router links a prompt served from a variant after answering it: the request's
+    ``cancel`` must not drop a registration still in flight, or the link finds no prompt."""
+    daemon = AsyncLinks(delay_s=0.2)
+    note = PromptNote(daemon, [1, 2, 3])  # type: ignore[arg-type]
+    task = note.link(daemon, "ctx")  # type: ignore[arg-type]
+    note.cancel()  # the request is answered; the registration is still under way
+    await task
+    assert daemon.links == [("ctx", note.request_id)]
+    unlinked = PromptNote(daemon, [4])  # type: ignore[arg-type]
+    unlinked.cancel()
+    await asyncio.sleep(0.3)
+    assert unlinked.request_id not in daemon.prompts  # without a link it is dropped
+
+
+async def test_a_failed_link_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    daemon = AsyncLinks()
+    note = PromptNote(daemon, [1])  # type: ignore[arg-type]
+    await note.tags()
+    daemon.prompts.clear()  # the daemon restarted and forgot it
+    await note.link(daemon, "ctx")  # type: ignore[arg-type]
+    assert daemon.links == [] and "not linked to context ctx: NotFoundError" in caplog.text
+
+
 def key(request: str = "", **tags: str) -> Any:
     all_tags = {**tags, **({"kvtierd_request": request} if request else {})}
     return SimpleNamespace(tags=tuple(all_tags.items()))

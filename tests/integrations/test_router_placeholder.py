@@ -7,6 +7,7 @@ the placeholder load fails, the router answers from the real prompt, streamed or
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from kvtierd.client import KVClient
 from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.profiler.engine_eval import DaemonAdmin
 from kvtierd.router_protocol import context_digest
+from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.servers import (
     get_json,
     post,
@@ -34,6 +36,7 @@ CTX3 = [50 + (19 * i) % 900 for i in range(64)]
 CTX4 = [60 + (23 * i) % 900 for i in range(64)]
 CTX5 = [110 + (29 * i) % 900 for i in range(64)]
 CTX6 = [120 + (31 * i) % 900 for i in range(64)]
+CTX7 = [130 + (37 * i) % 900 for i in range(64)]
 SUFFIX = [500, 501, 502, 503, 504, 505]
 LONG_SUFFIX = [600 + i for i in range(40)]  # with the context: 6 full chunks
 LOGPROB_TOLERANCE = 0.1  # bf16 rounding of two different attention implementations
@@ -148,6 +151,37 @@ def assert_half_matches_reference(stack: dict[str, Any], context: list[int]) -> 
     print("max |logprob - reference|:", f"{max(diffs.values()):.4f}")
     assert max(diffs.values()) < LOGPROB_TOLERANCE, diffs
     assert int(got["choices"][0]["text"].split()[0][1:]) + 3 == int(ref.argmax())
+
+
+def test_a_prompt_served_from_a_variant_reaches_the_context_it_was_built_from(
+    stack: dict[str, Any],
+) -> None:
+    """The plugin cannot link a rewritten request (its prompt is placeholder ids), so the router
+    links the real prompt to the context the manifest names as the variant's source: that
+    context gets each served prompt's tokens and the rest as a real-traffic query."""
+    complete(stack, CTX7 + SUFFIX, kvtierd={"context_tokens": 64, "variant": "knorm@0.5"})
+    digest = context_digest(stack["model"], CTX7)
+    with KVClient(stack["socket"], timeout_s=60) as c:
+        source = Manifest.from_bytes(bytes(c.get(manifest_key(digest)))).source_context
+        assert source in [x.context_id for x in c.contexts()]
+        stored = _queries_of(c, source, at_least=1)  # the store request's own prompt
+        for i in range(2):
+            _, headers = complete(stack, [*CTX7, 700 + i, 710, 720])
+            assert headers.get("x-kvtierd-context") == f"{digest}/knorm@0.5"
+        served = _queries_of(c, source, at_least=stored.next_num_queries + 2)
+        assert served.next_query_source == "traffic" and served.known_tokens >= 64
+
+
+def _queries_of(c: KVClient, context_id: str, at_least: int) -> pb.ProfileStatusResponse:
+    """ProfileStatus of ``context_id`` once its next profile has ``at_least`` queries (links
+    run in the background)."""
+    deadline = time.monotonic() + 30
+    while True:
+        s = c.call(c.admin.ProfileStatus, pb.ProfileStatusRequest(context_id=context_id))
+        if s.next_num_queries >= at_least:
+            return s
+        assert time.monotonic() < deadline, f"{context_id}: {s.next_num_queries} queries"
+        time.sleep(0.1)
 
 
 def test_failed_placeholder_load_is_answered_from_the_real_prompt(stack: dict[str, Any]) -> None:

@@ -1,14 +1,15 @@
 """What the router and its clients agree on (``kvtierd.router_protocol``), without a stack:
-context digests with and without a scope, and the request's ``"kvtierd"`` field."""
+context digests with and without a scope, the request's ``"kvtierd"`` field, and manifests."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.integrations.placeholder import kept_key, manifest_key
+from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import ContextRequest, context_digest
 
 TOKENS = list(range(10, 42))
@@ -66,3 +67,10 @@ def test_the_field_round_trips(field: dict[str, Any], want: ContextRequest) -> N
 def test_bad_fields_are_named(field: Any, match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         ContextRequest.from_json(field)
+
+
+def test_a_manifest_round_trips_and_an_older_one_has_no_source_context() -> None:
+    m = Manifest("d", "knorm@0.5", 64, 32, -32, (7, 8), ("k0", "k1"), source_context="ctx")
+    assert Manifest.from_bytes(m.to_bytes()) == m
+    older = {k: v for k, v in json.loads(m.to_bytes()).items() if k != "source_context"}
+    assert Manifest.from_bytes(json.dumps(older).encode()).source_context == ""

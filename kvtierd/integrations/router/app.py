@@ -70,6 +70,7 @@ class Router:
         self.rewrites = 0
         self.fallbacks = 0
         self.lookup_errors = 0  # requests sent as they are because the daemon did not answer
+        self._links: set[asyncio.Future[None]] = set()  # PromptNote.link tasks in flight
 
     @property
     def client(self) -> AsyncKVClient:
@@ -233,13 +234,15 @@ class Router:
     ) -> web.StreamResponse:
         """Send ``[placeholder ids] + suffix``; the real prompt if vLLM fails it. Only the real
         prompt is reported to the daemon (``note``): the rewritten one reads a token-dropped
-        variant, whose KV is not the context's and whose prompt is not its tokens."""
+        variant, whose KV is not the context's and whose prompt is not its tokens. Served from
+        the variant, the real prompt is linked to the context the variant was built from."""
         new = {k: v for k, v in body.items() if k not in ("messages", "prompt")}
         new["prompt"] = rw.prompt_ids
         new = _with_params(new, rw.kv_transfer_params)
         if body.get("stream"):
             streamed = await self._stream_rewritten(new, rw, request, chat=chat)
             if streamed is not None:
+                self._link_source(note, rw)
                 return streamed
             body = await _tagged(body, note)
             return await self._fallback(body, rw, "its first stream event", request, chat=chat)
@@ -252,7 +255,17 @@ class Router:
         if not ok:
             return await self._fallback(await _tagged(body, note), rw, data, request, chat=chat)
         self.rewrites += 1
+        self._link_source(note, rw)
         return web.json_response(_as_chat(data) if chat else data, headers=_loaded(rw))
+
+    def _link_source(self, note: PromptNote | None, rw: Rewrite) -> None:
+        """Report a prompt served from a variant to the context the variant was built from
+        (its tokens, and the rest of the prompt as a real query of it), in the background."""
+        if note is None or not rw.manifest.source_context:
+            return
+        task = note.link(self.client, rw.manifest.source_context)
+        self._links.add(task)
+        task.add_done_callback(self._links.discard)
 
     async def _stream_rewritten(
         self, new: dict[str, Any], rw: Rewrite, request: web.Request, *, chat: bool

@@ -7,6 +7,10 @@ So the router registers the prompt under a fresh request id (``KVStore.SetContex
 ``note_prompt``) and passes the id to the plugin as ``lmcache.tag.kvtierd_request``; the plugin
 names the context the request stored or read (``link_prompt``, ``prompt_links.py``).
 
+A request served from a token-dropped variant carries placeholder ids, so the plugin cannot
+link it; the router links its real prompt to the variant's source context itself
+(:meth:`PromptNote.link`, the manifest's ``source_context``) once vLLM has answered.
+
 Registration is best effort: it never fails or holds up a user request. It runs while the
 router does its own work for the request (manifest lookups), is awaited for at most
 :data:`NOTE_TIMEOUT_S`, and a daemon that is down, slow or refuses only costs the tag (logged).
@@ -26,6 +30,8 @@ logger = logging.getLogger(__name__)
 NOTE_TIMEOUT_S = 1.0
 """How long a request waits for its prompt's registration before it goes out untagged."""
 REQUEST_TAG = f"lmcache.tag.{PROMPT_TAG}"
+LINK_TIMEOUT_S = 10.0
+"""How long a background link of a served prompt may take before it is given up (logged)."""
 
 
 class PromptNote:
@@ -33,6 +39,7 @@ class PromptNote:
 
     def __init__(self, client: AsyncKVClient, token_ids: list[int]) -> None:
         self.request_id = uuid.uuid4().hex
+        self._linking = False
         self._task = asyncio.ensure_future(self._note(client, token_ids))
 
     async def _note(self, client: AsyncKVClient, token_ids: list[int]) -> str:
@@ -59,6 +66,24 @@ class PromptNote:
             return {}
         return {REQUEST_TAG: self.request_id}
 
+    def link(self, client: AsyncKVClient, context_id: str) -> asyncio.Future[None]:
+        """Link the registered prompt to ``context_id`` (``link_prompt``) in the background:
+        for a request the plugin cannot link, one served from a variant built from that
+        context. Best effort: logged, never raised. The registration is no longer cancelled."""
+        self._linking = True
+        return asyncio.ensure_future(self._link(client, context_id))
+
+    async def _link(self, client: AsyncKVClient, context_id: str) -> None:
+        if not await self.tags():
+            return  # not registered: already logged
+        try:
+            await asyncio.wait_for(client.link_prompt(context_id, self.request_id), LINK_TIMEOUT_S)
+        except Exception as e:
+            logger.warning("prompt of request %s not linked to context %s: %s: %s",
+                           self.request_id, context_id, type(e).__name__, e)  # fmt: skip
+
     def cancel(self) -> None:
-        """The request is not sent (refused before vLLM): drop a registration in flight."""
-        self._task.cancel()
+        """Nothing waits for the registration any more: drop it if still in flight (unless a
+        :meth:`link` needs it)."""
+        if not self._linking:
+            self._task.cancel()
