@@ -276,9 +276,9 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self, allocation_ids: Sequence[str], durable: bool = False
     ) -> list[ObjectMeta]:
         self._check_open()
-        twice = [aid for aid, n in Counter(allocation_ids).items() if n > 1]
-        if twice:
-            raise InvalidArgumentError(f"allocation {twice[0]!r} is listed twice; list each once")
+        if len(set(allocation_ids)) < len(allocation_ids):
+            twice = next(aid for aid, n in Counter(allocation_ids).items() if n > 1)
+            raise InvalidArgumentError(f"allocation {twice!r} is listed twice; list each once")
         recs: list[AllocationRecord] = []
         for aid in allocation_ids:
             if aid in self._committed:
