@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
+if sys.path[:1] != [str(REPO)]:
+    # First, even when an editable install lists it later: site-packages may hold an unrelated
+    # ``tests`` package, which would shadow this repository's.
     sys.path.insert(0, str(REPO))
 
 
