@@ -33,6 +33,7 @@ from kvtierd.profiler.quality import (
     register_evaluator,
 )
 from kvtierd.profiler.variant_kv import pad_left, variant_kvs
+from kvtierd.profiler.window_queries import prefill_with_window_queries
 
 
 @register_evaluator
@@ -90,8 +91,9 @@ class AnswerEvaluator(QualityEvaluator):
         return ids
 
     @torch.inference_mode()
-    def encode_context(self, context: str | Sequence[int]) -> ContextKV:
-        """Prefill a context (text or token ids) and return its KV ``[L, H, N, D]``."""
+    def encode_context(self, context: str | Sequence[int], window: int = 0) -> ContextKV:
+        """Prefill a context (text or token ids) and return its KV ``[L, H, N, D]``; with
+        ``window > 0`` also the RoPE-applied queries of its last ``window`` tokens (snapkv)."""
         model, tok = self.load()
         ids = (
             list(tok(context, add_special_tokens=False).input_ids)
@@ -101,10 +103,14 @@ class AnswerEvaluator(QualityEvaluator):
         if not ids:
             raise InvalidArgumentError("empty context")
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        cache = model(input_ids=x, use_cache=True).past_key_values
+        queries = None
+        if window > 0:
+            cache, queries = prefill_with_window_queries(model, x, window)
+        else:
+            cache = model(input_ids=x, use_cache=True).past_key_values
         keys = torch.stack([layer.keys[0] for layer in cache.layers])
         values = torch.stack([layer.values[0] for layer in cache.layers])
-        return ContextKV(keys=keys, values=values, token_ids=tuple(ids))
+        return ContextKV(keys=keys, values=values, window_queries=queries, token_ids=tuple(ids))
 
     def evaluate(
         self,
@@ -118,18 +124,32 @@ class AnswerEvaluator(QualityEvaluator):
         if not queries:
             raise InvalidArgumentError("the answer evaluator needs at least one profiling query")
         t0 = time.perf_counter()
-        model, tok = self.load()
-        self._check_geometry(model, kv)
-        kv = _on(kv, self.device, model.dtype)
-        items = variant_kvs(kv, ["none", *variants], layout)
         per_query: dict[str, list[float]] = {v: [] for v in variants}
-        for query in queries:
-            answers = self._answers(model, kv, items, self.query_ids(query))
-            texts = [tok.decode(a, skip_special_tokens=True).strip() for a in answers]
+        for texts in self.answers(kv, ["none", *variants], queries, layout=layout):
             sims = self.embedder.similarity([texts[0]] * len(variants), texts[1:])
             for v, s in zip(variants, sims, strict=True):
                 per_query[v].append(s)
         return QualityResult.mean_of(self.name, per_query, len(queries), time.perf_counter() - t0)
+
+    def answers(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> list[list[str]]:
+        """Greedy answer texts, ``[query][variant]``: each variant compressed once, every
+        query decoded over all of them in batches of ``max_batch``."""
+        model, tok = self.load()
+        self._check_geometry(model, kv)
+        kv = _on(kv, self.device, model.dtype)
+        items = variant_kvs(kv, variants, layout)
+        out = []
+        for query in queries:
+            answers = self._answers(model, kv, items, self.query_ids(query))
+            out.append([tok.decode(a, skip_special_tokens=True).strip() for a in answers])
+        return out
 
     def _answers(
         self, model: Any, kv: ContextKV, items: list[Any], query_ids: list[int]

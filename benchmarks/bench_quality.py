@@ -1,0 +1,205 @@
+"""Answer quality of every compression variant on the real model (issue 12).
+
+    .venv/bin/python benchmarks/bench_quality.py                       # the whole grid
+    .venv/bin/python benchmarks/bench_quality.py --lengths 1024 --per 2 --tasks niah_single
+
+SmolLM2-135M-Instruct (``kvtierd model fetch``) answers RULER-style cases
+(``quality_tasks.py``) with its context's KV compressed into each variant by kvtierd's kernels,
+kept keys at their original positions (kvpress's evaluation; the served form rotates them,
+which is the same up to one bf16 rounding, DESIGN.md §1): the profiler's ``answer`` evaluator
+prefills the context once (capturing the window queries snapkv scores with), compresses it into
+every variant and greedy-decodes the query over all variants in batches. Two scores per case
+and variant: accuracy (the answer holds the planted facts, RULER) and the EvicPress metric
+(MiniLM cosine of the answer to the full-KV answer). Kept counts are whole 16-token chunks, as
+the daemon stores them.
+
+Results go to ``--out`` (default ``benchmarks/out/quality``): ``cases.jsonl`` (one line per
+case, appended as it finishes, so a long run can be resumed with the same arguments),
+``summary.md`` (tables for RESULTS.md) and ``accuracy.png`` (accuracy vs kept ratio, one line per
+method, one panel per task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, machine
+from benchmarks.quality_tasks import TASKS, Case, accuracy, make_cases, split_prompt
+
+METHODS = ("knorm", "keydiff", "snapkv", "streamingllm", "paged_eviction", "paged_eviction_block")
+RATIOS = (0.75, 0.5, 0.25, 0.1)
+SNAPKV_WINDOW = 64  # kvpress SnapKVPress's default window_size
+
+
+def default_variants() -> list[str]:
+    drops = [f"{m}@{r}" for m in METHODS for r in RATIOS]
+    return [*drops, "int8", "int4", "knorm@0.5+int8", "keydiff@0.5+int8", "snapkv@0.5+int8"]
+
+
+def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) -> dict[str, Any]:
+    """Every variant's answer, accuracy and similarity on one case, with its timings."""
+    from kvtierd.profiler.quality import ProfileLayout, ProfilingQuery
+
+    split = split_prompt(tokenizer, case)
+    t0 = time.perf_counter()
+    kv = evaluator.encode_context(split.context, window=SNAPKV_WINDOW)
+    t1 = time.perf_counter()
+    layout = ProfileLayout(chunk_tokens=16)
+    query = ProfilingQuery(token_ids=tuple(split.query))
+    texts = evaluator.answers(kv, ["none", *variants], [query], layout=layout)[0]
+    t2 = time.perf_counter()
+    sims = evaluator.embedder.similarity([texts[0]] * len(variants), texts[1:])
+    return {
+        "case": case.name, "task": case.task, "length": case.length, "seed": case.seed,
+        "depth": case.depth, "context_tokens": split.context_tokens,
+        "query_tokens": len(split.query), "answers": list(case.answers),
+        "prefill_s": t1 - t0, "variants_s": t2 - t1,
+        "results": {
+            v: {"answer": t, "accuracy": accuracy(case, t), "similarity": s}
+            for v, t, s in zip(["none", *variants], texts, [1.0, *sims], strict=True)
+        },
+    }  # fmt: skip
+
+
+def load_done(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {row["case"]: row for row in rows}
+
+
+def ratio_of(variant: str) -> float:
+    head = variant.split("+", maxsplit=1)[0]
+    return float(head.split("@")[1]) if "@" in head else 1.0
+
+
+def summarise(rows: list[dict[str, Any]], variants: list[str]) -> str:
+    """Markdown: per task, variant rows x length columns of accuracy (similarity)."""
+    cell: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        for v, r in row["results"].items():
+            cell[(row["task"], v, row["length"])].append((r["accuracy"], r["similarity"]))
+    lengths = sorted({row["length"] for row in rows})
+    tasks = [t for t in TASKS if any(row["task"] == t for row in rows)]
+    lines = []
+    head = "| variant | " + " | ".join(f"{n} tok" for n in lengths) + " | all |"
+    for task in tasks:
+        n_cases = sum(row["task"] == task for row in rows)
+        lines += [f"\n**{task}** ({n_cases} cases; accuracy, MiniLM similarity in brackets)\n",
+                  head, "|---" * (len(lengths) + 2) + "|"]  # fmt: skip
+        for v in ["none", *variants]:
+            cells, every = [], []
+            for n in lengths:
+                xs = cell.get((task, v, n), [])
+                every += xs
+                cells.append(_fmt(xs))
+            lines.append(f"| {v} | " + " | ".join(cells) + f" | {_fmt(every)} |")
+    per_variant = [row["variants_s"] / (len(variants) + 1) for row in rows]
+    prefill = [row["prefill_s"] for row in rows]
+    lines.append(
+        f"\nCost: prefill {sum(prefill) / len(prefill):.2f} s per case (mean), answering "
+        f"{sum(per_variant) / len(per_variant):.2f} s per case per variant (mean, compression "
+        f"included, {len(variants) + 1} variants decoded in batches)."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(xs: list[tuple[float, float]]) -> str:
+    if not xs:
+        return "-"
+    acc = sum(a for a, _ in xs) / len(xs)
+    sim = sum(s for _, s in xs) / len(xs)
+    return f"{acc:.2f} ({sim:.2f})"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TASKS if any(row["task"] == t for row in rows)]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        mine = [row for row in rows if row["task"] == task]
+        for method in METHODS:
+            points = []
+            for r in RATIOS:
+                accs = [row["results"][f"{method}@{r}"]["accuracy"] for row in mine
+                        if f"{method}@{r}" in row["results"]]  # fmt: skip
+                if accs:
+                    points.append((r, sum(accs) / len(accs)))
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=method)
+        for v, style in (("none", "k-"), ("int8", "k--"), ("int4", "k:")):
+            accs = [row["results"][v]["accuracy"] for row in mine if v in row["results"]]
+            if accs:
+                ax.axhline(sum(accs) / len(accs), color="k", linestyle=style[1:], lw=0.8, label=v)
+        ax.set_title(task)
+        ax.set_xlabel("kept ratio")
+        ax.set_ylim(-0.03, 1.03)
+        ax.invert_xaxis()
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    parser.add_argument("--per", type=int, default=3, help="cases per task and length")
+    parser.add_argument("--variants", nargs="+", default=default_variants())
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/quality")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=16, help="variants decoded at once")
+    args = parser.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from kvtierd.model_fetch import fetch_model
+    from kvtierd.profiler.answer import AnswerEvaluator
+
+    torch.manual_seed(0)
+    model = fetch_model(log=print)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    evaluator = AnswerEvaluator(str(model), max_new_tokens=args.max_new_tokens,
+                                max_batch=args.batch)  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "cases.jsonl"
+    done = load_done(log)
+    cases = make_cases(tokenizer, args.tasks, args.lengths, args.per)
+    print(f"{len(cases)} cases x {len(args.variants) + 1} variants on {machine()}; "
+          f"{sum(c.name in done for c in cases)} already in {log}", flush=True)  # fmt: skip
+    for i, case in enumerate(cases):
+        if case.name in done:
+            continue
+        row = run_case(evaluator, tokenizer, case, args.variants)
+        with log.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        done[case.name] = row
+        full = row["results"]["none"]
+        print(
+            f"[{i + 1}/{len(cases)}] {case.name}: {row['context_tokens']} ctx tokens, full KV "
+            f"acc {full['accuracy']:.2f} ({full['answer'][:40]!r}), prefill "
+            f"{row['prefill_s']:.1f} s, variants {row['variants_s']:.1f} s",
+            flush=True,
+        )
+    rows = [done[c.name] for c in cases]
+    summary = summarise(rows, args.variants)
+    (args.out / "summary.md").write_text(summary)
+    plot(rows, args.out / "accuracy.png")
+    print(summary)
+    print(f"wrote {args.out / 'summary.md'} and {args.out / 'accuracy.png'}")
+
+
+if __name__ == "__main__":
+    main()
