@@ -33,10 +33,12 @@ def test_snapkv_without_queries_says_so() -> None:
     k, v = make_kv(1, 1, 100, 16, torch.float16)
     with pytest.raises(ValueError, match="snapkv needs the queries"):
         compress_dense(k, v, "snapkv@0.5")
-    with pytest.raises(ValueError, match="the snapkv window is 64"):
+    with pytest.raises(ValueError, match="the snapkv window is 64 \\(needs the last 64\\)"):
         compress_dense(k, v, "snapkv@0.5", queries=torch.randn(1, 1, 8, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="Hq=G"):
         compress_dense(k, v, "snapkv@0.5", queries=torch.randn(1, 1, 64, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="snapkv: pool=2 is not allowed"):
+        get_method("snapkv", (("pool", 2),))
 
 
 @pytest.mark.parametrize(
