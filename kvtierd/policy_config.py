@@ -60,6 +60,7 @@ DROP_METHOD_OPTIONS: Mapping[str, tuple[tuple[str, int, int, int | None, int], .
     MappingProxyType(
         {
             "snapkv": (("window", 64, 1, None, 1), ("pool", 5, 1, None, 2)),
+            "paged_eviction": (("sinks", 0, 0, None, 1),),
             "paged_eviction_block": (("page", 16, 1, None, 1), ("keep_ends", 0, 0, 1, 1)),
             "streamingllm": (("sinks", 4, 0, None, 1),),
         }

@@ -4,6 +4,8 @@ Token score ``S_i = ||V_i||_2 / max(||K_i||_2, 1e-12)`` in float32; the lowest s
 evicted ("tokens with lower scores are considered less critical", §4.2).
 
 * ``paged_eviction`` (token mode, Alg. 2 prefill eviction): keep the top-M tokens by ``S_i``.
+  ``sinks`` (default 0, the paper's rule): the first ``sinks`` tokens always stay. The rule
+  alone evicts the attention sink of SmolLM2 (its value norm is small), docs/kernels.md.
 * ``paged_eviction_block`` (block mode, Alg. 1 block branch, Alg. 3's page rule): pages of
   ``page`` (default 16) consecutive tokens; page score = mean of its tokens' ``S_i``; whole
   pages are kept or dropped, no page is forced. The trailing ``N mod page`` tokens are not a
@@ -49,15 +51,26 @@ def page_scores(token_scores: torch.Tensor, page: int, keep_ends: bool) -> torch
 class PagedEvictionMethod(TokenDropMethod):
     name = "paged_eviction"
 
+    def __init__(self, sinks: int = option_default("paged_eviction", "sinks")) -> None:
+        canonical_options(self.name, {"sinks": sinks})
+        self.sinks = sinks
+
+    def option_values(self) -> dict[str, int]:
+        return {"sinks": self.sinks}
+
+    def _with_sinks(self, scores: torch.Tensor) -> torch.Tensor:
+        scores[..., : self.sinks] = float("inf")
+        return scores
+
     def score_reference(
         self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None
     ) -> torch.Tensor:
-        return value_key_ratio(keys, values)
+        return self._with_sinks(value_key_ratio(keys, values))
 
     def score_triton(self, source: KVSource, queries: torch.Tensor | None) -> torch.Tensor:
         from kvtierd.kernels import _tl_score
 
-        return _tl_score.norm_scores(source, _tl_score.MODE_VK_RATIO)
+        return self._with_sinks(_tl_score.norm_scores(source, _tl_score.MODE_VK_RATIO))
 
 
 class PagedEvictionBlockMethod(TokenDropMethod):

@@ -93,7 +93,9 @@ METHOD_OPTIONS: MappingProxyType[str, tuple[MethodOption, ...]] = MappingProxyTy
             MethodOption("window", 64, 1, doc="observation window: queries of the last tokens"),
             MethodOption("pool", 5, 1, step=2, doc="avg-pool width (kvpress kernel_size), odd"),
         ),
-        "paged_eviction": (),
+        "paged_eviction": (
+            MethodOption("sinks", 0, 0, doc="first tokens always kept (0: the paper's rule)"),
+        ),
         "paged_eviction_block": (
             MethodOption("page", 16, 1, doc="tokens per page"),
             MethodOption("keep_ends", 0, 0, 1, doc="1: the first and last page always stay"),

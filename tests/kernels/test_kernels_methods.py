@@ -181,6 +181,21 @@ def test_paged_eviction_token_score_by_hand() -> None:
         assert s.flatten().tolist() == [1.0, 0.5, 0.25, 3.0]
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_paged_eviction_sinks_option(backend: str) -> None:
+    k, v = make_kv(1, 2, 40, 8, torch.float32)
+    v[..., :3, :] *= 1e-3  # tiny values: the paper's rule evicts the first tokens
+    src = KVSource.from_contiguous(k, v)
+    plain = get_method("paged_eviction").select(src, 0.25, backend=backend)  # type: ignore[arg-type]
+    assert not bool((plain < 3).any())
+    sunk = get_method("paged_eviction", (("sinks", 2),)).select(src, 0.25, backend=backend)  # type: ignore[arg-type]
+    assert sunk[..., :2].tolist() == [[[0, 1], [0, 1]]] and sunk.shape[-1] == 10
+    rest = get_method("paged_eviction").score(src, backend="torch")[..., 2:]
+    for h in range(2):  # the other 8 are the best of the rest
+        want = (rest[0, h].topk(8).indices + 2).sort().values.tolist()
+        assert sunk[0, h, 2:].tolist() == want
+
+
 def test_keydiff_keeps_the_outlier() -> None:
     k = torch.ones(1, 1, 6, 4)
     k[0, 0, 3] = torch.tensor([-1.0, 1.0, -1.0, 1.0])

@@ -150,6 +150,7 @@ def test_size_formula_by_hand() -> None:
 WITH_OPTIONS = (
     "snapkv-window=16-pool=3",
     "streamingllm-sinks=0",
+    "paged_eviction-sinks=1",
     "paged_eviction_block-page=8-keep_ends=1",
     "paged_eviction_block-page=32",
 )
