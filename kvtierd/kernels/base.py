@@ -5,9 +5,10 @@ A method only says how to score tokens (``score_reference`` in torch — the spe
 
 Selection rule (identical in both backends): keep the ``M`` highest scores of each (layer, KV
 head); among equal scores the earlier position wins; kept positions are returned ascending.
-A score of ``+inf`` marks a token that is kept before any finite score (streamingllm's sinks,
-paged_eviction_block's partial last page or its end pages); when fewer tokens are kept than
-score ``+inf``, the earliest of them are kept. NaN scores are an error, never silently ranked.
+A score of ``+inf`` marks a token that is kept before any finite score (the ``sinks`` of
+streamingllm and paged_eviction, paged_eviction_block's partial last page or its end pages); when
+fewer tokens are kept than score ``+inf``, the earliest of them are kept. NaN scores are an
+error, never silently ranked.
 """
 
 from __future__ import annotations

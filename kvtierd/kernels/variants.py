@@ -144,7 +144,7 @@ left out."""
 def count_rule(method: str, options: Options = ()) -> CountRule:
     """The count rule of ``method`` with ``options`` (only page methods have options that
     change the count)."""
-    rule = COUNT_RULES[method]
+    rule = COUNT_RULES.get(method, CountRule())
     if not rule.page_tokens:
         return rule
     values = dict(options)
@@ -157,7 +157,7 @@ def count_rule(method: str, options: Options = ()) -> CountRule:
 def canonical_options(method: str, values: Mapping[str, int]) -> Options:
     """Check ``values`` against ``METHOD_OPTIONS[method]`` and return them in canonical form
     (schema order, defaults left out); raises ``ValueError`` naming the bad option."""
-    schema = {o.name: o for o in METHOD_OPTIONS[method]}
+    schema = {o.name: o for o in METHOD_OPTIONS.get(method, ())}
     for name, value in values.items():
         if name not in schema:
             known = ", ".join(schema) or "none"

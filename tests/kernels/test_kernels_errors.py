@@ -20,6 +20,18 @@ def test_unknown_method_lists_known() -> None:
         get_method("nope")
 
 
+def test_a_registered_method_without_options_builds() -> None:
+    class Half(KnormMethod):
+        name = "half_knorm"  # not a built-in: no options, the plain count rule
+
+    reg = MethodRegistry()
+    reg.register(Half)
+    m = reg.create("half_knorm")
+    assert m.options == () and m.kept_count(10, 0.5) == 5
+    with pytest.raises(ValueError, match="half_knorm has no option 'x'; its options: none"):
+        reg.create("half_knorm", (("x", 1),))
+
+
 def test_duplicate_registration_raises() -> None:
     reg = MethodRegistry()
     reg.register(KnormMethod)
