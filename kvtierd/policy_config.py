@@ -13,7 +13,7 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     alpha: 1.0                 # evicpress: quality weight in 1/s (utility = (alpha*q - ttft)*freq)
     selection: per_byte        # evicpress: per_byte | absolute (greedy rule on overflow)
     variants:                  # evicpress: the configuration grid profiled per context
-      methods: [knorm, snapkv, int8, knorm+int8]
+      methods: [knorm, snapkv, int8, knorm+int8, snapkv-window=32-pool=7]
       ratios: [1.0, 0.9, ..., 0.1]
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
@@ -56,6 +56,19 @@ DROP_METHODS: tuple[str, ...] = (
     "keydiff", "knorm", "paged_eviction", "paged_eviction_block", "snapkv", "streamingllm",
 )  # fmt: skip
 """Token-dropping methods (``kvtierd.kernels.variants.COUNT_RULES``)."""
+DROP_METHOD_OPTIONS: Mapping[str, tuple[tuple[str, int, int, int | None, int], ...]] = (
+    MappingProxyType(
+        {
+            "snapkv": (("window", 64, 1, None, 1), ("pool", 5, 1, None, 2)),
+            "paged_eviction": (("sinks", 0, 0, None, 1),),
+            "paged_eviction_block": (("page", 16, 1, None, 1), ("keep_ends", 0, 0, 1, 1)),
+            "streamingllm": (("sinks", 4, 0, None, 1),),
+        }
+    )
+)
+"""Method options a variant may write as ``<method>-<name>=<integer>``: ``(name, default,
+minimum, maximum or None, step)`` in the order they are written
+(``kvtierd.kernels.variants.METHOD_OPTIONS``; docs/kernels.md)."""
 QUANT_METHODS: tuple[str, ...] = ("int8", "int4")
 """Quantizations (``kvtierd.kernels.variants.QUANT_BITS``); they keep every token."""
 SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
@@ -343,22 +356,56 @@ def _choice(
 
 
 def _method(text: str, src: _Source, at: tuple[str, ...]) -> None:
-    """A grid method: a drop method, a quantization, or ``<drop>+<quant>``."""
+    """A grid method: a drop method (with options), a quantization, or ``<drop>+<quant>``."""
     drop, plus, quant = text.partition("+")
-    ok = (drop in QUANT_METHODS and not plus) or (
-        drop in DROP_METHODS and (not plus or quant in QUANT_METHODS)
+    if (drop in QUANT_METHODS and not plus) or (
+        drop.split("-")[0] in DROP_METHODS and (not plus or quant in QUANT_METHODS)
+    ):
+        if why := drop_method_error(drop) if drop not in QUANT_METHODS else "":
+            raise ConfigError(
+                f"{src.where(at)}: bad method {text!r}: {why} (method options are written "
+                "<method>-<option>=<integer>, e.g. snapkv-window=32; docs/kernels.md)"
+            )
+        return
+    raise ConfigError(
+        f"{src.where(at)}: unknown method {text!r}; allowed values: "
+        f"{', '.join((*DROP_METHODS, *QUANT_METHODS))} or <drop method>+<quantization> "
+        "(e.g. knorm+int8)"
     )
-    if not ok:
-        raise ConfigError(
-            f"{src.where(at)}: unknown method {text!r}; allowed values: "
-            f"{', '.join((*DROP_METHODS, *QUANT_METHODS))} or <drop method>+<quantization> "
-            "(e.g. knorm+int8)"
-        )
+
+
+def drop_method_error(text: str) -> str:
+    """``""`` when ``text`` is a drop method with valid options (``snapkv-window=32``), else
+    why not. Options follow ``DROP_METHOD_OPTIONS``: known, in order, each once, integers in
+    range, never at the default (every variant has one spelling, as in the kernels' grammar)."""
+    method, *parts = text.split("-")
+    if method not in DROP_METHODS:
+        return f"unknown method {method!r}"
+    schema = DROP_METHOD_OPTIONS.get(method, ())
+    order = [o[0] for o in schema]
+    seen: list[str] = []
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if name not in order:
+            return f"{method} has no option {name!r}; its options: {', '.join(order) or 'none'}"
+        if not eq or not value.isdigit() or str(int(value)) != value:
+            return f"option {part!r} is not '<name>=<integer>'"
+        _, default, low, high, step = schema[order.index(name)]
+        v = int(value)
+        if v < low or (high is not None and v > high) or (v - low) % step:
+            return f"{name}={v} is not allowed for {method}"
+        if v == default:
+            return f"{name}={v} is the default: leave it out"
+        seen.append(name)
+    if seen != [n for n in order if n in seen]:
+        return f"write {method}'s options once each, in the order {', '.join(order)}"
+    return ""
 
 
 def check_variant(text: str, where: str = "variant") -> str:
-    """A single variant: ``none``, ``int8``, ``knorm@0.5`` or ``knorm@0.5+int8``, normalised
-    (``knorm@0.50`` -> ``knorm@0.5``); raises :class:`ConfigError` naming ``where``."""
+    """A single variant: ``none``, ``int8``, ``knorm@0.5``, ``snapkv-window=32@0.5`` or
+    ``knorm@0.5+int8``, normalised (``knorm@0.50`` -> ``knorm@0.5``); raises
+    :class:`ConfigError` naming ``where``."""
     drop, plus, quant = text.strip().partition("+")
     method, _, ratio_text = drop.partition("@")
     try:
@@ -368,10 +415,12 @@ def check_variant(text: str, where: str = "variant") -> str:
     bad_quant = bool(plus) and quant not in QUANT_METHODS
     if text.strip() in (ORIGINAL, *QUANT_METHODS):
         return text.strip()
-    if method in DROP_METHODS and ratio_text and 0.0 < ratio <= 1.0 and not bad_quant:
+    why = drop_method_error(method)
+    if not why and ratio_text and 0.0 < ratio <= 1.0 and not bad_quant:
         return expand_variants((f"{method}+{quant}" if plus else method,), (ratio,))[-1]
     raise ConfigError(
-        f"{where}: bad variant {text!r}; allowed values: none, "
+        f"{where}: bad variant {text!r}{f' ({why})' if why else ''}; allowed values: none, "
         f"{', '.join(QUANT_METHODS)}, <method>@<ratio> or <method>@<ratio>+<quantization> with "
-        f"method in {', '.join(DROP_METHODS)} and 0 < ratio <= 1"
+        f"method in {', '.join(DROP_METHODS)} and 0 < ratio <= 1, method options as "
+        "<method>-<option>=<integer>@<ratio> (e.g. snapkv-window=32@0.5)"
     )

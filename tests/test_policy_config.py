@@ -9,6 +9,7 @@ import pytest
 
 from kvtierd.errors import ConfigError
 from kvtierd.policy_config import (
+    DROP_METHOD_OPTIONS,
     DROP_METHODS,
     KNOWN_PLACERS,
     PLACER_PARAMS_FIELDS,
@@ -107,6 +108,13 @@ BAD = [
     ("placer: fixed\n", 0, "variant", "requires key 'variant'"),
     ("placer: fixed\nvariant: knorm\n", 2, "variant", "<method>@<ratio>"),
     ("placer: fixed\nvariant: knorm@0.5+int3\n", 2, "variant", "int8, int4"),
+    (
+        "placer: evicpress\nvariants:\n  methods: [knorm, snapkv-pool=4]\n",
+        3,
+        "variants.methods.1",
+        "pool=4 is not allowed for snapkv",
+    ),
+    ("placer: fixed\nvariant: snapkv-window=64@0.5\n", 2, "variant", "window=64 is the default"),
 ]
 
 
@@ -147,6 +155,49 @@ def test_method_names_match_the_kernel_variant_grammar() -> None:
 
     assert set(DROP_METHODS) == set(variants.COUNT_RULES)
     assert set(QUANT_METHODS) == set(variants.QUANT_BITS)
+
+
+def test_method_options_match_the_kernel_variant_grammar() -> None:
+    from kvtierd.kernels import variants
+
+    want = {
+        m: tuple((o.name, o.default, o.minimum, o.maximum, o.step) for o in opts)
+        for m, opts in variants.METHOD_OPTIONS.items()
+        if opts
+    }
+    assert dict(DROP_METHOD_OPTIONS) == want
+
+
+OPTION_TEXTS = [
+    "snapkv-window=32", "snapkv-pool=7", "snapkv-window=1-pool=1", "snapkv-window=64",
+    "snapkv-pool=7-window=32", "snapkv-pool=4", "snapkv-window=0", "snapkv-window=032",
+    "snapkv-window", "snapkv-window=8-window=9", "knorm-window=8", "streamingllm-sinks=0",
+    "streamingllm-sinks=4", "paged_eviction_block-page=8-keep_ends=1",
+    "paged_eviction_block-keep_ends=2", "paged_eviction_block-page=0", "keydiff-",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("method", OPTION_TEXTS)
+def test_method_options_accepted_exactly_where_the_kernels_accept_them(method: str) -> None:
+    from kvtierd.kernels.variants import parse_variant
+
+    text = f"placer: evicpress\nvariants:\n  methods: [{method}]\n  ratios: [0.5]\n"
+    try:
+        kernel_ok = str(parse_variant(f"{method}@0.5")) == f"{method}@0.5"
+    except ValueError:
+        kernel_ok = False
+    try:
+        variants = parse_policy(text, "p.yaml").variants
+    except ConfigError:
+        assert not kernel_ok, method
+    else:
+        assert kernel_ok and variants == ("none", f"{method}@0.5"), method
+    fixed = f"placer: fixed\nvariant: {method}@0.5\n"
+    if kernel_ok:
+        assert parse_policy(fixed, "p.yaml").fixed_variant == f"{method}@0.5"
+    else:
+        with pytest.raises(ConfigError, match="bad variant"):
+            parse_policy(fixed, "p.yaml")
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)

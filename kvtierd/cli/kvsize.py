@@ -21,15 +21,20 @@ from typing import Any
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output, human_bytes
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import DEFAULT_METHODS, check_variant, expand_variants, load_policy
+from kvtierd.policy_config import (
+    DEFAULT_METHODS,
+    DROP_METHOD_OPTIONS,
+    check_variant,
+    expand_variants,
+    load_policy,
+)
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
                "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}  # fmt: skip
 DEFAULT_VARIANTS = (*expand_variants(DEFAULT_METHODS, (1.0, 0.5, 0.2)), "int4")
 
 # Kept-count rules and quantization parameters of kvtierd.kernels.variants (module docstring).
-_MIN_KEPT = {"snapkv": 64, "streamingllm": 4}
-_PAGE_TOKENS = {"paged_eviction_block": 16}
+_PAGE_METHODS = ("paged_eviction_block",)
 _QUANT_BITS = {"int8": 8, "int4": 4}
 _GROUP = 32
 _SCALE_ZERO_BYTES = 4
@@ -114,20 +119,26 @@ def _from_config(path: Path) -> ModelGeometry:
 def kept_tokens(num_tokens: int, variant: str) -> int:
     """Kept count ``M`` of ``variant`` for ``num_tokens`` (kvtierd.kernels.variants, steps 1-4)."""
     drop = variant.partition("+")[0]
-    method, at, ratio_text = drop.partition("@")
+    method_text, at, ratio_text = drop.partition("@")
     if not at:
         return num_tokens
     n = num_tokens
     target = math.floor(float(ratio_text) * n + 0.5)
-    page = _PAGE_TOKENS.get(method, 0)
-    if page:
+    method, *parts = method_text.split("-")
+    if method not in _PAGE_METHODS:
+        return max(target, 1)
+    options = {o[0]: o[1] for o in DROP_METHOD_OPTIONS[method]}
+    options |= {k: int(v) for k, _, v in (p.partition("=") for p in parts)}
+    page = options["page"]
+    if options["keep_ends"]:
         pages = -(-n // page)
         if pages <= 2:
             return n
-        forced = page + (n - (pages - 1) * page)
-        extra = max(target - forced, 0)
-        return forced + min((2 * extra + page) // (2 * page), pages - 2) * page
-    return max(target, min(_MIN_KEPT.get(method, 0), n), 1)
+        fixed, lowest, highest = page + (n - (pages - 1) * page), 0, pages - 2
+    else:
+        fixed, lowest, highest = n % page, (0 if n % page else 1), n // page
+    extra = max(target - fixed, 0)
+    return fixed + page * min(max((2 * extra + page) // (2 * page), lowest), highest)
 
 
 def variant_bytes(g: ModelGeometry, num_tokens: int, variant: str) -> int:

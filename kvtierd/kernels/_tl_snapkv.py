@@ -7,9 +7,11 @@
 Per layer, two kernels (the paged attention score of Zipage App. C.2, with queries given):
 
 1. ``_row_stats``: per query head, online softmax max ``m`` and sum ``l`` of each window
-   query's logits over the ``N - W`` non-window keys;
-2. ``_window_probs``: per (KV head, block of keys), ``exp(logit - m) / l`` summed over the
-   window queries (/ W) and over the GQA group's query heads (/ G).
+   query's logits over every key it sees in the prefill (window query ``i``: keys
+   ``t <= N - W + i``, the causal mask);
+2. ``_window_probs``: per (KV head, block of the ``N - W`` prefix keys, which every window
+   query sees), ``exp(logit - m) / l`` summed over the window queries (/ W) and over the GQA
+   group's query heads (/ G).
 
 Logits are float32 (``input_precision="ieee"``: no TF32). Pooling then runs in torch on the
 small ``[L, H, N - W]`` score tensor.
@@ -31,7 +33,7 @@ BLOCK_N = 32
 
 @triton.jit
 def _logits(
-    q_ptr, k_ptr, bt_ptr, qh, h, t, W, D, N_CTX, block_size, scale,
+    q_ptr, k_ptr, bt_ptr, qh, h, t, W, D, N_KEYS, block_size, scale,
     qs_h, qs_w, qs_d, ks_blk, ks_slot, ks_h, ks_d,
     BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -41,7 +43,7 @@ def _logits(
     qm = (w < W)[:, None] & (d < D)[None, :]
     q_off = qh * qs_h + w.to(tl.int64)[:, None] * qs_w + d64[None, :] * qs_d
     q = tl.load(q_ptr + q_off, mask=qm, other=0.0).to(tl.float32)
-    tm = t < N_CTX
+    tm = t < N_KEYS
     row = token_offset(bt_ptr, t, tm, block_size, ks_blk, ks_slot) + h * ks_h
     km = (d < D)[:, None] & tm[None, :]
     k = tl.load(k_ptr + row[None, :] + d64[:, None] * ks_d, mask=km, other=0.0).to(tl.float32)
@@ -57,18 +59,20 @@ def _row_stats(
 ):  # fmt: skip
     qh = tl.program_id(0).to(tl.int64)
     h = qh // G
+    w = tl.arange(0, BLOCK_W)
     m_i = tl.full([BLOCK_W], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_W], tl.float32)
-    for start in range(0, N_CTX, BLOCK_N):
+    # every window query sees the first key, so no row is all -inf (padding rows w >= W too)
+    for start in range(0, N_CTX + W, BLOCK_N):
         t = start + tl.arange(0, BLOCK_N)
         s = _logits(
-            q_ptr, k_ptr, bt_ptr, qh, h, t, W, D, N_CTX, block_size, scale,
+            q_ptr, k_ptr, bt_ptr, qh, h, t, W, D, N_CTX + W, block_size, scale,
             qs_h, qs_w, qs_d, ks_blk, ks_slot, ks_h, ks_d, BLOCK_W, BLOCK_D,
         )  # fmt: skip
+        s = tl.where(t[None, :] <= N_CTX + w[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.exp(s - m_new[:, None]), axis=1)
         m_i = m_new
-    w = tl.arange(0, BLOCK_W)
     tl.store(m_ptr + qh * W + w, m_i, mask=w < W)
     tl.store(l_ptr + qh * W + w, l_i, mask=w < W)
 
@@ -98,8 +102,9 @@ def _window_probs(
 
 
 def window_attention(source: KVSource, queries: torch.Tensor) -> torch.Tensor:
-    """Mean window attention on the non-window keys, averaged over each GQA group:
-    float32 ``[L, H, N - W]`` (before pooling). Requires ``N > W`` (checked by the caller)."""
+    """Mean window attention (softmax over all keys under the causal mask) on the prefix keys,
+    averaged over each GQA group: float32 ``[L, H, N - W]`` (before pooling); ``W`` = the
+    queries' third dimension. Requires ``N > W`` (checked by the caller)."""
     check_device(source.layer_keys[0], queries)
     lyr, h, n, d = source.num_layers, source.num_kv_heads, source.num_tokens, source.head_dim
     hq, w = int(queries.shape[1]), int(queries.shape[2])

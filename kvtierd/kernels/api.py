@@ -38,7 +38,7 @@ def compress_kv(
         raise InvalidArgumentError(f"source must be a KVSource, got {type(source).__name__}")
     v = as_variant(variant)
     if v.drops_tokens:
-        dropped = get_method(v.method).compress(
+        dropped = get_method(v.method, v.options).compress(
             source, v.ratio, queries=queries, chunk_tokens=chunk_tokens, rope=rope, backend=backend
         )
         if not (

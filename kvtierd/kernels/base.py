@@ -5,8 +5,10 @@ A method only says how to score tokens (``score_reference`` in torch — the spe
 
 Selection rule (identical in both backends): keep the ``M`` highest scores of each (layer, KV
 head); among equal scores the earlier position wins; kept positions are returned ascending.
-A score of ``+inf`` marks a token that is always kept (snapkv's window, streamingllm's sinks,
-paged_eviction_block's first and last page). NaN scores are an error, never silently ranked.
+A score of ``+inf`` marks a token that is kept before any finite score (the ``sinks`` of
+streamingllm and paged_eviction, paged_eviction_block's partial last page or its end pages); when
+fewer tokens are kept than score ``+inf``, the earliest of them are kept. NaN scores are an
+error, never silently ranked.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec, rotate_keys
-from kvtierd.kernels.variants import CountRule, Variant, kept_token_count
+from kvtierd.kernels.variants import (
+    CountRule,
+    Options,
+    Variant,
+    canonical_options,
+    count_rule,
+    kept_token_count,
+)
 
 Backend = Literal["auto", "torch", "triton"]
 ResolvedBackend = Literal["torch", "triton"]
@@ -120,14 +129,26 @@ def check_kept(source: KVSource, kept: torch.Tensor) -> None:
 class TokenDropMethod(ABC):
     """A context-level token-dropping method. Subclasses set ``name`` and implement scoring.
 
-    Scores: float32 ``[L, H, N]``, higher = more important, ``+inf`` = always kept.
+    A method with options (``variants.METHOD_OPTIONS[name]``) takes them as keyword arguments
+    of the same names and returns their values from :meth:`option_values`.
+
+    Scores: float32 ``[L, H, N]``, higher = more important, ``+inf`` = kept first.
     """
 
     name: ClassVar[str]
     needs_queries: ClassVar[bool] = False
 
+    def option_values(self) -> dict[str, int]:
+        """This instance's option values (every option of the method, defaults included)."""
+        return {}
+
+    @property
+    def options(self) -> Options:
+        """The options as a variant name writes them (canonical: defaults left out)."""
+        return canonical_options(self.name, self.option_values())
+
     def count_rule(self) -> CountRule:
-        return CountRule()
+        return count_rule(self.name, self.options)
 
     def kept_count(self, num_tokens: int, ratio: float, chunk_tokens: int = 1) -> int:
         return kept_token_count(
@@ -194,6 +215,6 @@ class TokenDropMethod(ABC):
             values=values,
             kept=kept,
             num_tokens=source.num_tokens,
-            variant=str(Variant(method=self.name, ratio=ratio)),
+            variant=str(Variant(method=self.name, ratio=ratio, options=self.options)),
             rope_delta=delta,
         )

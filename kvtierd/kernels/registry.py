@@ -1,8 +1,8 @@
 """The method registry: one dict from name to :class:`TokenDropMethod` subclass.
 
-Every method is constructed the same way (``cls()``, default parameters — those the size
-formulas in ``variants.COUNT_RULES`` assume). Duplicate names raise; an unknown name raises
-``ValueError`` listing the known ones.
+Every method is constructed the same way: ``cls(**options)``, the options of its variant name
+(``variants.METHOD_OPTIONS``; none = the defaults). Duplicate names raise; an unknown name or
+option raises ``ValueError`` listing the known ones.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kvtierd.kernels.knorm import KnormMethod
 from kvtierd.kernels.paged_eviction import PagedEvictionBlockMethod, PagedEvictionMethod
 from kvtierd.kernels.snapkv import SnapKVMethod
 from kvtierd.kernels.streamingllm import StreamingLLMMethod
+from kvtierd.kernels.variants import Options, canonical_options
 
 
 class MethodRegistry:
@@ -34,14 +35,19 @@ class MethodRegistry:
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._methods))
 
-    def create(self, name: str) -> TokenDropMethod:
+    def create(self, name: str, options: Options = ()) -> TokenDropMethod:
+        """A fresh ``name`` with ``options`` (``(name, value)`` pairs, e.g. a ``Variant``'s)."""
         try:
             cls = self._methods[name]
         except KeyError as e:
             raise InvalidArgumentError(
                 f"unknown compression method {name!r}; known: {', '.join(self.names())}"
             ) from e
-        return cls()
+        try:
+            canonical_options(name, dict(options))
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from e
+        return cls(**dict(options))
 
 
 def default_registry() -> MethodRegistry:
@@ -59,6 +65,6 @@ def default_registry() -> MethodRegistry:
     return reg
 
 
-def get_method(name: str) -> TokenDropMethod:
+def get_method(name: str, options: Options = ()) -> TokenDropMethod:
     """A fresh instance of the built-in method ``name`` (``ValueError`` if unknown)."""
-    return default_registry().create(name)
+    return default_registry().create(name, options)

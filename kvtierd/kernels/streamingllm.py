@@ -1,7 +1,10 @@
-"""``streamingllm``: the first ``sinks`` tokens plus the most recent ones (Xiao et al. 2023).
+"""``streamingllm``: the first ``sinks`` tokens plus the most recent ones (Xiao et al. 2023;
+kvpress StreamingLLMPress).
 
 The structured baseline. Score: ``+inf`` for the sinks, the position otherwise, so the top-M
-are the sinks and the ``M - sinks`` latest tokens. Reads no KV, so both backends score in torch.
+are the sinks and the ``M - sinks`` latest tokens. ``M`` is exactly the count asked for: below
+the sink count, the first ``M`` sinks (kvpress keeps ``M`` of its tied sinks in ``topk``'s
+order). Reads no KV, so both backends score in torch.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import torch
 
 from kvtierd.kernels.base import TokenDropMethod
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.variants import COUNT_RULES, CountRule
+from kvtierd.kernels.variants import canonical_options, option_default
 
 
 def positional_scores(
@@ -24,13 +27,12 @@ def positional_scores(
 class StreamingLLMMethod(TokenDropMethod):
     name = "streamingllm"
 
-    def __init__(self, sinks: int = COUNT_RULES["streamingllm"].min_kept) -> None:
-        if sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {sinks}")
+    def __init__(self, sinks: int = option_default("streamingllm", "sinks")) -> None:
+        canonical_options(self.name, {"sinks": sinks})
         self.sinks = sinks
 
-    def count_rule(self) -> CountRule:
-        return CountRule(min_kept=self.sinks)
+    def option_values(self) -> dict[str, int]:
+        return {"sinks": self.sinks}
 
     def score_reference(
         self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None

@@ -83,6 +83,10 @@ def test_sizes_equal_the_kernel_arithmetic(tokens: int) -> None:
     names = set(load_policy(POLICIES / "evicpress.yaml").variants)
     names |= {f"{m}@{r}" for m in variants.COUNT_RULES for r in (0.05, 0.3, 0.77)}
     names |= {"streamingllm@0.01+int4", "paged_eviction_block@0.5+int8"}
+    names |= {f"{m}@{r}" for r in (0.05, 0.3, 0.77) for m in (
+        "paged_eviction_block-page=8", "paged_eviction_block-keep_ends=1",
+        "paged_eviction_block-page=32-keep_ends=1", "snapkv-window=8-pool=3",
+        "streamingllm-sinks=0")}  # fmt: skip
     for v in sorted(names):
         want = variants.variant_size_bytes(
             g.num_layers, g.num_kv_heads, g.head_dim, tokens, g.dtype_bytes, v

@@ -20,6 +20,18 @@ def test_unknown_method_lists_known() -> None:
         get_method("nope")
 
 
+def test_a_registered_method_without_options_builds() -> None:
+    class Half(KnormMethod):
+        name = "half_knorm"  # not a built-in: no options, the plain count rule
+
+    reg = MethodRegistry()
+    reg.register(Half)
+    m = reg.create("half_knorm")
+    assert m.options == () and m.kept_count(10, 0.5) == 5
+    with pytest.raises(ValueError, match="half_knorm has no option 'x'; its options: none"):
+        reg.create("half_knorm", (("x", 1),))
+
+
 def test_duplicate_registration_raises() -> None:
     reg = MethodRegistry()
     reg.register(KnormMethod)
@@ -33,10 +45,12 @@ def test_snapkv_without_queries_says_so() -> None:
     k, v = make_kv(1, 1, 100, 16, torch.float16)
     with pytest.raises(ValueError, match="snapkv needs the queries"):
         compress_dense(k, v, "snapkv@0.5")
-    with pytest.raises(ValueError, match="the snapkv window is 64"):
+    with pytest.raises(ValueError, match="the snapkv window is 64 \\(needs the last 64\\)"):
         compress_dense(k, v, "snapkv@0.5", queries=torch.randn(1, 1, 8, 16, dtype=torch.float16))
     with pytest.raises(ValueError, match="Hq=G"):
         compress_dense(k, v, "snapkv@0.5", queries=torch.randn(1, 1, 64, 8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="snapkv: pool=2 is not allowed"):
+        get_method("snapkv", (("pool", 2),))
 
 
 @pytest.mark.parametrize(

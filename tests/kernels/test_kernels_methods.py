@@ -108,29 +108,67 @@ def test_streamingllm_exact() -> None:
     k, v = make_kv(1, 2, 50, 8, torch.float16)
     kept = get_method("streamingllm").select(KVSource.from_contiguous(k, v), 0.2)
     assert kept[0, 0].tolist() == [0, 1, 2, 3, *range(44, 50)]
-    tiny = get_method("streamingllm").select(KVSource.from_contiguous(k, v), 0.01)
-    assert tiny[0, 1].tolist() == [0, 1, 2, 3]  # tiny ratios keep at least the sinks
+    # below the sink count: exactly the count asked for, the first sinks (kvpress keeps 2 too)
+    tiny = get_method("streamingllm").select(KVSource.from_contiguous(k, v), 0.04)
+    assert tiny[0, 1].tolist() == [0, 1]
+    no_sinks = get_method("streamingllm", (("sinks", 0),))
+    assert no_sinks.select(KVSource.from_contiguous(k, v), 0.1)[0, 0].tolist() == [*range(45, 50)]
 
 
-def test_snapkv_tiny_ratio_keeps_window_and_default_window() -> None:
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_snapkv_below_the_window_keeps_the_latest_window_tokens(backend: str) -> None:
     k, v = make_kv(1, 1, 100, 16, torch.float32)
-    m = get_method("snapkv")
     q = torch.randn(1, 2, 64, 16)
-    kept = m.select(KVSource.from_contiguous(k, v), 0.01, queries=q, backend="triton")
-    assert kept[0, 0].tolist() == list(range(36, 100))
+    src = KVSource.from_contiguous(k, v)
+    kept = get_method("snapkv").select(src, 0.1, queries=q, backend=backend)  # type: ignore[arg-type]
+    assert kept[0, 0].tolist() == list(range(90, 100))  # exactly 10, not the 64 of the window
+    at_window = get_method("snapkv").select(src, 0.64, queries=q, backend=backend)  # type: ignore[arg-type]
+    assert at_window[0, 0].tolist() == list(range(36, 100))
 
 
-def test_paged_eviction_block_keeps_whole_pages() -> None:
+def test_snapkv_options_window_and_pool() -> None:
+    k, v = make_kv(1, 1, 100, 16, torch.float32)
+    q = torch.randn(1, 2, 64, 16)  # more queries than the window: the last 16 are used
+    src = KVSource.from_contiguous(k, v)
+    m = get_method("snapkv", (("window", 16), ("pool", 1)))
+    assert (m.window, m.pool) == (16, 1)
+    ref = SnapKVMethod(window=16, pool=1).score(src, q[:, :, -16:], backend="torch")
+    assert torch.equal(m.score(src, q, backend="torch"), ref)
+    pooled = SnapKVMethod(window=16, pool=7).score(src, q, backend="torch")
+    raw = torch.nn.functional.avg_pool1d(ref[..., :84], 7, stride=1, padding=3)
+    torch.testing.assert_close(pooled[..., :84], raw)  # pool = kvpress's kernel_size
+    c = m.compress(src, 0.5, queries=q)
+    assert c.variant == "snapkv-window=16-pool=1@0.5" and c.num_kept == 50
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_paged_eviction_block_keeps_whole_pages_none_forced(backend: str) -> None:
     k, v = make_kv(2, 2, 100, 16, torch.float16)
     src = KVSource.from_contiguous(k, v)
-    m = get_method("paged_eviction_block")
-    for backend in ("torch", "triton"):
-        kept = m.select(src, 0.5, backend=backend)  # type: ignore[arg-type]
-        assert kept.shape[-1] == 52
-        for row in kept.reshape(-1, 52).tolist():
-            pages = sorted({p // 16 for p in row})
-            assert pages[0] == 0 and pages[-1] == 6
-            assert len(row) == sum(min(16, 100 - 16 * p) for p in pages)
+    token = get_method("paged_eviction").score(src, backend="torch")
+    kept = get_method("paged_eviction_block").select(src, 0.5, backend=backend)  # type: ignore[arg-type]
+    assert kept.shape[-1] == 52  # the 4 tokens past the last full page + 3 of the 6 full pages
+    for lyr, h in ((a, b) for a in range(2) for b in range(2)):
+        row = kept[lyr, h].tolist()
+        assert row[-4:] == [96, 97, 98, 99]
+        pages = sorted({p // 16 for p in row[:-4]})
+        means = token[lyr, h, :96].view(6, 16).mean(dim=-1)
+        assert pages == sorted(means.topk(3).indices.tolist())  # the paper's rule: top page means
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_paged_eviction_block_keep_ends_option(backend: str) -> None:
+    k, v = make_kv(2, 2, 100, 16, torch.float16)
+    src = KVSource.from_contiguous(k, v)
+    m = get_method("paged_eviction_block", (("keep_ends", 1),))
+    kept = m.select(src, 0.5, backend=backend)  # type: ignore[arg-type]
+    assert kept.shape[-1] == 52
+    for row in kept.reshape(-1, 52).tolist():
+        pages = sorted({p // 16 for p in row})
+        assert pages[0] == 0 and pages[-1] == 6
+        assert len(row) == sum(min(16, 100 - 16 * p) for p in pages)
+    small = get_method("paged_eviction_block", (("page", 8),)).select(src, 0.3, backend=backend)  # type: ignore[arg-type]
+    assert small.shape[-1] == 4 + 8 * 3  # 100 = 12 pages of 8 + 4
 
 
 def test_paged_eviction_token_score_by_hand() -> None:
@@ -141,6 +179,21 @@ def test_paged_eviction_token_score_by_hand() -> None:
     for backend in ("torch", "triton"):
         s = get_method("paged_eviction").score(KVSource.from_contiguous(k, v), backend=backend)  # type: ignore[arg-type]
         assert s.flatten().tolist() == [1.0, 0.5, 0.25, 3.0]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_paged_eviction_sinks_option(backend: str) -> None:
+    k, v = make_kv(1, 2, 40, 8, torch.float32)
+    v[..., :3, :] *= 1e-3  # tiny values: the paper's rule evicts the first tokens
+    src = KVSource.from_contiguous(k, v)
+    plain = get_method("paged_eviction").select(src, 0.25, backend=backend)  # type: ignore[arg-type]
+    assert not bool((plain < 3).any())
+    sunk = get_method("paged_eviction", (("sinks", 2),)).select(src, 0.25, backend=backend)  # type: ignore[arg-type]
+    assert sunk[..., :2].tolist() == [[[0, 1], [0, 1]]] and sunk.shape[-1] == 10
+    rest = get_method("paged_eviction").score(src, backend="torch")[..., 2:]
+    for h in range(2):  # the other 8 are the best of the rest
+        want = (rest[0, h].topk(8).indices + 2).sort().values.tolist()
+        assert sunk[0, h, 2:].tolist() == want
 
 
 def test_keydiff_keeps_the_outlier() -> None:
