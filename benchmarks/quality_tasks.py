@@ -70,6 +70,13 @@ class Case:
     question: str
     answers: tuple[str, ...]
     depth: float
+    # Other questions about the same document and their answers (the end-to-end benchmark asks
+    # a context several ways): the other keys, the other people, rephrasings.
+    more_questions: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def questions(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        return ((self.question, self.answers), *self.more_questions)
 
     @property
     def name(self) -> str:
@@ -98,8 +105,11 @@ def accuracy(case: Case, answer: str) -> float:
     return sum(a.lower() in text for a in case.answers) / len(case.answers)
 
 
-def split_prompt(tokenizer: Any, case: Case, chunk_tokens: int = CHUNK_TOKENS) -> PromptSplit:
-    """The chat prompt's ids and the context length (through the document, whole chunks)."""
+def split_prompt(
+    tokenizer: Any, case: Case, chunk_tokens: int = CHUNK_TOKENS, question: str = ""
+) -> PromptSplit:
+    """The chat prompt's ids (the case's question, or ``question``) and the context length
+    (through the document, whole chunks)."""
 
     def chat(content: str) -> list[int]:
         out = tokenizer.apply_chat_template(
@@ -107,7 +117,7 @@ def split_prompt(tokenizer: Any, case: Case, chunk_tokens: int = CHUNK_TOKENS) -
         )
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
-    full = chat(f"{case.document}\n\n{case.question}")
+    full = chat(f"{case.document}\n\n{question or case.question}")
     doc_only = chat(case.document)
     common = 0
     while common < min(len(full), len(doc_only)) and full[common] == doc_only[common]:
@@ -121,15 +131,18 @@ def make_case(tokenizer: Any, task: str, length: int, seed: int) -> Case:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     rnd = random.Random(f"{task}/{length}/{seed}")
     depth = (seed % 5 + 0.5) / 5  # 0.1, 0.3, 0.5, 0.7, 0.9
-    facts, question, answers = _BUILDERS[task](rnd)
-    distractors = [_biography(rnd)[0] for _ in range(FACT_DISTRACTORS)] if task == "fact_qa" else []
+    facts, question, answers, more = _BUILDERS[task](rnd)
+    people = [_biography(rnd) for _ in range(FACT_DISTRACTORS)] if task == "fact_qa" else []
+    distractors = [sentence for sentence, _, _ in people]
+    more += [(_city_question(name), [city]) for _, name, city in people]
     planted = " ".join(facts + distractors)
     budget = length - _tokens(tokenizer, planted) - 60  # chat template + question
     filler = _filler(tokenizer, rnd, budget)
     for sentence in distractors:
         filler.insert(rnd.randint(0, len(filler)), sentence)
     document = " ".join(_plant(filler, facts, depth, rnd))
-    return Case(task, length, seed, document, question, tuple(answers), depth)
+    extra = tuple((q, tuple(a)) for q, a in more)
+    return Case(task, length, seed, document, question, tuple(answers), depth, extra)
 
 
 def make_cases(tokenizer: Any, tasks: list[str], lengths: list[int], per: int) -> list[Case]:
@@ -169,32 +182,42 @@ def _number(rnd: random.Random) -> str:
     return str(rnd.randint(10000, 99999))
 
 
-def _single(rnd: random.Random) -> tuple[list[str], str, list[str]]:
+Built = tuple[list[str], str, list[str], list[tuple[str, list[str]]]]
+"""A task's facts, its question and answers, and other questions with their answers."""
+
+
+def _number_question(key: str) -> str:
+    return f"What is the special magic number for {key}? Answer with the number only."
+
+
+def _single(rnd: random.Random) -> Built:
     key, value = rnd.choice(_KEYS), _number(rnd)
-    question = f"What is the special magic number for {key}? Answer with the number only."
-    return [f"The special magic number for {key} is {value}."], question, [value]
+    again = f"Which number does the text give as the special magic number for {key}?"
+    fact = f"The special magic number for {key} is {value}."
+    return [fact], _number_question(key), [value], [(again, [value])]
 
 
-def _multikey(rnd: random.Random) -> tuple[list[str], str, list[str]]:
+def _multikey(rnd: random.Random) -> Built:
     keys = rnd.sample(_KEYS, 3)
     values = [_number(rnd) for _ in keys]
     facts = [f"The special magic number for {k} is {v}." for k, v in zip(keys, values, strict=True)]
     ask = rnd.randrange(3)
-    question = f"What is the special magic number for {keys[ask]}? Answer with the number only."
     order = list(range(3))
     rnd.shuffle(order)
-    return [facts[i] for i in order], question, [values[ask]]
+    more = [(_number_question(keys[i]), [values[i]]) for i in range(3) if i != ask]
+    return [facts[i] for i in order], _number_question(keys[ask]), [values[ask]], more
 
 
-def _multivalue(rnd: random.Random) -> tuple[list[str], str, list[str]]:
+def _multivalue(rnd: random.Random) -> Built:
     key = rnd.choice(_KEYS)
     values = [_number(rnd) for _ in range(2)]
     facts = [f"One of the special magic numbers for {key} is {v}." for v in values]
     question = f"What are all the special magic numbers for {key}? List the numbers only."
-    return facts, question, values
+    again = f"List every special magic number the text gives for {key}."
+    return facts, question, values, [(again, values)]
 
 
-def _variables(rnd: random.Random) -> tuple[list[str], str, list[str]]:
+def _variables(rnd: random.Random) -> Built:
     names = ["".join(rnd.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(5)) for _ in range(2)]
     value = _number(rnd)
     facts = [f"VAR {names[0]} = {value}."]
@@ -203,7 +226,8 @@ def _variables(rnd: random.Random) -> tuple[list[str], str, list[str]]:
         f"Which variables are assigned the value {value}, directly or through other variables? "
         "List the variable names only."
     )
-    return facts, question, names
+    again = f"Name the variables whose value is {value}."
+    return facts, question, names, [(again, names)]
 
 
 def _biography(rnd: random.Random) -> tuple[str, str, str]:
@@ -213,17 +237,20 @@ def _biography(rnd: random.Random) -> tuple[str, str, str]:
     return sentence, name, city
 
 
-def _fact_qa(rnd: random.Random) -> tuple[list[str], str, list[str]]:
+def _city_question(name: str) -> str:
+    return f"Which city does {name} live in? Answer with the city only."
+
+
+def _fact_qa(rnd: random.Random) -> Built:
     # a name no filler biography uses: first and last names drawn outside the filler's lists
     name = f"{rnd.choice(['Tamsin', 'Ulrich', 'Wanda', 'Xavier', 'Yusuf', 'Zelda'])} "
     name += rnd.choice(["Quill", "Rook", "Sable", "Thorne", "Vance", "Wren"])
     city = rnd.choice(_CITIES)
     fact = f"{name} is a journalist who lives in {city}."
-    question = f"Which city does {name} live in? Answer with the city only."
-    return [fact], question, [city]
+    return [fact], _city_question(name), [city], []
 
 
-_BUILDERS: dict[str, Callable[[random.Random], tuple[list[str], str, list[str]]]] = {
+_BUILDERS: dict[str, Callable[[random.Random], Built]] = {
     "niah_single": _single,
     "niah_multikey": _multikey,
     "niah_multivalue": _multivalue,

@@ -33,6 +33,7 @@ import yaml
 from kvtierd.config import cuda_available, load_daemon_config
 from kvtierd.errors import ConfigError, KvtierError, UnavailableError
 
+BACKENDS = ("kvtierd", "lmcache", "none")
 CONNECTOR = {
     "kv_connector": "KvtierLMCacheConnectorV1",
     "kv_connector_module_path": "kvtierd.integrations.cpu_connector",
@@ -60,6 +61,13 @@ class StackConfig:
     prefix_caching: bool = True  # vLLM's own prefix cache, in front of LMCache
     plugin: Mapping[str, Any] = field(default_factory=dict)  # kvtierd.* plugin settings
     vllm_args: tuple[str, ...] = ()
+    # What keeps KV between requests: ``kvtierd`` (daemon + plugin + router), ``lmcache``
+    # (LMCache alone: its LocalCPUBackend + LocalDiskBackend of ``lmcache_cpu_gb`` /
+    # ``lmcache_disk_gb``, no daemon, no router) or ``none`` (vLLM only: every prompt is
+    # prefilled unless vLLM's own prefix cache has it). The last two are baselines.
+    backend: str = "kvtierd"
+    lmcache_cpu_gb: float = 1.0
+    lmcache_disk_gb: float = 4.0
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.max_model_len < self.chunk_size:
@@ -69,6 +77,8 @@ class StackConfig:
             )
         if self.kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
 
 
 @dataclass(slots=True)
@@ -92,6 +102,11 @@ class Stack:
         return f"http://{self.config.host}:{self.config.router_port}"
 
     @property
+    def serve_url(self) -> str:
+        """Where clients send requests: the router, or vLLM itself for the baselines."""
+        return self.router_url if self.config.backend == "kvtierd" else self.vllm_url
+
+    @property
     def vllm_url(self) -> str:
         return f"http://{self.config.host}:{self.config.vllm_port}"
 
@@ -111,25 +126,38 @@ class Stack:
     def start(self, timeout_s: float = 300.0) -> None:
         c = self.config
         c.work_dir.mkdir(parents=True, exist_ok=True)
-        daemon_config = c.daemon_config or self._write_daemon_config()
-        self.socket_path = _socket_of(daemon_config)
-        self._spawn("daemon", [sys.executable, "-m", "kvtierd.main", "serve", "--config",
-                               str(daemon_config)], {}, f"unix:{self.socket_path}")  # fmt: skip
-        self._wait(lambda: _daemon_answers(self.socket_path), 90)
-        lmcache = c.work_dir / "lmcache.yaml"
-        lmcache.write_text(yaml.safe_dump(self.lmcache_config()))
-        env = {"LMCACHE_CONFIG_FILE": str(lmcache), "LMCACHE_TRACK_USAGE": "false",
-               "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{c.kv_cache_gib:g}"}  # fmt: skip
+        if c.backend == "kvtierd":
+            daemon_config = c.daemon_config or self._write_daemon_config()
+            self.socket_path = _socket_of(daemon_config)
+            self._spawn("daemon", [sys.executable, "-m", "kvtierd.main", "serve", "--config",
+                                   str(daemon_config)], {}, f"unix:{self.socket_path}")  # fmt: skip
+            self._wait(lambda: _daemon_answers(self.socket_path), 90)
+        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{c.kv_cache_gib:g}"}
+        if c.backend != "none":
+            lmcache = c.work_dir / "lmcache.yaml"
+            lmcache.write_text(yaml.safe_dump(self.lmcache_config()))
+            env.update(LMCACHE_CONFIG_FILE=str(lmcache), LMCACHE_TRACK_USAGE="false")
         self._spawn("vllm", self.vllm_command(), env, self.vllm_url)
         self._wait(lambda: _http_ok(f"{self.vllm_url}/health"), timeout_s)
-        router = [sys.executable, "-m", "kvtierd.main", "router", "--upstream", self.vllm_url,
-                  "--socket", self.socket_path, "--host", c.host, "--port", str(c.router_port),
-                  "--chunk-size", str(c.chunk_size)]  # fmt: skip
-        self._spawn("router", router, {}, self.router_url)
-        self._wait(lambda: _http_ok(f"{self.router_url}/health"), 60)
+        if c.backend == "kvtierd":
+            router = [sys.executable, "-m", "kvtierd.main", "router", "--upstream", self.vllm_url,
+                      "--socket", self.socket_path, "--host", c.host, "--port",
+                      str(c.router_port), "--chunk-size", str(c.chunk_size)]  # fmt: skip
+            self._spawn("router", router, {}, self.router_url)
+            self._wait(lambda: _http_ok(f"{self.router_url}/health"), 60)
 
     def lmcache_config(self) -> dict[str, Any]:
-        plugin = {"socket_path": self.socket_path, **self.config.plugin}
+        c = self.config
+        if c.backend == "lmcache":
+            return {
+                "chunk_size": c.chunk_size,
+                "local_cpu": True,
+                "max_local_cpu_size": c.lmcache_cpu_gb,
+                "local_disk": f"file://{c.work_dir / 'lmcache-disk'}/",
+                "max_local_disk_size": c.lmcache_disk_gb,
+                "pre_caching_hash_algorithm": "sha256_cbor",
+            }
+        plugin = {"socket_path": self.socket_path, **c.plugin}
         return {
             "chunk_size": self.config.chunk_size,
             "local_cpu": False,  # hits must come from the daemon, not LMCache's own memory
@@ -148,7 +176,9 @@ class Stack:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(c.model),
                "--host", c.host, "--port", str(c.vllm_port), "--max-model-len",
                str(c.max_model_len), "--max-num-batched-tokens", str(c.max_model_len),
-               "--seed", "0", "--kv-transfer-config", json.dumps(CONNECTOR)]  # fmt: skip
+               "--seed", "0"]  # fmt: skip
+        if c.backend != "none":
+            cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
         if not cuda_available():
             cmd += ["--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
         if not c.prefix_caching:

@@ -26,14 +26,19 @@ def test_cases_plant_their_facts_in_a_context_of_the_asked_length(
     case = make_case(tokenizer, task, length, seed=3)
     assert case == make_case(tokenizer, task, length, seed=3)  # deterministic
     assert case != make_case(tokenizer, task, length, seed=4)
-    assert all(a in case.document for a in case.answers)
-    assert all(a not in case.question for a in case.answers)
+    assert len(case.questions) >= 2
+    for question, answers in case.questions:
+        assert all(a in case.document for a in answers)
+        assert all(a not in question for a in answers)
     split = split_prompt(tokenizer, case)
     assert split.context_tokens % 16 == 0
     assert 0.9 * length <= len(split.ids) <= 1.1 * length
     # the context ends inside the document; the query carries the question and the template
     assert len(split.query) >= len(tokenizer(case.question)["input_ids"])
     assert split.context + split.query == list(split.ids)
+    # every question of a case shares its context: the reuse the end-to-end benchmark measures
+    other = split_prompt(tokenizer, case, question=case.questions[1][0])
+    assert other.context == split.context and other.query != split.query
 
 
 def test_accuracy_counts_each_expected_string(tokenizer: object) -> None:
