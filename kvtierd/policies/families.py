@@ -35,9 +35,14 @@ GB = 1e9
 Family = Callable[[int, int], UtilityTable]
 
 
-def paper(seed: int, n: int) -> UtilityTable:
+PAPER_RATIOS = (0.8, 0.6, 0.4, 0.2)
+"""Kept ratios of the three token-dropping methods in ``paper`` and ``slow_ssd`` instances
+(small enough a grid for the MILP reference; the simulator's own grid has nine)."""
+
+
+def paper(seed: int, n: int, ratios: tuple[float, ...] = PAPER_RATIOS) -> UtilityTable:
     """Simulator contexts, DRAM / SSD at 10% / 40% of the bytes; alpha drawn from the seed."""
-    size, quality, restore, freq, prefill = _simulated(seed, n)
+    size, quality, restore, freq, prefill = _simulated(seed, n, ratios)
     total = float(size[:, 0].sum())
     tiers = [
         TierModel("dram", int(0.1 * total), 20 * GB, 0.0005),
@@ -52,7 +57,7 @@ def paper(seed: int, n: int) -> UtilityTable:
 
 def slow_ssd(seed: int, n: int) -> UtilityTable:
     """``paper`` contexts over an SSD about as slow as recomputing (see the module doc)."""
-    size, quality, restore, freq, prefill = _simulated(seed, n)
+    size, quality, restore, freq, prefill = _simulated(seed, n, PAPER_RATIOS)
     rng = np.random.default_rng(seed + 1)
     total = float(size[:, 0].sum())
     # Bandwidth at which a median context loads in 60-120% of its prefill time.
@@ -149,7 +154,7 @@ def family(name: str) -> Family:
         raise ValueError(f"unknown instance family {name!r}; known: {known}") from None
 
 
-def _simulated(seed: int, n: int) -> tuple[FloatArray, ...]:
+def _simulated(seed: int, n: int, ratios: tuple[float, ...]) -> tuple[FloatArray, ...]:
     """Sizes, qualities, restore times ``(n, V)``, frequencies and prefill times ``(n,)``."""
     from kvtierd.policies.simulate.engine import SimulationConfig, prepare
     from kvtierd.policies.simulate.quality import VariantSpace
@@ -157,7 +162,7 @@ def _simulated(seed: int, n: int) -> tuple[FloatArray, ...]:
 
     cfg = SimulationConfig(
         workload=WorkloadConfig(n_contexts=n, n_requests=50 * n, seed=seed),
-        variants=VariantSpace(ratios=(0.8, 0.6, 0.4, 0.2)),
+        variants=VariantSpace(ratios=ratios),
     )
     prep = prepare(cfg)
     vt = prep.variants

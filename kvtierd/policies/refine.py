@@ -6,6 +6,9 @@ would have used (gaining more in total), or packs a subset-sum badly when every 
 the same per byte. Pairwise exchange cannot leave such an optimum when the fix moves three or
 more contexts at once. This module closes the gap with the MILP (:mod:`kvtierd.policies.exact`):
 
+* A start that the Lagrangian bound (:func:`lagrangian_bound`, with the greedy's tier prices)
+  proves within :data:`CERTIFIED_GAP` of the achievable gain is kept without a solve: large
+  instances of small contexts, where the greedy is within 1e-6.
 * A context is *contested* when its best option, ignoring other contexts, is in a finite tier
   (only those compete for capacity; the rest take their best option in an unbounded tier, or are
   dropped, whatever the others do). Pinned contexts are never moved here.
@@ -13,11 +16,11 @@ more contexts at once. This module closes the gap with the MILP (:mod:`kvtierd.p
   the exact optimum of the whole instance. The threshold comes from measured HiGHS times
   (``docs/policies.md``).
 * Above it, :func:`refine` frees a *neighbourhood* of :data:`NEIGHBOURHOOD` contexts at the
-  capacity boundaries — per finite tier the residents that lose least per byte by leaving, the
-  largest residents, and the outsiders that would gain most by entering, per byte and in total
-  (the "largest items first" fix of the greedy knapsack) — and solves that sub-problem exactly
-  with every other context fixed: a k-exchange with k up to :data:`NEIGHBOURHOOD`, repeated
-  while it gains.
+  capacity boundaries (:func:`boundary`: per finite tier the residents that lose least per byte
+  by leaving, the largest residents, the outsiders that would gain most by entering, per byte
+  and in total — the "largest items first" fix of the greedy knapsack — and the smallest
+  entrants) and solves that sub-problem exactly with every other context fixed: a k-exchange
+  with k up to :data:`NEIGHBOURHOOD`, repeated while it gains.
 
 Every solve has a time limit; an incumbent HiGHS returns at the limit is used when it is better.
 A solver failure (:class:`~kvtierd.errors.SolverError`) keeps the greedy's answer, with a
