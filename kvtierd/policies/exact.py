@@ -178,11 +178,12 @@ def solve_problem(
         h.run()
         status = h.getModelStatus()
         name = h.modelStatusToString(status)
-        result = _result(h, model, problem, relax, status == highspy.HighsModelStatus.kOptimal)
+        optimal = status == highspy.HighsModelStatus.kOptimal
+        result = _result(h, model, problem, relax, (name, optimal))
         if result is None:
             failures.append(f"{dict(options) or 'defaults'}: {name}")
             continue
-        return ExactResult(result[0], result[1], name, result[2], result[3])
+        return result
     shape = "x".join(str(d) for d in problem.util.shape)
     raise SolverError(
         f"HiGHS found no usable solution of a placement {'LP' if relax else 'MILP'} of "
@@ -192,10 +193,12 @@ def solve_problem(
 
 
 def _result(
-    h: highspy.Highs, model: _Model, problem: Problem, relax: bool, optimal: bool
-) -> tuple[float, Assignment | None, bool, float] | None:
-    """Objective, assignment, optimality and bound of a finished run; ``None`` if unusable
-    (no feasible solution, or one that breaks a capacity once decoded in exact bytes)."""
+    h: highspy.Highs, model: _Model, problem: Problem, relax: bool, status: tuple[str, bool]
+) -> ExactResult | None:
+    """The result of a finished run (``status``: HiGHS's name for it, and whether optimal);
+    ``None`` if unusable: no feasible solution, a partial LP, or an assignment that breaks a
+    capacity once counted in bytes."""
+    name, optimal = status
     info = h.getInfo()
     if info.primal_solution_status != 2:  # 2 = feasible
         return None
@@ -205,7 +208,7 @@ def _result(
         if not optimal:
             return None  # a partial LP is no bound
         value = floor + float(model.gain @ x)
-        return value, None, True, value
+        return ExactResult(value, None, name, True, value)
     assignment = _decode(model, x, problem.n_contexts)
     if assignment is None or not _fits(problem, assignment):
         return None
@@ -213,7 +216,8 @@ def _result(
     cached = problem.util[rows, assignment.variant, assignment.tier]
     value = float(np.where(assignment.dropped, problem.drop_util, cached).sum())
     bound = floor + float(info.mip_dual_bound) * model.scale
-    return value, assignment, optimal, max(bound, value) if np.isfinite(bound) else np.inf
+    bound = max(bound, value) if np.isfinite(bound) else np.inf
+    return ExactResult(value, assignment, name, optimal, bound)
 
 
 def _build(problem: Problem, relax: bool) -> _Model:

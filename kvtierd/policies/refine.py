@@ -121,6 +121,8 @@ def refine(
         return _resolve_rows(problem, current, rows, limits.time_limit_s)
     for _ in range(limits.rounds):
         rows = boundary(problem, current, limits.neighbourhood)
+        if rows.size == 0:
+            break
         better = _resolve_rows(problem, current, rows, limits.time_limit_s)
         if better is current:
             break
