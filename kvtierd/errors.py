@@ -36,6 +36,10 @@ class CorruptObjectError(KvtierError):
     """Stored bytes fail their checksum or header check; the object is quarantined, not served."""
 
 
+class SolverError(KvtierError):
+    """An optimisation solver (HiGHS) gave up on a valid problem; the message names its status."""
+
+
 class LeaseError(KvtierError):
     """A lease is unknown, expired, or belongs to a previous daemon incarnation."""
 

@@ -12,6 +12,6 @@ vllm serve "$MODEL" --port 8000 \
   --kv-transfer-config '{"kv_connector":"KvtierLMCacheConnectorV1",
     "kv_connector_module_path":"kvtierd.integrations.cpu_connector","kv_role":"kv_both"}' &
 
-# needs the lead's hook: `kvtierd router` -> kvtierd.integrations.router.main
+# The OpenAI-compatible router in front of vLLM (`kvtierd router`, kvtierd/main.py).
 kvtierd router --upstream http://127.0.0.1:8000 --socket /run/kvtierd/kvtierd.sock \
   --port 8100 --chunk-size 256

@@ -26,12 +26,26 @@ from dataclasses import replace
 import numpy as np
 
 from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.policies.exact import Problem
 from kvtierd.policies.greedy_state import DROP, GreedyState, Selection, Step
-from kvtierd.policies.knapsack import greedy_assign
-from kvtierd.policies.model import Assignment, UtilityTable
+from kvtierd.policies.knapsack import greedy_assign, greedy_solve
+from kvtierd.policies.model import Assignment, IntArray, UtilityTable, capacity_array
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
+from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
+
+INSERT_LIMITS = RefineLimits(time_limit_s=0.1, rounds=1)
+"""What an overflowing insert may spend on its repair: one HiGHS solve of at most 0.1 s."""
+
+COARSE_SHARE = 0.05
+"""Above ``EXACT_MAX`` contested contexts an insert is repaired only when its overflow pushed
+out a context holding at least this share of the tier: knapsack traps need contexts that are
+large next to the tier; with small ones Algorithm 1 leaves little unused."""
+
+COARSE_REPAIR_MAX = 2000
+"""... and only up to this many contexts: a boundary neighbourhood reads every context's
+``(V, T)`` utilities, which past a few thousand costs more than an insert may."""
 
 
 @register_placer
@@ -44,8 +58,12 @@ class EvicPressPlacer(Placer):
         super().__init__(tiers, params)
         self.selection = Selection.parse(self.params.selection)
         self._caps = tuple(t.capacity_bytes for t in self.tiers)
+        self._caps_f = capacity_array(self._caps)
         self._tier_index = {t.name: i for i, t in enumerate(self.tiers)}
         self._state = GreedyState(self._caps, self.selection)
+        # Ids of the contested contexts (refine.contested), kept per insert/remove; None after a
+        # rebalance installed a whole table (counted again at the next overflowing insert).
+        self._contested: set[str] | None = set()
 
     # -- the Placer interface ----------------------------------------------------------------
 
@@ -76,6 +94,8 @@ class EvicPressPlacer(Placer):
 
     def remove(self, context_id: str) -> None:
         self._state.discard(context_id)
+        if self._contested is not None:
+            self._contested.discard(context_id)
 
     def placement(self, context_id: str) -> Placement:
         s = self._state.slots
@@ -100,6 +120,7 @@ class EvicPressPlacer(Placer):
         assignment = solve(table, self.selection)
         tier = np.where(assignment.dropped, DROP, assignment.tier)
         self._state = GreedyState.from_table(table, assignment.variant, tier, self.selection)
+        self._contested = None
         after = Snapshot.of(self._state.slots)
         used = list(self._state.used)
         return LazyPlan(lambda: rebalance_plan(before, after, self.tiers, used))
@@ -110,11 +131,12 @@ class EvicPressPlacer(Placer):
         before = self._snapshot(cid)
         self._state.discard(cid)
         slot = self._state.add(cid, table.variant_names[row], table, row)
+        self._note_contested(cid, slot)
         s = self._state.slots
         variant, tier = self._state.best_start(s.size[slot], s.util[slot], float(s.drop[slot]))
         if tier != DROP:
             self._state.place(slot, variant, tier)
-        return self._resolve(cid, before, max(tier, 0), "utility (Algorithm 1)")
+        return self._resolve(cid, before, max(tier, 0), "utility (Algorithm 1)", repair=True)
 
     def total_utility(self) -> float:
         """Sum of the current placements' utilities (the objective of §4.4)."""
@@ -157,12 +179,85 @@ class EvicPressPlacer(Placer):
         self._state.discard(profile.context_id)
         return self._state.add(profile.context_id, table.variant_names[0], table, 0)
 
-    def _resolve(self, cid: str, before: tuple[Placement, float], start: int, reason: str) -> Plan:
+    def _resolve(
+        self,
+        cid: str,
+        before: tuple[Placement, float],
+        start: int,
+        reason: str,
+        repair: bool = False,
+    ) -> Plan:
         steps = self._state.resolve(start)
+        if repair and steps:
+            steps += self._repair(steps)
         # The earliest source of each touched context is its placement before this call.
         touched = {s.key: self._step_source(s) for s in reversed(steps)}
         touched[cid] = before
         return self._plan(touched, reason)
+
+    def _note_contested(self, cid: str, slot: int) -> None:
+        if self._contested is None:
+            return
+        s = self._state.slots
+        one = Problem(
+            s.size[[slot]], s.util[[slot]], s.drop[[slot]], s.pinned[[slot]], self._caps_f
+        )
+        if contested(one).size:
+            self._contested.add(cid)
+        else:
+            self._contested.discard(cid)
+
+    def _repair(self, steps: list[Step]) -> list[Step]:
+        """After an overflow, the online path's fix for knapsack traps
+        (:mod:`kvtierd.policies.refine`): every context re-solved exactly when few compete for
+        capacity, else one boundary neighbourhood when the overflow was coarse (see
+        :data:`COARSE_SHARE`). Returns the changes as steps."""
+        s = self._state.slots
+        live = np.flatnonzero(s.alive)
+        if not (
+            (live.size <= COARSE_REPAIR_MAX and self._coarse(steps)) or self._few_contested(live)
+        ):
+            return []
+        problem = Problem(s.size[live], s.util[live], s.drop[live], s.pinned[live], self._caps_f)
+        tier = s.tier[live]
+        current = Assignment(
+            variant=np.where(tier < 0, 0, s.variant[live]),
+            tier=np.maximum(tier, 0),
+            dropped=tier < 0,
+        )
+        better = refine(problem, current, INSERT_LIMITS)
+        if better is current:
+            return []
+        new_tier = np.where(better.dropped, DROP, better.tier)
+        changed = np.flatnonzero((new_tier != tier) | (better.variant != current.variant))
+        return [
+            self._state.reassign(int(live[k]), int(better.variant[k]), int(new_tier[k]))
+            for k in changed.tolist()
+        ]
+
+    def _few_contested(self, live: IntArray) -> bool:
+        """At most ``EXACT_MAX`` contexts held in finite tiers and at most as many contested."""
+        s = self._state.slots
+        tier = s.tier[live]
+        held = (tier >= 0) & np.isfinite(self._caps_f[np.maximum(tier, 0)])
+        if np.count_nonzero(held) > EXACT_MAX:
+            return False  # checked first: O(n), where counting the contested reads (n, V, T)
+        if self._contested is None:
+            whole = Problem(s.size[live], s.util[live], s.drop[live], s.pinned[live], self._caps_f)
+            self._contested = {s.keys[i] for i in live[contested(whole)].tolist()}
+        return len(self._contested) <= EXACT_MAX
+
+    def _coarse(self, steps: list[Step]) -> bool:
+        """Whether a step moved a context holding ``COARSE_SHARE`` of a finite tier out of it."""
+        s = self._state.slots
+        for step in steps:
+            t = step.src_tier
+            if t is None or step.dst_tier == t or not np.isfinite(self._caps_f[t]):
+                continue
+            size = float(s.size[s.index[step.key], step.src_variant])
+            if size >= COARSE_SHARE * self._caps_f[t]:
+                return True
+        return False
 
     def _snapshot(self, cid: str) -> tuple[Placement, float]:
         s = self._state.slots
@@ -192,11 +287,23 @@ class EvicPressPlacer(Placer):
         return order_changes(changes, self.tiers, used)
 
 
-def solve(table: UtilityTable, selection: Selection = Selection.PER_BYTE) -> Assignment:
-    """Place all contexts of ``table`` at once (offline; used by rebalance and the checks)."""
-    if selection is Selection.PER_BYTE:
+def solve(
+    table: UtilityTable,
+    selection: Selection = Selection.PER_BYTE,
+    limits: RefineLimits | None = None,
+) -> Assignment:
+    """Place all contexts of ``table`` at once (offline; used by rebalance and the checks).
+
+    The greedy's answer is then refined (:mod:`kvtierd.policies.refine`): solved exactly when
+    few contexts compete for capacity, improved by boundary neighbourhoods otherwise.
+    """
+    if table.n_contexts == 0:
         return greedy_assign(table)
-    return algorithm1_offline(table, selection)
+    limits = limits or RefineLimits()
+    if selection is Selection.PER_BYTE:
+        greedy = greedy_solve(table)
+        return refine(Problem.of(table), greedy.assignment, limits, greedy.prices)
+    return refine(Problem.of(table), algorithm1_offline(table, selection), limits)
 
 
 def algorithm1_offline(table: UtilityTable, selection: Selection) -> Assignment:

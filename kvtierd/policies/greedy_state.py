@@ -269,11 +269,22 @@ class GreedyState:
             "holds only pinned contexts"
         )
 
+    def reassign(self, slot: int, variant: int, tier: int) -> Step:
+        """Put a slot at ``(variant, tier)`` (tier -1: dropped) from wherever it is, keeping the
+        heaps right; the caller keeps every tier within capacity (a refinement's result)."""
+        s = self.slots
+        src_t = int(s.tier[slot])
+        if src_t >= 0 and s.queued[slot]:
+            self._live[src_t] -= 1  # its entry goes stale with the version bump in _apply
+        s.queued[slot] = False
+        return self._apply(slot, (variant, tier))
+
     def _apply(self, slot: int, op: tuple[int, int]) -> Step:
         s = self.slots
         src_v, src_t = int(s.variant[slot]), int(s.tier[slot])
         dst_v, dst_t = op
-        self.used[src_t] -= float(s.size[slot, src_v])
+        if src_t >= 0:
+            self.used[src_t] -= float(s.size[slot, src_v])
         s.variant[slot], s.tier[slot] = dst_v, dst_t
         self._bump(slot)
         if dst_t >= 0:

@@ -34,12 +34,32 @@ LEAVE = -1
 """Choice index meaning "not in this tier" in the per-tier solver's result."""
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class GreedyResult:
+    """The greedy's assignment and the tiers' prices (utility per byte, ``(T,)``) its first
+    round found: Lagrange multipliers that give an upper bound on the optimum
+    (:func:`kvtierd.policies.refine.lagrangian_bound`)."""
+
+    assignment: Assignment
+    prices: FloatArray
+
+
 def greedy_assign(
     table: UtilityTable,
     rounds: int | None = None,
     max_improve_rounds: int | None = None,
     exchange_max: int | None = None,
 ) -> Assignment:
+    """:func:`greedy_solve`'s assignment."""
+    return greedy_solve(table, rounds, max_improve_rounds, exchange_max).assignment
+
+
+def greedy_solve(
+    table: UtilityTable,
+    rounds: int | None = None,
+    max_improve_rounds: int | None = None,
+    exchange_max: int | None = None,
+) -> GreedyResult:
     """Place every context by the per-byte greedy, then improve it by local search.
 
     Round 1 values the option of leaving a tier at the best utility below, as if the slower
@@ -57,10 +77,12 @@ def greedy_assign(
     max_improve_rounds = (64 if small else 0) if max_improve_rounds is None else max_improve_rounds
     exchange_max = EXCHANGE_MAX if exchange_max is None else exchange_max
     prices: FloatArray = np.zeros(table.n_tiers)
+    first: FloatArray | None = None
     best: Assignment | None = None
     best_util = -np.inf
     for _ in range(max(1, rounds)):
         candidate, prices = _cascade(table, prices)
+        first = prices if first is None else first
         if max_improve_rounds > 0:
             candidate = improve(table, candidate, max_improve_rounds)
         if table.n_contexts <= exchange_max:
@@ -70,8 +92,8 @@ def greedy_assign(
         util = candidate.total_utility(table)
         if util > best_util:
             best, best_util = candidate, util
-    assert best is not None
-    return best
+    assert best is not None and first is not None
+    return GreedyResult(best, first)
 
 
 def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, FloatArray]:

@@ -6,6 +6,7 @@ import asyncio
 import errno
 import mmap
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -531,9 +532,25 @@ async def main(path, first):
         size = 1 + (i * 7919) % (3 << 20)
         data = np.random.default_rng(i).bytes(size)
         await t.put(ObjectMeta(key=f"k{i}", size_bytes=size), memoryview(data))
-        print("ACK", i, flush=True)
+        sys.stdout.write(f"ACK {i} END\\n")  # one write; END marks the line complete
+        sys.stdout.flush()
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
+
+_ACK = re.compile(r"ACK (\d+) END\n")
+
+
+def _acks(text: str) -> list[int]:
+    """Ids acknowledged in a killed writer's output: complete lines only. The kill can cut
+    the last line anywhere ("ACK 1" of "ACK 12 END"), and a cut line acknowledges nothing."""
+    found = (_ACK.fullmatch(line) for line in text.splitlines(keepends=True))
+    return [int(m.group(1)) for m in found if m]
+
+
+def test_a_cut_acknowledgement_is_not_read_as_one() -> None:
+    assert _acks("ACK 11 END\nACK 12 END\nACK 1") == [11, 12]
+    assert _acks("ACK 11 END\nACK 12 EN") == [11]
+    assert _acks("ACK 11 END\nACK 12 END\n") == [11, 12]
 
 
 async def test_sigkill_during_writes_loses_no_acknowledged_object(tmp_path: Path) -> None:
@@ -549,13 +566,13 @@ async def test_sigkill_during_writes_loses_no_acknowledged_object(tmp_path: Path
         )  # fmt: skip
         assert proc.stdout is not None
         for _ in range(int(rng.integers(2, 8))):
-            line = proc.stdout.readline()
-            assert line.startswith("ACK"), line
-            acked.append(int(line.split()[1]))
+            line = proc.stdout.readline()  # the writer is alive: lines arrive whole
+            assert len(_acks(line)) == 1, line
+            acked += _acks(line)
         await asyncio.sleep(float(rng.uniform(0, 0.02)))  # land inside a put
         proc.kill()
         proc.wait()
-        acked += [int(line.split()[1]) for line in proc.stdout.read().splitlines()]
+        acked += _acks(proc.stdout.read())
         t = make_tier(tmp_path)
         await t.start()
         assert t.quarantined_count == 0 and list((tmp_path / "tmp").iterdir()) == []
