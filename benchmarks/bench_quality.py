@@ -11,7 +11,7 @@ prefills the context once (capturing the window queries snapkv scores with), com
 every variant and greedy-decodes the query over all variants in batches. Two scores per case
 and variant: accuracy (the answer holds the planted facts, RULER) and the EvicPress metric
 (MiniLM cosine of the answer to the full-KV answer). Kept counts are whole 16-token chunks, as
-the daemon stores them.
+the daemon stores them (whole pages for the page methods).
 
 Results go to ``--out`` (default ``benchmarks/out/quality``): ``cases.jsonl`` (one line per
 case, appended as it finishes, so a long run can be resumed with the same arguments),
@@ -49,6 +49,14 @@ def default_variants() -> list[str]:
     return [*drops, *sinks, *quant]
 
 
+def chunk_tokens_of(variant: str) -> int:
+    """Kept counts in whole 16-token chunks as the daemon stores them; page methods keep whole
+    pages instead (the kernels refuse a chunk rounding for them)."""
+    from kvtierd.kernels.variants import parse_variant
+
+    return 1 if parse_variant(variant).count_rule.page_tokens else 16
+
+
 def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) -> dict[str, Any]:
     """Every variant's answer, accuracy and similarity on one case, with its timings."""
     from kvtierd.profiler.quality import ProfileLayout, ProfilingQuery
@@ -57,19 +65,27 @@ def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) ->
     t0 = time.perf_counter()
     kv = evaluator.encode_context(split.context, window=SNAPKV_WINDOW)
     t1 = time.perf_counter()
-    layout = ProfileLayout(chunk_tokens=16)
     query = ProfilingQuery(token_ids=tuple(split.query))
-    texts = evaluator.answers(kv, ["none", *variants], [query], layout=layout)[0]
+    texts: dict[str, str] = {}
+    for chunk in (16, 1):
+        group = [v for v in variants if chunk_tokens_of(v) == chunk]
+        group = ["none", *group] if chunk == 16 else group
+        if group:
+            layout = ProfileLayout(chunk_tokens=chunk)
+            out = evaluator.answers(kv, group, [query], layout=layout)[0]
+            texts.update(zip(group, out, strict=True))
     t2 = time.perf_counter()
-    sims = evaluator.embedder.similarity([texts[0]] * len(variants), texts[1:])
+    sims = evaluator.embedder.similarity(
+        [texts["none"]] * len(variants), [texts[v] for v in variants]
+    )
     return {
         "case": case.name, "task": case.task, "length": case.length, "seed": case.seed,
         "depth": case.depth, "context_tokens": split.context_tokens,
         "query_tokens": len(split.query), "answers": list(case.answers),
         "prefill_s": t1 - t0, "variants_s": t2 - t1,
         "results": {
-            v: {"answer": t, "accuracy": accuracy(case, t), "similarity": s}
-            for v, t, s in zip(["none", *variants], texts, [1.0, *sims], strict=True)
+            v: {"answer": texts[v], "accuracy": accuracy(case, texts[v]), "similarity": s}
+            for v, s in zip(["none", *variants], [1.0, *sims], strict=True)
         },
     }  # fmt: skip
 
