@@ -42,6 +42,7 @@ from kvtierd.errors import (
 )
 from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
+from kvtierd.policies.model import check_tiers
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
@@ -114,16 +115,18 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         return cls(self.tier_models(), params)
 
     def tier_models(self) -> list[TierModel]:
-        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads).
-        A host reader copies every load out of the arena (the CPU tier's read fit); an object
-        in another tier is first read into the arena (that tier's fit)."""
-        arena = self.cpu.read_meter.fit()
+        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads;
+        a tier that has timed no read yet gives its kind's prior, never 0). A host reader
+        copies every load out of the arena (the CPU tier's read fit); an object in another
+        tier is first read into the arena (that tier's fit)."""
+        arena = self.cpu.load_fit()
         models = []
         for t in self.tiers.values():
-            load = arena if t is self.cpu else t.read_meter.fit().then(arena)
+            load = arena if t is self.cpu else t.load_fit().then(arena)
             models.append(
                 TierModel(t.name, t.capacity_bytes or None, load.bytes_per_s, load.overhead_s)
             )
+        check_tiers(models)
         return models
 
     async def start(self) -> None:
