@@ -109,6 +109,7 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    wrapper: tuple[str, ...] = ()  # runs the daemon under this command, e.g. prlimit
 
     def start(self, timeout_s: float = 90.0) -> DaemonProcess:
         from kvtierd.client import KVClient
@@ -117,6 +118,7 @@ class DaemonProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.wrapper,
                     sys.executable,
                     "-m",
                     "kvtierd.server.main",

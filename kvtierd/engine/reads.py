@@ -76,7 +76,7 @@ class Reads:
                 continue  # a miss, or the tier is unreachable: a miss either way
             if key in e.objects:  # found meanwhile by a concurrent call
                 return e.objects[key]
-            rec = e.objects[key] = ObjectRecord(meta, tier.name, durable=True)
+            rec = e.objects[key] = ObjectRecord(meta, tier.name, durable=True, unread=meta.durable)
             e.account(meta, tier.name, +1)
             ctx = e._context_add(meta)
             e.executor.submit(e.adopt_placement(ctx, e.placement_of(ctx)))
@@ -129,6 +129,9 @@ class Reads:
                 e._orphans[pool, block.offset] = block
         ref = (pool, block.offset)
         e._block_refs[ref] = e._block_refs.get(ref, 0) + 1
+        if obj.unread:  # read once: from now on the placer may drop it (durable.py)
+            obj.unread = False
+            e.note_read(ctx)
         e.hits += 1
         e.tier_hits[obj.tier] += 1
         e.metrics.record_hit(obj.tier)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -62,7 +61,8 @@ async def _cpu(tmp: Path, request: pytest.FixtureRequest) -> Uncalibrated:
 
 
 _SSD_CHILD = """
-import asyncio, dataclasses, json, sys
+import asyncio, dataclasses, json, resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, resource.RLIM_INFINITY))
 from kvtierd.config import TierConfig
 from kvtierd.storage.ssd import SsdTier
 async def main(path):
@@ -77,14 +77,10 @@ asyncio.run(main(sys.argv[1]))
 """
 
 
-def _limit_file_size() -> None:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2 * MiB, resource.RLIM_INFINITY))
-
-
 async def _ssd(tmp: Path, request: pytest.FixtureRequest) -> Uncalibrated:
     done = subprocess.run(
         [sys.executable, "-c", _SSD_CHILD, str(tmp / "ssd")],
-        capture_output=True, text=True, preexec_fn=_limit_file_size, check=False, timeout=60,
+        capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
