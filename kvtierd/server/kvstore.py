@@ -122,8 +122,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             view = self.engine.cpu.view(rec.block)
             filled = 0
             async for chunk in request_iterator:
-                if chunk.HasField("spec"):
-                    raise InvalidArgumentError("PutStream: a second spec in one stream")
+                if chunk.HasField("spec") or chunk.durable:
+                    raise InvalidArgumentError(
+                        "PutStream: spec and durable belong in the first message only"
+                    )
                 n = len(chunk.data)
                 if filled + n > len(view):
                     raise InvalidArgumentError(
@@ -139,7 +141,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             # Includes the client going away mid-stream (cancellation): nothing partial stays.
             self.engine.abort([rec.allocation_id])
             raise
-        (meta,) = await self.engine.commit([rec.allocation_id])
+        (meta,) = await self.engine.commit([rec.allocation_id], first.durable)
         return pb.PutResponse(object=record_info(self.engine.objects[meta.key], caller))
 
     # Yields pre-serialized data frames next to messages (see data_frame).

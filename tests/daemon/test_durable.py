@@ -4,13 +4,15 @@ tenant's quota once. The placer here is LRU with a small SSD tier, so it wants t
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 
 from kvtierd import errors
-from kvtierd.client import KVClient
+from kvtierd.client import AsyncKVClient, KVClient
 from tests.daemon.workload import payload
+from tests.daemon_proc import certificate, free_port
 
 MiB = 1 << 20
 DURABLE = [f"durable-{i}" for i in range(4)]
@@ -116,3 +118,45 @@ def test_durable_objects_count_once_against_a_tenant_quota(start_daemon):
         assert a.lookup(keys).found == (True,) * 4
         for key in keys:
             assert bytes(a.get(key)) == payload(key, MiB)
+
+
+def test_durable_on_the_stream_path_survives_sigkill(start_daemon, tmp_path):
+    """Issue 16 (1): PutStream committed without ``durable`` and the client dropped the flag,
+    so a streamed durable put (the path of every TCP client) was lost to a SIGKILL."""
+    cert, key = certificate(tmp_path)
+    (tmp_path / "token").write_text("t0ken")
+    port = free_port()
+    d = start_daemon(
+        tcp_address=f"127.0.0.1:{port}",
+        tls={"cert_file": str(cert), "key_file": str(key)},
+        token_file=str(tmp_path / "token"),
+    )
+    streamed = [f"stream-{i}" for i in range(4)]
+    with KVClient(d.socket_path, stream=True) as c:
+        for k in streamed:
+            c.put(k, payload(k, MiB), context_id=k, durable=True)
+
+    async def over_tcp() -> None:
+        address = f"localhost:{port}"
+        async with AsyncKVClient(address=address, tls_ca_file=str(cert), token="t0ken") as ac:
+            await ac.put("tcp-aio", payload("tcp-aio", MiB), durable=True)
+
+    asyncio.run(over_tcp())
+    d.kill()  # SIGKILL: only what reached a persistent tier survives
+    d.start()
+    with KVClient(d.socket_path) as c:
+        keys = [*streamed, "tcp-aio"]
+        assert c.lookup(keys).found == (True,) * len(keys)
+        for k in keys:
+            assert bytes(c.get(k)) == payload(k, MiB)
+
+
+def test_put_stream_refuses_durable_after_the_first_message(start_daemon):
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    d = start_daemon()
+    spec = pb.ObjectSpec(key="k", size_bytes=8)
+    with KVClient(d.socket_path) as c:
+        chunks = [pb.PutChunk(spec=spec), pb.PutChunk(data=b"x" * 8, durable=True)]
+        with pytest.raises(errors.InvalidArgumentError, match="first message only"):
+            c.call(c.kv.PutStream, iter(chunks))
