@@ -92,6 +92,7 @@ class DaemonConfig:
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
     prefill_tokens_per_s: float = 5000.0  # the engine's prefill speed, for the TTFT model
+    token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
     log_json: bool = False
 
@@ -254,7 +255,7 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
         elif key == "tenants":
             values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
-        elif key == "max_object_bytes":
+        elif key in ("max_object_bytes", "token_bytes_per_tenant"):
             values[key] = parse_size(value, src.where((key,)))
         else:
             values[key] = _scalar(key, value, getattr(base, key), src)
@@ -323,5 +324,7 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
         )
     if config.lease_s <= 0 or config.allocation_timeout_s <= 0:
         raise ConfigError(f"{origin}: lease_s and allocation_timeout_s must be > 0")
+    if config.token_bytes_per_tenant <= 0:
+        raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")
     if not config.tiers:
         raise ConfigError(f"{origin}: at least one tier is required")

@@ -787,11 +787,14 @@ Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
 @_typing.final
 class SetContextTokensRequest(_message.Message):
     """The token ids a context was computed from: evaluators that run the model through the serving
-    stack (`engine`) need them. Three forms:
-      context_id + token_ids: the context's tokens (a context not held yet is accepted);
+    stack (`engine`) need them. Bounded: at most 1,048,576 ids per request, and per tenant
+    `token_bytes_per_tenant` (docs/daemon.md, Profiling). Three forms:
+      context_id + token_ids: the context's tokens (NOT_FOUND for a context the daemon does
+        not hold; ids beyond the context's length are not kept);
       request_id + token_ids: a request's prompt, kept a while in memory (kvtierd router, which
         knows prompts but not the context ids the LMCache plugin will store them under);
-      context_id + request_id: that request's prompt made the context (the plugin, at its put):
+      context_id + request_id: that request's prompt made the context (the plugin, at its put;
+        NOT_FOUND for a context the daemon does not hold):
         the context gets the prompt's tokens, and the prompt's tokens beyond the context are
         recorded as a real-traffic query of it (drift detection, profiling).
     """

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvtierd.engine import Engine
 from kvtierd.engine.state import LeaseRecord
+from kvtierd.engine.tokens import check_request_tokens
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
@@ -19,7 +20,6 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
-MAX_CONTEXT_TOKENS = 1 << 21  # token ids per SetContextTokens (2M: longer than any model context)
 
 
 def _check_batch(n: int, what: str) -> None:
@@ -209,25 +209,26 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     ) -> pb.SetContextTokensResponse:
         caller = CALLER.get()
         form = (bool(request.context_id), bool(request.token_ids), bool(request.request_id))
-        if len(request.token_ids) > MAX_CONTEXT_TOKENS:
-            raise InvalidArgumentError(
-                f"SetContextTokens: at most {MAX_CONTEXT_TOKENS} token ids, got "
-                f"{len(request.token_ids)}"
-            )
-        profiling = self.engine.profiling
-        if form == (True, True, False):
-            await profiling.set_tokens(caller.scoped(request.context_id), tuple(request.token_ids))
-        elif form == (False, True, True):
-            profiling.note_prompt(caller.scoped(request.request_id), tuple(request.token_ids))
-        elif form == (True, False, True):
-            await profiling.link_prompt(
-                caller.scoped(request.context_id), caller.scoped(request.request_id)
-            )
-        else:
+        if form not in ((True, True, False), (False, True, True), (True, False, True)):
             raise InvalidArgumentError(
                 "SetContextTokens takes context_id + token_ids, request_id + token_ids, or "
                 "context_id + request_id"
             )
+        check_request_tokens(len(request.token_ids))
+        cid = caller.scoped(request.context_id)
+        if request.context_id and cid not in self.engine.contexts:
+            raise NotFoundError(
+                f"context {request.context_id!r} not found: token ids are kept only for a "
+                "context the daemon holds (register them after its put)"
+            )
+        profiling = self.engine.profiling
+        if not request.request_id:
+            await profiling.set_tokens(cid, request.token_ids)
+        elif request.token_ids:
+            rid = caller.scoped(request.request_id)
+            profiling.note_prompt(caller.tenant, rid, request.token_ids)
+        else:
+            await profiling.link_prompt(cid, caller.scoped(request.request_id))
         return pb.SetContextTokensResponse()
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
