@@ -163,18 +163,51 @@ def default_config() -> DaemonConfig:
 # -- YAML loading ---------------------------------------------------------------------------
 
 
+MAX_YAML_BYTES = 1 << 20
+"""A kvtierd config or policy document is a few KiB; anything larger is refused unread."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: a document of a few hundred bytes can alias its
+    way to gigabytes ("billion laughs": a 248-byte policy took 21 s and 1.3 GB), and no
+    kvtierd document needs them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"aliases (*{event.anchor}) are not allowed in kvtierd documents; "
+                "write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)  # type: ignore[arg-type]
+
+
 class _Source:
-    """Remembers the file and line of every mapping key so errors can point at them."""
+    """Parses a document once (refusing aliases and oversized input) and remembers the file
+    and line of every mapping key so errors can point at them; ``data`` is the document as
+    Python values."""
 
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.lines: dict[tuple[str, ...], int] = {}
+        self.data: Any = None
+        if len(text.encode()) > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES} bytes: not a kvtierd document")
+        loader = _StrictLoader(text)
         try:
-            node = yaml.compose(text)
+            node = loader.get_single_node()
+            if node is not None:
+                self._walk(node, ())
+                self.data = loader.construct_document(node)
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        if node is not None:
-            self._walk(node, ())
+        except RecursionError as e:
+            raise ConfigError(f"{path}: nested too deeply to be a kvtierd document") from e
+        finally:
+            loader.dispose()
 
     def _walk(self, node: yaml.Node, at: tuple[str, ...]) -> None:
         if isinstance(node, yaml.MappingNode):
@@ -229,7 +262,7 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
     src = _Source(str(p), text)
-    raw = yaml.safe_load(text) or {}
+    raw = src.data or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of settings")
     base = default_config()
