@@ -350,10 +350,11 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
 
     # -- removal -----------------------------------------------------------------------------
 
-    async def delete(self, keys: Sequence[str]) -> int:
+    async def delete(self, keys: Sequence[str], tenant: str | None = None) -> int:
+        """Delete objects (only ``tenant``'s when given: a client's delete)."""
         deleted = 0
         for key in keys:
-            obj = self.objects.get(key)
+            obj = self.objects.get(key) if tenant is None else self.owned(key, tenant)
             if obj is None:
                 continue
             ctx = self.contexts[obj.meta.context]

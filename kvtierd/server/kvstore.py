@@ -164,7 +164,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
         _check_batch(len(request.keys), "Delete")
         caller = CALLER.get()
-        deleted = await self.engine.delete([caller.scoped(k) for k in request.keys])
+        keys = [caller.scoped(k) for k in request.keys]
+        deleted = await self.engine.delete(keys, caller.tenant)
         return pb.DeleteResponse(deleted=deleted)
 
     async def AddQueries(
@@ -234,4 +235,5 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()
-        return pb.TouchResponse(touched=self.engine.touch([caller.scoped(k) for k in request.keys]))
+        keys = [caller.scoped(k) for k in request.keys]
+        return pb.TouchResponse(touched=self.engine.touch(keys, caller.tenant))
