@@ -1,8 +1,9 @@
 """Server interceptors: one maps :mod:`kvtierd.errors` to gRPC status codes, one checks the
 bearer token on TCP listeners.
 
-The error interceptor wraps every method handler, so servicers raise domain errors and never
-call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
+The error interceptor wraps every method handler of every kind (unary and streaming either way:
+authentication must not depend on how a method streams), so servicers raise domain errors and
+never call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
 exception's class and message (logged with its traceback here, never sent to the client).
 """
 
@@ -173,4 +174,17 @@ class ErrorInterceptor(aio.ServerInterceptor):
                 _tolerant(handler.request_deserializer),
                 _passthrough(handler.response_serializer),
             )
-        return handler
+        # Stream-stream: server reflection. Left unwrapped, it answered without a token on TCP.
+        inner_ss: Any = handler.stream_stream
+
+        async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                enter(context, method)
+                async for item in inner_ss(_checked(requests, method), context):
+                    yield item
+            except Exception as e:
+                await fail(context, method, e)
+
+        return grpc.stream_stream_rpc_method_handler(
+            stream_stream, _tolerant(handler.request_deserializer), handler.response_serializer
+        )
