@@ -48,6 +48,7 @@ from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_po
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.pooled import PooledTier
+from kvtierd.storage.ssd_format import data_checksum
 from kvtierd.types import (
     DROPPED,
     ContextProfile,
@@ -297,6 +298,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             if aid not in self.allocations:
                 raise NotFoundError(f"unknown or expired allocation {aid!r}; allocate again")
             recs.append(self.allocations[aid])
+        self._verify_checksums(recs)
         metas = []
         for rec in recs:
             del self.allocations[rec.allocation_id]
@@ -315,6 +317,23 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
                 await self.delete([m.key for m in metas])
                 raise
         return metas
+
+    def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
+        """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
+        wrote: one that does not is refused before anything of the commit is stored (a wrong
+        one was accepted and served, and failed only when the object was written to SSD)."""
+        for rec in recs:
+            given = rec.meta.checksum
+            if not given:
+                continue
+            actual = data_checksum(self.cpu.view(rec.block))
+            if actual != given:
+                self.abort([r.allocation_id for r in recs])
+                raise InvalidArgumentError(
+                    f"object {rec.meta.key!r}: checksum {given:#x} given, but the bytes written "
+                    f"hash to {actual:#x} (xxh3_64); nothing of this commit was stored: "
+                    "allocate and write again"
+                )
 
     async def put_bytes(
         self, meta: ObjectMeta, data: memoryview, durable: bool = False

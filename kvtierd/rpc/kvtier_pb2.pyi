@@ -58,7 +58,7 @@ class ObjectSpec(_message.Message):
     kept_indices: _builtins.bytes
     """little-endian int32 kept positions of a compressed variant"""
     checksum: _builtins.int
-    """xxh3_64 of the bytes, 0 = let the daemon compute it"""
+    """xxh3_64 of the bytes, 0 = let the daemon compute it; a wrong"""
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
