@@ -8,8 +8,11 @@ Every key is documented in docs/configuration.md; unknown keys are errors.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,9 @@ from typing import Any
 import yaml
 
 from kvtierd.errors import ConfigError
+
+MAX_LEASE_S = 3600.0
+"""The longest read lease (``lease_s``, ``Get.lease_s``) or lookup hold (``Lookup.hold_s``)."""
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -87,7 +93,7 @@ class DaemonConfig:
     tls: TlsConfig | None = None
     token_file: str = ""
     tenants: tuple[TenantConfig, ...] = ()
-    policy_file: str = ""  # a configs/policies/*.yaml document; empty = LRU, no compression
+    policy_file: str = ""  # a configs/policies/*.yaml document; empty = the embedded EvicPress
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
@@ -285,6 +291,9 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             if not isinstance(value, dict):
                 raise ConfigError(f"{src.where(('tls',))}: must be a mapping")
             _check_keys(value, {"cert_file", "key_file", "client_ca_file"}, src, ("tls",))
+            for required in ("cert_file", "key_file"):
+                if not value.get(required):
+                    raise ConfigError(f"{src.where(('tls',))}: {required} is required")
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
         elif key == "tenants":
             values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
@@ -292,9 +301,45 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             values[key] = parse_size(value, src.where((key,)))
         else:
             values[key] = _scalar(key, value, getattr(base, key), src)
-    config = _replace(base, values)
+    config = _replace(base, _resolve_paths(values, p.parent))
     validate(config, src.path)
     return config
+
+
+_PATH_KEYS = ("socket_path", "data_dir", "policy_file", "token_file")
+_PATH_OPTIONS = ("arena_dir", "tls_ca_file")  # tier options naming files or directories
+
+
+def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative paths in a config file are relative to the file's directory, so a config
+    works from any working directory (``policy_file: policies/evicpress.yaml``)."""
+
+    def resolve(path: str) -> str:
+        return path if not path or os.path.isabs(path) else str(base / path)
+
+    out = dict(values)
+    for key in _PATH_KEYS:
+        if key in out:
+            out[key] = resolve(out[key])
+    if "tls" in out:
+        tls = out["tls"]
+        out["tls"] = TlsConfig(*(resolve(x) for x in (tls.cert_file, tls.key_file,
+                                                        tls.client_ca_file)))  # fmt: skip
+    if "tenants" in out:
+        out["tenants"] = tuple(
+            dataclasses.replace(t, token_file=resolve(t.token_file)) for t in out["tenants"]
+        )
+    if "tiers" in out:
+        out["tiers"] = tuple(_resolve_tier(t, resolve) for t in out["tiers"])
+    return out
+
+
+def _resolve_tier(tier: TierConfig, resolve: Callable[[str], str]) -> TierConfig:
+    options = dict(tier.options)
+    for key in _PATH_OPTIONS:
+        if isinstance(options.get(key), str) and options[key] != "memfd":
+            options[key] = resolve(options[key])
+    return dataclasses.replace(tier, path=resolve(tier.path), options=options)
 
 
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -355,8 +400,10 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
             f"{origin}: tcp_address {config.tcp_address!r} requires both tls (cert_file, "
             "key_file) and token_file; the Unix socket needs neither"
         )
-    if config.lease_s <= 0 or config.allocation_timeout_s <= 0:
-        raise ConfigError(f"{origin}: lease_s and allocation_timeout_s must be > 0")
+    if not 0 < config.lease_s <= MAX_LEASE_S:
+        raise ConfigError(f"{origin}: lease_s must be > 0 and at most {MAX_LEASE_S:g} seconds")
+    if not 0 < config.allocation_timeout_s < math.inf:
+        raise ConfigError(f"{origin}: allocation_timeout_s must be a finite number > 0")
     if config.token_bytes_per_tenant <= 0:
         raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")
     if not config.tiers:

@@ -138,7 +138,10 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         started: list[Tier] = []
         try:
             for tier in self.tiers.values():
-                await tier.start()
+                try:
+                    await tier.start()
+                except OSError as e:  # a start-up error to report, not a traceback
+                    raise ConfigError(f"tier {tier.name} ({tier.kind}): cannot start: {e}") from e
                 started.append(tier)
         except BaseException:
             for tier in reversed(started):

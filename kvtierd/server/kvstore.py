@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvtierd.config import MAX_LEASE_S
 from kvtierd.engine import Engine
 from kvtierd.engine.state import LeaseRecord
 from kvtierd.engine.tokens import check_request_tokens
@@ -17,6 +19,7 @@ from kvtierd.server.identity import CALLER, Caller
 from kvtierd.storage.gpu import GpuTier
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+MIN_CHUNK_BYTES = 64 << 10  # chunk_bytes=1 sent 65,537 messages for a 64 KiB object
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
@@ -29,14 +32,22 @@ def _check_batch(n: int, what: str) -> None:
         raise InvalidArgumentError(f"{what}: {n} keys in one request; at most {MAX_BATCH}")
 
 
+def _check_seconds(value: float, what: str) -> None:
+    """A lease or hold: 0 (the default) up to an hour, never NaN or infinite (a lease of
+    1e300 s never expired, and a hold that long kept a context from eviction for good)."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_LEASE_S):
+        raise InvalidArgumentError(
+            f"{what} must be between 0 and {MAX_LEASE_S:g} seconds, got {value!r}"
+        )
+
+
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         _check_batch(len(request.keys), "Lookup")
-        if request.hold_s < 0:
-            raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
+        _check_seconds(request.hold_s, "Lookup: hold_s")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
         found, prefix = await self.engine.lookup(keys, request.hold_s, caller.tenant)
@@ -80,8 +91,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.GetResponse:
         _check_batch(len(request.keys), "Get")
-        if request.lease_s < 0:
-            raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
+        _check_seconds(request.lease_s, "Get: lease_s")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
         leases = await self.engine.get(keys, request.lease_s, caller.tenant, request.device_ok)
@@ -149,8 +159,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self, request: pb.GetStreamRequest, context: Any
     ) -> AsyncIterator[pb.GetChunk | bytes]:
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
-        if chunk > MAX_CHUNK_BYTES:
-            raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
+        if not MIN_CHUNK_BYTES <= chunk <= MAX_CHUNK_BYTES:
+            raise InvalidArgumentError(
+                f"GetStream: chunk_bytes must be 0 ({DEFAULT_CHUNK_BYTES} bytes) or between "
+                f"{MIN_CHUNK_BYTES} and {MAX_CHUNK_BYTES}, got {chunk}"
+            )
         caller = CALLER.get()
         (lease,) = await self.engine.get([caller.scoped(request.key)], tenant=caller.tenant)
         try:
