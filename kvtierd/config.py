@@ -202,18 +202,19 @@ class _Source:
         self.data: Any = None
         if len(text.encode()) > MAX_YAML_BYTES:
             raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES} bytes: not a kvtierd document")
-        loader = _StrictLoader(text)
         try:
-            node = loader.get_single_node()
-            if node is not None:
-                self._walk(node, ())
-                self.data = loader.construct_document(node)
+            loader = _StrictLoader(text)  # reads the text: characters YAML refuses raise here
+            try:
+                node = loader.get_single_node()
+                if node is not None:
+                    self._walk(node, ())
+                    self.data = loader.construct_document(node)
+            finally:
+                loader.dispose()
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
         except RecursionError as e:
             raise ConfigError(f"{path}: nested too deeply to be a kvtierd document") from e
-        finally:
-            loader.dispose()
 
     def _walk(self, node: yaml.Node, at: tuple[str, ...]) -> None:
         if isinstance(node, yaml.MappingNode):

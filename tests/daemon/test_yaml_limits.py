@@ -48,3 +48,10 @@ def test_policy_and_config_refuse_aliases_depth_and_size(tmp_path):
     config.write_text("lease_s: &l 5.0\nallocation_timeout_s: *l\n")
     with pytest.raises(errors.ConfigError, match=f"{config}: not valid YAML.*aliases"):
         load_daemon_config(config)
+
+
+def test_characters_yaml_refuses_are_a_config_error():
+    """Found by the fuzzer once the loader was replaced: the reader raised before the parse
+    was guarded, and ApplyPolicy answered INTERNAL."""
+    with pytest.raises(errors.ConfigError, match="not valid YAML"):
+        parse_policy("placer: lru\ndescription: \x94\n", "p.yaml")
