@@ -419,7 +419,8 @@ class ProfilingService:
         self.runs["ok"] += 1
         self.version += 1
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
-        if ctx.context_id in self.engine.contexts:
+        if ctx.context_id in self.engine.contexts and not ctx.durable_held:
+            # (a context held for its unread durable objects is placed again once read)
             self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
         return True
 
