@@ -146,20 +146,16 @@ def test_set_context_tokens_over_the_socket(start_daemon) -> None:
 def test_token_registrations_are_bounded(start_daemon, tmp_path) -> None:
     """Issue 16 (3): token ids are kept only for contexts the daemon holds, at most one
     context's length, and within the tenant's token_bytes_per_tenant - also over TCP."""
-    from tests.daemon_proc import certificate, free_port
+    from tests.daemon_proc import tcp_listener
 
-    cert, key = certificate(tmp_path)
+    tcp = tcp_listener(tmp_path)
     (tmp_path / "a.token").write_text("a-token")
-    (tmp_path / "admin.token").write_text("admin-token")
-    port = free_port()
     d = start_daemon(
         tenants=[{"name": "a", "token_file": str(tmp_path / "a.token")}],
         token_bytes_per_tenant="64KiB",  # 16,384 ids
-        tcp_address=f"127.0.0.1:{port}",
-        tls={"cert_file": str(cert), "key_file": str(key)},
-        token_file=str(tmp_path / "admin.token"),
+        **tcp.settings,
     )
-    with KVClient(address=f"localhost:{port}", tls_ca_file=str(cert), token="a-token") as a:
+    with KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="a-token") as a:
         with pytest.raises(errors.NotFoundError, match="context 'nowhere' not found"):
             a.set_context_tokens("nowhere", [1, 2, 3])
         a.note_prompt("r", [1, 2, 3])

@@ -12,7 +12,7 @@ import pytest
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
 from tests.daemon.workload import payload
-from tests.daemon_proc import certificate, free_port
+from tests.daemon_proc import tcp_listener
 
 MiB = 1 << 20
 DURABLE = [f"durable-{i}" for i in range(4)]
@@ -123,22 +123,16 @@ def test_durable_objects_count_once_against_a_tenant_quota(start_daemon):
 def test_durable_on_the_stream_path_survives_sigkill(start_daemon, tmp_path):
     """Issue 16 (1): PutStream committed without ``durable`` and the client dropped the flag,
     so a streamed durable put (the path of every TCP client) was lost to a SIGKILL."""
-    cert, key = certificate(tmp_path)
-    (tmp_path / "token").write_text("t0ken")
-    port = free_port()
-    d = start_daemon(
-        tcp_address=f"127.0.0.1:{port}",
-        tls={"cert_file": str(cert), "key_file": str(key)},
-        token_file=str(tmp_path / "token"),
-    )
+    tcp = tcp_listener(tmp_path)
+    d = start_daemon(**tcp.settings)
     streamed = [f"stream-{i}" for i in range(4)]
     with KVClient(d.socket_path, stream=True) as c:
         for k in streamed:
             c.put(k, payload(k, MiB), context_id=k, durable=True)
 
     async def over_tcp() -> None:
-        address = f"localhost:{port}"
-        async with AsyncKVClient(address=address, tls_ca_file=str(cert), token="t0ken") as ac:
+        ca = str(tcp.ca_file)
+        async with AsyncKVClient(address=tcp.address, tls_ca_file=ca, token="t0ken") as ac:
             await ac.put("tcp-aio", payload("tcp-aio", MiB), durable=True)
 
     asyncio.run(over_tcp())

@@ -11,7 +11,7 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
-from tests.daemon_proc import DaemonProcess, certificate, free_port, write_config
+from tests.daemon_proc import DaemonProcess, certificate, free_port, tcp_listener, write_config
 
 
 def test_tcp_with_tls_and_token(start_daemon, tmp_path):
@@ -88,23 +88,17 @@ def test_reflection_needs_the_token_on_tcp(start_daemon, tmp_path):
     import grpc
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-    cert, key = certificate(tmp_path)
-    (tmp_path / "token").write_text("t0ken")
-    port = free_port()
-    start_daemon(
-        tcp_address=f"127.0.0.1:{port}",
-        tls={"cert_file": str(cert), "key_file": str(key)},
-        token_file=str(tmp_path / "token"),
-    )
+    tcp = tcp_listener(tmp_path)
+    start_daemon(**tcp.settings)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
 
     def services(token: str) -> list[str]:
-        creds = grpc.ssl_channel_credentials(cert.read_bytes())
+        creds = grpc.ssl_channel_credentials(tcp.ca_file.read_bytes())
         if token:
             creds = grpc.composite_channel_credentials(
                 creds, grpc.access_token_call_credentials(token)
             )
-        with grpc.secure_channel(f"localhost:{port}", creds) as channel:
+        with grpc.secure_channel(tcp.address, creds) as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
             return [s.name for s in reply.list_services_response.service]

@@ -11,7 +11,7 @@ import yaml
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon_proc import certificate, free_port
+from tests.daemon_proc import certificate, free_port, tcp_listener
 
 MiB = 1 << 20
 TENANTS = [
@@ -96,20 +96,13 @@ def test_the_default_tenant_cannot_enter_a_named_tenants_namespace(start_daemon,
     """Issue 16 (5): with no tenant header (or the daemon token over TCP), get("a/secret")
     returned tenant a's bytes, and keys planted as "a/..." appeared to tenant a, uncharged,
     breaking its Release."""
-    cert, key = certificate(tmp_path)
-    (tmp_path / "admin.token").write_text("admin-token")
-    port = free_port()
-    d = start_daemon(
-        tenants=TENANTS,
-        tcp_address=f"127.0.0.1:{port}",
-        tls={"cert_file": str(cert), "key_file": str(key)},
-        token_file=str(tmp_path / "admin.token"),
-    )
-    address = f"localhost:{port}"
+    tcp = tcp_listener(tmp_path, "admin-token")
+    d = start_daemon(tenants=TENANTS, **tcp.settings)
+    ca = str(tcp.ca_file)
     with (
         KVClient(d.socket_path, tenant="a") as a,
         KVClient(d.socket_path) as default,
-        KVClient(address=address, tls_ca_file=str(cert), token="admin-token") as daemon_token,
+        KVClient(address=tcp.address, tls_ca_file=ca, token="admin-token") as daemon_token,
     ):
         a.put("secret", b"a's secret", context_id="doc")
         for c in (default, daemon_token):

@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess, certificate, free_port, write_config
+from tests.daemon_proc import DaemonProcess, tcp_listener, write_config
 
 
 @dataclass(frozen=True)
@@ -46,18 +46,11 @@ def _methods() -> list[Method]:
 @pytest.fixture(scope="module")
 def tcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, bytes]]:
     directory = tmp_path_factory.mktemp("tcp-auth")
-    cert, key = certificate(directory)
-    (directory / "token").write_text("the-token")
-    port = free_port()
-    config = write_config(
-        directory / "d",
-        tcp_address=f"127.0.0.1:{port}",
-        tls={"cert_file": str(cert), "key_file": str(key)},
-        token_file=str(directory / "token"),
-    )
+    tcp = tcp_listener(directory, "the-token")
+    config = write_config(directory / "d", **tcp.settings)
     d = DaemonProcess(config, str(directory / "d" / "kvtierd.sock"), directory / "log").start()
     try:
-        yield f"localhost:{port}", cert.read_bytes()
+        yield tcp.address, tcp.ca_file.read_bytes()
     finally:
         d.kill()
 

@@ -28,7 +28,7 @@ import pytest
 
 from kvtierd.config import TierConfig
 from kvtierd.policies.model import UtilityTable, check_tiers, load_ttft_s
-from kvtierd.storage import TIERS, create_tier
+from kvtierd.storage import create_tier
 from kvtierd.storage.base import TransferFit
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
 
@@ -114,13 +114,6 @@ STARTS: dict[str, Callable[[Path, pytest.FixtureRequest], Awaitable[Uncalibrated
     "remote": _remote,
     "gpu": _gpu,
 }
-MARKS = {"gpu": [pytest.mark.gpu], "remote": [pytest.mark.redis]}
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kind" in metafunc.fixturenames:
-        kinds = [pytest.param(k, marks=MARKS.get(k, [])) for k in sorted(TIERS)]
-        metafunc.parametrize("kind", kinds)
 
 
 async def test_an_uncalibrated_tier_prices_loads_with_its_prior(
