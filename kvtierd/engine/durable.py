@@ -52,7 +52,12 @@ class DurableOps:
                     await e._remove_from_tier(obj.meta, obj.tier)
                     obj.tier, obj.shadow = obj.shadow, ""
                     e.account(obj.meta, obj.tier, +1)  # the persistent copy is now the charged one
+            if not ctx.keys:  # its unread objects were deleted while the lock was awaited
+                await e.drop_extras(ctx)
+                e.contexts.pop(ctx.context_id, None)
         e.placer.remove(ctx.context_id)
+        if not ctx.keys:
+            return
         ctx.durable_held = True
         e.durable_holds += 1
         e.metrics.record_durable_hold()
