@@ -31,8 +31,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # first: site-packages may hold an unrelated ``tests``
 
 KiB, MiB = 1 << 10, 1 << 20
-OPS = ("put", "put_durable", "put_stream", "get", "get_stream", "lookup", "touch", "delete")
-WEIGHTS = (3, 1, 1, 4, 1, 1, 1, 1)
+OPS = ("put", "put_durable", "put_stream", "put_stream_durable", "get", "get_stream", "lookup",
+       "touch", "delete")  # fmt: skip
+WEIGHTS = (3, 1, 1, 1, 4, 1, 1, 1, 1)
+DURABLE_PUTS = ("put_durable", "put_stream_durable")  # the arena path and the stream (TCP) path
 
 
 @dataclass
@@ -92,9 +94,9 @@ class Worker:
             key = f"w{self.wid}-{self.n}"
             self.n += 1
             data = self.expected(key)
-            client = s if op == "put_stream" else c
-            client.put(key, data, context_id=key, durable=op == "put_durable")
-            self.live[key] = op == "put_durable"
+            client = s if op.startswith("put_stream") else c
+            client.put(key, data, context_id=key, durable=op in DURABLE_PUTS)
+            self.live[key] = op in DURABLE_PUTS
             self.r.bytes_written += len(data)
             if len(self.live) > self.live_max:
                 oldest = next(iter(self.live))

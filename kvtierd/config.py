@@ -8,8 +8,11 @@ Every key is documented in docs/configuration.md; unknown keys are errors.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,9 @@ from typing import Any
 import yaml
 
 from kvtierd.errors import ConfigError
+
+MAX_LEASE_S = 3600.0
+"""The longest read lease (``lease_s``, ``Get.lease_s``) or lookup hold (``Lookup.hold_s``)."""
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -87,11 +93,12 @@ class DaemonConfig:
     tls: TlsConfig | None = None
     token_file: str = ""
     tenants: tuple[TenantConfig, ...] = ()
-    policy_file: str = ""  # a configs/policies/*.yaml document; empty = LRU, no compression
+    policy_file: str = ""  # a configs/policies/*.yaml document; empty = the embedded EvicPress
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
     prefill_tokens_per_s: float = 5000.0  # the engine's prefill speed, for the TTFT model
+    token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
     log_json: bool = False
 
@@ -162,18 +169,52 @@ def default_config() -> DaemonConfig:
 # -- YAML loading ---------------------------------------------------------------------------
 
 
+MAX_YAML_BYTES = 1 << 20
+"""A kvtierd config or policy document is a few KiB; anything larger is refused unread."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: a document of a few hundred bytes can alias its
+    way to gigabytes ("billion laughs": a 248-byte policy took 21 s and 1.3 GB), and no
+    kvtierd document needs them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"aliases (*{event.anchor}) are not allowed in kvtierd documents; "
+                "write the value out",
+                event.start_mark,
+            )
+        return super().compose_node(parent, index)  # type: ignore[arg-type]
+
+
 class _Source:
-    """Remembers the file and line of every mapping key so errors can point at them."""
+    """Parses a document once (refusing aliases and oversized input) and remembers the file
+    and line of every mapping key so errors can point at them; ``data`` is the document as
+    Python values."""
 
     def __init__(self, path: str, text: str) -> None:
         self.path = path
         self.lines: dict[tuple[str, ...], int] = {}
+        self.data: Any = None
+        if len(text.encode()) > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES} bytes: not a kvtierd document")
         try:
-            node = yaml.compose(text)
+            loader = _StrictLoader(text)  # reads the text: characters YAML refuses raise here
+            try:
+                node = loader.get_single_node()
+                if node is not None:
+                    self._walk(node, ())
+                    self.data = loader.construct_document(node)
+            finally:
+                loader.dispose()
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        if node is not None:
-            self._walk(node, ())
+        except RecursionError as e:
+            raise ConfigError(f"{path}: nested too deeply to be a kvtierd document") from e
 
     def _walk(self, node: yaml.Node, at: tuple[str, ...]) -> None:
         if isinstance(node, yaml.MappingNode):
@@ -228,7 +269,7 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
     src = _Source(str(p), text)
-    raw = yaml.safe_load(text) or {}
+    raw = src.data or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of settings")
     base = default_config()
@@ -251,16 +292,55 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             if not isinstance(value, dict):
                 raise ConfigError(f"{src.where(('tls',))}: must be a mapping")
             _check_keys(value, {"cert_file", "key_file", "client_ca_file"}, src, ("tls",))
+            for required in ("cert_file", "key_file"):
+                if not value.get(required):
+                    raise ConfigError(f"{src.where(('tls',))}: {required} is required")
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
         elif key == "tenants":
             values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
-        elif key == "max_object_bytes":
+        elif key in ("max_object_bytes", "token_bytes_per_tenant"):
             values[key] = parse_size(value, src.where((key,)))
         else:
             values[key] = _scalar(key, value, getattr(base, key), src)
-    config = _replace(base, values)
+    config = _replace(base, _resolve_paths(values, p.parent))
     validate(config, src.path)
     return config
+
+
+_PATH_KEYS = ("socket_path", "data_dir", "policy_file", "token_file")
+_PATH_OPTIONS = ("arena_dir", "tls_ca_file")  # tier options naming files or directories
+
+
+def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Relative paths in a config file are relative to the file's directory, so a config
+    works from any working directory (``policy_file: policies/evicpress.yaml``)."""
+
+    def resolve(path: str) -> str:
+        return path if not path or os.path.isabs(path) else str(base / path)
+
+    out = dict(values)
+    for key in _PATH_KEYS:
+        if key in out:
+            out[key] = resolve(out[key])
+    if "tls" in out:
+        tls = out["tls"]
+        out["tls"] = TlsConfig(*(resolve(x) for x in (tls.cert_file, tls.key_file,
+                                                        tls.client_ca_file)))  # fmt: skip
+    if "tenants" in out:
+        out["tenants"] = tuple(
+            dataclasses.replace(t, token_file=resolve(t.token_file)) for t in out["tenants"]
+        )
+    if "tiers" in out:
+        out["tiers"] = tuple(_resolve_tier(t, resolve) for t in out["tiers"])
+    return out
+
+
+def _resolve_tier(tier: TierConfig, resolve: Callable[[str], str]) -> TierConfig:
+    options = dict(tier.options)
+    for key in _PATH_OPTIONS:
+        if isinstance(options.get(key), str) and options[key] != "memfd":
+            options[key] = resolve(options[key])
+    return dataclasses.replace(tier, path=resolve(tier.path), options=options)
 
 
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -321,7 +401,11 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
             f"{origin}: tcp_address {config.tcp_address!r} requires both tls (cert_file, "
             "key_file) and token_file; the Unix socket needs neither"
         )
-    if config.lease_s <= 0 or config.allocation_timeout_s <= 0:
-        raise ConfigError(f"{origin}: lease_s and allocation_timeout_s must be > 0")
+    if not 0 < config.lease_s <= MAX_LEASE_S:
+        raise ConfigError(f"{origin}: lease_s must be > 0 and at most {MAX_LEASE_S:g} seconds")
+    if not 0 < config.allocation_timeout_s < math.inf:
+        raise ConfigError(f"{origin}: allocation_timeout_s must be a finite number > 0")
+    if config.token_bytes_per_tenant <= 0:
+        raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")
     if not config.tiers:
         raise ConfigError(f"{origin}: at least one tier is required")

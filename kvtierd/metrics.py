@@ -16,6 +16,7 @@ Exported series (all prefixed ``kvtierd_``)::
     placed_contexts{method,ratio,tier}    current placements                   gauge
     profiler_runs_total{outcome}, profiler_run_seconds                        counter, histogram
     plan_operations_total{kind}           place / compress / move / drop      counter
+    durable_holds_total                   drops refused for unread durable objects  counter
     errors_total{code}                    gRPC status code names              counter
     healthy                               1 when the daemon is SERVING         gauge
 
@@ -101,6 +102,11 @@ class Metrics:
                                          buckets=_PROFILE_BUCKETS_S, registry=r)  # fmt: skip
         self._operations = prom.Counter("kvtierd_plan_operations", "Executed plan operations",
                                         ("kind",), registry=r)  # fmt: skip
+        self._durable_holds = prom.Counter(
+            "kvtierd_durable_holds",
+            "Placer drops or compressions refused: the context held durable objects not read yet",
+            registry=r,
+        )
         self._errors = prom.Counter("kvtierd_errors", "Requests answered with an error status",
                                     ("code",), registry=r)  # fmt: skip
         self._healthy = prom.Gauge("kvtierd_healthy", "1 when the daemon is SERVING", registry=r)
@@ -176,6 +182,10 @@ class Metrics:
     def record_operation(self, kind: str) -> None:
         """An executed plan operation: ``place``, ``compress``, ``move`` or ``drop``."""
         self._operations.labels(kind).inc()
+
+    def record_durable_hold(self) -> None:
+        """A drop (or compression) the placer planned was refused: durable objects unread."""
+        self._durable_holds.inc()
 
     def observe_profile_run(self, seconds: float, ok: bool = True) -> None:
         """A profiler run finished (``ok=False``: it failed)."""

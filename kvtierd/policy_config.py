@@ -44,8 +44,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import yaml
-
 from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
 
@@ -166,10 +164,7 @@ def load_policy(path: str | os.PathLike[str]) -> PolicyConfig:
 def parse_policy(text: str, source: str) -> PolicyConfig:
     """Validate a whole policy document; ``source`` names it in error messages."""
     src = _Source(source, text)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:  # _Source already parsed it; kept for safe_load-only failures
-        raise ConfigError(f"{source}: not valid YAML: {e}") from e
+    raw = src.data
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a policy must be a mapping with at least a 'placer' key")
     placer = _choice(raw.get("placer"), KNOWN_PLACERS, src, ("placer",), required=True)

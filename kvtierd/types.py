@@ -22,7 +22,9 @@ class ObjectMeta:
     ``layout`` is a free-form descriptor of the tensor layout (e.g. ``"KV_2LTD"``);
     ``kept_indices`` is an opaque little-endian int32 array (kept token positions of a
     compressed variant), empty for originals. ``checksum`` is xxh3_64 of the bytes (0 = not yet
-    computed, e.g. while an object lives only in shared memory).
+    computed, e.g. while an object lives only in shared memory). ``durable``: committed durable
+    (kept with its persistent copies, so that a restart still knows the placer may not drop
+    it before it is read: docs/daemon.md).
     """
 
     key: str
@@ -36,6 +38,7 @@ class ObjectMeta:
     kept_indices: bytes = b""
     tenant: str = ""
     checksum: int = 0
+    durable: bool = False
 
     @property
     def context(self) -> str:

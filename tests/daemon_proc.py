@@ -73,6 +73,29 @@ def certificate(
     return cert_path, key_path
 
 
+@dataclass(frozen=True)
+class TcpListener:
+    """A TCP listener with TLS and a daemon token, for ``write_config(**listener.settings)``;
+    clients connect to ``address`` trusting ``ca_file``."""
+
+    address: str
+    ca_file: Path
+    settings: dict[str, Any]
+
+
+def tcp_listener(directory: Path, token: str = "t0ken") -> TcpListener:
+    cert, key = certificate(directory)
+    token_file = directory / "daemon.token"
+    token_file.write_text(token)
+    port = free_port()
+    settings = {
+        "tcp_address": f"127.0.0.1:{port}",
+        "tls": {"cert_file": str(cert), "key_file": str(key)},
+        "token_file": str(token_file),
+    }
+    return TcpListener(f"localhost:{port}", cert, settings)
+
+
 def write_config(
     directory: Path,
     cpu: str = "64MiB",
@@ -109,6 +132,7 @@ class DaemonProcess:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    wrapper: tuple[str, ...] = ()  # runs the daemon under this command, e.g. prlimit
 
     def start(self, timeout_s: float = 90.0) -> DaemonProcess:
         from kvtierd.client import KVClient
@@ -117,6 +141,7 @@ class DaemonProcess:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [
+                    *self.wrapper,
                     sys.executable,
                     "-m",
                     "kvtierd.server.main",

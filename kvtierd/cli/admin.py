@@ -49,6 +49,15 @@ def _ratio(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
+def durable_state(c: pb.ContextSummary) -> str:
+    """``3 unread``: durable objects not read yet, which the placer may not drop; ``held``:
+    the placer dropped the context and the daemon keeps them (docs/daemon.md, durable)."""
+    if not c.durable_unread:
+        return ""
+    held = ", held (placer dropped it)" if c.durable_held else ""
+    return f"{c.durable_unread} unread{held}"
+
+
 def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
     with connect(args) as conn:
         s = conn.call(conn.stub.Status, pb.StatusRequest())
@@ -69,6 +78,7 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
             ("allocations", s.allocations),
             ("hits / misses", f"{s.hits} / {s.misses}"),
             ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%}"),
+            ("durable holds", s.durable_holds),
         ],
     )
     return code
@@ -140,12 +150,13 @@ def run_contexts_ls(args: argparse.Namespace, out: Output) -> ExitCode:
         return ExitCode.OK
     out.table(
         f"{len(rows)} contexts",
-        ("context", "variant", "tier", "size", "objects", "hits", "frequency", "idle", "pinned"),
+        ("context", "variant", "tier", "size", "objects", "hits", "frequency", "idle", "pinned",
+         "durable"),
         [
             (
                 c.context_id, c.variant, c.tier or "(dropped)", human_bytes(c.size_bytes),
                 c.objects, c.hits, f"{c.frequency:.3g}", human_seconds(c.last_access_age_s),
-                "pinned" if c.pinned else "",
+                "pinned" if c.pinned else "", durable_state(c),
             )
             for c in rows
         ],
@@ -171,6 +182,7 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
             ("frequency", f"{s.frequency:.3g}"),
             ("idle", human_seconds(s.last_access_age_s)),
             ("pinned", "yes" if s.pinned else "no"),
+            ("durable", durable_state(s) or "-"),
             ("why", d.reason or "-"),
         ],
     )

@@ -100,7 +100,7 @@ class AsyncKVClient:
         if not self.endpoint.colocated:
 
             async def chunks() -> AsyncIterator[pb.PutChunk]:
-                yield pb.PutChunk(spec=s)
+                yield pb.PutChunk(spec=s, durable=durable)
                 for start in range(0, len(p.data), STREAM_CHUNK_BYTES):
                     yield pb.PutChunk(data=bytes(p.data[start : start + STREAM_CHUNK_BYTES]))
 

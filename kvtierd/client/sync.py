@@ -130,7 +130,7 @@ class KVClient:
             token_count=token_count,
         )
         if not self.use_arena:
-            return self._put_stream(s, p.data)
+            return self._put_stream(s, p.data, durable)
         (alloc,) = self.call(self.kv.Allocate, pb.AllocateRequest(objects=[s])).allocations
         try:
             copy_bytes(self._arena.region(alloc.region), p.data, self._copier)
@@ -140,9 +140,9 @@ class KVClient:
         req = pb.CommitRequest(allocation_ids=[alloc.allocation_id], durable=durable)
         return self.call(self.kv.Commit, req).objects[0]
 
-    def _put_stream(self, s: pb.ObjectSpec, data: memoryview) -> pb.ObjectInfo:
+    def _put_stream(self, s: pb.ObjectSpec, data: memoryview, durable: bool) -> pb.ObjectInfo:
         def chunks() -> Iterator[pb.PutChunk | bytes]:
-            yield pb.PutChunk(spec=s)
+            yield pb.PutChunk(spec=s, durable=durable)
             for start in range(0, len(data), STREAM_CHUNK_BYTES):
                 yield data_frame(data[start : start + STREAM_CHUNK_BYTES])
 

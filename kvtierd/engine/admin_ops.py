@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, cast
 
 from kvtierd.errors import NotFoundError
 from kvtierd.policy_config import PolicyConfig
-from kvtierd.types import DROPPED, Operation, OpKind, Placement, Plan
+from kvtierd.types import DROPPED, ContextProfile, Operation, OpKind, Placement, Plan
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
@@ -64,7 +64,7 @@ class AdminOps:
         e = cast("Engine", self)
         await e.executor.idle()
         e.placer.refresh_tiers(e.tier_models())  # bandwidths measured since the last one
-        e.placer.rebalance([e.profile(c) for c in e.contexts.values()])
+        e.placer.rebalance(e.placed_profiles())
         plan = e._reconcile("rebalance")
         await e.executor.run(plan)
         return plan
@@ -77,7 +77,7 @@ class AdminOps:
         old = e.policy
         e.policy = policy  # profiles below list the new policy's variants
         try:
-            placer.rebalance([e.profile(c) for c in e.contexts.values()])
+            placer.rebalance(e.placed_profiles())
         except BaseException:
             e.policy = old
             raise
@@ -87,6 +87,12 @@ class AdminOps:
         await e.executor.run(plan)
         return plan
 
+    def placed_profiles(self) -> list[ContextProfile]:
+        """Profiles of every context the placer decides on (not those held for their unread
+        durable objects, durable.py)."""
+        e = cast("Engine", self)
+        return [e.profile(c) for c in e.contexts.values() if not c.durable_held]
+
     def _reconcile(self, reason: str) -> Plan:
         """Operations that bring every context to where the placer now wants it. Built from
         the placer's state, not its plan: a fresh placer's plan is relative to its own empty
@@ -94,6 +100,8 @@ class AdminOps:
         e = cast("Engine", self)
         ops = []
         for ctx in e.contexts.values():
+            if ctx.durable_held:
+                continue  # outside the placer's view until its durable objects are read
             source = e.placement_of(ctx)
             try:
                 target = e.placer.placement(ctx.context_id)

@@ -144,5 +144,6 @@ def _encoded(
         shape=(len(data),),
         size_bytes=len(data),
         checksum=0,
+        durable=False,  # made by the daemon from objects already read: not protected again
     )
     return EncodedObject(client, new, data)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from kvtierd.config import DaemonConfig
 from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.context_kv import client_key
+from kvtierd.engine.durable import DurableOps
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.moves import Moves
 from kvtierd.engine.plans import WritePlanner
@@ -42,10 +43,12 @@ from kvtierd.errors import (
 )
 from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
+from kvtierd.policies.model import check_tiers
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.pooled import PooledTier
+from kvtierd.storage.ssd_format import data_checksum
 from kvtierd.types import (
     DROPPED,
     ContextProfile,
@@ -58,7 +61,7 @@ from kvtierd.types import (
 logger = logging.getLogger(__name__)
 
 
-class Engine(Reads, AdminOps, Moves, VariantOps):
+class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.instance_id = secrets.token_hex(6)
@@ -86,7 +89,10 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self.hits = 0
         self.misses = 0
         self.tier_hits: Counter[str] = Counter()
-        self.usage: Counter[tuple[str, str]] = Counter()  # (tenant, tier) -> bytes
+        # (tenant, tier) -> bytes charged: each object once, in the tier it is placed in
+        # (a durable object's persistent copy under a faster tier is not charged again).
+        self.usage: Counter[tuple[str, str]] = Counter()
+        self.durable_holds = 0  # placer drops refused for unread durable objects (durable.py)
         self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
         self.variant_manifests: dict[str, tuple[ObjectMeta, str]] = {}
         self.references: dict[str, list[tuple[ObjectMeta, str]]] = {}
@@ -114,23 +120,28 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         return cls(self.tier_models(), params)
 
     def tier_models(self) -> list[TierModel]:
-        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads).
-        A host reader copies every load out of the arena (the CPU tier's read fit); an object
-        in another tier is first read into the arena (that tier's fit)."""
-        arena = self.cpu.read_meter.fit()
+        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads;
+        a tier that has timed no read yet gives its kind's prior, never 0). A host reader
+        copies every load out of the arena (the CPU tier's read fit); an object in another
+        tier is first read into the arena (that tier's fit)."""
+        arena = self.cpu.load_fit()
         models = []
         for t in self.tiers.values():
-            load = arena if t is self.cpu else t.read_meter.fit().then(arena)
+            load = arena if t is self.cpu else t.load_fit().then(arena)
             models.append(
                 TierModel(t.name, t.capacity_bytes or None, load.bytes_per_s, load.overhead_s)
             )
+        check_tiers(models)
         return models
 
     async def start(self) -> None:
         started: list[Tier] = []
         try:
             for tier in self.tiers.values():
-                await tier.start()
+                try:
+                    await tier.start()
+                except OSError as e:  # a start-up error to report, not a traceback
+                    raise ConfigError(f"tier {tier.name} ({tier.kind}): cannot start: {e}") from e
                 started.append(tier)
         except BaseException:
             for tier in reversed(started):
@@ -159,8 +170,9 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             if key in self.objects:
                 logger.warning("object %r found in two tiers; keeping one copy", key)
                 continue
-            # Found on persistent storage: keep it persistent (it may have been durable).
-            self.objects[key] = ObjectRecord(meta, tier_name, durable=True)
+            # Found on persistent storage: keep it persistent; one committed durable is
+            # protected again until read (the daemon does not know whether it was before).
+            self.objects[key] = ObjectRecord(meta, tier_name, durable=True, unread=meta.durable)
             self.account(meta, tier_name, +1)
             self._context_add(meta, key)
         for ctx in self.contexts.values():
@@ -187,6 +199,11 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             await tier.close()
 
     def adopt_placement(self, ctx: ContextRecord, placement: Placement) -> Plan:
+        """Tell the placer where the context is. A context held for its unread durable
+        objects stays outside the placer's view until they are read (durable.py)."""
+        if ctx.durable_held and self.unread_durable(ctx):
+            return Plan()
+        ctx.durable_held = False
         return self.placer.adopt(self.profile(ctx), placement)
 
     # -- puts through the arena ----------------------------------------------------------------
@@ -241,8 +258,8 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             )
             if held + nbytes > total:
                 raise CapacityError(
-                    f"tenant {tenant!r} quota exceeded: {held} bytes held, {nbytes} more asked, "
-                    f"quota {total} bytes over tiers {', '.join(quota)}"
+                    f"tenant {tenant!r} quota exceeded: {held} bytes stored or being put, "
+                    f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
                 )
 
     def quota_tier(self, ctx: ContextRecord, wanted: str) -> str | None:
@@ -255,9 +272,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             if limit is None:
                 return name
             here = sum(
-                self.objects[k].meta.size_bytes
-                for k in ctx.keys
-                if name in (self.objects[k].tier, self.objects[k].shadow)
+                self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == name
             )
             if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
                 return name
@@ -286,6 +301,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
             if aid not in self.allocations:
                 raise NotFoundError(f"unknown or expired allocation {aid!r}; allocate again")
             recs.append(self.allocations[aid])
+        self._verify_checksums(recs)
         metas = []
         for rec in recs:
             del self.allocations[rec.allocation_id]
@@ -298,12 +314,29 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self.publish_tier_state()
         if durable:
             try:
-                await self._write_through(metas)
+                await self.write_through(metas)
             except BaseException:
                 # Not acknowledged, so not stored: the client may put the same keys again.
                 await self.delete([m.key for m in metas])
                 raise
         return metas
+
+    def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
+        """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
+        wrote: one that does not is refused before anything of the commit is stored (a wrong
+        one was accepted and served, and failed only when the object was written to SSD)."""
+        for rec in recs:
+            given = rec.meta.checksum
+            if not given:
+                continue
+            actual = data_checksum(self.cpu.view(rec.block))
+            if actual != given:
+                self.abort([r.allocation_id for r in recs])
+                raise InvalidArgumentError(
+                    f"object {rec.meta.key!r}: checksum {given:#x} given, but the bytes written "
+                    f"hash to {actual:#x} (xxh3_64); nothing of this commit was stored: "
+                    "allocate and write again"
+                )
 
     async def put_bytes(
         self, meta: ObjectMeta, data: memoryview, durable: bool = False
@@ -323,6 +356,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         self.account(meta, tier, +1)
         ctx = self._context_add(meta)
         ctx.last_access_s = time.monotonic()
+        ctx.durable_held = False  # the placer places the whole context again
         self.profiling.note_change(ctx)
         self.executor.submit(self.placer.insert(self.profile(ctx)))
         return meta
@@ -336,28 +370,13 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         ctx.size_bytes += meta.size_bytes
         return ctx
 
-    async def _write_through(self, metas: Sequence[ObjectMeta]) -> None:
-        """Give each object a copy on the first persistent tier before acknowledging."""
-        target = next((t for t in self.tiers.values() if t.persistent), None)
-        if target is None:
-            raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
-        for meta in metas:
-            async with self.contexts[meta.context].lock:
-                obj = self.objects.get(meta.key)
-                if obj is None:
-                    continue  # deleted meanwhile
-                obj.durable = True
-                if obj.tier == self.cpu.name and not obj.shadow:
-                    await target.put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
-                    obj.shadow = target.name
-                    self.account(meta, target.name, +1)
-
     # -- removal -----------------------------------------------------------------------------
 
-    async def delete(self, keys: Sequence[str]) -> int:
+    async def delete(self, keys: Sequence[str], tenant: str | None = None) -> int:
+        """Delete objects (only ``tenant``'s when given: a client's delete)."""
         deleted = 0
         for key in keys:
-            obj = self.objects.get(key)
+            obj = self.objects.get(key) if tenant is None else self.owned(key, tenant)
             if obj is None:
                 continue
             ctx = self.contexts[obj.meta.context]
@@ -371,16 +390,23 @@ class Engine(Reads, AdminOps, Moves, VariantOps):
         return deleted
 
     async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
-        for tier_name in filter(None, (obj.tier, obj.shadow)):
-            await self._remove_from_tier(obj.meta, tier_name)
+        await self._remove_from_tier(obj.meta, obj.tier)
+        if obj.shadow:
+            await self._remove_from_tier(obj.meta, obj.shadow, charged=False)
 
     def account(self, meta: ObjectMeta, tier: str, sign: int) -> None:
-        """Keep per-tenant bytes per tier (quotas) in step with where copies are."""
+        """Keep per-tenant bytes per tier (quotas) in step with where objects are charged:
+        their placement, a variant's manifest, the reference copy of an original."""
         self.usage[meta.tenant, tier] += sign * meta.size_bytes
 
-    async def _remove_from_tier(self, meta: ObjectMeta, tier_name: str) -> None:
+    async def _remove_from_tier(
+        self, meta: ObjectMeta, tier_name: str, *, charged: bool = True
+    ) -> None:
+        """Delete one copy; ``charged=False`` for a copy the tenant is not charged for (the
+        persistent copy of a durable object under a faster tier)."""
         key = meta.key
-        self.account(meta, tier_name, -1)
+        if charged:
+            self.account(meta, tier_name, -1)
         tier = self.tiers[tier_name]
         if isinstance(tier, PooledTier):
             block = tier.detach(key)

@@ -21,6 +21,7 @@ from kvtierd.types import Operation, OpKind, Placement, Plan
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
+    from kvtierd.engine.state import ContextRecord
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +107,17 @@ class Executor:
 
     async def apply(self, op: Operation) -> None:
         ctx = self.engine.contexts.get(op.context_id)
-        if ctx is None:
-            return  # deleted since the plan was made
+        if ctx is None or ctx.durable_held:
+            return  # deleted since the plan was made, or out of the placer's view (durable)
         if op.kind is OpKind.DROP:
             if ctx.hold_until_s > time.monotonic():
                 self.deferred.append(op)  # a client looked it up and is about to load it
                 return
-            await self.engine.drop_context(ctx)
+            await self._drop(ctx, "drop", forget=False)  # the placer keeps it as dropped
         elif op.kind is OpKind.COMPRESS or op.target.variant != ctx.variant:
+            if self.engine.unread_durable(ctx):
+                await self.engine.hold_durable(ctx, f"compress ({op.target.variant})")
+                return
             tier = op.target.tier or self.engine.placement_of(ctx).tier
             assert tier is not None
             await self.engine.compress_context(ctx, op.target.variant, tier)
@@ -122,10 +126,20 @@ class Executor:
             if tier is None:
                 logger.info("context %r dropped: tenant %r quota full in every tier from %s",
                             ctx.context_id, ctx.tenant, op.target.tier)  # fmt: skip
-                await self.engine.drop_context(ctx)
-                self.engine.placer.remove(ctx.context_id)
+                await self._drop(ctx, "drop (tenant quota full)", forget=True)
                 return
             await self.engine.move_context(ctx, tier)
             if tier != op.target.tier:
                 # The tenant's quota overrode the placer: tell it where the context went.
                 self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))
+
+    async def _drop(self, ctx: ContextRecord, planned: str, *, forget: bool) -> None:
+        """Drop a context as planned (``forget``: the placer did not plan it, so it forgets
+        the context too), unless it holds durable objects not read yet: those are kept
+        (docs/daemon.md, durable) and the context leaves the placer's view."""
+        if self.engine.unread_durable(ctx):
+            await self.engine.hold_durable(ctx, planned)
+            return
+        await self.engine.drop_context(ctx)
+        if forget:
+            self.engine.placer.remove(ctx.context_id)

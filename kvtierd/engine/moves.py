@@ -58,6 +58,7 @@ class Moves:
             # A durable copy is already there: dropping the faster copy is the whole move.
             await e._remove_from_tier(meta, source)
             obj.tier, obj.shadow = target, ""
+            e.account(meta, target, +1)  # the copy there is now the one charged
             return meta.size_bytes
         started = time.perf_counter()
         await e._copy_object(obj, target)
@@ -72,6 +73,7 @@ class Moves:
         )
         if keep:
             obj.shadow = source
+            e.account(meta, source, -1)  # the object is charged where it is placed
         else:
             await e._remove_from_tier(meta, source)
         obj.tier = target

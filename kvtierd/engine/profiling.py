@@ -15,13 +15,15 @@ import contextlib
 import logging
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.state import ContextRecord
+from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import CorruptObjectError, KvtierError, NotFoundError, UnavailableError
 from kvtierd.kernels.chunk_codec import ChunkFormat
@@ -37,9 +39,6 @@ logger = logging.getLogger(__name__)
 NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
-MAX_PENDING_PROMPTS = 4096
-"""Prompts registered by request id (kvtierd router) and not yet linked to a context: the
-oldest are forgotten beyond this many (a link then fails with NOT_FOUND)."""
 NO_TOKEN_IDS = (
     "evaluator {name!r} needs the context's token ids, and none were registered for it "
     "(LMCache gives the daemon chunk hashes, never tokens; kvtierd router registers the tokens "
@@ -56,7 +55,7 @@ class ProfilingService:
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
         self._changed: dict[str, float] = {}
-        self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # request id -> tokens
+        self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -133,45 +132,68 @@ class ProfilingService:
             self.reprofiled += 1
             await self.profile_context(ctx)
 
-    async def set_tokens(self, context_id: str, tokens: tuple[int, ...]) -> None:
-        """The token ids ``context_id`` was computed from (``KVStore.SetContextTokens``)."""
+    async def set_tokens(self, context_id: str, tokens: Sequence[int]) -> None:
+        """The token ids ``context_id`` was computed from (``KVStore.SetContextTokens``): only
+        for a context the daemon holds, at most its own length (only those are ever used),
+        within its tenant's budget (tokens.py)."""
+        ctx = self._held(context_id)
         if self.profiler is None:
             return
-        store = partial(self.profiler.queries.set_tokens, context_id, tokens)
+        kept = self._context_part(ctx, tokens)
+        self.tokens.reserve(context_id, ctx.tenant, len(kept))
+        store = partial(self.profiler.queries.set_tokens, context_id, kept)
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
 
-    def note_prompt(self, request_id: str, tokens: tuple[int, ...]) -> None:
-        """A request's prompt, by the id its writer will name at the put (bounded, in memory)."""
-        self._prompts[request_id] = tokens
-        self._prompts.move_to_end(request_id)
-        while len(self._prompts) > MAX_PENDING_PROMPTS:
-            self._prompts.popitem(last=False)
+    def note_prompt(self, tenant: str, request_id: str, tokens: Sequence[int]) -> None:
+        """A request's prompt, by the id its writer will name at the put (bounded, in memory:
+        the tenant's oldest are forgotten first, tokens.py)."""
+        self.tokens.note_prompt(tenant, request_id, packed(tokens))
 
     async def link_prompt(self, context_id: str, request_id: str) -> None:
         """The prompt of ``request_id`` made (or read) ``context_id``: the context gets its
         tokens, and the tokens past the context's end are a real query of it."""
         from kvtierd.profiler import ProfilingQuery
 
-        tokens = self._prompts.get(request_id)
+        tokens = self.tokens.prompt(request_id)
         if tokens is None:
             raise NotFoundError(
                 f"no prompt registered for request {request_id!r}: it was never registered, or "
-                f"more than {MAX_PENDING_PROMPTS} newer ones pushed it out"
+                f"newer ones pushed it out (at most {MAX_PENDING_PROMPTS}, and "
+                f"token_bytes_per_tenant of them per tenant)"
             )
-        ctx = self.engine.contexts.get(context_id)
-        if self.profiler is None or ctx is None:
+        ctx = self._held(context_id)
+        if self.profiler is None:
             return
         _, n, _ = self._geometry_of(ctx)
+        kept = self._context_part(ctx, tokens)
+        self.tokens.reserve(context_id, ctx.tenant, len(kept))
         profiler = self.profiler
+        query = tokens[n:] if 0 < n < len(tokens) else ()
 
         def store() -> None:
-            profiler.queries.set_tokens(context_id, tokens)
-            if 0 < n < len(tokens):
+            profiler.queries.set_tokens(context_id, kept)
+            if 0 < len(query) <= MAX_QUERY_TOKENS:
                 # Per routed request: kept in memory, written by flush() (as record_query does)
-                query = ProfilingQuery(token_ids=tokens[n:])
-                profiler.queries.record(context_id, query, persist=False)
+                q = ProfilingQuery(token_ids=tuple(query))
+                profiler.queries.record(context_id, q, persist=False)
 
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
+
+    def _held(self, context_id: str) -> ContextRecord:
+        ctx = self.engine.contexts.get(context_id)
+        if ctx is None:
+            raise NotFoundError(
+                f"context {context_id!r} not found: token ids are kept only for a context the "
+                "daemon holds (register them after its put)"
+            )
+        return ctx
+
+    def _context_part(self, ctx: ContextRecord, tokens: Sequence[int]) -> Sequence[int]:
+        """The ids a context can use: its first ``n`` tokens when its length is known."""
+        _, n, _ = self._geometry_of(ctx)
+        if not n:
+            n = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
+        return tokens[:n] if 0 < n < len(tokens) else tokens
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
         """Profiling queries for a context: a user's set, or samples of real traffic."""
@@ -326,6 +348,7 @@ class ProfilingService:
     def forget(self, context_id: str) -> None:
         """A context is gone: drop what is kept about it (its profile file too)."""
         self.version += 1
+        self.tokens.forget(context_id)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
@@ -336,6 +359,10 @@ class ProfilingService:
             self.profiler.record_access(context_id)
 
     def start(self) -> None:
+        if self.profiler is not None:  # ids an earlier run kept count against their tenant
+            for ctx in self.engine.contexts.values():
+                count = self.profiler.queries.known_tokens(ctx.context_id)
+                self.tokens.known(ctx.context_id, ctx.tenant, count)
         self._running = True
         self._task = asyncio.create_task(self._run_forever(), name="kvtierd-profiling")
         self._restart_drift_loop()
@@ -392,7 +419,8 @@ class ProfilingService:
         self.runs["ok"] += 1
         self.version += 1
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
-        if ctx.context_id in self.engine.contexts:
+        if ctx.context_id in self.engine.contexts and not ctx.durable_held:
+            # (a context held for its unread durable objects is placed again once read)
             self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
         return True
 

@@ -26,7 +26,7 @@ class Reads:
     ) -> tuple[list[ObjectRecord | None], int]:
         e = cast("Engine", self)
         now = time.monotonic()
-        found: list[ObjectRecord | None] = [e.objects.get(k) for k in keys]
+        found: list[ObjectRecord | None] = [e.owned(k, tenant) for k in keys]
         if e._shared:
             await self._verify_unhealthy_shared(keys, found)
         if e._shared and None in found:
@@ -74,9 +74,9 @@ class Reads:
                 meta = await tier.fetch_meta(key, tenant=tenant)
             except KvtierError:
                 continue  # a miss, or the tier is unreachable: a miss either way
-            if key in e.objects:  # found meanwhile by a concurrent call
-                return e.objects[key]
-            rec = e.objects[key] = ObjectRecord(meta, tier.name, durable=True)
+            if key in e.objects:  # found meanwhile by a concurrent call (or another tenant's)
+                return e.owned(key, tenant)
+            rec = e.objects[key] = ObjectRecord(meta, tier.name, durable=True, unread=meta.durable)
             e.account(meta, tier.name, +1)
             ctx = e._context_add(meta)
             e.executor.submit(e.adopt_placement(ctx, e.placement_of(ctx)))
@@ -98,7 +98,7 @@ class Reads:
             for key in keys:
                 if key not in e.objects and e._shared:
                     await e._fetch_shared(key, tenant)
-                leases.append(await e._lease_one(key, lease_s, device_ok))
+                leases.append(await e._lease_one(key, lease_s, device_ok, tenant))
         except BaseException:
             e.release([lease.lease_id for lease in leases])
             raise
@@ -108,10 +108,12 @@ class Reads:
             e._record_access(e.contexts[ctx_id])
         return leases
 
-    async def _lease_one(self, key: str, lease_s: float, device_ok: bool) -> LeaseRecord:
+    async def _lease_one(
+        self, key: str, lease_s: float, device_ok: bool, tenant: str
+    ) -> LeaseRecord:
         e = cast("Engine", self)
         started = time.perf_counter()
-        obj = e.objects.get(key)
+        obj = e.owned(key, tenant)
         if obj is None:
             e.misses += 1
             e.metrics.record_miss()
@@ -129,6 +131,9 @@ class Reads:
                 e._orphans[pool, block.offset] = block
         ref = (pool, block.offset)
         e._block_refs[ref] = e._block_refs.get(ref, 0) + 1
+        if obj.unread:  # read once: from now on the placer may drop it (durable.py)
+            obj.unread = False
+            e.note_read(ctx)
         e.hits += 1
         e.tier_hits[obj.tier] += 1
         e.metrics.record_hit(obj.tier)
@@ -185,9 +190,17 @@ class Reads:
             assert isinstance(tier, PooledTier)
             tier.free_block(orphan)
 
-    def touch(self, keys: Sequence[str]) -> int:
+    def owned(self, key: str, tenant: str) -> ObjectRecord | None:
+        """The object under ``key`` if it belongs to ``tenant``: keys are scoped by tenant,
+        but a default-tenant object stored as ``A/...`` before tenant ``A`` was configured
+        must not become tenant ``A``'s."""
+        obj = cast("Engine", self).objects.get(key)
+        return obj if obj is not None and obj.meta.tenant == tenant else None
+
+    def touch(self, keys: Sequence[str], tenant: str = "") -> int:
         e = cast("Engine", self)
-        touched = {e.objects[k].meta.context for k in keys if k in e.objects}
+        owned = (e.owned(k, tenant) for k in keys)
+        touched = {o.meta.context for o in owned if o is not None}
         for ctx_id in touched:
             e._record_access(e.contexts[ctx_id])
         return len(touched)

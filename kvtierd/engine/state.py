@@ -21,6 +21,8 @@ class ObjectRecord:
     tier: str
     shadow: str = ""  # a persistent tier also holding the bytes (durable commit), or ""
     durable: bool = False  # committed durable (or found on persistent storage at start)
+    # Committed durable and not read since (this start): the placer may not drop it.
+    unread: bool = False
 
 
 @dataclass(slots=True)
@@ -41,6 +43,9 @@ class ContextRecord:
     # The original's objects (meta, tier) kept in an unbounded tier while the context is
     # stored compressed (EvicPress keeps every original on its remote disk, §4).
     reference: list[tuple[ObjectMeta, str]] | None = None
+    # The placer dropped the context, but it holds unread durable objects: they stay on a
+    # persistent tier, outside the placer's view, until read, deleted or evicted.
+    durable_held: bool = False
 
 
 @dataclass(slots=True)

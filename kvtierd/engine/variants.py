@@ -131,6 +131,8 @@ class VariantOps:
             if ref not in (obj.tier, obj.shadow):
                 await e.tiers[ref].put(obj.meta, memoryview(await self._copy_out(obj)))
                 e.account(obj.meta, ref, +1)
+            elif ref == obj.shadow:
+                e.account(obj.meta, ref, +1)  # an uncharged durable copy becomes the reference
             # else: the copy already there becomes the reference (_drop_current_form keeps it)
             kept.append((obj.meta, ref))
         ctx.reference = kept
@@ -148,12 +150,13 @@ class VariantOps:
         try:
             for obj in objects:
                 for where in filter(None, (tier, shadow)):
-                    written.append((await self._store_encoded(obj, where), where))
+                    stored = await self._store_encoded(obj, where, charged=where == tier)
+                    written.append((stored, where))
             metas_new = [m for m, where in written if where == tier]
             manifest = await self._store_manifest(ctx, variant, metas_new, shadow or tier)
         except BaseException:
             for meta, where in written:
-                await e._remove_from_tier(meta, where)
+                await e._remove_from_tier(meta, where, charged=where == tier)
             raise
         await self._drop_current_form(ctx)
         for obj, meta in zip(objects, metas_new, strict=True):
@@ -174,7 +177,7 @@ class VariantOps:
             obj = e.objects.pop(key)
             for where in filter(None, (obj.tier, obj.shadow)):
                 if (obj.meta.key, where) not in reference:
-                    await e._remove_from_tier(obj.meta, where)
+                    await e._remove_from_tier(obj.meta, where, charged=where == obj.tier)
         ctx.keys.clear()
         if ctx.manifest is not None:
             await e._remove_from_tier(*ctx.manifest)
@@ -197,6 +200,7 @@ class VariantOps:
                 rec = ObjectRecord(meta, ref, durable=True)
                 if tier != ref:
                     e.account(meta, tier, +1)
+                    e.account(meta, ref, -1)  # the reference becomes an uncharged copy
                     if tier == e.cpu.name:
                         e.cpu.adopt(meta, await e._stage_from(rec))
                     else:
@@ -209,7 +213,9 @@ class VariantOps:
             ctx.reference = None
             e.profiling.note_form()
 
-    async def _store_encoded(self, obj: EncodedObject, tier: str) -> ObjectMeta:
+    async def _store_encoded(
+        self, obj: EncodedObject, tier: str, *, charged: bool = True
+    ) -> ObjectMeta:
         e = cast("Engine", self)
         block = e.cpu.stage(obj.meta.size_bytes)
         try:
@@ -223,7 +229,8 @@ class VariantOps:
             if not e.cpu.contains(obj.meta.key):
                 e.cpu.free_block(block)
             raise
-        e.account(meta, tier, +1)
+        if charged:
+            e.account(meta, tier, +1)
         return meta
 
     async def _store_manifest(

@@ -18,6 +18,7 @@ solver ever picks it. Sizes are float64 bytes (exact for sizes below 2**53).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,8 +32,48 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 
+def check_tiers(tiers: Sequence[TierModel]) -> None:
+    """Refuse a tier the TTFT formula cannot price: a load bandwidth that is not a finite
+    number > 0 (an unmeasured 0 made every load of the tier infinitely slow, and a placer
+    dropped what it held), an overhead that is not finite and >= 0, a negative capacity."""
+    for tier in tiers:
+        bw, overhead = tier.load_bandwidth_bytes_per_s, tier.load_overhead_s
+        if not (math.isfinite(bw) and bw > 0):
+            raise ValueError(
+                f"tier {tier.name!r}: load_bandwidth_bytes_per_s must be a finite number > 0, "
+                f"got {bw!r}"
+            )
+        if not (math.isfinite(overhead) and overhead >= 0):
+            raise ValueError(
+                f"tier {tier.name!r}: load_overhead_s must be a finite number >= 0, "
+                f"got {overhead!r}"
+            )
+        if tier.capacity_bytes is not None and tier.capacity_bytes < 0:
+            raise ValueError(
+                f"tier {tier.name!r}: capacity_bytes must be >= 0 or None (unbounded), "
+                f"got {tier.capacity_bytes!r}"
+            )
+
+
+def _check_array(name: str, values: FloatArray, low: float, *, low_ok: bool = True) -> None:
+    """Every entry finite and >= ``low`` (> ``low`` without ``low_ok``), else ``ValueError``
+    naming the array, the first bad index and value."""
+    ok = np.isfinite(values) & ((values >= low) if low_ok else (values > low))
+    if not ok.all():
+        at = tuple(int(i) for i in np.argwhere(~ok)[0])
+        rule = ">=" if low_ok else ">"
+        raise ValueError(
+            f"{name} must be finite and {rule} {low:g}; {name}[{', '.join(map(str, at))}] is "
+            f"{values[at]!r}"
+        )
+
+
 def load_ttft_s(size_bytes: FloatArray, restore_s: FloatArray, tier: TierModel) -> FloatArray:
-    """Seconds to make a stored variant usable: transfer + per-load overhead + restore (§4.2)."""
+    """Seconds to make a stored variant usable: transfer + per-load overhead + restore (§4.2).
+
+    Raises ``ValueError`` for a tier whose bandwidth or overhead cannot be priced
+    (:func:`check_tiers`) instead of dividing by zero."""
+    check_tiers((tier,))
     return size_bytes / tier.load_bandwidth_bytes_per_s + tier.load_overhead_s + restore_s
 
 
@@ -45,6 +86,27 @@ def option_ttft_s(size_bytes: float, restore_s: float, tier: TierModel) -> float
 def capacity_array(capacity_bytes: Sequence[int | None]) -> FloatArray:
     """Tier capacities as floats, ``inf`` for an unbounded tier, shape ``(T,)``."""
     return np.array([np.inf if c is None else float(c) for c in capacity_bytes])
+
+
+def _check_inputs(
+    alpha: float,
+    tiers: Sequence[TierModel],
+    *,
+    size: FloatArray,
+    quality: FloatArray,
+    restore_s: FloatArray,
+    frequency: FloatArray,
+    prefill_s: FloatArray,
+) -> None:
+    """:meth:`UtilityTable.from_arrays`' refusals (padding slots are not checked)."""
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
+    check_tiers(tiers)
+    _check_array("size_bytes", size, 0.0)
+    _check_array("quality", quality, -math.inf, low_ok=False)
+    _check_array("restore_s", restore_s, 0.0)
+    _check_array("frequency", frequency, 0.0)
+    _check_array("prefill_s", np.asarray(prefill_s, dtype=np.float64), 0.0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -94,6 +156,8 @@ class UtilityTable:
         """Build a table from per-variant arrays ``(n, V)`` and per-context arrays ``(n,)``.
 
         This is the fast path for the profiler and the benchmarks: no Python object per variant.
+        Non-finite or negative inputs (and ``alpha`` <= 0) raise ``ValueError`` naming them:
+        a NaN or infinite utility would make every solver's choice meaningless.
         """
         size = np.asarray(size_bytes, dtype=np.float64)
         n, n_var = size.shape
@@ -101,6 +165,8 @@ class UtilityTable:
         freq = np.asarray(frequency, dtype=np.float64)
         qual = np.asarray(quality, dtype=np.float64)
         rest = np.asarray(restore_s, dtype=np.float64)
+        _check_inputs(alpha, tiers, size=size[ok], quality=qual[ok], restore_s=rest[ok],
+                      frequency=freq, prefill_s=prefill_s)  # fmt: skip
         util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
         gain = alpha * qual
         for t, tier in enumerate(tiers):

@@ -17,8 +17,10 @@ Persisted as one JSON file per context (:class:`~kvtierd.profiler.files.JsonDir`
 from __future__ import annotations
 
 import os
+from array import array
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.files import JsonDir
@@ -41,7 +43,9 @@ class _Entry:
     user: list[ProfilingQuery]
     traffic: deque[ProfilingQuery]
     new_since_profile: int = 0
-    tokens: tuple[int, ...] = ()  # the context's token ids, when a writer told us
+    # The context's token ids, when a writer told us; packed (4 bytes an id: a tuple of
+    # Python ints takes ~10x that, and the daemon bounds what a tenant registers in bytes).
+    tokens: array[int] = field(default_factory=lambda: array("I"))
 
 
 class QueryStore:
@@ -83,18 +87,18 @@ class QueryStore:
         if persist:
             self._save(context_id)
 
-    def set_tokens(self, context_id: str, tokens: tuple[int, ...]) -> None:
+    def set_tokens(self, context_id: str, tokens: Sequence[int]) -> None:
         """Record the token ids the context was computed from (the longest given wins: a
         context grows, and its first tokens never change)."""
         e = self._entry(context_id)
         if len(tokens) > len(e.tokens):
-            e.tokens = tokens
+            e.tokens = array("I", tokens)
             self._save(context_id)
 
     def tokens(self, context_id: str, n: int) -> tuple[int, ...]:
         """The context's first ``n`` token ids, or ``()`` if fewer than ``n`` are known."""
         e = self._entries.get(context_id)
-        return e.tokens[:n] if e is not None and len(e.tokens) >= n else ()
+        return tuple(e.tokens[:n]) if e is not None and len(e.tokens) >= n else ()
 
     def known_tokens(self, context_id: str) -> int:
         """How many of the context's token ids a writer has registered."""
@@ -141,7 +145,7 @@ class QueryStore:
             e.user = [_query(q) for q in doc.get("user", [])][-self.max_user :]
             e.traffic.extend(_query(q) for q in doc.get("traffic", []))
             e.new_since_profile = int(doc.get("new_since_profile", 0))
-            e.tokens = tuple(int(t) for t in doc.get("tokens", []))
+            e.tokens = array("I", (int(t) for t in doc.get("tokens", [])))
             n += 1
         return n
 

@@ -58,7 +58,7 @@ class ObjectSpec(_message.Message):
     kept_indices: _builtins.bytes
     """little-endian int32 kept positions of a compressed variant"""
     checksum: _builtins.int
-    """xxh3_64 of the bytes, 0 = let the daemon compute it"""
+    """xxh3_64 of the bytes, 0 = let the daemon compute it; a wrong"""
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -562,7 +562,12 @@ class PutChunk(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
+    DURABLE_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
+    durable: _builtins.bool
+    """First message only (with `spec`): acknowledge only once the object is on a persistent
+    tier, as CommitRequest.durable.
+    """
     @_builtins.property
     def spec(self) -> Global___ObjectSpec: ...
     def __init__(
@@ -570,10 +575,11 @@ class PutChunk(_message.Message):
         *,
         spec: Global___ObjectSpec | None = ...,
         data: _builtins.bytes = ...,
+        durable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "part", b"part", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "part", b"part", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "durable", b"durable", "part", b"part", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_part: _TypeAlias = _typing.Literal["spec", "data"]  # noqa: Y015
     _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
@@ -781,11 +787,14 @@ Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
 @_typing.final
 class SetContextTokensRequest(_message.Message):
     """The token ids a context was computed from: evaluators that run the model through the serving
-    stack (`engine`) need them. Three forms:
-      context_id + token_ids: the context's tokens (a context not held yet is accepted);
+    stack (`engine`) need them. Bounded: at most 1,048,576 ids per request, and per tenant
+    `token_bytes_per_tenant` (docs/daemon.md, Profiling). Three forms:
+      context_id + token_ids: the context's tokens (NOT_FOUND for a context the daemon does
+        not hold; ids beyond the context's length are not kept);
       request_id + token_ids: a request's prompt, kept a while in memory (kvtierd router, which
         knows prompts but not the context ids the LMCache plugin will store them under);
-      context_id + request_id: that request's prompt made the context (the plugin, at its put):
+      context_id + request_id: that request's prompt made the context (the plugin, at its put;
+        NOT_FOUND for a context the daemon does not hold):
         the context gets the prompt's tokens, and the prompt's tokens beyond the context are
         recorded as a real-traffic query of it (drift detection, profiling).
     """
@@ -970,6 +979,7 @@ class StatusResponse(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
     PENDING_PLANS_FIELD_NUMBER: _builtins.int
+    DURABLE_HOLDS_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -985,6 +995,10 @@ class StatusResponse(_message.Message):
     misses: _builtins.int
     pending_plans: _builtins.int
     """placer plans not yet carried out by the executor"""
+    durable_holds: _builtins.int
+    """Drops (or compressions) the placer planned for contexts holding durable objects not read
+    yet, refused: each such context was kept on a persistent tier (docs/daemon.md, durable).
+    """
     def __init__(
         self,
         *,
@@ -1001,10 +1015,11 @@ class StatusResponse(_message.Message):
         hits: _builtins.int = ...,
         misses: _builtins.int = ...,
         pending_plans: _builtins.int = ...,
+        durable_holds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1112,6 +1127,8 @@ class ContextSummary(_message.Message):
     LAST_ACCESS_AGE_S_FIELD_NUMBER: _builtins.int
     PINNED_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    DURABLE_UNREAD_FIELD_NUMBER: _builtins.int
+    DURABLE_HELD_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     variant: _builtins.str
     tier: _builtins.str
@@ -1122,6 +1139,12 @@ class ContextSummary(_message.Message):
     last_access_age_s: _builtins.float
     pinned: _builtins.bool
     hits: _builtins.int
+    durable_unread: _builtins.int
+    """Objects committed durable and not read yet: the placer may not drop the context."""
+    durable_held: _builtins.bool
+    """The placer dropped the context but its unread durable objects are kept on `tier`,
+    outside the placer, until they are read, deleted or evicted.
+    """
     def __init__(
         self,
         *,
@@ -1134,10 +1157,12 @@ class ContextSummary(_message.Message):
         last_access_age_s: _builtins.float = ...,
         pinned: _builtins.bool = ...,
         hits: _builtins.int = ...,
+        durable_unread: _builtins.int = ...,
+        durable_held: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "frequency", b"frequency", "hits", b"hits", "last_access_age_s", b"last_access_age_s", "objects", b"objects", "pinned", b"pinned", "size_bytes", b"size_bytes", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "durable_held", b"durable_held", "durable_unread", b"durable_unread", "frequency", b"frequency", "hits", b"hits", "last_access_age_s", b"last_access_age_s", "objects", b"objects", "pinned", b"pinned", "size_bytes", b"size_bytes", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,6 +43,8 @@ class AdminServicer(pb_grpc.AdminServicer):
             last_access_age_s=max(0.0, time.monotonic() - ctx.last_access_s),
             pinned=ctx.pinned,
             hits=ctx.hits,
+            durable_unread=self.engine.unread_durable(ctx),
+            durable_held=ctx.durable_held,
         )
 
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
@@ -61,6 +63,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             hits=e.hits,
             misses=e.misses,
             pending_plans=e.executor.pending,
+            durable_holds=e.durable_holds,
         )
 
     async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:

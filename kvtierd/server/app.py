@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 from pathlib import Path
 
 import grpc
@@ -21,7 +22,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from kvtierd.config import DaemonConfig
+from kvtierd.config import DaemonConfig, TlsConfig
 from kvtierd.engine import Engine
 from kvtierd.errors import ConfigError
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -42,9 +43,28 @@ _OPTIONS = [
 ]
 
 
+def _private_directory(directory: Path) -> None:
+    """The socket's directory: created 0700; one that exists must not let other users replace
+    the socket. Writable by others without the sticky bit (a shared ``/tmp`` has it) it is set
+    to 0700 when it is the daemon user's, and refused when it is not."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = directory.stat()
+    if not st.st_mode & 0o022 or st.st_mode & stat.S_ISVTX:
+        return
+    if st.st_uid != os.getuid():
+        raise ConfigError(
+            f"socket directory {directory} is writable by other users and belongs to uid "
+            f"{st.st_uid}: another user could replace the socket; use a socket_path in a "
+            "directory of the daemon's user"
+        )
+    os.chmod(directory, 0o700)
+    logger.warning("socket directory %s was mode %o: set to 0700", directory,
+                   stat.S_IMODE(st.st_mode))  # fmt: skip
+
+
 def _prepare_socket(path: Path) -> None:
-    """Create the runtime dir (0700); refuse to start over a live daemon; clear a stale socket."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A private runtime dir; refuse to start over a live daemon; clear a stale socket."""
+    _private_directory(path.parent)
     if not path.exists():
         return
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -56,6 +76,21 @@ def _prepare_socket(path: Path) -> None:
         raise ConfigError(f"another kvtierd is already serving on {path}")
     finally:
         probe.close()
+
+
+def _read_tls(tls: TlsConfig) -> tuple[bytes, bytes, bytes | None]:
+    """Key, certificate and client CA (for mutual TLS) of the TCP listener, read before
+    anything starts: a missing file is a clean start-up error, not a traceback after the Unix
+    socket was bound."""
+
+    def read(name: str, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as e:
+            raise ConfigError(f"cannot read tls.{name} {path}: {e.strerror}") from e
+
+    ca = read("client_ca_file", tls.client_ca_file) if tls.client_ca_file else None
+    return read("key_file", tls.key_file), read("cert_file", tls.cert_file), ca
 
 
 class Daemon:
@@ -86,7 +121,26 @@ class Daemon:
         return server
 
     async def start(self) -> None:
+        """Start everything, or nothing: a start that fails part-way stops what it started
+        and removes the socket it bound, so the error is all that is left."""
+        tls = _read_tls(self.config.tls) if self.config.tcp_address and self.config.tls else None
         await self.engine.start()
+        try:
+            await self._listen(tls)
+        except BaseException:
+            await asyncio.gather(*(s.stop(None) for s in self.servers))
+            self.servers.clear()
+            await self.engine.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            raise
+        self.health.start()
+        logger.info("kvtierd %s serving on unix:%s%s (placer %s, tiers: %s)",
+                    self.engine.instance_id, self.socket_path,
+                    f" and tcp {self.config.tcp_address}" if self.config.tcp_address else "",
+                    self.engine.placer.name, ", ".join(self.engine.tiers))  # fmt: skip
+
+    async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
         _prepare_socket(self.socket_path)
         if self.config.metrics_port:
             port = self.engine.metrics.start_http_server(self.config.metrics_port)
@@ -95,31 +149,33 @@ class Daemon:
         old = os.umask(0o177)  # the socket file is created 0600, no window with wider bits
         try:
             unix.add_insecure_port(f"unix:{self.socket_path}")  # binds here
+        except RuntimeError as e:
+            raise ConfigError(f"cannot listen on unix:{self.socket_path}: {e}") from e
         finally:
             os.umask(old)
         os.chmod(self.socket_path, 0o600)
         await unix.start()
         self.servers.append(unix)
         if self.config.tcp_address:
-            self.servers.append(await self._start_tcp())
-        self.health.start()
-        logger.info("kvtierd %s serving on unix:%s%s (placer %s, tiers: %s)",
-                    self.engine.instance_id, self.socket_path,
-                    f" and tcp {self.config.tcp_address}" if self.config.tcp_address else "",
-                    self.engine.placer.name, ", ".join(self.engine.tiers))  # fmt: skip
+            self.servers.append(await self._start_tcp(tls))
 
-    async def _start_tcp(self) -> aio.Server:
-        tls = self.config.tls
+    async def _start_tcp(self, tls: tuple[bytes, bytes, bytes | None] | None) -> aio.Server:
         if tls is None or not self.config.token_file:
             raise ConfigError("tcp_address requires tls and token_file")
-        ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
-        creds = grpc.ssl_server_credentials(
-            [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())],
-            root_certificates=ca,
-            require_client_auth=ca is not None,
-        )
+        key, cert, ca = tls
         server = self._server([self._interceptor(self.identities.tcp)])
-        server.add_secure_port(self.config.tcp_address, creds)
+        try:
+            creds = grpc.ssl_server_credentials(
+                [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+            )
+            server.add_secure_port(self.config.tcp_address, creds)
+        except RuntimeError as e:  # grpc refuses the key/certificate, or cannot bind
+            given = self.config.tls
+            tls_files = f"{given.key_file}, {given.cert_file}" if given else ""
+            raise ConfigError(
+                f"cannot listen on tcp {self.config.tcp_address}: grpc refused the TLS key or "
+                f"certificate ({tls_files}) or the address is taken: {e}"
+            ) from e
         await server.start()
         return server
 

@@ -23,12 +23,26 @@ SEPARATOR = "/"
 
 @dataclass(frozen=True, slots=True)
 class Caller:
+    """``tenant`` ``""`` is the default tenant, whose names are the daemon-wide names; so that
+    it cannot reach into a named tenant's namespace (``A/secret``, or plant ``A/...`` keys in
+    it), a name of its that begins with a configured tenant's name and ``/`` is refused
+    (``tenants``: those names)."""
+
     tenant: str = ""
     admin: bool = True
+    tenants: frozenset[str] = frozenset()
 
     def scoped(self, name: str) -> str:
         """The daemon-wide name of a tenant's key or context id."""
-        return f"{self.tenant}{SEPARATOR}{name}" if self.tenant and name else name
+        if self.tenant:
+            return f"{self.tenant}{SEPARATOR}{name}" if name else name
+        owner, sep, _ = name.partition(SEPARATOR)
+        if sep and owner in self.tenants:
+            raise PermissionDeniedError(
+                f"{name!r} is in tenant {owner!r}'s namespace: the default tenant may not use "
+                f"keys or context ids that begin with a tenant's name and {SEPARATOR!r}"
+            )
+        return name
 
     def unscoped(self, name: str) -> str:
         prefix = f"{self.tenant}{SEPARATOR}"
@@ -52,10 +66,11 @@ def _read_token(path: str, what: str) -> str:
 
 class Identities:
     def __init__(self, config: DaemonConfig) -> None:
-        self.tenants = {t.name for t in config.tenants}
+        self.tenants = frozenset(t.name for t in config.tenants)
         self._tokens: list[tuple[bytes, Caller]] = []
         if config.token_file:
-            self._tokens.append((_read_token(config.token_file, "daemon").encode(), Caller()))
+            daemon = Caller(tenants=self.tenants)
+            self._tokens.append((_read_token(config.token_file, "daemon").encode(), daemon))
         for t in config.tenants:
             if t.token_file:
                 token = _read_token(t.token_file, f"tenant {t.name!r}").encode()
@@ -70,7 +85,7 @@ class Identities:
     def unix(self, metadata: Metadata) -> Caller:
         given = dict(metadata or ()).get(TENANT_METADATA, "")
         tenant = given.decode() if isinstance(given, bytes) else given
-        return Caller(self._tenant(tenant), admin=True)
+        return Caller(self._tenant(tenant), admin=True, tenants=self.tenants)
 
     def tcp(self, metadata: Metadata) -> Caller:
         header = dict(metadata or ()).get("authorization", "")

@@ -1,8 +1,9 @@
 """Server interceptors: one maps :mod:`kvtierd.errors` to gRPC status codes, one checks the
 bearer token on TCP listeners.
 
-The error interceptor wraps every method handler, so servicers raise domain errors and never
-call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
+The error interceptor wraps every method handler of every kind (unary and streaming either way:
+authentication must not depend on how a method streams), so servicers raise domain errors and
+never call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
 exception's class and message (logged with its traceback here, never sent to the client).
 """
 
@@ -91,6 +92,7 @@ async def _checked(requests: AsyncIterator[Any], method: str) -> AsyncIterator[A
 
 
 Identify = Callable[[Any], Caller]
+Prepare = Callable[[Any, str], Any]  # the request(s) as the handler gets them: _check, _checked
 ADMIN_PREFIX = "/kvtierd.v1.Admin/"
 
 
@@ -121,6 +123,31 @@ class ErrorInterceptor(aio.ServerInterceptor):
             self._on_error(code)
         await context.abort(code, message)
 
+    def _one_reply(self, inner: Any, method: str, prepare: Prepare) -> Any:
+        """A unary-reply handler (unary or streamed requests) run as :meth:`_enter` allows."""
+
+        async def handle(request: Any, context: Any) -> Any:
+            try:
+                self._enter(context, method)
+                return await inner(prepare(request, method), context)
+            except Exception as e:
+                await self._fail(context, method, e)
+
+        return handle
+
+    def _replies(self, inner: Any, method: str, prepare: Prepare) -> Any:
+        """A streaming-reply handler (unary or streamed requests), likewise."""
+
+        async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                self._enter(context, method)
+                async for item in inner(prepare(request, method), context):
+                    yield item
+            except Exception as e:
+                await self._fail(context, method, e)
+
+        return handle
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -129,48 +156,17 @@ class ErrorInterceptor(aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        method = details.method
-        fail, enter = self._fail, self._enter
+        method, reply = details.method, handler.response_serializer
+        parse = _tolerant(handler.request_deserializer)
         if handler.unary_unary:
-            inner_uu: Any = handler.unary_unary
-
-            async def unary_unary(request: Any, context: Any) -> Any:
-                try:
-                    enter(context, method)
-                    return await inner_uu(_check(request, method), context)
-                except Exception as e:
-                    await fail(context, method, e)
-
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary, _tolerant(handler.request_deserializer), handler.response_serializer
-            )
+            wrapped = self._one_reply(handler.unary_unary, method, _check)
+            return grpc.unary_unary_rpc_method_handler(wrapped, parse, reply)
         if handler.stream_unary:
-            inner_su: Any = handler.stream_unary
-
-            async def stream_unary(requests: Any, context: Any) -> Any:
-                try:
-                    enter(context, method)
-                    return await inner_su(_checked(requests, method), context)
-                except Exception as e:
-                    await fail(context, method, e)
-
-            return grpc.stream_unary_rpc_method_handler(
-                stream_unary, _tolerant(handler.request_deserializer), handler.response_serializer
-            )
+            wrapped = self._one_reply(handler.stream_unary, method, _checked)
+            return grpc.stream_unary_rpc_method_handler(wrapped, parse, reply)
         if handler.unary_stream:
-            inner_us: Any = handler.unary_stream
-
-            async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                try:
-                    enter(context, method)
-                    async for item in inner_us(_check(request, method), context):
-                        yield item
-                except Exception as e:
-                    await fail(context, method, e)
-
-            return grpc.unary_stream_rpc_method_handler(
-                unary_stream,
-                _tolerant(handler.request_deserializer),
-                _passthrough(handler.response_serializer),
-            )
-        return handler
+            wrapped = self._replies(handler.unary_stream, method, _check)
+            return grpc.unary_stream_rpc_method_handler(wrapped, parse, _passthrough(reply))
+        # Stream-stream (server reflection): left unwrapped, it answered on TCP without a token.
+        wrapped = self._replies(handler.stream_stream, method, _checked)
+        return grpc.stream_stream_rpc_method_handler(wrapped, parse, reply)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+from kvtierd.config import MAX_LEASE_S
 from kvtierd.engine import Engine
 from kvtierd.engine.state import LeaseRecord
+from kvtierd.engine.tokens import check_request_tokens
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
@@ -16,10 +19,10 @@ from kvtierd.server.identity import CALLER, Caller
 from kvtierd.storage.gpu import GpuTier
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+MIN_CHUNK_BYTES = 64 << 10  # chunk_bytes=1 sent 65,537 messages for a 64 KiB object
 MAX_CHUNK_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
-MAX_CONTEXT_TOKENS = 1 << 21  # token ids per SetContextTokens (2M: longer than any model context)
 
 
 def _check_batch(n: int, what: str) -> None:
@@ -29,14 +32,22 @@ def _check_batch(n: int, what: str) -> None:
         raise InvalidArgumentError(f"{what}: {n} keys in one request; at most {MAX_BATCH}")
 
 
+def _check_seconds(value: float, what: str) -> None:
+    """A lease or hold: 0 (the default) up to an hour, never NaN or infinite (a lease of
+    1e300 s never expired, and a hold that long kept a context from eviction for good)."""
+    if not (math.isfinite(value) and 0 <= value <= MAX_LEASE_S):
+        raise InvalidArgumentError(
+            f"{what} must be between 0 and {MAX_LEASE_S:g} seconds, got {value!r}"
+        )
+
+
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         _check_batch(len(request.keys), "Lookup")
-        if request.hold_s < 0:
-            raise InvalidArgumentError(f"Lookup: hold_s must be >= 0, got {request.hold_s}")
+        _check_seconds(request.hold_s, "Lookup: hold_s")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
         found, prefix = await self.engine.lookup(keys, request.hold_s, caller.tenant)
@@ -80,8 +91,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.GetResponse:
         _check_batch(len(request.keys), "Get")
-        if request.lease_s < 0:
-            raise InvalidArgumentError(f"Get: lease_s must be >= 0, got {request.lease_s}")
+        _check_seconds(request.lease_s, "Get: lease_s")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
         leases = await self.engine.get(keys, request.lease_s, caller.tenant, request.device_ok)
@@ -122,8 +132,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             view = self.engine.cpu.view(rec.block)
             filled = 0
             async for chunk in request_iterator:
-                if chunk.HasField("spec"):
-                    raise InvalidArgumentError("PutStream: a second spec in one stream")
+                if chunk.HasField("spec") or chunk.durable:
+                    raise InvalidArgumentError(
+                        "PutStream: spec and durable belong in the first message only"
+                    )
                 n = len(chunk.data)
                 if filled + n > len(view):
                     raise InvalidArgumentError(
@@ -139,7 +151,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             # Includes the client going away mid-stream (cancellation): nothing partial stays.
             self.engine.abort([rec.allocation_id])
             raise
-        (meta,) = await self.engine.commit([rec.allocation_id])
+        (meta,) = await self.engine.commit([rec.allocation_id], first.durable)
         return pb.PutResponse(object=record_info(self.engine.objects[meta.key], caller))
 
     # Yields pre-serialized data frames next to messages (see data_frame).
@@ -147,8 +159,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self, request: pb.GetStreamRequest, context: Any
     ) -> AsyncIterator[pb.GetChunk | bytes]:
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
-        if chunk > MAX_CHUNK_BYTES:
-            raise InvalidArgumentError(f"GetStream: chunk_bytes at most {MAX_CHUNK_BYTES}")
+        if not MIN_CHUNK_BYTES <= chunk <= MAX_CHUNK_BYTES:
+            raise InvalidArgumentError(
+                f"GetStream: chunk_bytes must be 0 ({DEFAULT_CHUNK_BYTES} bytes) or between "
+                f"{MIN_CHUNK_BYTES} and {MAX_CHUNK_BYTES}, got {chunk}"
+            )
         caller = CALLER.get()
         (lease,) = await self.engine.get([caller.scoped(request.key)], tenant=caller.tenant)
         try:
@@ -162,7 +177,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
         _check_batch(len(request.keys), "Delete")
         caller = CALLER.get()
-        deleted = await self.engine.delete([caller.scoped(k) for k in request.keys])
+        keys = [caller.scoped(k) for k in request.keys]
+        deleted = await self.engine.delete(keys, caller.tenant)
         return pb.DeleteResponse(deleted=deleted)
 
     async def AddQueries(
@@ -207,28 +223,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     ) -> pb.SetContextTokensResponse:
         caller = CALLER.get()
         form = (bool(request.context_id), bool(request.token_ids), bool(request.request_id))
-        if len(request.token_ids) > MAX_CONTEXT_TOKENS:
-            raise InvalidArgumentError(
-                f"SetContextTokens: at most {MAX_CONTEXT_TOKENS} token ids, got "
-                f"{len(request.token_ids)}"
-            )
-        profiling = self.engine.profiling
-        if form == (True, True, False):
-            await profiling.set_tokens(caller.scoped(request.context_id), tuple(request.token_ids))
-        elif form == (False, True, True):
-            profiling.note_prompt(caller.scoped(request.request_id), tuple(request.token_ids))
-        elif form == (True, False, True):
-            await profiling.link_prompt(
-                caller.scoped(request.context_id), caller.scoped(request.request_id)
-            )
-        else:
+        if form not in ((True, True, False), (False, True, True), (True, False, True)):
             raise InvalidArgumentError(
                 "SetContextTokens takes context_id + token_ids, request_id + token_ids, or "
                 "context_id + request_id"
             )
+        check_request_tokens(len(request.token_ids))
+        cid = caller.scoped(request.context_id)
+        if request.context_id and cid not in self.engine.contexts:
+            raise NotFoundError(
+                f"context {request.context_id!r} not found: token ids are kept only for a "
+                "context the daemon holds (register them after its put)"
+            )
+        profiling = self.engine.profiling
+        if not request.request_id:
+            await profiling.set_tokens(cid, request.token_ids)
+        elif request.token_ids:
+            rid = caller.scoped(request.request_id)
+            profiling.note_prompt(caller.tenant, rid, request.token_ids)
+        else:
+            await profiling.link_prompt(cid, caller.scoped(request.request_id))
         return pb.SetContextTokensResponse()
 
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()
-        return pb.TouchResponse(touched=self.engine.touch([caller.scoped(k) for k in request.keys]))
+        keys = [caller.scoped(k) for k in request.keys]
+        return pb.TouchResponse(touched=self.engine.touch(keys, caller.tenant))

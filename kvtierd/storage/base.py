@@ -15,6 +15,7 @@ hot path: a fresh large allocation costs ~10x the copy (notes/machine-limits.md)
 from __future__ import annotations
 
 import abc
+import logging
 import math
 import threading
 import time
@@ -27,6 +28,8 @@ from kvtierd.types import ObjectMeta, TierStats
 
 if TYPE_CHECKING:
     from kvtierd.config import TierConfig
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,10 @@ class Tier(abc.ABC):
     """Objects survive a daemon restart (the engine writes durable commits through to it)."""
     shared: ClassVar[bool] = False
     """Other daemons store objects in it too: the engine asks it about keys it does not know."""
+    read_prior: ClassVar[TransferFit] = TransferFit(0.002, 0.1e9)
+    """The load time the TTFT model assumes until a read is timed (a start-up calibration that
+    could not run): a conservative figure for the kind (docs/daemon.md, "Load times"), never
+    0 — an unknown bandwidth priced every load of the tier as infinitely slow."""
 
     def __init__(self, config: TierConfig) -> None:
         self.config = config
@@ -150,6 +157,34 @@ class Tier(abc.ABC):
         self.capacity_bytes = config.capacity_bytes
         self.read_meter = TransferMeter()
         self.write_meter = TransferMeter()
+        self.calibration_error = ""  # why the start-up calibration did not time a read
+
+    def load_fit(self) -> TransferFit:
+        """The tier's read fit: measured (calibration, real reads), else :attr:`read_prior`."""
+        fit = self.read_meter.fit()
+        return fit if fit.bytes_per_s > 0 else self.read_prior
+
+    def calibration_failed(self, reason: str) -> None:
+        """Record (and log, once) that the start-up calibration could not time a read."""
+        self.calibration_error = reason
+        prior = self.read_prior
+        logger.warning(
+            "tier %s (%s): bandwidth not calibrated: %s; until reads are timed the TTFT model "
+            "assumes the %s prior of %.2f GB/s + %.2f ms per load",
+            self.name, self.kind, reason, self.kind, prior.bytes_per_s / 1e9,
+            prior.overhead_s * 1e3,
+        )  # fmt: skip
+
+    def calibration_detail(self) -> str:
+        """For ``kvtierctl tiers``: what the load model rests on while no read was timed."""
+        if self.read_meter.bytes_per_s > 0:
+            return ""
+        prior = self.read_prior
+        why = self.calibration_error or "no read timed yet"
+        return (
+            f"bandwidth not calibrated ({why}); assuming {prior.bytes_per_s / 1e9:.2f} GB/s + "
+            f"{prior.overhead_s * 1e3:.2f} ms per load ({self.kind} prior)"
+        )
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -222,6 +257,7 @@ class Tier(abc.ABC):
             object_count=self.object_count(),
             read_bandwidth_bytes_per_s=self.read_meter.bytes_per_s,
             write_bandwidth_bytes_per_s=self.write_meter.bytes_per_s,
+            detail=self.calibration_detail(),
         )
 
 

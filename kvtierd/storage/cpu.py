@@ -26,7 +26,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.aligned_io import copy_bytes
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import MEMFD, Arena
-from kvtierd.storage.base import register_tier
+from kvtierd.storage.base import TransferFit, register_tier
 from kvtierd.storage.block_index import BlockIndex
 from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta, TierStats
@@ -39,6 +39,8 @@ memory, as a reader's copy of an object that has sat in the arena does, not from
 @register_tier
 class CpuTier(PooledTier):
     kind = "cpu"
+    # notes/machine-limits.md: the low end of a copy out of reused shared memory (8.3 GB/s).
+    read_prior = TransferFit(0.0, 8.3e9)
 
     def __init__(self, config: TierConfig) -> None:
         super().__init__(config)
@@ -67,6 +69,12 @@ class CpuTier(PooledTier):
         The median of a few: one copy slowed by a neighbour's burst, or a lucky one (the best
         of three reported more than readers get), must not set it."""
         nbytes = min(_CALIBRATION_BYTES, self.arena.size_bytes // 2)
+        if nbytes < self.read_meter.min_bytes:
+            self.calibration_failed(
+                f"the arena ({self.arena.size_bytes} bytes) is too small to time a copy of "
+                f"{self.read_meter.min_bytes} bytes"
+            )
+            return
         block = self.arena.allocate(nbytes)
         try:
             src = self.arena.view(block)
@@ -160,6 +168,12 @@ class CpuTier(PooledTier):
     def object_count(self) -> int:
         return len(self._index)
 
+    def _detail(self) -> str:
+        if self._arena is None:
+            return "not started"
+        notes = (f"arena {self._arena.path}", self.calibration_detail())
+        return "; ".join(filter(None, notes))
+
     def stats(self) -> TierStats:
         base = super().stats()
         alloc = self.arena.allocator if self._arena else None
@@ -171,5 +185,5 @@ class CpuTier(PooledTier):
             read_bandwidth_bytes_per_s=base.read_bandwidth_bytes_per_s,
             write_bandwidth_bytes_per_s=base.write_bandwidth_bytes_per_s,
             fragmentation=alloc.fragmentation if alloc else 0.0,
-            detail=f"arena {self._arena.path}" if self._arena else "not started",
+            detail=self._detail(),
         )

@@ -198,6 +198,8 @@ class Manifest:
             "checksum": m.checksum, "part_bytes": self.part_bytes, "parts": self.parts,
             "gen": self.generation,
         }  # fmt: skip
+        if m.durable:  # only when set, as the SSD header
+            doc["durable"] = True
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -214,6 +216,7 @@ class Manifest:
                 token_count=int(d["token_count"]),
                 kept_indices=base64.b64decode(d["kept_indices"], validate=True),
                 tenant=str(d["tenant"]), checksum=int(d["checksum"]),
+                durable=d.get("durable", False) is True,
             )  # fmt: skip
             manifest = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
         except (ValueError, KeyError, TypeError) as e:

@@ -4,7 +4,8 @@ One object = one file::
 
     offset 0            fixed prefix (32 bytes, little-endian, see _PREFIX)
     offset 32           metadata as UTF-8 JSON (key, context_id, variant, dtype, shape, layout,
-                        token_count, tenant, size_bytes, checksum as 16 hex digits)
+                        token_count, tenant, size_bytes, checksum as 16 hex digits; durable:
+                        true only for an object committed durable)
     then                kept_indices, raw bytes (opaque int32 array, often the largest field)
     then                zero padding up to header_len (a multiple of 4096)
     offset header_len   the object's raw bytes (size_bytes), zero-padded to a multiple of 4096
@@ -79,6 +80,8 @@ def encode_header(meta: ObjectMeta) -> bytes:
     doc["shape"] = list(meta.shape)
     # Fixed width, so the header length (= the data offset) is known before the checksum is.
     doc["checksum"] = f"{meta.checksum:016x}"
+    if meta.durable:  # only when set: headers of other objects stay as earlier versions wrote
+        doc["durable"] = True
     body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     used = PREFIX_BYTES + len(body) + len(meta.kept_indices)
     header_len = round_up(used, ALIGN)
@@ -150,6 +153,10 @@ def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
         raise TypeError("shape is not a list of integers")
     if not isinstance(checksum, str) or len(checksum) != 16:
         raise TypeError("checksum is not 16 hex digits")
+    durable = doc.get("durable", False)
+    if type(durable) is not bool:
+        raise TypeError("durable is not a boolean")
     return ObjectMeta(
-        shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), **strs, **ints
-    )
+        shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), durable=durable,
+        **strs, **ints,
+    )  # fmt: skip

@@ -25,14 +25,21 @@ CALIBRATION_SMALL_BYTES = 1 << 20
 """The small calibration object: one short I/O, so its read time shows the per-load overhead
 (open, header read, checksum, thread hand-offs) beside little transfer."""
 CALIBRATION_MAX_BYTES = 32 << 20
+CALIBRATION_SLACK_BYTES = 64 << 10  # a file's header and padding, with room to spare
 CALIBRATION_ROUNDS = 2
 
 
-def calibration_sizes(chunk_bytes: int, queue_depth: int) -> tuple[int, int]:
+def calibration_sizes(chunk_bytes: int, queue_depth: int, free_bytes: int) -> tuple[int, int]:
     """A small object and one of ``queue_depth`` chunks (the whole queue busy, the regime of
     large loads), at least 4x larger and at most ``CALIBRATION_MAX_BYTES``: two sizes far
-    enough apart for the read fit to tell per-load overhead from bandwidth."""
+    enough apart for the read fit to tell per-load overhead from bandwidth. On a small disk
+    the large one shrinks so that both take at most half of ``free_bytes``; ``(0, 0)`` when
+    even that leaves it under 4x the small one."""
     large = min(max(chunk_bytes * queue_depth, 4 * CALIBRATION_SMALL_BYTES), CALIBRATION_MAX_BYTES)
+    room = free_bytes // 2 - CALIBRATION_SMALL_BYTES - 2 * CALIBRATION_SLACK_BYTES
+    large = min(large, room // ALIGN * ALIGN)
+    if large < 4 * CALIBRATION_SMALL_BYTES:
+        return 0, 0
     return CALIBRATION_SMALL_BYTES, large
 
 
@@ -66,17 +73,22 @@ def probe_o_direct(layout: Layout, option: str | bool) -> bool:
     return True
 
 
-async def calibrate(tier: SsdTier, layout: Layout) -> bool:
+async def calibrate(tier: SsdTier, layout: Layout) -> str:
     """Write two throwaway objects (:func:`calibration_sizes`) and read them back, alternately,
     ``CALIBRATION_ROUNDS`` times, through the tier's own paths (chunking, queue depth,
     O_DIRECT, checksum) into memory like the arena's; every transfer goes into the
     tier's meters, so the first load estimate already separates overhead from bandwidth.
 
-    Returns False, meters untouched, when the disk has no room for the throwaway objects: a
-    full disk must not stop the tier from starting and serving what it holds; the meters then
-    learn from the first real transfers.
+    Returns ``""``, or — meters untouched — why it could not run: a disk without room for the
+    throwaway objects must not stop the tier from starting and serving what it holds; the
+    load model then uses the tier's prior until real reads are timed.
     """
-    sizes = calibration_sizes(tier.options.chunk_bytes, tier.options.queue_depth)
+    st = await asyncio.to_thread(os.statvfs, layout.tmp)
+    free = st.f_bavail * st.f_frsize
+    sizes = calibration_sizes(tier.options.chunk_bytes, tier.options.queue_depth, free)
+    if not sizes[1]:
+        need = 2 * (5 * CALIBRATION_SMALL_BYTES + 2 * CALIBRATION_SLACK_BYTES)
+        return f"{free} bytes free under {layout.root}, the probe files need {need}"
     # Under tmp/: a crash leaves nothing behind.
     paths = [str(layout.tmp / f"calibration-{n}.kvt") for n in sizes]
     # Not closed explicitly: a failed write's traceback may still reference slices of it;
@@ -95,8 +107,8 @@ async def calibrate(tier: SsdTier, layout: Layout) -> bool:
             try:
                 with Timer() as t:
                     stored = await tier.write_file(meta, view[:size], path)
-            except StorageFullError:
-                return False
+            except StorageFullError as e:
+                return f"no room for a {size}-byte probe file ({e})"
             written.append((StoredFile(stored, path, len(encode_header(stored))), t.seconds))
         for entry, seconds in written:
             tier.write_meter.record(entry.meta.size_bytes, seconds)
@@ -107,7 +119,7 @@ async def calibrate(tier: SsdTier, layout: Layout) -> bool:
                 with Timer() as t:
                     await tier.read_file(entry, view, lambda: True)
                 tier.read_meter.record(entry.meta.size_bytes, t.seconds)
-        return True
+        return ""
     finally:
         for path in paths:
             remove_quietly(path)

@@ -40,6 +40,12 @@ def _apply(c: KVClient, text: str) -> None:
     _settle(c)
 
 
+def _read_once(c: KVClient, keys: list[str]) -> None:
+    """Read durable objects once: from then on the placer may compress them (docs/daemon.md)."""
+    for key in keys:
+        c.get(key)
+
+
 def _decode(c: KVClient, key: str) -> torch.Tensor:
     with c.lease(key) as (info, view):
         fmt = ChunkFormat.parse(info.spec.layout)
@@ -55,6 +61,10 @@ def test_int8_keeps_keys_and_survives_restart(start_daemon):
         _put_context(c, "doc", chunks, durable=True)
         original = sum(x.numel() * 2 for x in chunks)
         _apply(c, "placer: fixed\nvariant: int8\n")
+        (ctx,) = c.contexts()  # durable and unread: kept as written (docs/daemon.md)
+        assert ctx.variant == "none" and ctx.durable_unread == CHUNKS and ctx.durable_held
+        _read_once(c, [f"doc/{i}" for i in range(CHUNKS)])
+        _settle(c)
         (ctx,) = c.contexts()
         assert ctx.variant == "int8" and ctx.size_bytes < 0.6 * original
         keys = [f"doc/{i}" for i in range(CHUNKS)]
@@ -142,6 +152,7 @@ def test_chunks_added_in_form_join_a_compressed_context(start_daemon):
     keys = [f"doc/{i}" for i in range(CHUNKS + 2)]
     with KVClient(d.socket_path) as c:
         _put_context(c, "doc", chunks, durable=True)
+        _read_once(c, keys[:CHUNKS])
         _apply(c, "placer: fixed\nvariant: int8\n")
         assert c.plan("doc").variant == "int8"
         for key, chunk in zip(keys[CHUNKS:], extra, strict=True):
@@ -155,6 +166,7 @@ def test_chunks_added_in_form_join_a_compressed_context(start_daemon):
         (ctx,) = c.contexts()
         assert (ctx.variant, ctx.objects) == ("int8", CHUNKS + 2)
         assert c.lookup(keys).prefix_hits == CHUNKS + 2
+        _read_once(c, keys[CHUNKS:])  # the client's durable int8 chunks, protected until read
         _apply(c, "placer: fixed\nvariant: int4\n")
         (ctx,) = c.contexts()
         assert (ctx.variant, ctx.objects) == ("int4", CHUNKS + 2)

@@ -118,7 +118,7 @@ async def test_a_linked_prompt_gives_tokens_and_a_traffic_query(tmp_path: Path) 
     try:
         await _put_chunk(engine, "doc")
         prompt = tuple(range(500, 500 + T + 3))
-        engine.profiling.note_prompt("req-1", prompt)
+        engine.profiling.note_prompt("", "req-1", prompt)
         await engine.profiling.link_prompt("doc", "req-1")
         queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
         assert queries.tokens("doc", T) == prompt[:T]
@@ -132,14 +132,60 @@ async def test_a_linked_prompt_gives_tokens_and_a_traffic_query(tmp_path: Path) 
 def test_set_context_tokens_over_the_socket(start_daemon) -> None:
     d = start_daemon()
     with KVClient(d.socket_path) as c:
-        c.set_context_tokens("not-yet-stored", [1, 2, 3])  # the put may still be in flight
+        c.put("held/0", b"x" * 4096, context_id="held", token_count=3)
+        c.set_context_tokens("held", [1, 2, 3])
         c.note_prompt("r", [1, 2, 3])
-        c.link_prompt("not-yet-stored", "r")  # nothing to link to yet: accepted, no effect
+        c.link_prompt("held", "r")
         with pytest.raises(errors.NotFoundError, match="no prompt registered"):
-            c.link_prompt("x", "unknown-request")
+            c.link_prompt("held", "unknown-request")
         for bad in (lambda: c.set_context_tokens("x", []), lambda: c.set_context_tokens("", [1])):
             with pytest.raises(errors.InvalidArgumentError, match="context_id \\+ token_ids"):
                 bad()
+
+
+def test_token_registrations_are_bounded(start_daemon, tmp_path) -> None:
+    """Issue 16 (3): token ids are kept only for contexts the daemon holds, at most one
+    context's length, and within the tenant's token_bytes_per_tenant - also over TCP."""
+    from tests.daemon_proc import tcp_listener
+
+    tcp = tcp_listener(tmp_path)
+    (tmp_path / "a.token").write_text("a-token")
+    d = start_daemon(
+        tenants=[{"name": "a", "token_file": str(tmp_path / "a.token")}],
+        token_bytes_per_tenant="64KiB",  # 16,384 ids
+        **tcp.settings,
+    )
+    with KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="a-token") as a:
+        with pytest.raises(errors.NotFoundError, match="context 'nowhere' not found"):
+            a.set_context_tokens("nowhere", [1, 2, 3])
+        a.note_prompt("r", [1, 2, 3])
+        with pytest.raises(errors.NotFoundError, match="context 'nowhere' not found"):
+            a.link_prompt("nowhere", "r")
+        with pytest.raises(errors.InvalidArgumentError, match="at most 1048576 token ids"):
+            a.note_prompt("huge", [7] * ((1 << 20) + 1))
+        for i in range(3):  # contexts of unknown length: each may keep what it is given
+            a.put(f"c{i}/0", b"x" * 4096, context_id=f"c{i}")
+        a.set_context_tokens("c0", [5] * 10_000)
+        with pytest.raises(errors.CapacityError, match="token_bytes_per_tenant"):
+            a.set_context_tokens("c1", [5] * 10_000)  # 20,000 ids > 16,384
+        a.put("short/0", b"x" * 4096, context_id="short", token_count=16)
+        a.set_context_tokens("short", [5] * 10_000)  # only its 16 tokens are kept
+        assert a.delete(["c0/0"]) == 1  # a context that goes frees its ids
+        a.set_context_tokens("c1", [5] * 10_000)
+        for i in range(8):  # pending prompts: the oldest are forgotten, never refused
+            a.note_prompt(f"p{i}", [9] * 4000)
+        with pytest.raises(errors.NotFoundError, match="no prompt registered"):
+            a.link_prompt("c2", "p0")
+        a.link_prompt("c2", "p7")
+    with KVClient(d.socket_path) as admin:
+        status = admin.call(admin.admin.ProfileStatus, _status_request("a/short"))
+        assert status.known_tokens == 16
+
+
+def _status_request(context_id: str) -> object:
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    return pb.ProfileStatusRequest(context_id=context_id)
 
 
 async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: Path) -> None:

@@ -283,3 +283,39 @@ def test_write_plan_over_the_socket(client):
     assert "does not compress" in new.reason
     with pytest.raises(errors.InvalidArgumentError, match="context_id"):
         client.plan("")
+
+
+def test_a_wrong_client_checksum_is_refused_at_commit(daemon, client):
+    """Issue 16 (7): a wrong checksum was accepted on a non-durable commit and served; the
+    object then failed its SSD write (Drain("cpu") answered INVALID_ARGUMENT)."""
+    import xxhash
+
+    from kvtierd.client.buffers import ArenaMap
+
+    data = os.urandom(256 << 10)
+    right = xxhash.xxh3_64_intdigest(data)
+    s = stub(daemon)
+    arena = ArenaMap()
+    try:
+        for key, checksum in (("wrong", right ^ 1), ("right", right)):
+            spec = pb.ObjectSpec(key=key, size_bytes=len(data), checksum=checksum)
+            (alloc,) = s.Allocate(pb.AllocateRequest(objects=[spec])).allocations
+            arena.region(alloc.region)[:] = data
+            commit = pb.CommitRequest(allocation_ids=[alloc.allocation_id])
+            if key == "wrong":
+                with pytest.raises(grpc.RpcError) as refused:
+                    s.Commit(commit)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+                assert "hash to" in refused.value.details()  # type: ignore[attr-defined]
+            else:
+                assert s.Commit(commit).objects[0].checksum == right
+    finally:
+        arena.close()
+    chunks = [pb.PutChunk(spec=pb.ObjectSpec(key="streamed", size_bytes=8, checksum=1)),
+              pb.PutChunk(data=b"x" * 8)]  # fmt: skip
+    with pytest.raises(errors.InvalidArgumentError, match="hash to"):
+        client.call(client.kv.PutStream, iter(chunks))
+    assert client.lookup(["wrong", "right", "streamed"]).found == (False, True, False)
+    assert client.status().allocations == 0  # the refused commit left nothing behind
+    client.drain("cpu")
+    assert bytes(client.get("right")) == data

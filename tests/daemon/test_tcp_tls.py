@@ -11,7 +11,7 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
-from tests.daemon_proc import DaemonProcess, certificate, free_port, write_config
+from tests.daemon_proc import DaemonProcess, certificate, free_port, tcp_listener, write_config
 
 
 def test_tcp_with_tls_and_token(start_daemon, tmp_path):
@@ -80,3 +80,31 @@ def test_tcp_without_tls_is_refused(tmp_path):
     d = DaemonProcess(config, str(tmp_path / "kvtierd.sock"), tmp_path / "log")
     with pytest.raises(RuntimeError, match="requires both tls"):
         d.start(timeout_s=20)
+
+
+def test_reflection_needs_the_token_on_tcp(start_daemon, tmp_path):
+    """Issue 16 (6): stream-stream handlers (server reflection) were not wrapped by the auth
+    interceptor, so reflection answered without a token while every other method refused."""
+    import grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    tcp = tcp_listener(tmp_path)
+    start_daemon(**tcp.settings)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+
+    def services(token: str) -> list[str]:
+        creds = grpc.ssl_channel_credentials(tcp.ca_file.read_bytes())
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(token)
+            )
+        with grpc.secure_channel(tcp.address, creds) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
+            return [s.name for s in reply.list_services_response.service]
+
+    for token in ("", "wrong"):
+        with pytest.raises(grpc.RpcError) as refused:
+            services(token)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+    assert "kvtierd.v1.KVStore" in services("t0ken")

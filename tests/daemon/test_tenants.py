@@ -7,10 +7,11 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon_proc import certificate, free_port
+from tests.daemon_proc import certificate, free_port, tcp_listener
 
 MiB = 1 << 20
 TENANTS = [
@@ -89,3 +90,51 @@ def test_tenant_token_over_tcp_without_admin(start_daemon, tmp_path):
     with KVClient(address=addr, tls_ca_file=str(cert), token="admin-token") as admin:
         assert admin.lookup(["shared-name"]).found == (False,)  # default namespace
         assert admin.status().contexts == 1
+
+
+def test_the_default_tenant_cannot_enter_a_named_tenants_namespace(start_daemon, tmp_path):
+    """Issue 16 (5): with no tenant header (or the daemon token over TCP), get("a/secret")
+    returned tenant a's bytes, and keys planted as "a/..." appeared to tenant a, uncharged,
+    breaking its Release."""
+    tcp = tcp_listener(tmp_path, "admin-token")
+    d = start_daemon(tenants=TENANTS, **tcp.settings)
+    ca = str(tcp.ca_file)
+    with (
+        KVClient(d.socket_path, tenant="a") as a,
+        KVClient(d.socket_path) as default,
+        KVClient(address=tcp.address, tls_ca_file=ca, token="admin-token") as daemon_token,
+    ):
+        a.put("secret", b"a's secret", context_id="doc")
+        for c in (default, daemon_token):
+            with pytest.raises(errors.PermissionDeniedError, match=r"tenant 'a'.s namespace"):
+                c.get("a/secret")
+            with pytest.raises(errors.PermissionDeniedError):
+                c.lookup(["a/secret"])
+            with pytest.raises(errors.PermissionDeniedError):
+                c.put("a/planted", b"planted")
+            with pytest.raises(errors.PermissionDeniedError):
+                c.put("k", b"x", context_id="a/doc")
+            with pytest.raises(errors.PermissionDeniedError):
+                c.delete(["a/secret"])
+        default.put("b-side/ok", b"not a tenant's name")  # only configured names are reserved
+        assert a.lookup(["planted"]).found == (False,)
+        with a.lease("secret") as (_, view):  # a's own reads and releases work
+            assert bytes(view) == b"a's secret"
+
+
+def test_an_object_stored_before_its_tenant_existed_stays_the_default_tenants(start_daemon):
+    d = start_daemon(name="d")
+    with KVClient(d.socket_path) as c:
+        c.put("a/old", b"default's bytes", durable=True)
+    d.stop()
+    doc = yaml.safe_load(d.config.read_text())
+    doc["tenants"] = TENANTS
+    d.config.write_text(yaml.safe_dump(doc))
+    d.start()
+    with KVClient(d.socket_path, tenant="a") as a:
+        assert a.lookup(["old"]).found == (False,)
+        with pytest.raises(errors.NotFoundError):
+            a.get("old")
+        assert a.delete(["old"]) == 0
+    with KVClient(d.socket_path) as admin:
+        assert [c.context_id for c in admin.contexts()] == ["a/old"]  # admin still sees it

@@ -30,6 +30,11 @@ INT_RANGES = {
     F.TYPE_UINT64: (0, 2**64 - 1),
     F.TYPE_FIXED64: (0, 2**64 - 1),
 }
+ALIAS_BOMB = "placer: lru\na0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)
+)
+"""A 'billion laughs' policy: the ApplyPolicy of a few hundred bytes that took the daemon down
+before aliases were refused (issue 16.4)."""
 HOSTILE_STRINGS = (
     "",
     " ",
@@ -100,6 +105,7 @@ def _string(name: str, pools: Pools) -> st.SearchStrategy[str]:
 
 def _integer(fd: FieldDescriptor) -> st.SearchStrategy[int]:
     lo, hi = INT_RANGES[fd.type]
+    # 1: GetStream chunk_bytes=1 sent a message per byte (issue 16.8)
     edges = [v for v in (lo, hi, 0, 1, -1, 2**31, 2**32, 2**53, 2**62) if lo <= v <= hi]
     small = st.integers(max(lo, 0), min(hi, 1 << 16))  # sizes an arena can actually hold
     return st.one_of(st.sampled_from(edges), st.integers(lo, hi), small)
@@ -109,7 +115,8 @@ def scalar(fd: FieldDescriptor, pools: Pools) -> st.SearchStrategy[object]:
     if fd.type in INT_RANGES:
         return _integer(fd)
     if fd.type in (F.TYPE_DOUBLE, F.TYPE_FLOAT):
-        edges = st.sampled_from([0.0, -0.0, -1.0, 1e-9, 0.001, 1e308, -1e308])
+        # 1e300: a lease or hold that never expired (issue 16.8)
+        edges = st.sampled_from([0.0, -0.0, -1.0, 1e-9, 0.001, 1e300, 1e308, -1e308])
         return st.one_of(st.floats(width=64 if fd.type == F.TYPE_DOUBLE else 32), edges)
     if fd.type == F.TYPE_BOOL:
         return st.booleans()
@@ -124,11 +131,16 @@ def scalar(fd: FieldDescriptor, pools: Pools) -> st.SearchStrategy[object]:
     raise TypeError(f"no strategy for field {fd.full_name} of type {fd.type}")
 
 
+LONG_TOKENS = (1 << 20) + 1  # one over SetContextTokens' per-request bound (issue 16.3)
+
+
 def _value(fd: FieldDescriptor, pools: Pools) -> st.SearchStrategy[object]:
     one = scalar(fd, pools)
     if not fd.is_repeated:
         return one
     lists = st.lists(one, max_size=6)
+    if fd.name == "token_ids":  # memory a tenant could make the daemon keep
+        lists = st.one_of(lists, st.sampled_from([[7] * 50_000, [7] * LONG_TOKENS]))
     return st.one_of(lists, lists.map(lambda xs: xs + xs[:2]))  # duplicated entries
 
 

@@ -26,7 +26,7 @@ from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.daemon.workload import payload
 from tests.daemon_proc import REPO, DaemonProcess, write_config
-from tests.fuzz.proto_strategies import Pools, message
+from tests.fuzz.proto_strategies import ALIAS_BOMB, Pools, message
 
 CALL_TIMEOUT_S = 10.0
 EXAMPLES = int(os.environ.get("KVTIERD_FUZZ_EXAMPLES", "250"))  # per method; ~40 s on 2 cores
@@ -101,7 +101,8 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     )
     daemon = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log")
     daemon.start()
-    pools = Pools(policies=[p.read_text() for p in sorted((REPO / "configs/policies").glob("*"))])
+    presets = [p.read_text() for p in sorted((REPO / "configs/policies").glob("*"))]
+    pools = Pools(policies=[*presets, ALIAS_BOMB])
     pools.keys.extend(SEED_KEYS)
     pools.contexts.extend(["ctx0", "ctx1", "ctx2"])
     channel = grpc.insecure_channel(f"unix:{daemon.socket_path}")

@@ -29,6 +29,17 @@ from kvtierd.storage.remote import RemoteTier
 
 RemoteTierFactory = Callable[..., Awaitable[RemoteTier]]
 CLOSE_TIMEOUT_S = 20.0
+TIER_MARKS = {"gpu": [pytest.mark.gpu], "remote": [pytest.mark.redis]}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking ``kind`` runs once per registered tier kind (generated from the registry:
+    a new tier is tested without new test code, and fails where it has no builder)."""
+    if "kind" in metafunc.fixturenames:
+        from kvtierd.storage import TIERS
+
+        kinds = [pytest.param(k, marks=TIER_MARKS.get(k, [])) for k in sorted(TIERS)]
+        metafunc.parametrize("kind", kinds)
 
 
 def _cluster(base: Path) -> Iterator[RedisClusterProcs]:

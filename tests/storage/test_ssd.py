@@ -510,7 +510,7 @@ async def test_buffered_calibration_reads_the_disk_not_the_page_cache(
     await t.start()
     try:
         assert t.calibrated and t.read_meter.samples == 2 * ssd_probe.CALIBRATION_ROUNDS
-        sizes = ssd_probe.calibration_sizes(t.options.chunk_bytes, t.options.queue_depth)
+        sizes = ssd_probe.calibration_sizes(t.options.chunk_bytes, t.options.queue_depth, 1 << 62)
         names = [f"calibration-{n}.kvt" for n in sizes]
         assert dropped == names * ssd_probe.CALIBRATION_ROUNDS  # once before every timed read
     finally:

@@ -13,7 +13,7 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.config import TierConfig
-from kvtierd.storage import TIERS, create_tier
+from kvtierd.storage import create_tier
 from kvtierd.types import ObjectMeta
 
 MiB = 1 << 20
@@ -52,13 +52,6 @@ BUILDERS: dict[str, Callable[[Path, pytest.FixtureRequest], TierConfig]] = {
     "gpu": _gpu,
     "remote": _remote,
 }
-MARKS = {"gpu": [pytest.mark.gpu], "remote": [pytest.mark.redis]}
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "kind" in metafunc.fixturenames:
-        kinds = [pytest.param(k, marks=MARKS.get(k, [])) for k in sorted(TIERS)]
-        metafunc.parametrize("kind", kinds)
 
 
 @pytest.fixture

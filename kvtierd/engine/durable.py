@@ -1,0 +1,115 @@
+"""What ``durable`` promises (docs/daemon.md, "What durable promises"): an object committed
+durable is on a persistent tier before the commit is acknowledged, and the placer never drops
+it — nor replaces it with a compressed form — before it has been read once (a ``Get`` or
+``GetStream`` of it) or a client deletes it or an operator evicts it.
+
+The placers know nothing of this rule; the executor enforces it. A drop (or compression) the
+placer plans for a context with unread durable objects is refused: the context keeps only
+those objects, each on its persistent copy, leaves the placer's view (``durable_held``) and
+comes back to it once they are read. The rule survives a restart: the persistent copies carry
+``ObjectMeta.durable``, so an object found at start is protected again until read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from kvtierd.engine.state import ContextRecord
+from kvtierd.errors import CapacityError, InvalidArgumentError
+from kvtierd.storage import Tier
+from kvtierd.types import ObjectMeta
+
+if TYPE_CHECKING:
+    from kvtierd.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+class DurableOps:
+    """Mixed into :class:`~kvtierd.engine.Engine`; every method runs on the event loop."""
+
+    def unread_durable(self, ctx: ContextRecord) -> int:
+        """How many of the context's objects are durable and not read yet."""
+        e = cast("Engine", self)
+        return sum(1 for k in ctx.keys if e.objects[k].unread)
+
+    async def hold_durable(self, ctx: ContextRecord, planned: str) -> None:
+        """Refuse the placer's ``planned`` drop or compression of a context with unread
+        durable objects: keep those (each on its persistent copy only), delete the context's
+        other objects as the placer wanted, and take the context out of the placer's view."""
+        e = cast("Engine", self)
+        async with ctx.lock:
+            for key in list(ctx.keys):
+                obj = e.objects[key]
+                if not obj.unread:
+                    await e._remove_object_bytes(e.objects.pop(key))
+                    del ctx.keys[key]
+                    ctx.size_bytes -= obj.meta.size_bytes
+                elif obj.shadow and not e.tiers[obj.tier].persistent:
+                    await e._remove_from_tier(obj.meta, obj.tier)
+                    obj.tier, obj.shadow = obj.shadow, ""
+                    e.account(obj.meta, obj.tier, +1)  # the persistent copy is now the charged one
+            if not ctx.keys:  # its unread objects were deleted while the lock was awaited
+                await e.drop_extras(ctx)
+                e.contexts.pop(ctx.context_id, None)
+        e.placer.remove(ctx.context_id)
+        if not ctx.keys:
+            return
+        ctx.durable_held = True
+        e.durable_holds += 1
+        e.metrics.record_durable_hold()
+        logger.info(
+            "context %r: the placer planned to %s it, but %d durable objects were not read yet: "
+            "kept on tier %s until read, deleted or evicted",
+            ctx.context_id, planned, len(ctx.keys), e.placement_of(ctx).tier,
+        )  # fmt: skip
+
+    def note_read(self, ctx: ContextRecord) -> None:
+        """A lease on one of the context's objects was granted. Once a held context has no
+        unread durable object left, the placer takes it back and places it afresh (as a
+        context whose profile changed: it may move, be compressed or be dropped now)."""
+        e = cast("Engine", self)
+        if ctx.durable_held and not self.unread_durable(ctx):
+            ctx.durable_held = False
+            e.executor.submit(e.placer.insert(e.profile(ctx)))
+
+    async def write_through(self, metas: Sequence[ObjectMeta]) -> None:
+        """Give each object a copy on the first persistent tier before acknowledging. The copy
+        is not charged to the tenant's quota again: it is the same object, kept safe."""
+        e = cast("Engine", self)
+        target = next((t for t in e.tiers.values() if t.persistent), None)
+        if target is None:
+            raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
+        self._check_durable_room(target, sum(m.size_bytes for m in metas))
+        for meta in metas:
+            async with e.contexts[meta.context].lock:
+                obj = e.objects.get(meta.key)
+                if obj is None:
+                    continue  # deleted meanwhile
+                obj.durable = obj.unread = True
+                obj.meta = dataclasses.replace(obj.meta, durable=True)
+                if obj.tier == e.cpu.name and not obj.shadow:
+                    await target.put(obj.meta, e.cpu.view(e.cpu.block_of(meta.key)))
+                    obj.shadow = target.name
+
+    def _check_durable_room(self, target: Tier, nbytes: int) -> None:
+        """Unread durable objects cannot be dropped to make room, so they may fill at most the
+        persistent tier's capacity; a durable commit beyond that is refused."""
+        e = cast("Engine", self)
+        capacity = target.capacity_bytes
+        if not capacity or target.used_bytes() + nbytes <= capacity:
+            return  # the common case, without a walk over the index
+        kept = sum(
+            o.meta.size_bytes
+            for o in e.objects.values()
+            if o.unread and target.name in (o.tier, o.shadow)
+        )
+        if kept + nbytes > capacity:
+            raise CapacityError(
+                f"durable commit refused: tier {target.name} holds {kept} bytes of durable "
+                f"objects not read yet, and {nbytes} more would exceed its capacity of "
+                f"{capacity} bytes; read, delete or evict some first (docs/daemon.md, durable)"
+            )
