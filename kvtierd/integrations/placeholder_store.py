@@ -23,7 +23,9 @@ from kvtierd.integrations.placeholder import (
     SNAPKV_UNAVAILABLE,
     Manifest,
     ModelRope,
+    count_unit,
     kept_key,
+    kept_tokens,
     manifest_key,
     placeholder_ids,
     read_model_rope,
@@ -159,11 +161,13 @@ def store_placeholder_variant(
     r = read_model_rope(model)  # before any KV is read: refuses models it cannot serve
     kv = context_kv(plugin, request, names, objs)
     source = KVSource.from_kv_2ltd(kv.to(plugin.codec_device), plugin.num_kv_heads)
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
-                          chunk_tokens=chunk)  # fmt: skip
-    m = dropped.num_kept
+    m = kept_tokens(n, v, chunk)  # the router checked that it is whole chunks
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
+    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
+                          chunk_tokens=count_unit(v, chunk))  # fmt: skip
+    if dropped.num_kept != m:
+        raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
     original = "" if request.scope else _source_context(plugin, digest)

@@ -166,6 +166,36 @@ async def test_without_the_daemon_a_store_request_is_refused_with_the_reason(
 
 
 @pytest.mark.parametrize(
+    ("store", "match"),
+    [
+        ({"context_tokens": 40, "variant": "knorm@0.5"}, "context_tokens=40: must be a multiple"),
+        # whole 16-token pages: the first, the last and the 6 best middle ones of 32 (8 x 16)
+        ({"context_tokens": 512, "variant": "paged_eviction_block@0.25"},
+         "as paged_eviction_block@0.25 keeps 128 tokens (whole pages), not a multiple of "
+         "LMCache's chunk_size 256"),
+    ],
+)  # fmt: skip
+async def test_a_store_whose_kept_count_is_not_whole_chunks_is_a_400(
+    upstream: tuple[Upstream, str], tmp_path: Path, store: dict[str, Any], match: str
+) -> None:
+    """Chunk-rounding methods keep whole chunks by construction (docs/integration.md: M is
+    ``ratio * N`` to the nearest whole chunk); a page method's count is whole pages, refused
+    before vLLM prefills unless they make whole chunks."""
+    up, url = upstream
+    config = RouterConfig(url, str(tmp_path / "no-daemon.sock"), chunk_tokens=256)
+    router: TestClient[Any, Any] = TestClient(TestServer(make_app(config)))
+    await router.start_server()
+    try:
+        body = {"model": "m", "prompt": _prompt(600), "kvtierd": store}
+        r = await router.post("/v1/completions", json=body)
+        assert r.status == 400
+        assert match in (await r.json())["error"]["message"]
+        assert up.bodies == []
+    finally:
+        await router.close()
+
+
+@pytest.mark.parametrize(
     ("data", "match"),
     [
         (b"{not json", "JSON"),

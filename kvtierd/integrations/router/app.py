@@ -43,6 +43,7 @@ from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, KvtierError
 from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
+    KEPT_HEADER,
     StoreTarget,
     checked_variant,
     prepare_store,
@@ -222,6 +223,8 @@ class Router:
         if why:
             logger.error("store request: %s", why)
             return _error(why, 502)
+        if target.kept_tokens:
+            answer.headers[KEPT_HEADER] = str(target.kept_tokens)
         return answer
 
     async def _rewritten(
