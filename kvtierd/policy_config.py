@@ -19,6 +19,7 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
       reprofile_threshold: 0.05
       interval_s: 300
       evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
+      min_queries: 3           # a profile from fewer queries moves no context
       model_dir: ""            # answer: a local Hugging Face causal LM directory
       router_url: ""           # engine: the kvtierd router in front of vLLM (required)
       vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
@@ -91,6 +92,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "reprofile_threshold",
             "interval_s",
             "evaluator",
+            "min_queries",
             "model_dir",
             "router_url",
             "vllm_url",
@@ -122,6 +124,7 @@ class PolicyConfig:
     evaluator_model_dir: str = ""
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
+    min_queries: int = 3
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
@@ -205,6 +208,13 @@ def _evicpress_fields(r: _Reader) -> dict[str, Any]:
             ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
         ),
         **_evaluator_fields(r),
+        # A profile scored on fewer queries is shown but does not move a context (one query
+        # scored keydiff@0.5 at 1.000 on the real model; three ranked the variants right).
+        "min_queries": int(
+            r.number(
+                ("profiling", "min_queries"), 3, lambda x: x >= 1 and x == int(x), "an integer >= 1"
+            )
+        ),
         "frequency_half_life_s": r.number(
             ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
         ),

@@ -172,6 +172,16 @@ class ProfilingService:
                 profiler.queries.record(context_id, query, persist=False)
 
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        self._recheck(context_id)
+
+    def _recheck(self, context_id: str) -> None:
+        """A query arrived for a context whose profile is below ``min_queries`` (the
+        confidence rule, ``Profiler.trusted``): profile it again once it has enough."""
+        p = self.profiler
+        if p is None or p.record(context_id) is None or p.trusted(context_id):
+            return
+        if len(p.queries.profiling_set(context_id)[1]) >= self.engine.policy.min_queries:
+            self._changed[context_id] = time.monotonic()
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
         """Profiling queries for a context: a user's set, or samples of real traffic."""
@@ -190,6 +200,7 @@ class ProfilingService:
                 profiler.queries.add_user(context_id, queries)
 
         await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        self._recheck(context_id)
         return len(queries)
 
     def record(self, context_id: str) -> ProfileRecord | None:
@@ -279,7 +290,9 @@ class ProfilingService:
         return fmt, tokens, nbytes
 
     def profiled(self, context_id: str) -> dict[str, VariantProfile]:
-        if self.profiler is None:
+        """The context's profiled variants, as far as they may move it: none while its profile
+        is below ``min_queries`` (it then keeps the original, as an unprofiled context)."""
+        if self.profiler is None or not self.profiler.trusted(context_id):
             return {}
         try:
             profile = self.profiler.profile_of(context_id)
