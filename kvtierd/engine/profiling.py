@@ -3,7 +3,8 @@ their sizes, and — once the profiler has run — their quality.
 
 Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
 ``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
-thread (it is not thread-safe) and its results reach the placer as a new profile. Variants the
+thread (it is not thread-safe; its query store is, and routed prompts' tokens and queries are
+recorded on a thread of their own) and its results reach the placer as a new profile. Variants the
 daemon cannot produce are left out of the grid: ``snapkv`` needs the queries of the context's
 last tokens, which a stored KV cache does not have.
 """
@@ -23,7 +24,13 @@ from typing import TYPE_CHECKING
 
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.validate import DTYPE_BYTES
-from kvtierd.errors import CorruptObjectError, KvtierError, NotFoundError, UnavailableError
+from kvtierd.errors import (
+    CapacityError,
+    CorruptObjectError,
+    KvtierError,
+    NotFoundError,
+    UnavailableError,
+)
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
@@ -55,6 +62,9 @@ class ProfilingService:
         self.settle_s = settle_s
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
+        # Tokens and queries of routed prompts: never queued behind a profile, which through
+        # the serving stack takes seconds to minutes (the router gave links up after 10 s)
+        self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
         self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # request id -> tokens
         self._variants: list[str] = []
@@ -138,7 +148,7 @@ class ProfilingService:
         if self.profiler is None:
             return
         store = partial(self.profiler.queries.set_tokens, context_id, tokens)
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
 
     def note_prompt(self, request_id: str, tokens: tuple[int, ...]) -> None:
         """A request's prompt, by the id its writer will name at the put (bounded, in memory)."""
@@ -171,7 +181,7 @@ class ProfilingService:
                 query = ProfilingQuery(token_ids=tokens[n:])
                 profiler.queries.record(context_id, query, persist=False)
 
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
         self._recheck(context_id)
 
     def _recheck(self, context_id: str) -> None:
@@ -199,7 +209,7 @@ class ProfilingService:
             else:
                 profiler.queries.add_user(context_id, queries)
 
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
         self._recheck(context_id)
         return len(queries)
 
@@ -363,6 +373,7 @@ class ProfilingService:
         if self.profiler is not None:
             self.profiler.flush()
         self._worker.shutdown(wait=True)
+        self._queries.shutdown(wait=True)
 
     @property
     def healthy(self) -> bool:
@@ -406,7 +417,11 @@ class ProfilingService:
         self.version += 1
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
         if ctx.context_id in self.engine.contexts:
-            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+            try:
+                self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+            except CapacityError as e:  # its best place is full of pinned or held contexts
+                logger.warning("context %s: profiled, and stays where it is: %s",
+                               ctx.context_id, e)  # fmt: skip
         return True
 
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
