@@ -19,6 +19,7 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
       reprofile_threshold: 0.05
       interval_s: 300
       evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
+      min_queries: 3           # a profile from fewer queries moves no context
       model_dir: ""            # answer: a local Hugging Face causal LM directory
       router_url: ""           # engine: the kvtierd router in front of vLLM (required)
       vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
@@ -102,6 +103,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "reprofile_threshold",
             "interval_s",
             "evaluator",
+            "min_queries",
             "model_dir",
             "router_url",
             "vllm_url",
@@ -133,6 +135,7 @@ class PolicyConfig:
     evaluator_model_dir: str = ""
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
+    min_queries: int = 3
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
@@ -213,6 +216,13 @@ def _evicpress_fields(r: _Reader) -> dict[str, Any]:
             ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
         ),
         **_evaluator_fields(r),
+        # A profile scored on fewer queries is shown but does not move a context (one query
+        # scored keydiff@0.5 at 1.000 on the real model; three ranked the variants right).
+        "min_queries": int(
+            r.number(
+                ("profiling", "min_queries"), 3, lambda x: x >= 1 and x == int(x), "an integer >= 1"
+            )
+        ),
         "frequency_half_life_s": r.number(
             ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
         ),
@@ -229,11 +239,34 @@ def _evaluator_fields(r: _Reader) -> dict[str, Any]:
             "router in front of vLLM, e.g. http://127.0.0.1:8100)"
         )
     return {
-        "evaluator": evaluator,
+        "evaluator": _scorable_grid(evaluator, r),
         "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
         "evaluator_router_url": router_url,
         "evaluator_vllm_url": _url(r, ("profiling", "vllm_url")),
     }
+
+
+def _scorable_grid(evaluator: str, r: _Reader) -> str:
+    """``evaluator`` if it can score every variant of the grid. ``engine`` cannot score a
+    quantization-only variant (``kvtierd.profiler.engine_eval.QUANT_ONLY_REFUSED``; a test
+    holds the two together): a grid with one would fail every profile, so it is refused here,
+    at ``policy validate``, ``policy apply`` and daemon start. ``snapkv`` is left out of every
+    daemon grid anyway (the daemon cannot build it)."""
+    methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
+    ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
+    unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_METHODS]
+    if evaluator != "engine" or not unscorable:
+        return evaluator
+    sources = [m if m in QUANT_METHODS else f"{m} at ratio 1.0" for m in methods
+               if set(expand_variants((m,), ratios)) & set(QUANT_METHODS)]  # fmt: skip
+    raise ConfigError(
+        f"{r.src.where(('profiling', 'evaluator'))}: evaluator 'engine' cannot score "
+        f"{', '.join(unscorable)} (quantization-only variants, from variants.methods "
+        f"{', '.join(sources)}): a quantized context keeps LMCache's own chunk keys, so no "
+        "answer through the router tells its load from a re-prefill, and every profile would "
+        "fail. Remove those methods (or ratio 1.0, for a composed one), or use evaluator "
+        "'attention' or 'answer'"
+    )
 
 
 def _url(r: _Reader, at: tuple[str, ...]) -> str:

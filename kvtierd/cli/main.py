@@ -126,7 +126,7 @@ def _simulator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ctx = sub.add_parser("contexts", help="list or describe cached contexts")
+    ctx = sub.add_parser("contexts", help="list cached contexts, show one, or plan its form")
     csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show|plan")
     p = _command(csub, "ls", admin.run_contexts_ls, "list contexts (sortable, filterable)")
     p.add_argument("--tier", help="only contexts placed in this tier")

@@ -97,11 +97,16 @@ def run_profile_status(args: argparse.Namespace, out: Output) -> ExitCode:
         out.fields(f"context {cid}", [("profiled", "not yet"), *upcoming])
         out.line(f"profile it now: kvtierctl profile run {cid}")
         return ExitCode.OK
+    trusted = "yes" if r.trusted else (
+        f"no: fewer than profiling.min_queries {r.min_queries}; the placer treats the context "
+        "as unprofiled until a profile from enough queries"
+    )  # fmt: skip
     out.fields(
         f"context {cid}",
         [
             ("profiled", f"{human_seconds(r.profiled_age_s)} ago"),
             ("queries", f"{r.num_queries} ({r.query_source or '-'})"),
+            ("moves the context", trusted),
             *upcoming,
         ],
     )

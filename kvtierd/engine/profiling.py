@@ -3,7 +3,8 @@ their sizes, and — once the profiler has run — their quality.
 
 Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
 ``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
-thread (it is not thread-safe) and its results reach the placer as a new profile. Variants the
+thread (it is not thread-safe; its query store is, and routed prompts' tokens and queries are
+recorded on a thread of their own) and its results reach the placer as a new profile. Variants the
 daemon cannot produce are left out of the grid: ``snapkv`` needs the queries of the context's
 last tokens, which a stored KV cache does not have.
 """
@@ -25,7 +26,13 @@ from typing import TYPE_CHECKING
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
-from kvtierd.errors import CorruptObjectError, KvtierError, NotFoundError, UnavailableError
+from kvtierd.errors import (
+    CapacityError,
+    CorruptObjectError,
+    KvtierError,
+    NotFoundError,
+    UnavailableError,
+)
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import parse_variant, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
@@ -54,6 +61,9 @@ class ProfilingService:
         self.settle_s = settle_s
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
+        # Tokens and queries of routed prompts: never queued behind a profile, which through
+        # the serving stack takes seconds to minutes (the router gave links up after 10 s)
+        self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
         self._variants: list[str] = []
@@ -142,7 +152,7 @@ class ProfilingService:
         kept = self._context_part(ctx, tokens)
         self.tokens.reserve(context_id, ctx.tenant, len(kept))
         store = partial(self.profiler.queries.set_tokens, context_id, kept)
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
 
     def note_prompt(self, tenant: str, request_id: str, tokens: Sequence[int]) -> None:
         """A request's prompt, by the id its writer will name at the put (bounded, in memory:
@@ -177,7 +187,17 @@ class ProfilingService:
                 q = ProfilingQuery(token_ids=tuple(query))
                 profiler.queries.record(context_id, q, persist=False)
 
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._recheck(context_id)
+
+    def _recheck(self, context_id: str) -> None:
+        """A query arrived for a context whose profile is below ``min_queries`` (the
+        confidence rule, ``Profiler.trusted``): profile it again once it has enough."""
+        p = self.profiler
+        if p is None or p.record(context_id) is None or p.trusted(context_id):
+            return
+        if len(p.queries.profiling_set(context_id)[1]) >= self.engine.policy.min_queries:
+            self._changed[context_id] = time.monotonic()
 
     def _held(self, context_id: str) -> ContextRecord:
         ctx = self.engine.contexts.get(context_id)
@@ -211,7 +231,8 @@ class ProfilingService:
             else:
                 profiler.queries.add_user(context_id, queries)
 
-        await asyncio.get_running_loop().run_in_executor(self._worker, store)
+        await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._recheck(context_id)
         return len(queries)
 
     def record(self, context_id: str) -> ProfileRecord | None:
@@ -301,7 +322,9 @@ class ProfilingService:
         return fmt, tokens, nbytes
 
     def profiled(self, context_id: str) -> dict[str, VariantProfile]:
-        if self.profiler is None:
+        """The context's profiled variants, as far as they may move it: none while its profile
+        is below ``min_queries`` (it then keeps the original, as an unprofiled context)."""
+        if self.profiler is None or not self.profiler.trusted(context_id):
             return {}
         try:
             profile = self.profiler.profile_of(context_id)
@@ -377,6 +400,7 @@ class ProfilingService:
         if self.profiler is not None:
             self.profiler.flush()
         self._worker.shutdown(wait=True)
+        self._queries.shutdown(wait=True)
 
     @property
     def healthy(self) -> bool:
@@ -421,7 +445,11 @@ class ProfilingService:
         self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
         if ctx.context_id in self.engine.contexts and not ctx.durable_held:
             # (a context held for its unread durable objects is placed again once read)
-            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+            try:
+                self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+            except CapacityError as e:  # its best place is full of pinned or held contexts
+                logger.warning("context %s: profiled, and stays where it is: %s",
+                               ctx.context_id, e)  # fmt: skip
         return True
 
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:

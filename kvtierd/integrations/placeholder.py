@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.kernels.variants import COUNT_RULES, Variant, variant_kept_tokens
 
 MANIFEST_PREFIX = "kvtierd-ph@"
 
@@ -46,6 +47,22 @@ def manifest_key(digest: str, variant: str = "") -> str:
 def kept_key(digest: str, variant: str = "") -> str:
     """The kept indices ``[L, H, M]`` beside the manifest (same rule as :func:`manifest_key`)."""
     return f"{manifest_key(digest, variant)}@kept"
+
+
+def kept_tokens(num_tokens: int, variant: Variant, chunk_tokens: int) -> int:
+    """``M``, the entries a store of ``num_tokens`` tokens as ``variant`` keeps, as the plugin
+    builds it: ``ratio * N`` rounded to the nearest whole chunk (half up), at least one chunk,
+    at most ``N`` (``kernels.variants.kept_token_count``; knorm@0.25 of 1,536 tokens in chunks
+    of 256 keeps 384 -> 1.5 -> 2 chunks = 512). A page method (``paged_eviction_block``) keeps
+    whole pages of its own instead, which are whole chunks only by chance: the router refuses
+    it then (``router/store.py``)."""
+    return variant_kept_tokens(num_tokens, variant, chunk_tokens=count_unit(variant, chunk_tokens))
+
+
+def count_unit(variant: Variant, chunk_tokens: int) -> int:
+    """What a variant's kept count is rounded to (the kernels' ``chunk_tokens``): whole chunks,
+    or single tokens for a page method, whose count rule keeps whole pages itself."""
+    return 1 if COUNT_RULES[variant.method].page_tokens else chunk_tokens
 
 
 def placeholder_ids(

@@ -23,7 +23,9 @@ from kvtierd.integrations.placeholder import (
     SNAPKV_UNAVAILABLE,
     Manifest,
     ModelRope,
+    count_unit,
     kept_key,
+    kept_tokens,
     manifest_key,
     placeholder_ids,
     read_model_rope,
@@ -83,9 +85,12 @@ def read_chunks(client: KVClient, names: Sequence[str]) -> list[torch.Tensor]:
 
 def context_kv(
     plugin: Any, request: StoreRequest, names: Sequence[str], objs: Sequence[Any]
-) -> torch.Tensor:
-    """The context's KV ``[2, L, N, H*D]``: the chunks before the put (LMCache held them, so it
-    did not put them) read from the daemon, then the put's own (``names``, ``objs``)."""
+) -> torch.Tensor | None:
+    """The context's KV ``[2, L, N, H*D]``: the chunks before the put (LMCache held them, or an
+    earlier put of the request stored them) read from the daemon, then the put's own
+    (``names``, ``objs``). ``None`` when the put ends inside the context: vLLM prefills the
+    prompt in several steps (chunked prefill), and the put carrying the context's last chunk
+    builds the variant."""
     chunk = plugin.chunk_tokens
     if request.num_tokens % chunk:
         raise InvalidArgumentError(
@@ -104,6 +109,11 @@ def context_kv(
         )
     start = context.index(names[0])
     fresh = len(context) - start
+    if len(names) < fresh and tuple(names) == context[start : start + len(names)]:
+        logger.debug("kvtierd plugin: context %s: chunks %d-%d of %d stored; the request's "
+                     "next put ends it", request.digest, start, start + len(names) - 1,
+                     len(context))  # fmt: skip
+        return None
     if tuple(names[:fresh]) != context[start:]:
         raise InvalidArgumentError(
             f"context {request.digest}: the put's chunks are not the context's chunks "
@@ -139,9 +149,10 @@ def stored_manifest(client: KVClient, key: str) -> Manifest | None:
 
 def store_placeholder_variant(
     plugin: Any, request: StoreRequest, names: Sequence[str], objs: Sequence[Any]
-) -> Manifest:
+) -> Manifest | None:
     """Build ``request``'s variant from the context's chunks and store it with its manifest;
-    a context already stored as that variant is left as it is (a repeated store request)."""
+    a context already stored as that variant is left as it is (a repeated store request).
+    ``None``: the put ends before the context does, a later put of the request builds it."""
     v = parse_variant(request.variant)
     if v.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
@@ -158,12 +169,16 @@ def store_placeholder_variant(
     model = str(plugin.metadata.model_name)
     r = read_model_rope(model)  # before any KV is read: refuses models it cannot serve
     kv = context_kv(plugin, request, names, objs)
+    if kv is None:
+        return None
     source = KVSource.from_kv_2ltd(kv.to(plugin.codec_device), plugin.num_kv_heads)
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
-                          chunk_tokens=chunk)  # fmt: skip
-    m = dropped.num_kept
+    m = kept_tokens(n, v, chunk)  # the router checked that it is whole chunks
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
+    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
+                          chunk_tokens=count_unit(v, chunk))  # fmt: skip
+    if dropped.num_kept != m:
+        raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
     chunk_keys = _placeholder_keys(plugin, ids)
     original = "" if request.scope else _source_context(plugin, digest)

@@ -4,10 +4,14 @@
 stored before). Its context is, in this order:
 
 1. the request's ``lmcache.tag.kvtierd_context`` (the router names token-dropped contexts);
-2. the context of the prefix the request loaded: a longer prompt extending a stored context
-   joins it, so its new chunks are placed, compressed and evicted together with the prefix
-   they are useless without (LMCache only ever loads a chunk after its whole prefix). The
-   plugin learns that context from the load (:class:`ContextLinks`);
+2. the context of the chunk before the put's first one, when this plugin stored or loaded
+   it: a longer prompt extending a stored context joins it, so its new chunks are placed,
+   compressed and evicted together with the prefix they are useless without (LMCache only
+   ever loads a chunk after its whole prefix), and so does a request's later put when vLLM
+   prefills its prompt in several steps (chunked prefill: a prompt longer than
+   ``max_num_batched_tokens`` reaches LMCache as one put per step). The plugin learns which
+   chunk comes before which from the prompt's lookup, and their contexts from its loads and
+   puts (:class:`ContextLinks`);
 3. the key of the put's first chunk (a new context).
 
 **Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
@@ -79,14 +83,16 @@ def decide(
 class ContextLinks:
     """Which context a put continues (module docstring, rule 2), from what the plugin saw.
 
-    A lookup of a prompt's chunk keys that hits ``h`` of them links the first missing key to
-    the last hit one; a load (or a put) tells the context of the keys it touched. A later put
-    whose first key was such a missing key continues that context. Bounded (least recently
-    recorded entries go first) and thread-safe: lookups, loads and puts run on different
-    LMCache threads.
+    A lookup of a prompt's chunk keys that hits ``h`` of them links each missing key to the
+    key before it; a load (or a put) tells the context of the keys it touched (a put: its first
+    and last). A later put whose first key was such a missing key continues the context of the
+    key before it: a longer prompt's put after its loaded prefix, or a request's next put after
+    its previous one (chunked prefill). Bounded (least recently recorded entries go first;
+    ``capacity`` keys a table, enough for the missing chunks of many long prompts) and
+    thread-safe: lookups, loads and puts run on different LMCache threads.
     """
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 16384) -> None:
         self.capacity = capacity
         self._previous: OrderedDict[str, str] = OrderedDict()  # first missing key -> last hit
         self._context_of: OrderedDict[str, str] = OrderedDict()  # chunk key -> context id
@@ -99,9 +105,10 @@ class ContextLinks:
             table.popitem(last=False)
 
     def looked_up(self, keys: Sequence[str], prefix_hits: int) -> None:
-        if 0 < prefix_hits < len(keys):
+        if len(keys) > max(prefix_hits, 1):
             with self._lock:
-                self._remember(self._previous, keys[prefix_hits], keys[prefix_hits - 1])
+                for i in range(max(prefix_hits, 1), len(keys)):
+                    self._remember(self._previous, keys[i], keys[i - 1])
 
     def touched(self, key: str, context_id: str) -> None:
         """``key`` belongs to ``context_id`` (a loaded or stored chunk)."""
@@ -116,7 +123,7 @@ class ContextLinks:
     def continued(self, keys: Sequence[str], start: int) -> str:
         """The context a put storing ``keys[start:]`` continues, or ``""``: that of
         ``keys[start - 1]`` when the put itself starts earlier (LMCache re-puts stored chunks),
-        else that of the last hit a lookup linked to ``keys[0]``."""
+        else that of the key a lookup found before ``keys[0]``."""
         with self._lock:
             previous = keys[start - 1] if start > 0 else self._previous.get(keys[0])
             return self._context_of.get(previous, "") if previous is not None else ""

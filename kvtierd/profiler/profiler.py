@@ -15,6 +15,7 @@ model); plus the context's prefill time and decayed access frequency.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -45,6 +46,8 @@ from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, VariantProfile
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(__name__)
 
 
 class Profiler:
@@ -142,10 +145,29 @@ class Profiler:
             num_tokens=n,
             profiled_at_s=now,
         )
-        self._records[context_id] = record
         self.queries.mark_profiled(context_id)
+        if not self._confident(record) and self.trusted(context_id):
+            logger.info(
+                "context %s: a profile from %d queries (%s) is below profiling.min_queries %d; "
+                "the one from %d queries stays", context_id, record.num_queries, source,
+                self.policy.min_queries, self._records[context_id].num_queries,
+            )  # fmt: skip
+            return self.profile_of(context_id)
+        self._records[context_id] = record
         self._save(context_id)
         return self.profile_of(context_id)
+
+    def trusted(self, context_id: str) -> bool:
+        """Whether the context's profile may move it (the confidence rule): it was scored on at
+        least ``policy.min_queries`` queries (docs/profiler.md). A profile from fewer is kept
+        and shown, but a placer must treat the context as unprofiled; it never replaces one
+        that was trusted."""
+        record = self._records.get(context_id)
+        return record is not None and self._confident(record)
+
+    def _confident(self, record: ProfileRecord) -> bool:
+        lossy = any(v.variant != ORIGINAL_VARIANT for v in record.profile.variants)
+        return not lossy or record.num_queries >= self.policy.min_queries
 
     def profile_of(self, context_id: str) -> ContextProfile:
         """The context's profile with its frequency and last access as of now."""

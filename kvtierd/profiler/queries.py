@@ -11,13 +11,16 @@ profiled on (in this order of preference):
    It is much weaker than the paper's generated questions: it probes summaries and recall in
    general and knows nothing about which facts the context holds.
 
-Persisted as one JSON file per context (:class:`~kvtierd.profiler.files.JsonDir`).
+Persisted as one JSON file per context (:class:`~kvtierd.profiler.files.JsonDir`). Thread-safe:
+real queries arrive while the profiler runs on another thread (a profile through the serving
+stack takes seconds to minutes), and must not wait for it.
 """
 
 from __future__ import annotations
 
 import os
 from array import array
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +69,7 @@ class QueryStore:
         self.max_user = max_user
         self._files = None if directory is None else JsonDir(directory)
         self._entries: dict[str, _Entry] = {}
+        self._lock = threading.RLock()
 
     def _entry(self, context_id: str) -> _Entry:
         e = self._entries.get(context_id)
@@ -75,79 +79,93 @@ class QueryStore:
 
     def add_user(self, context_id: str, queries: list[ProfilingQuery]) -> None:
         """Add user-supplied profiling queries (the oldest beyond ``max_user`` are dropped)."""
-        e = self._entry(context_id)
-        e.user = [*e.user, *queries][-self.max_user :]
-        self._save(context_id)
+        with self._lock:
+            e = self._entry(context_id)
+            e.user = [*e.user, *queries][-self.max_user :]
+            self._save(context_id)
 
     def record(self, context_id: str, query: ProfilingQuery, *, persist: bool = True) -> None:
         """A real query for the context was served: keep it in the newest-queries window."""
-        e = self._entry(context_id)
-        e.traffic.append(query)
-        e.new_since_profile += 1
-        if persist:
-            self._save(context_id)
+        with self._lock:
+            e = self._entry(context_id)
+            e.traffic.append(query)
+            e.new_since_profile += 1
+            if persist:
+                self._save(context_id)
 
     def set_tokens(self, context_id: str, tokens: Sequence[int]) -> None:
         """Record the token ids the context was computed from (the longest given wins: a
         context grows, and its first tokens never change)."""
-        e = self._entry(context_id)
-        if len(tokens) > len(e.tokens):
-            e.tokens = array("I", tokens)
-            self._save(context_id)
+        with self._lock:
+            e = self._entry(context_id)
+            if len(tokens) > len(e.tokens):
+                e.tokens = array("I", tokens)
+                self._save(context_id)
 
     def tokens(self, context_id: str, n: int) -> tuple[int, ...]:
         """The context's first ``n`` token ids, or ``()`` if fewer than ``n`` are known."""
-        e = self._entries.get(context_id)
-        return tuple(e.tokens[:n]) if e is not None and len(e.tokens) >= n else ()
+        with self._lock:
+            e = self._entries.get(context_id)
+            return tuple(e.tokens[:n]) if e is not None and len(e.tokens) >= n else ()
 
     def known_tokens(self, context_id: str) -> int:
         """How many of the context's token ids a writer has registered."""
-        e = self._entries.get(context_id)
-        return 0 if e is None else len(e.tokens)
+        with self._lock:
+            e = self._entries.get(context_id)
+            return 0 if e is None else len(e.tokens)
 
     def profiling_set(self, context_id: str) -> tuple[str, tuple[ProfilingQuery, ...]]:
         """``(source, queries)`` to profile on: user + traffic, else the initial local set."""
-        e = self._entries.get(context_id)
-        if e is not None and (e.user or e.traffic):
-            source = "user+traffic" if e.user and e.traffic else ("user" if e.user else "traffic")
-            return source, tuple(dict.fromkeys([*e.user, *e.traffic]))
-        return "initial", INITIAL_QUERIES
+        with self._lock:
+            e = self._entries.get(context_id)
+            if e is not None and (e.user or e.traffic):
+                source = (
+                    "user+traffic" if e.user and e.traffic else ("user" if e.user else "traffic")
+                )
+                return source, tuple(dict.fromkeys([*e.user, *e.traffic]))
+            return "initial", INITIAL_QUERIES
 
     def recent(self, context_id: str) -> tuple[ProfilingQuery, ...]:
         """The newest real queries (the drift check's sample)."""
-        e = self._entries.get(context_id)
-        return tuple(e.traffic) if e is not None else ()
+        with self._lock:
+            e = self._entries.get(context_id)
+            return tuple(e.traffic) if e is not None else ()
 
     def new_since_profile(self, context_id: str) -> int:
-        e = self._entries.get(context_id)
-        return 0 if e is None else e.new_since_profile
+        with self._lock:
+            e = self._entries.get(context_id)
+            return 0 if e is None else e.new_since_profile
 
     def mark_profiled(self, context_id: str) -> None:
-        self._entry(context_id).new_since_profile = 0
-        self._save(context_id)
+        with self._lock:
+            self._entry(context_id).new_since_profile = 0
+            self._save(context_id)
 
     def forget(self, context_id: str) -> None:
-        self._entries.pop(context_id, None)
-        if self._files is not None:
-            self._files.delete(context_id)
+        with self._lock:
+            self._entries.pop(context_id, None)
+            if self._files is not None:
+                self._files.delete(context_id)
 
     def flush(self) -> None:
-        for cid in self._entries:
-            self._save(cid)
+        with self._lock:
+            for cid in self._entries:
+                self._save(cid)
 
     def load(self) -> int:
         """Read every persisted context back (after a restart); returns how many."""
-        if self._files is None:
-            return 0
-        n = 0
-        for doc in self._files.documents():
-            e = self._entry(doc["context_id"])
-            e.user = [_query(q) for q in doc.get("user", [])][-self.max_user :]
-            e.traffic.extend(_query(q) for q in doc.get("traffic", []))
-            e.new_since_profile = int(doc.get("new_since_profile", 0))
-            e.tokens = array("I", (int(t) for t in doc.get("tokens", [])))
-            n += 1
-        return n
+        with self._lock:
+            if self._files is None:
+                return 0
+            n = 0
+            for doc in self._files.documents():
+                e = self._entry(doc["context_id"])
+                e.user = [_query(q) for q in doc.get("user", [])][-self.max_user :]
+                e.traffic.extend(_query(q) for q in doc.get("traffic", []))
+                e.new_since_profile = int(doc.get("new_since_profile", 0))
+                e.tokens = array("I", (int(t) for t in doc.get("tokens", [])))
+                n += 1
+            return n
 
     def _save(self, context_id: str) -> None:
         if self._files is None:

@@ -1651,6 +1651,8 @@ class ProfileStatusResponse(_message.Message):
     NEXT_NUM_QUERIES_FIELD_NUMBER: _builtins.int
     NEXT_QUERY_SOURCE_FIELD_NUMBER: _builtins.int
     KNOWN_TOKENS_FIELD_NUMBER: _builtins.int
+    MIN_QUERIES_FIELD_NUMBER: _builtins.int
+    TRUSTED_FIELD_NUMBER: _builtins.int
     evaluator: _builtins.str
     runs_ok: _builtins.int
     runs_failed: _builtins.int
@@ -1667,6 +1669,12 @@ class ProfileStatusResponse(_message.Message):
     next_query_source: _builtins.str
     known_tokens: _builtins.int
     """context token ids registered (the engine evaluator needs them)"""
+    min_queries: _builtins.int
+    """The confidence rule: a profile from fewer than min_queries queries moves no context.
+    the policy's profiling.min_queries
+    """
+    trusted: _builtins.bool
+    """the profile has at least min_queries (the placer uses it)"""
     @_builtins.property
     def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantQuality]: ...
     def __init__(
@@ -1685,10 +1693,12 @@ class ProfileStatusResponse(_message.Message):
         next_num_queries: _builtins.int = ...,
         next_query_source: _builtins.str = ...,
         known_tokens: _builtins.int = ...,
+        min_queries: _builtins.int = ...,
+        trusted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "min_queries", b"min_queries", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "trusted", b"trusted", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

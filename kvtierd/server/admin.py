@@ -193,8 +193,10 @@ class AdminServicer(pb_grpc.AdminServicer):
             if upcoming is not None:
                 resp.next_query_source, resp.next_num_queries, resp.known_tokens = upcoming
             record = p.record(request.context_id)
+            resp.min_queries = self.engine.policy.min_queries
             if record is not None:
                 resp.profiled = True
+                resp.trusted = p.profiler is not None and p.profiler.trusted(request.context_id)
                 resp.profiled_age_s = max(0.0, time.time() - record.profiled_at_s)
                 resp.num_queries = record.num_queries
                 resp.query_source = record.query_source

@@ -58,4 +58,16 @@ def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) ->
         )
     if ctx.pinned:
         text += "; pinned"
-    return text
+    return text + _untrusted(engine, ctx)
+
+
+def _untrusted(engine: Engine, ctx: ContextRecord) -> str:
+    """Why a profiled context's qualities are not in the table (the confidence rule)."""
+    profiler = engine.profiling.profiler
+    record = engine.profiling.record(ctx.context_id)
+    if profiler is None or record is None or profiler.trusted(ctx.context_id):
+        return ""
+    return (
+        f"; its profile is from {record.num_queries} queries, below profiling.min_queries "
+        f"{engine.policy.min_queries}: not used until it has more (kvtierctl profile status)"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,48 @@ def test_every_kvtierctl_command_is_documented() -> None:
 
 _COMMON_FLAGS = {"--help", "--json", "--socket", "--address", "--tls-ca", "--token",
                  "--token-file", "--timeout", "--debug"}  # fmt: skip
+
+
+def _documented_kvtierctl_lines() -> list[tuple[str, str]]:
+    """``(file, command line)`` for every ``kvtierctl ...`` the docs give: inline code spans
+    and code-block lines (``$ `` prompt or not), cut at a shell pipe or comment."""
+    files = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md",
+             *sorted((ROOT / "configs").rglob("*.sh"))]  # fmt: skip
+    found = []
+    for path in files:
+        text = path.read_text()
+        spans = re.findall(r"`(kvtierctl(?: [^`]*)?)`", text)
+        lines = [
+            line.strip().removeprefix("$ ")
+            for line in text.splitlines()
+            if line.strip().removeprefix("$ ").startswith("kvtierctl ")
+        ]
+        for line in [*spans, *lines]:
+            found.append((path.name, re.split(r" [|#]|\s{2,}", line)[0].strip()))
+    return found
+
+
+def test_every_documented_kvtierctl_command_line_is_a_real_command() -> None:
+    """A doc naming a command the CLI lacks (``contexts describe`` for ``contexts show``) or a
+    flag it does not take fails here: words name subcommands down to a command, and every
+    ``--flag`` after it is one of that command's."""
+    import argparse
+
+    from kvtierd.cli.main import build_parser
+
+    lines = _documented_kvtierctl_lines()
+    assert any("contexts show" in line for _, line in lines)
+    for name, line in lines:
+        parser = build_parser()
+        words = line.split()[1:]
+        while words:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            if not subs or words[0].startswith("-"):
+                break
+            assert words[0] in subs[0].choices, f"{name}: `{line}`: no command {words[0]!r}"
+            parser = subs[0].choices[words.pop(0)]
+        flags = {f for a in parser._actions for f in a.option_strings}
+        for word in words:
+            flag = word.split("=")[0]
+            if flag.startswith("--"):
+                assert flag in flags, f"{name}: `{line}`: {flag} is not an option of it"

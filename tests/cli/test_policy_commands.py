@@ -98,3 +98,46 @@ def test_hot_reload_is_observed_in_placements(
     assert run("policy", "apply", str(POLICIES / "prefill.yaml")).code == 0
     # prefill caches nothing: every context is dropped (or forgotten) after the reload.
     assert {c["tier"] for c in run("contexts", "ls", "--json").json()} <= {""}
+
+
+ENGINE_ON_SHIPPED_GRID = """\
+name: engine-everything
+placer: evicpress
+variants:
+  methods: [knorm, keydiff, snapkv, int8, int4, knorm+int8]
+profiling:
+  evaluator: engine
+  router_url: http://127.0.0.1:8100
+"""
+ENGINE_REFUSED = (
+    "{path}:6: profiling.evaluator: evaluator 'engine' cannot score int8, int4 "
+    "(quantization-only variants, from variants.methods int8, int4, knorm+int8 at ratio 1.0)"
+)
+
+
+def test_a_grid_the_evaluator_cannot_score_is_refused_at_validate_and_apply(
+    start_daemon: Callable[..., DaemonProcess], ctl: Callable, tmp_path: Path
+) -> None:
+    """``engine`` with the shipped grid failed every profile (``cannot score 'int8'``) after
+    validate and apply had accepted it: both refuse it now, naming variants and evaluator."""
+    path = tmp_path / "engine.yaml"
+    path.write_text(ENGINE_ON_SHIPPED_GRID)
+    d = start_daemon()
+    run: Ctl = ctl(d)
+    for command in (("validate",), ("apply",), ("apply", "--dry-run")):
+        r = run("policy", *command, str(path))
+        assert r.code == 5, (command, r.out)
+        assert r.err.startswith(f"kvtierctl: {ENGINE_REFUSED.format(path=path)}"), r.err
+    assert run("policy", "show", "--json").json()["name"] != "engine-everything"
+    # The daemon refuses it too, whoever sends it.
+    with KVClient(d.socket_path) as c:
+        from kvtierd.errors import InvalidArgumentError
+        from kvtierd.rpc import kvtier_pb2 as pb
+
+        req = pb.ApplyPolicyRequest(yaml=ENGINE_ON_SHIPPED_GRID, source="e.yaml")
+        with pytest.raises(InvalidArgumentError, match="engine' cannot score int8, int4"):
+            c.call(c.admin.ApplyPolicy, req)
+    # Without the quantization-only variants the same evaluator is accepted.
+    path.write_text(ENGINE_ON_SHIPPED_GRID.replace("int8, int4, knorm+int8", "knorm+int8")
+                    .replace("variants:\n", "variants:\n  ratios: [0.5, 0.25]\n"))  # fmt: skip
+    assert run("policy", "validate", str(path)).code == 0

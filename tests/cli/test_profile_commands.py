@@ -63,6 +63,8 @@ def test_profile_run_and_status(daemon: DaemonProcess, ctl: Callable) -> None:
     s = r.json()
     assert (s["context_id"], s["evaluator"], s["profiled"]) == ("doc", "attention", True)
     assert s["runs_ok"] >= 1 and s["num_queries"] > 0 and s["query_source"]
+    # attention scores 32 probe vectors: at least profiling.min_queries (3), so it is used
+    assert (s["trusted"], s["min_queries"]) == (True, 3)
     variants = {v["variant"]: v for v in s["variants"]}
     assert set(variants) == {"none", "int8", "knorm@0.5"}
     assert variants["none"]["quality"] == 1.0
@@ -166,3 +168,28 @@ def test_contexts_show_prints_the_utility_table(daemon: DaemonProcess, ctl: Call
 )
 def test_human_duration_keeps_microseconds(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
+
+
+def test_status_says_when_a_profile_has_too_few_queries_to_move_the_context(
+    daemon: DaemonProcess, ctl: Callable, tmp_path: Path
+) -> None:
+    """The confidence rule (docs/profiler.md): attention's 32 probes are below a
+    min_queries of 64, so the profile is shown but does not move the context."""
+    run: Ctl = ctl(daemon)
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(POLICY + "profiling: {min_queries: 64}\n")
+    assert run("policy", "apply", str(strict)).code == 0
+    try:
+        assert run("profile", "run", "shown").code == 0
+        s = run("profile", "status", "shown", "--json").json()
+        assert (s["profiled"], s["num_queries"], s["trusted"], s["min_queries"]) == (
+            True, 32, False, 64,
+        )  # fmt: skip
+        human = run("profile", "status", "shown").out
+        assert "moves the context" in human and "fewer than profiling.min_queries 64" in human
+        why = run("contexts", "show", "shown", "--json").json()["reason"]
+        assert "below profiling.min_queries 64" in why
+    finally:
+        policy = tmp_path / "evicpress.yaml"
+        policy.write_text(POLICY)
+        assert run("policy", "apply", str(policy)).code == 0

@@ -119,7 +119,10 @@ async def _apply_knorm_policy(engine: Engine, profiling: str) -> None:
 
 
 async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
-    await _apply_knorm_policy(engine, "  reprofile_threshold: 0.05\n  interval_s: 0.2\n")
+    # One question suffices here (the confidence rule is test_profile_confidence.py's).
+    await _apply_knorm_policy(
+        engine, "  reprofile_threshold: 0.05\n  interval_s: 0.2\n  min_queries: 1\n"
+    )
     await _put_context(engine, "doc")
     await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
@@ -148,7 +151,7 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
 async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
-    await _apply_knorm_policy(engine, "  interval_s: 0.2\n")
+    await _apply_knorm_policy(engine, "  interval_s: 0.2\n  min_queries: 1\n")
     planner = engine.write_planner
     before = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (before.variant, before.source) == ("none", "default")

@@ -41,9 +41,12 @@ def get_json(url: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def router_stack(work: Path, model: Path) -> Iterator[dict[str, Any]]:
-    """A daemon (LRU test config), vLLM with the kvtierd LMCache plugin, and ``kvtierd router``
-    in front of it, started by the product's own :class:`Stack`; torn down in reverse order."""
+def router_stack(
+    work: Path, model: Path, vllm_args: tuple[str, ...] = ()
+) -> Iterator[dict[str, Any]]:
+    """A daemon (LRU test config), vLLM with the kvtierd LMCache plugin (and ``vllm_args``),
+    and ``kvtierd router`` in front of it, started by the product's own :class:`Stack`; torn
+    down in reverse order."""
     from kvtierd.integrations.stack import Stack, StackConfig
     from tests.daemon_proc import free_port, write_config
     from tests.integrations.harness import CHUNK
@@ -51,6 +54,7 @@ def router_stack(work: Path, model: Path) -> Iterator[dict[str, Any]]:
     config = StackConfig(
         model=model, work_dir=work, daemon_config=write_config(work / "daemon"),
         vllm_port=free_port(), router_port=free_port(), chunk_size=CHUNK, max_model_len=2048,
+        vllm_args=vllm_args,
     )  # fmt: skip
     with Stack(config) as stack:
         yield {"router": stack.router_url, "vllm": stack.vllm_url, "socket": stack.socket_path,

@@ -196,6 +196,22 @@ def test_token_dropping_plan_stores_the_original_and_says_why_once(
     assert plugin.stats.errors == 0, plugin.stats.last_error
 
 
+def test_a_requests_later_puts_join_its_first_puts_context(plugin_for: Any) -> None:
+    """vLLM prefills a prompt longer than ``max_num_batched_tokens`` in several steps, and
+    LMCache puts each step's chunks (chunked prefill): the request's lookup covered the whole
+    prompt, so each later put continues the context of the put before it — one context, not
+    one per step."""
+    plugin, client = plugin_for("placer: lru\n")
+    keys, objs = _keys(6, 7), _chunks(7, seed=4)
+    assert plugin.batched_contains(keys, pin=True) == 0  # a fresh prompt: nothing hit
+    for step in ((0, 3), (3, 5), (5, 7)):  # three prefill steps
+        plugin.batched_submit_put_task(keys[slice(*step)], objs[slice(*step)])
+    (ctx,) = client.contexts()
+    assert (ctx.context_id, ctx.objects) == (f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16", 7)
+    assert plugin.stats.continued_puts == 2
+    assert plugin.stats.errors == 0, plugin.stats.last_error
+
+
 def test_forced_variant_beside_a_placed_context_gets_its_own_id(plugin_for: Any) -> None:
     plugin, client = plugin_for("placer: lru\n")
     keys, objs = _keys(3, 3), _chunks(3, seed=2)

@@ -9,7 +9,10 @@ which needs the daemon, is refused with the reason."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +25,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvtierd.integrations.router.app import ROUTER, RouterConfig, make_app
+from tests.daemon_proc import free_port
 
 ANSWER = {"id": "c1", "object": "text_completion",
           "choices": [{"index": 0, "text": " w1", "finish_reason": "length"}]}  # fmt: skip
@@ -33,6 +37,8 @@ class Upstream:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.finish = asyncio.Event()
+        self.finish.set()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -49,12 +55,27 @@ class Upstream:
         words = str((await request.json())["prompt"]).split()
         return web.json_response({"tokens": [int(w[1:]) + 3 for w in words]})
 
-    async def complete(self, request: web.Request) -> web.Response:
+    async def complete(self, request: web.Request) -> web.StreamResponse:
         self.bodies.append(await request.json())
+        if self.bodies[-1].get("stream"):
+            return await self.stream(request)
         return web.json_response(ANSWER)
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """vLLM's stream: a few events and ``data: [DONE]``; the rest of the stream (here a
+        blank line, as vLLM ends each event) once :attr:`finish` is set."""
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for _ in range(3):
+            await out.write(b'data: {"choices": [{"index": 0, "text": " w1"}]}\n\n')
+        await out.write(b"data: [DONE]\n")
+        await self.finish.wait()
+        await out.write(b"\n")
+        await out.write_eof()
+        return out
 
 
 @pytest.fixture
@@ -145,6 +166,36 @@ async def test_without_the_daemon_a_store_request_is_refused_with_the_reason(
 
 
 @pytest.mark.parametrize(
+    ("store", "match"),
+    [
+        ({"context_tokens": 40, "variant": "knorm@0.5"}, "context_tokens=40: must be a multiple"),
+        # whole 16-token pages: the first, the last and the 6 best middle ones of 32 (8 x 16)
+        ({"context_tokens": 512, "variant": "paged_eviction_block@0.25"},
+         "as paged_eviction_block@0.25 keeps 128 tokens (whole pages), not a multiple of "
+         "LMCache's chunk_size 256"),
+    ],
+)  # fmt: skip
+async def test_a_store_whose_kept_count_is_not_whole_chunks_is_a_400(
+    upstream: tuple[Upstream, str], tmp_path: Path, store: dict[str, Any], match: str
+) -> None:
+    """Chunk-rounding methods keep whole chunks by construction (docs/integration.md: M is
+    ``ratio * N`` to the nearest whole chunk); a page method's count is whole pages, refused
+    before vLLM prefills unless they make whole chunks."""
+    up, url = upstream
+    config = RouterConfig(url, str(tmp_path / "no-daemon.sock"), chunk_tokens=256)
+    router: TestClient[Any, Any] = TestClient(TestServer(make_app(config)))
+    await router.start_server()
+    try:
+        body = {"model": "m", "prompt": _prompt(600), "kvtierd": store}
+        r = await router.post("/v1/completions", json=body)
+        assert r.status == 400
+        assert match in (await r.json())["error"]["message"]
+        assert up.bodies == []
+    finally:
+        await router.close()
+
+
+@pytest.mark.parametrize(
     ("data", "match"),
     [
         (b"{not json", "JSON"),
@@ -189,3 +240,54 @@ def test_a_lookup_timeout_that_is_not_positive_is_a_usage_error(
         main(["--upstream", "http://127.0.0.1:1", "--lookup-timeout-s", value])
     assert e.value.code == 2
     assert f"--lookup-timeout-s must be > 0, got {float(value)}" in capsys.readouterr().err
+
+
+async def test_a_client_closing_after_done_is_no_error(
+    upstream: tuple[Upstream, str], tmp_path: Path
+) -> None:
+    """Clients close a stream as soon as they read ``data: [DONE]``, often before its end: the
+    router (the ``kvtierd router`` process, as deployed) logged a ``ClientConnectionResetError``
+    traceback for each. A client going away is expected: no error, no traceback."""
+    up, url = upstream
+    port = free_port()
+    log = tmp_path / "router.log"
+    with log.open("wb") as out:
+        router = subprocess.Popen(
+            [sys.executable, "-m", "kvtierd.main", "router", "--upstream", url, "--port",
+             str(port), "--socket", str(tmp_path / "no-daemon.sock")],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        body = json.dumps({"model": "m", "prompt": _prompt(4), "stream": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: "
+                f"{len(body)}\r\nContent-Type: application/json\r\n\r\n").encode()  # fmt: skip
+        for attempt in range(200):
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                break
+            except OSError:
+                assert attempt < 199 and router.poll() is None, log.read_text()
+                await asyncio.sleep(0.1)
+        served = 0
+        for _ in range(5):
+            up.finish.clear()
+            writer.write(head + body)
+            seen = b""
+            while b"[DONE]" not in seen:
+                chunk = await reader.read(4096)
+                assert chunk, seen
+                seen += chunk
+            served += 1
+            writer.transport.abort()  # closed at once, the stream's end unread (RST)
+            await asyncio.sleep(0.2)
+            up.finish.set()  # vLLM ends the stream after the client went away
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+        await asyncio.sleep(1.0)
+        assert served == 5 and router.poll() is None
+    finally:
+        router.terminate()
+        router.wait(30)
+    text = log.read_text()
+    assert text.count('"POST /v1/completions HTTP/1.1" 200') == 5, text
+    assert "Traceback" not in text and "Error handling request" not in text, text

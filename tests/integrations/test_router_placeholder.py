@@ -117,7 +117,7 @@ def test_a_store_that_cannot_be_built_is_an_error(stack: dict[str, Any]) -> None
     _, headers = complete(stack, CTX6 + SUFFIX)
     assert "x-kvtierd-context" not in headers
     status, message = failed(stack, CTX6 + SUFFIX, kvtierd={**store, "context_tokens": 40})
-    assert status == 400 and "multiples of LMCache's chunk_size 16" in message, message
+    assert status == 400 and "a multiple of LMCache's chunk_size 16" in message, message
     scoped_int8 = {"context_tokens": 64, "variant": "int8", "scope": "s"}
     status, message = failed(stack, CTX6 + SUFFIX, kvtierd=scoped_int8)
     assert status == 400 and "writes only a token-dropped variant" in message, message

@@ -109,7 +109,7 @@ def test_a_missing_router_is_a_clear_error(evaluator: EngineEvaluator) -> None:
 
 def test_policy_engine_keys() -> None:
     p = parse_policy(
-        "placer: evicpress\nprofiling:\n  evaluator: engine\n"
+        "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: engine\n"
         "  router_url: http://127.0.0.1:8100/\n  vllm_url: http://127.0.0.1:8000\n",
         "p.yaml",
     )
@@ -160,7 +160,8 @@ async def test_daemon_refuses_engine_per_context_with_the_reason(
     await engine.start()
     try:
         policy = parse_policy(
-            "placer: evicpress\nprofiling:\n  evaluator: engine\n  router_url: http://r:1\n",
+            "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: engine\n"
+            "  router_url: http://r:1\n",
             "p.yaml",
         )
         with caplog.at_level(logging.WARNING, logger="kvtierd.engine.profiling"):
@@ -181,3 +182,34 @@ async def test_daemon_refuses_engine_per_context_with_the_reason(
         assert "chunk hashes, never tokens" in caplog.text
     finally:
         await engine.close()
+
+
+@pytest.mark.parametrize(
+    "methods",
+    [["knorm"], ["int8"], ["int4"], ["knorm+int8"], ["keydiff+int4"], ["snapkv", "knorm"],
+     ["streamingllm", "paged_eviction_block"]],
+)  # fmt: skip
+@pytest.mark.parametrize("ratios", [[1.0, 0.5], [0.5, 0.25]])
+def test_policy_validation_refuses_exactly_what_the_engine_evaluator_cannot_score(
+    methods: list[str], ratios: list[float]
+) -> None:
+    """``policy_config`` (bottom layer: it cannot import this module) refuses an ``engine``
+    policy whose grid holds a variant :func:`scorable_variant` refuses, and only such a one;
+    snapkv is out of every daemon grid (``engine.profiling.NEEDS_QUERIES``)."""
+
+    text = (f"placer: evicpress\nvariants: {{methods: {methods}, ratios: {ratios}}}\n"
+            "profiling: {evaluator: engine, router_url: 'http://127.0.0.1:1'}\n")  # fmt: skip
+    grid = parse_policy(text.replace("engine", "attention"), "p.yaml").variants
+    refused = []
+    for v in grid:
+        if v.startswith("snapkv"):
+            continue
+        try:
+            scorable_variant(v)
+        except InvalidArgumentError:
+            refused.append(v)
+    if refused:
+        with pytest.raises(ConfigError, match=f"cannot score {', '.join(refused)} "):
+            parse_policy(text, "p.yaml")
+    else:
+        assert parse_policy(text, "p.yaml").evaluator == "engine"

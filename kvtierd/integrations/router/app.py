@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, KvtierError
 from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
+    KEPT_HEADER,
     StoreTarget,
     checked_variant,
     prepare_store,
@@ -221,6 +223,8 @@ class Router:
         if why:
             logger.error("store request: %s", why)
             return _error(why, 502)
+        if target.kept_tokens:
+            answer.headers[KEPT_HEADER] = str(target.kept_tokens)
         return answer
 
     async def _rewritten(
@@ -291,11 +295,7 @@ class Router:
             headers = {"Content-Type": r.content_type, **_loaded(rw)}
             out = web.StreamResponse(status=200, headers=headers)
             await out.prepare(request)
-            for line in held:
-                await out.write(_chat_line(line) if chat else line)
-            async for line in r.content:
-                await out.write(_chat_line(line) if chat else line)
-            await out.write_eof()
+            await _relay(out, _chained(held, r.content), _chat_line if chat else None)
             return out
 
     async def _fallback(
@@ -319,10 +319,32 @@ class Router:
                 return web.Response(body=payload, status=r.status, content_type=r.content_type)
             out = web.StreamResponse(status=r.status, headers={"Content-Type": r.content_type})
             await out.prepare(request)
-            async for line in r.content:
-                await out.write(line)
-            await out.write_eof()
+            await _relay(out, r.content, None)
             return out
+
+
+async def _relay(
+    out: web.StreamResponse,
+    lines: AsyncIterable[bytes],
+    convert: Callable[[bytes], bytes] | None,
+) -> None:
+    """vLLM's stream to the client, line by line. A client that closes its connection —
+    typically right after ``data: [DONE]``, before the stream's end — is an ordinary end, not
+    an error (aiohttp logged each as a traceback): the rest is not read, and leaving the
+    caller's ``async with`` closes vLLM's stream, which aborts the request there."""
+    try:
+        async for line in lines:
+            await out.write(convert(line) if convert is not None else line)
+        await out.write_eof()
+    except ConnectionResetError:
+        logger.debug("the client closed its stream before the end; vLLM's is closed too")
+
+
+async def _chained(first: list[bytes], rest: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
+    for line in first:
+        yield line
+    async for line in rest:
+        yield line
 
 
 async def _json_object(request: web.Request) -> dict[str, Any]:

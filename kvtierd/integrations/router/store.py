@@ -13,14 +13,17 @@ a scope refuses them, since a scoped store writes nothing under keys production 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
-from kvtierd.integrations.placeholder import SNAPKV_UNAVAILABLE, manifest_key
+from kvtierd.integrations.placeholder import SNAPKV_UNAVAILABLE, kept_tokens, manifest_key
 from kvtierd.integrations.router.rewrite import read_manifest
-from kvtierd.kernels.variants import Variant, parse_variant, variant_kept_tokens
+from kvtierd.kernels.variants import Variant, parse_variant
 from kvtierd.router_protocol import ContextRequest, context_digest, loaded_value
+
+KEPT_HEADER = "x-kvtierd-kept-tokens"
+"""On a stored token-dropping variant's answer: the entries it keeps, ``M``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +35,7 @@ class StoreTarget:
     variant: Variant
     num_tokens: int
     scope: str = ""
+    kept_tokens: int = 0  # M of a token-dropping variant (placeholder.kept_tokens)
 
     @property
     def manifest_key(self) -> str:
@@ -77,12 +81,18 @@ async def prepare_store(
         return target
     if variant.method == "snapkv":
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
-    kept = variant_kept_tokens(n, variant, chunk_tokens=chunk_tokens)
-    if n % chunk_tokens or kept % chunk_tokens:
+    if n % chunk_tokens:
         raise InvalidArgumentError(
-            f"kvtierd.context_tokens={n} as {variant} keeps {kept} tokens: both must be "
-            f"multiples of LMCache's chunk_size {chunk_tokens} (the router's --chunk-size)"
+            f"kvtierd.context_tokens={n}: must be a multiple of LMCache's chunk_size "
+            f"{chunk_tokens} (the router's --chunk-size)"
         )
+    kept = kept_tokens(n, variant, chunk_tokens)
+    if kept % chunk_tokens:  # a page method's whole pages (kept_tokens)
+        raise InvalidArgumentError(
+            f"kvtierd.context_tokens={n} as {variant} keeps {kept} tokens (whole pages), not "
+            f"a multiple of LMCache's chunk_size {chunk_tokens}: choose another ratio or method"
+        )
+    target = replace(target, kept_tokens=kept)
     stored = await read_manifest(client, target.manifest_key)
     if stored is not None and stored.variant != str(variant):
         raise AlreadyExistsError(

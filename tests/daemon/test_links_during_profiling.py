@@ -1,0 +1,73 @@
+"""A routed prompt's link (its context's tokens and a real query) is recorded while a profile
+runs (issue 18.6's ``prompt ... not linked ... TimeoutError``): a profile through the serving
+stack takes seconds to minutes on the profiler's thread, and links queued behind it made the
+router give them up after 10 s."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+
+from kvtierd.engine import Engine
+from kvtierd.policy_config import parse_policy
+from kvtierd.profiler import (
+    ContextKV,
+    ProfileLayout,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    register_evaluator,
+)
+from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from tests.daemon.test_profiling_engine import CHUNKS, T, _config, _put_context, _until
+
+RELEASE = threading.Event()
+
+
+class HeldEvaluator(QualityEvaluator):
+    """Scores only once the test lets it: a profile that takes as long as the test needs."""
+
+    name = "test-held"
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        assert RELEASE.wait(60), "the test never released the profile"
+        return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 3)
+
+
+if HeldEvaluator.name not in EVALUATORS:
+    register_evaluator(HeldEvaluator)
+
+
+async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Path) -> None:
+    RELEASE.clear()
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        policy = parse_policy("placer: evicpress\nvariants: {methods: [knorm]}\n", "p.yaml")
+        await engine.apply_policy(replace(policy, evaluator=HeldEvaluator.name))
+        await _put_context(engine, "doc")
+        profiling = asyncio.ensure_future(engine.profiling.profile_context(engine.contexts["doc"]))
+        await _until(lambda: engine.profiling.profiler is not None and not profiling.done())
+        await asyncio.sleep(0.2)  # the profile is on the profiler's thread, held
+        prompt = tuple(range(CHUNKS * T + 3))
+        engine.profiling.note_prompt("req-1", prompt)
+        await asyncio.wait_for(engine.profiling.link_prompt("doc", "req-1"), 5)
+        await asyncio.wait_for(engine.profiling.add_queries("doc", ["more"], True), 5)
+        assert not profiling.done()  # both were recorded while it ran
+        profiler = engine.profiling.profiler
+        assert profiler is not None and profiler.queries.known_tokens("doc") == len(prompt)
+        assert len(profiler.queries.recent("doc")) == 2  # the prompt's tail, and "more"
+    finally:
+        RELEASE.set()
+        await engine.close()

