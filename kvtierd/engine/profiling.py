@@ -419,7 +419,7 @@ class ProfilingService:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self.engine.contexts.get(cid)
-                if ctx is not None and self._geometry_of(ctx)[0] is not None:
+                if ctx is not None:
                     await self.profile_context(ctx)
 
     async def profile_context(
@@ -428,6 +428,10 @@ class ProfilingService:
         """Profile now; a failure is counted, logged and reported, never raised to the loop."""
         if self.profiler is None:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
+        if self._geometry_of(ctx)[0] is None:  # e.g. a store request's int4: nothing to choose
+            logger.info("context %s: not profiled: it is stored only as %r, its original is not "
+                        "kept", ctx.context_id, ctx.variant)  # fmt: skip
+            return False
         started = time.perf_counter()
         evaluator = self.profiler.evaluator
         try:
