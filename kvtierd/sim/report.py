@@ -1,4 +1,4 @@
-"""``report``: run the sweep and write the paper's figures as PNGs plus ``results.json``.
+"""``kvtierd sim report``: the sweep, then the paper's figures as PNGs and ``results.json``.
 
 * ``frontier.png`` — mean TTFT against mean quality, EvicPress's alpha sweep vs every baseline
   (paper Fig. 7);
@@ -9,7 +9,7 @@
   the paper) next to ``lru`` and ``fixed:keydiff@0.5``, and per tier the share of contexts by
   kept ratio and method (Fig. 11).
 
-The headline table is printed as ``simulate --sweep`` prints it.
+The headline table is printed as ``kvtierd sim sweep`` prints it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
-from kvtierd.cli.placements import final_placements, plot_placements
-from kvtierd.cli.simconfig import build_config
-from kvtierd.cli.simulate import config_summary, headline_payload, print_headline, sweep
-from kvtierd.policies.simulate import SimulationConfig, plot_frontier, plot_qps
-from kvtierd.policies.simulate.frontier import Sweep
+from kvtierd.sim.commands import config_summary, headline_payload, print_headline, sweep
+from kvtierd.sim.frontier import Sweep
+from kvtierd.sim.options import build_config
+from kvtierd.sim.placements import final_placements
+from kvtierd.sim.plots import plot_frontier, plot_placements, plot_qps
+from kvtierd.sim.replay import SimulationConfig
 
 OCCUPANCY_BASELINES = ("lru", "fixed:keydiff@0.5")
 

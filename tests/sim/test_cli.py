@@ -1,18 +1,20 @@
-"""``simulate`` and ``report``: the simulator behind kvtierctl, on tiny workloads (no daemon)."""
+"""``kvtierd sim run | sweep | report`` on tiny workloads (no daemon)."""
 
 from __future__ import annotations
 
 import io
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
 from rich.console import Console
 
 from kvtierd.cli.output import Output
-from tests.cli.conftest import Ctl
+from kvtierd.sim.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "configs" / "policies"
@@ -20,13 +22,34 @@ TINY = ("--contexts", "40", "--requests", "400", "--dram", "40GB", "--ssd", "100
 ALPHAS = ("--alphas", "0.1", "1", "10")
 
 
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+Sim = Callable[..., Result]
+
+
 @pytest.fixture
-def sim(ctl: Callable[[None], Ctl]) -> Ctl:
-    return ctl(None)
+def sim(capsys: pytest.CaptureFixture[str]) -> Sim:
+    """``sim("run", "--json")`` runs ``kvtierd sim run --json`` in process."""
+
+    def run(*argv: str) -> Result:
+        capsys.readouterr()
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
 
 
-def test_one_run_json(sim: Ctl) -> None:
-    r = sim("simulate", *TINY, "--json")
+def test_one_run_json(sim: Sim) -> None:
+    r = sim("run", *TINY, "--json")
     assert r.code == 0, r.err
     doc = r.json()
     assert doc["config"]["placer"] == "evicpress" and doc["config"]["requests"] == 400
@@ -38,10 +61,10 @@ def test_one_run_json(sim: Ctl) -> None:
     assert sum(run["hit_rate"].values()) == pytest.approx(1.0)
 
 
-def test_table_and_seed(sim: Ctl) -> None:
-    r = sim("simulate", *TINY, "--placer", "lru")
+def test_table_and_seed(sim: Sim) -> None:
+    r = sim("run", *TINY, "--placer", "lru")
     assert r.code == 0 and "lru" in r.out and "served from" in r.out
-    runs = [sim("simulate", *TINY, "--seed", s, "--json").json()["runs"][0] for s in "001"]
+    runs = [sim("run", *TINY, "--seed", s, "--json").json()["runs"][0] for s in "001"]
     assert runs[0] == runs[1]  # deterministic in the seed
     assert runs[0]["ttft_mean_s"] != runs[2]["ttft_mean_s"]
 
@@ -51,60 +74,58 @@ def test_table_and_seed(sim: Ctl) -> None:
     [("lru.yaml", "lru", True), ("fixed-knorm-0.5.yaml", "fixed:knorm@0.5", False),
      ("fixed-int8.yaml", "fixed:int8", False), ("evicpress.yaml", "evicpress", False)],
 )  # fmt: skip
-def test_policy_files(sim: Ctl, policy: str, placer: str, full_quality: bool) -> None:
-    r = sim("simulate", *TINY, "--policy", str(POLICIES / policy), "--json")
+def test_policy_files(sim: Sim, policy: str, placer: str, full_quality: bool) -> None:
+    r = sim("run", *TINY, "--policy", str(POLICIES / policy), "--json")
     assert r.code == 0, r.err
     run = r.json()["runs"][0]
     assert run["placer"] == placer
     assert (run["quality_mean"] == 1.0) is full_quality
 
 
-def test_policy_grid_and_alpha_reach_the_simulator(sim: Ctl, tmp_path: Path) -> None:
+def test_policy_grid_and_alpha_reach_the_simulator(sim: Sim, tmp_path: Path) -> None:
     f = tmp_path / "p.yaml"
     f.write_text("placer: evicpress\nalpha: 7\nvariants: {methods: [knorm], ratios: [1.0, 0.5]}\n")
-    doc = sim("simulate", *TINY, "--policy", str(f), "--json").json()
+    doc = sim("run", *TINY, "--policy", str(f), "--json").json()
     assert doc["config"]["variants"] == 2 and doc["runs"][0]["alpha"] == 7.0  # none, knorm@0.5
     assert (
-        sim("simulate", *TINY, "--policy", str(f), "--alpha", "3", "--json").json()["runs"][0][
-            "alpha"
-        ]
+        sim("run", *TINY, "--policy", str(f), "--alpha", "3", "--json").json()["runs"][0]["alpha"]
         == 3.0
     )
 
 
-def test_trace_csv_drives_arrivals(sim: Ctl, tmp_path: Path) -> None:
+def test_trace_csv_drives_arrivals(sim: Sim, tmp_path: Path) -> None:
     csv = tmp_path / "trace.csv"
     rows = [f"2023-11-16 18:{m:02d}:{s:02d}.000000,100,10" for m in range(10) for s in range(60)]
     csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
-    r = sim("simulate", *TINY, "--trace", str(csv), "--json")
+    r = sim("run", *TINY, "--trace", str(csv), "--json")
     assert r.code == 0, r.err
     assert r.json()["config"]["arrival"] == "trace"
     assert r.json()["runs"][0]["ttft_mean_s"] > 0
 
 
-def test_bad_inputs(sim: Ctl, tmp_path: Path) -> None:
-    r = sim("simulate", *TINY, "--placer", "nope")
+def test_bad_inputs(sim: Sim, tmp_path: Path) -> None:
+    r = sim("run", *TINY, "--placer", "nope")
     assert r.code == 5 and "unknown placer 'nope'" in r.err and r.out == ""
     bad = tmp_path / "bad.yaml"
     bad.write_text("placer: evicpress\nalpha: -1\n")
-    r = sim("simulate", *TINY, "--policy", str(bad))
+    r = sim("run", *TINY, "--policy", str(bad))
     assert r.code == 5 and f"{bad}:2" in r.err
     paged = tmp_path / "paged.yaml"
     paged.write_text("placer: evicpress\nvariants: {methods: [paged_eviction]}\n")
-    r = sim("simulate", *TINY, "--policy", str(paged))
+    r = sim("run", *TINY, "--policy", str(paged))
     assert r.code == 5 and "paged_eviction" in r.err and "no quality model" in r.err
-    assert sim("simulate", *TINY, "--placer", "fixed:knorm@0.55").code == 5
-    assert sim("simulate", *TINY, "--trace", str(tmp_path / "none.csv")).code == 5
+    assert sim("run", *TINY, "--placer", "fixed:knorm@0.55").code == 5
+    assert sim("run", *TINY, "--trace", str(tmp_path / "none.csv")).code == 5
     empty = tmp_path / "empty.csv"
     empty.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-    r = sim("simulate", *TINY, "--trace", str(empty))
+    r = sim("run", *TINY, "--trace", str(empty))
     assert r.code == 5 and "no requests" in r.err
-    assert sim("simulate", *TINY, "--dram", "lots").code == 2
-    assert sim("simulate", *TINY, "--requests", "0").code == 2
+    assert sim("run", *TINY, "--dram", "lots").code == 2
+    assert sim("run", *TINY, "--requests", "0").code == 2
 
 
-def test_sweep_json_and_headline(sim: Ctl) -> None:
-    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--json")
+def test_sweep_json_and_headline(sim: Sim) -> None:
+    r = sim("sweep", *TINY, *ALPHAS, "--json")
     assert r.code == 0, r.err
     doc = r.json()
     placers = [x["placer"] for x in doc["runs"]]
@@ -121,14 +142,14 @@ def test_sweep_json_and_headline(sim: Ctl) -> None:
     prefill = next(row for row in doc["headline"] if row["baseline"] == "prefill")
     assert prefill["points"] == 1 and prefill["reduction_min"] > 1  # cache beats recompute
     assert doc["qps"]["evicpress_qps"] > 0 and doc["qps"]["quality_target"] == 0.8
-    text = sim("simulate", *TINY, "--sweep", *ALPHAS).out
+    text = sim("sweep", *TINY, *ALPHAS).out
     assert "TTFT reduction at equal quality" in text and "QPS at mean TTFT" in text
 
 
-def test_unreachable_quality_target_is_reported_not_fatal(sim: Ctl) -> None:
-    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--quality-target", "1.5", "--json")
+def test_unreachable_quality_target_is_reported_not_fatal(sim: Sim) -> None:
+    r = sim("sweep", *TINY, *ALPHAS, "--quality-target", "1.5", "--json")
     assert r.code == 0 and r.json()["qps"] is None
-    r = sim("simulate", *TINY, "--sweep", *ALPHAS, "--quality-target", "1.5")
+    r = sim("sweep", *TINY, *ALPHAS, "--quality-target", "1.5")
     assert "no configuration reaches quality 1.5" in r.out
 
 
@@ -143,7 +164,7 @@ def _image(path: Path) -> tuple[int, int]:
         return im.size
 
 
-def test_report_writes_figures_and_results(sim: Ctl, tmp_path: Path) -> None:
+def test_report_writes_figures_and_results(sim: Sim, tmp_path: Path) -> None:
     out = tmp_path / "report"
     r = sim("report", *TINY, *ALPHAS, "--out", str(out))
     assert r.code == 0, r.err
@@ -166,7 +187,7 @@ def test_report_writes_figures_and_results(sim: Ctl, tmp_path: Path) -> None:
     assert {g["method"] for g in placed[2]["groups"] if g["tier"] != "dropped"} == {"keydiff"}
 
 
-def test_report_json_and_extra_placer(sim: Ctl, tmp_path: Path) -> None:
+def test_report_json_and_extra_placer(sim: Sim, tmp_path: Path) -> None:
     out = tmp_path / "r"
     r = sim("report", *TINY, *ALPHAS, "--placer", "lfu", "--out", str(out), "--json")
     assert r.code == 0, r.err
@@ -178,7 +199,7 @@ def test_report_json_and_extra_placer(sim: Ctl, tmp_path: Path) -> None:
     assert doc["headline"] and doc["qps"] is not None
 
 
-def test_report_without_qps_figure_and_bad_out(sim: Ctl, tmp_path: Path) -> None:
+def test_report_without_qps_figure_and_bad_out(sim: Sim, tmp_path: Path) -> None:
     out = tmp_path / "r"
     r = sim("report", *TINY, *ALPHAS, "--quality-target", "1.5", "--out", str(out), "--json")
     assert r.code == 0 and not (out / "ttft_vs_qps.png").exists()
@@ -202,3 +223,28 @@ def test_progress_bar_draws_on_a_terminal() -> None:
     with quiet.progress("simulating", 1) as step:
         step("x")
     assert quiet.err.file.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_kvtierd_dispatches_sim(capsys: pytest.CaptureFixture[str]) -> None:
+    """``kvtierd sim ...`` is this command line (the one way to run the simulator)."""
+    from kvtierd.main import main as kvtierd
+
+    assert kvtierd(["sim", "run", *TINY, "--placer", "prefill", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["hit_rate"]["miss"] == 1.0
+    assert kvtierd(["sim", "run", *TINY, "--placer", "nope"]) == 5
+    assert capsys.readouterr().err.startswith("kvtierd sim: unknown placer")
+    assert kvtierd(["--help"]) == 0 and "sim " in capsys.readouterr().out
+
+
+def test_every_command_and_flag_is_documented() -> None:
+    import argparse
+
+    from kvtierd.sim.cli import build_parser
+
+    doc = (ROOT / "docs" / "simulator.md").read_text()
+    subs = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in subs.choices.items():
+        assert f"kvtierd sim {name}" in doc, name
+        for action in parser._actions:
+            for flag in action.option_strings:
+                assert flag in doc or flag in ("-h", "--help"), (name, flag)

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvtierd.policies.base import PlacerParams, make_placer
+from kvtierd.policies.base import Placer, PlacerParams, make_placer
 from kvtierd.policies.model import FloatArray, IntArray
-from kvtierd.policies.simulate.quality import VariantSpace, VariantTable, make_variants
-from kvtierd.policies.simulate.workload import ModelPreset, Workload, WorkloadConfig, make_workload
+from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
+from kvtierd.sim.workload import ModelPreset, Workload, WorkloadConfig, make_workload
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
 
 GB = 1e9
@@ -118,16 +118,27 @@ def prepare(cfg: SimulationConfig) -> Prepared:
     return Prepared(wl, vt, tuple(profiles))
 
 
-def run_simulation(cfg: SimulationConfig, prepared: Prepared | None = None) -> SimulationResult:
-    """Replay the workload's requests through ``cfg.placer`` and measure every request."""
-    prep = prepared or prepare(cfg)
+@dataclass(frozen=True, slots=True, eq=False)
+class Replay:
+    """What a replay leaves: the placer (final placements) and, per request, the tier index
+    it was served from (``-1``: a miss, prefilled) and the variant index."""
+
+    placer: Placer
+    tier_hit: IntArray
+    variant: IntArray
+
+
+def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
+    """Send the workload's requests through a fresh ``cfg.placer`` in order: a context the
+    placer does not know is inserted (a miss); a known one is served from its placement and
+    counted as an access."""
     wl, vt = prep.workload, prep.variants
     params = PlacerParams(alpha=cfg.alpha, selection=cfg.selection)
     placer = make_placer(cfg.placer, cfg.tiers, params)
     tier_of = {t.name: i for i, t in enumerate(cfg.tiers)}
     var_of = {name: j for j, name in enumerate(vt.names)}
     m = wl.arrival_s.size
-    tier_hit = np.full(m, -1, dtype=np.int64)  # -1: miss (prefill); otherwise the tier index
+    tier_hit = np.full(m, -1, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
     for k in range(m):
         c = int(wl.request_context[k])
@@ -141,7 +152,14 @@ def run_simulation(cfg: SimulationConfig, prepared: Prepared | None = None) -> S
             tier_hit[k] = tier_of[where.tier]
             variant[k] = var_of[where.variant]
         placer.access(cid, float(wl.arrival_s[k]))
-    return _measure(cfg, prep, tier_hit, variant)
+    return Replay(placer, tier_hit, variant)
+
+
+def run_simulation(cfg: SimulationConfig, prepared: Prepared | None = None) -> SimulationResult:
+    """Replay the workload's requests through ``cfg.placer`` and measure every request."""
+    prep = prepared or prepare(cfg)
+    done = replay(cfg, prep)
+    return _measure(cfg, prep, done.tier_hit, done.variant)
 
 
 def _measure(

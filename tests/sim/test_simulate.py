@@ -7,13 +7,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvtierd.policies.simulate import SimulationConfig, headline, run_simulation, run_sweep
-from kvtierd.policies.simulate.__main__ import main
-from kvtierd.policies.simulate.engine import loaded_ttft_s, prepare, qps_at_ttft
-from kvtierd.policies.simulate.frontier import frontier, ttft_at_quality
-from kvtierd.policies.simulate.plots import plot_frontier
-from kvtierd.policies.simulate.quality import VariantSpace, quant_ratio
-from kvtierd.policies.simulate.workload import MODELS, WorkloadConfig, load_trace_timestamps
+from kvtierd.sim import SimulationConfig, headline, run_simulation, run_sweep
+from kvtierd.sim.frontier import frontier, ttft_at_quality
+from kvtierd.sim.plots import plot_frontier
+from kvtierd.sim.replay import loaded_ttft_s, prepare, qps_at_ttft
+from kvtierd.sim.variants import VariantSpace, quant_ratio
+from kvtierd.sim.workload import MODELS, WorkloadConfig, load_trace_timestamps
 
 SMALL = SimulationConfig(workload=WorkloadConfig(n_contexts=60, n_requests=1500, seed=3))
 
@@ -69,10 +68,3 @@ def test_trace_loader_reads_azure_and_burstgpt(tmp_path):
     burst = tmp_path / "burst.csv"
     burst.write_text("Timestamp,Model,Request tokens\n5,a,1\n7.5,a,2\n")
     assert load_trace_timestamps(str(burst)).tolist() == [0.0, 2.5]
-
-
-def test_cli_runs_and_writes_outputs(tmp_path, capsys):
-    args = ["--n-contexts", "40", "--n-requests", "800", "--alphas", "0.3", "3", "30"]
-    assert main([*args, "--out", str(tmp_path)]) == 0
-    assert "TTFT reduction at equal quality" in capsys.readouterr().out
-    assert (tmp_path / "results.json").exists() and (tmp_path / "frontier.png").exists()

@@ -4,7 +4,7 @@ One configuration prints its TTFT (mean, p50, p99), mean quality and the share o
 served by each tier; ``--sweep`` runs EvicPress at every ``--alphas`` value and the baselines
 (``fixed:<method>@<ratio>``, ``lru``, ``lfu``, ``prefill``) on one shared workload and prints
 every run, the headline table (TTFT reduction at equal quality) and QPS at equal TTFT.
-No daemon is involved: this is ``kvtierd.policies.simulate`` behind a command line.
+No daemon is involved: this is ``kvtierd.sim`` behind a command line.
 """
 
 from __future__ import annotations
@@ -15,17 +15,10 @@ from typing import Any
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
-from kvtierd.cli.simconfig import build_config
 from kvtierd.errors import KvtierError
-from kvtierd.policies.simulate import (
-    SimulationConfig,
-    SimulationResult,
-    headline,
-    qps_comparison,
-    run_simulation,
-    run_sweep,
-)
-from kvtierd.policies.simulate.frontier import Sweep
+from kvtierd.sim.frontier import Sweep, headline, qps_comparison, run_sweep
+from kvtierd.sim.options import build_config
+from kvtierd.sim.replay import SimulationConfig, SimulationResult, run_simulation
 
 FIXED_METHODS = ("keydiff", "knorm", "snapkv")
 FIXED_RATIOS = (0.9, 0.7, 0.5, 0.3, 0.1)
@@ -155,18 +148,21 @@ def config_summary(cfg: SimulationConfig) -> dict[str, Any]:
     }
 
 
-def run_simulate(args: argparse.Namespace, out: Output) -> ExitCode:
+def run_one(args: argparse.Namespace, out: Output) -> ExitCode:
+    """``kvtierd sim run``."""
     cfg = build_config(args)
-    if not args.sweep:
-        with out.working(f"simulating {cfg.placer}"):
-            r = simulate_one(cfg)
-        if out.as_json:
-            out.json({"config": config_summary(cfg), "runs": [r.summary()]})
-        else:
-            out.table(
-                f"simulation of {cfg.placer} ({cfg.workload.model})", RUN_COLUMNS, [run_row(r)]
-            )
-        return ExitCode.OK
+    with out.working(f"simulating {cfg.placer}"):
+        r = simulate_one(cfg)
+    if out.as_json:
+        out.json({"config": config_summary(cfg), "runs": [r.summary()]})
+    else:
+        out.table(f"simulation of {cfg.placer} ({cfg.workload.model})", RUN_COLUMNS, [run_row(r)])
+    return ExitCode.OK
+
+
+def run_sweep_command(args: argparse.Namespace, out: Output) -> ExitCode:
+    """``kvtierd sim sweep``."""
+    cfg = build_config(args)
     sw = sweep(replace(cfg, placer="evicpress"), args.alphas, out)
     payload = headline_payload(sw, args.quality_target)
     if out.as_json:

@@ -1,6 +1,6 @@
 """Options shared by ``simulate`` and ``report``, turned into a ``SimulationConfig``.
 
-The workload is the simulator's (``kvtierd.policies.simulate``): contexts drawn from the paper's
+The workload is the simulator's (``kvtierd.sim``): contexts drawn from the paper's
 datasets, Zipf popularity, Poisson arrivals or a CSV trace's timestamps. The placer comes from a
 policy file (``--policy``: placer, alpha, selection, variant grid) or a name (``--placer``:
 ``evicpress``, ``lru``, ``lfu``, ``prefill``, ``fixed:knorm@0.5``). Tiers are the paper's
@@ -18,11 +18,11 @@ from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.policy import read_policy
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError
-from kvtierd.policies.simulate import PAPER_TIERS, SimulationConfig
-from kvtierd.policies.simulate.frontier import DEFAULT_ALPHAS
-from kvtierd.policies.simulate.quality import METHOD_MEDIAN, QUANT_BITS, VariantSpace
-from kvtierd.policies.simulate.workload import MODELS, WorkloadConfig
 from kvtierd.policy_config import PolicyConfig
+from kvtierd.sim.frontier import DEFAULT_ALPHAS
+from kvtierd.sim.replay import PAPER_TIERS, SimulationConfig
+from kvtierd.sim.variants import METHOD_MEDIAN, QUANT_BITS, VariantSpace
+from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import TierModel
 
 ORIGINAL = "none"

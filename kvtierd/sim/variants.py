@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtierd.policies.model import FloatArray
-from kvtierd.policies.simulate.workload import DATASETS, Workload
+from kvtierd.sim.workload import DATASETS, Workload
 from kvtierd.types import ORIGINAL_VARIANT
 
 METHOD_MEDIAN = {"keydiff": 1.0, "snapkv": 1.1, "knorm": 1.2}

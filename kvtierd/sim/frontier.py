@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvtierd.policies.model import FloatArray
-from kvtierd.policies.simulate.engine import (
+from kvtierd.sim.replay import (
     SimulationConfig,
     SimulationResult,
     prepare,
