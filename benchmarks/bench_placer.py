@@ -2,7 +2,7 @@
 instance family, the cost of an exact solve by size (the threshold), the gap to the LP bound,
 rebalance and insert cost.
 
-    .venv/bin/python benchmarks/bench_placer.py [--instances 200] [--quick]
+    .venv/bin/python -m benchmarks.bench_placer [--instances 200] [--quick]
 
 Instance families (``kvtierd/policies/families.py``): "paper" (simulator-calibrated contexts,
 DRAM/SSD at ~10%/~40% of the bytes), "uniform" (independent random sizes/qualities, each 10-60%
