@@ -1,7 +1,8 @@
 """``kvtierd sim``: the simulator's one command line (docs/simulator.md).
 
 Subcommands: ``run`` (one placer), ``sweep`` (EvicPress over alphas + every baseline, the
-headline table), ``report`` (the sweep's figures and ``results.json``). No daemon is involved:
+headline table), ``report`` (the sweep's figures and ``results.json``), ``predict`` (a measured
+stack's TTFT for a given workload, from a calibration). No daemon is involved:
 the simulator replays a workload through the placers in this process. Output and exit codes
 are kvtierctl's (a table, or one JSON document with ``--json``; 2 bad command line, 5 invalid
 input; errors are one line on stderr).
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
-from kvtierd.sim import commands, options, report
+from kvtierd.sim import commands, options, predict, report
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = _command(sub, "run", commands.run_one, "replay the workload through one placer")
+    options.add_placer_args(p)
     options.add_workload_args(p)
     p = _command(
         sub,
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands.run_sweep_command,
         "EvicPress at every --alphas value and every baseline; the headline table",
     )
+    options.add_placer_args(p)
     options.add_workload_args(p)
     options.add_sweep_args(p)
     p = _command(
@@ -56,8 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
         "the sweep, then PNG plots (Fig. 7, 8, 11) and results.json",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and JSON")
+    options.add_placer_args(p)
     options.add_workload_args(p)
     options.add_sweep_args(p)
+    p = _command(
+        sub,
+        "predict",
+        predict.run_predict,
+        "a measured stack's TTFT for a given workload, from a calibration",
+    )
+    p.add_argument("--workload", required=True, metavar="JSON", help="the requests sent")
+    p.add_argument("--calibration", required=True, metavar="YAML", help="what was measured")
+    options.add_placer_args(p)
     return parser
 
 

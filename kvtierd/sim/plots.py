@@ -13,7 +13,8 @@ import numpy as np
 
 from kvtierd.sim.frontier import Sweep, frontier
 from kvtierd.sim.placements import DROPPED, PlacementSummary
-from kvtierd.sim.replay import SimulationResult, loaded_ttft_s
+from kvtierd.sim.replay import SimulationResult
+from kvtierd.sim.timing import loaded_ttft_s
 
 
 def _pyplot() -> Any:
@@ -38,11 +39,15 @@ def _save(plt: Any, fig: Any, ax: Any, path: str | Path) -> Path:
 
 
 def plot_frontier(sweep: Sweep, path: str | Path) -> Path:
-    """Mean TTFT (s) against mean quality for EvicPress (alpha sweep) and every baseline."""
+    """Mean TTFT (s) against mean quality for EvicPress (alpha sweep; with oracle frequencies
+    dashed, the upper bound) and every baseline."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     qs, ts = frontier(sweep.evicpress)
     ax.plot(qs, ts, "o-", color="tab:red", label="EvicPress (alpha sweep)", zorder=3)
+    if sweep.oracle:
+        qs, ts = frontier(sweep.oracle)
+        ax.plot(qs, ts, ".:", color="tab:red", alpha=0.6, label="EvicPress, oracle frequencies")
     families: dict[str, list[SimulationResult]] = {}
     for r in sweep.baselines:
         families.setdefault(r.placer.split("@")[0], []).append(r)
@@ -61,7 +66,7 @@ def plot_qps(runs: dict[str, SimulationResult], path: str | Path, max_qps: float
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     grid = np.linspace(max_qps / 40, max_qps, 40)
     for name, r in runs.items():
-        ax.plot(grid, [loaded_ttft_s(r, q) for q in grid], label=name)
+        ax.plot(grid, [loaded_ttft_s(r.arrival_s, r.service_s, q) for q in grid], label=name)
     ax.set_xlabel("requests per second")
     ax.set_ylabel("mean TTFT (s, FIFO queue on one GPU)")
     return _save(plt, fig, ax, path)

@@ -2,30 +2,41 @@
 
 Per request for context ``c`` (EvicPress §6.1 metrics):
 
-* cached at ``(variant, tier)``: TTFT = bytes / tier bandwidth + tier overhead + restore + prefill
-  of the query attending to the kept tokens; quality = the variant's profiled quality;
-* not cached (first use, evicted, dropped, or the ``prefill`` placer): TTFT = prefill of context
-  + query; quality 1.0. The context is then offered to the placer (``insert``).
+* cached at ``(variant, tier)``: TTFT = bytes / tier bandwidth + tier overhead + restore +
+  prefill of the query after the kept tokens; quality = the variant's profiled quality. When
+  that is slower than recomputing (``recompute_slower_loads``, on by default) the request is
+  **recomputed** instead, as a serving engine that knows both costs would: TTFT = prefill of
+  context + query, quality 1.0. This applies to every placer alike: without it the LRU family
+  loads from tiers slower than prefill (29-39% of its requests in the paper-scale sweep);
+* not cached (first use, evicted, or dropped): TTFT = prefill of context + query, quality 1.0.
+  The context is then stored again: offered to the placer (``insert``), as the daemon does
+  when the prefilled KV arrives.
 
-Prefill time is a roofline: ``2 * active_params`` FLOPs per token plus attention
-``4 * layers * q_heads * head_dim`` FLOPs per token pair, at ``gpu_flops`` (default H100 bf16
-dense 989 TFLOP/s x 40% utilisation). Plans are executed instantly (in the background, as in
-§4.1); the first ``warmup_fraction`` of requests fill the cache and are not measured.
+**Frequencies** (``frequency``): ``online`` (default) gives the placer what the daemon's
+profiler knows — each context's decayed count of the requests seen so far
+(:class:`kvtierd.profiler.frequency.FrequencyTracker`, half-life ``half_life_s``), taken when
+the context is inserted, plus the hits the placer counts itself; ``oracle`` gives it each
+context's true expected number of requests over the whole workload (the upper bound the
+paper's profiler assumes).
 
-The unloaded TTFT of a request is its service time; :func:`loaded_ttft_s` adds queueing on one
-FIFO GPU for a given request rate (used for "QPS at equal TTFT", Fig. 8).
+Plans are executed instantly (in the background, as in §4.1). Warm-up requests
+(``Workload.measured``) fill the cache and are not counted. Prefill times come from the
+prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, make_placer
 from kvtierd.policies.model import FloatArray, IntArray
+from kvtierd.profiler.frequency import FrequencyTracker
+from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
-from kvtierd.sim.workload import ModelPreset, Workload, WorkloadConfig, make_workload
+from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
 
 GB = 1e9
@@ -38,6 +49,12 @@ PAPER_TIERS: tuple[TierModel, ...] = (
 """§6.1: 80 GB CPU DRAM, 800 GB SSD, unbounded remote; bandwidths as in the paper's Fig. 2
 (20 GB/s fast, 2 GB/s slow) and 1 GB/s for the remote store."""
 
+FREQUENCIES = ("online", "oracle")
+
+MISS = -1
+RECOMPUTED = -2
+"""Codes of :attr:`SimulationResult.served` besides tier indices."""
+
 
 @dataclass(frozen=True, slots=True)
 class SimulationConfig:
@@ -49,14 +66,31 @@ class SimulationConfig:
     placer: str = "evicpress"
     alpha: float = 1.0
     selection: str = "per_byte"
+    frequency: str = "online"
+    half_life_s: float = 3600.0
+    recompute_slower_loads: bool = True
     warmup_fraction: float = 0.2
-    gpu_flops: float = 989e12 * 0.4
+    gpu_flops: float = H100_BF16_FLOPS * 0.4
     sensitivity_cov: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.frequency not in FREQUENCIES:
+            raise InvalidArgumentError(
+                f"unknown frequency {self.frequency!r}; known: {', '.join(FREQUENCIES)}"
+            )
+
+    @property
+    def label(self) -> str:
+        """The placer as results name it; EvicPress with oracle frequencies is marked."""
+        oracle = self.frequency == "oracle" and self.placer == "evicpress"
+        return f"{self.placer} (oracle)" if oracle else self.placer
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SimulationResult:
-    """Measured requests only. ``service_s``/``arrival_s``: per request, for queueing."""
+    """Measured requests only, in arrival order. Per request: ``service_s`` (unloaded TTFT),
+    ``arrival_s``, ``quality`` and ``served`` (tier index, :data:`MISS` or
+    :data:`RECOMPUTED`); ``tiers`` names the tier indices."""
 
     placer: str
     alpha: float
@@ -67,6 +101,9 @@ class SimulationResult:
     hit_rate: dict[str, float]
     service_s: FloatArray
     arrival_s: FloatArray
+    quality: FloatArray
+    served: IntArray
+    tiers: tuple[str, ...]
 
     def summary(self) -> dict[str, object]:
         """Plain values for JSON output and tables."""
@@ -80,31 +117,34 @@ class SimulationResult:
             "hit_rate": self.hit_rate,
         }
 
-
-def prefill_s(
-    model: ModelPreset, new_tokens: FloatArray, past_tokens: FloatArray, flops: float
-) -> FloatArray:
-    """Roofline prefill time (s) of ``new_tokens`` attending to ``past_tokens`` earlier ones."""
-    linear = 2.0 * model.active_params * new_tokens
-    attention = 4.0 * model.layers * model.q_heads * model.head_dim * new_tokens
-    return (linear + attention * (past_tokens + new_tokens / 2.0)) / flops
+    def served_as(self) -> list[str]:
+        """Per request: the tier it loaded from, ``recompute`` or ``miss``."""
+        names = {MISS: "miss", RECOMPUTED: "recompute", **dict(enumerate(self.tiers))}
+        return [names[int(s)] for s in self.served]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Prepared:
-    """A workload with its variants and profiles, shared by every placer of a sweep."""
+    """A workload with its variants, profiles and prefill model, shared by every placer of a
+    sweep. ``profiles[i].frequency`` is context ``i``'s true expected number of requests."""
 
     workload: Workload
     variants: VariantTable
     profiles: tuple[ContextProfile, ...]
+    prefill: PrefillModel
 
 
 def prepare(cfg: SimulationConfig) -> Prepared:
     """Generate the workload and per-context profiles (deterministic in the seed)."""
-    wl = make_workload(cfg.workload)
+    wl = make_workload(cfg.workload, cfg.warmup_fraction)
     vt = make_variants(wl, cfg.variants, cfg.sensitivity_cov, cfg.workload.seed)
+    return prepared(wl, vt, RooflinePrefill(wl.model, cfg.gpu_flops))
+
+
+def prepared(wl: Workload, vt: VariantTable, prefill: PrefillModel) -> Prepared:
+    """Profiles of ``wl``'s contexts from their variants and prefill times."""
     tokens = wl.context_tokens.astype(np.float64)
-    full = prefill_s(wl.model, tokens, np.zeros_like(tokens), cfg.gpu_flops)
+    full = prefill.seconds(tokens, np.zeros_like(tokens))
     expected_hits = wl.popularity * wl.arrival_s.size
     profiles = []
     for i in range(tokens.size):
@@ -113,15 +153,16 @@ def prepare(cfg: SimulationConfig) -> Prepared:
                 name, int(vt.size_bytes[i, j]), float(vt.quality[i, j]), float(vt.restore_s[i, j])
             )
             for j, name in enumerate(vt.names)
+            if np.isfinite(vt.quality[i, j])
         )
         profiles.append(ContextProfile(f"c{i}", variants, float(expected_hits[i]), float(full[i])))
-    return Prepared(wl, vt, tuple(profiles))
+    return Prepared(wl, vt, tuple(profiles), prefill)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Replay:
     """What a replay leaves: the placer (final placements) and, per request, the tier index
-    it was served from (``-1``: a miss, prefilled) and the variant index."""
+    it was served from (:data:`MISS`: prefilled) and the variant index."""
 
     placer: Placer
     tier_hit: IntArray
@@ -129,29 +170,35 @@ class Replay:
 
 
 def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
-    """Send the workload's requests through a fresh ``cfg.placer`` in order: a context the
-    placer does not know is inserted (a miss); a known one is served from its placement and
-    counted as an access."""
+    """Send the workload's requests through a fresh ``cfg.placer`` in order (module doc)."""
     wl, vt = prep.workload, prep.variants
     params = PlacerParams(alpha=cfg.alpha, selection=cfg.selection)
     placer = make_placer(cfg.placer, cfg.tiers, params)
     tier_of = {t.name: i for i, t in enumerate(cfg.tiers)}
     var_of = {name: j for j, name in enumerate(vt.names)}
+    seen = FrequencyTracker(cfg.half_life_s) if cfg.frequency == "online" else None
     m = wl.arrival_s.size
-    tier_hit = np.full(m, -1, dtype=np.int64)
+    tier_hit = np.full(m, MISS, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
-    for k in range(m):
-        c = int(wl.request_context[k])
-        cid = prep.profiles[c].context_id
+    for k, (c, now) in enumerate(
+        zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
+    ):
+        profile = prep.profiles[c]
+        cid = profile.context_id
+        if seen is not None:
+            seen.record(cid, now)
+            profile = replace(profile, frequency=seen.frequency(cid, now))
         try:
             where = placer.placement(cid)
         except KeyError:
-            placer.insert(prep.profiles[c])
+            placer.insert(profile)
             continue
-        if where.tier is not None:
-            tier_hit[k] = tier_of[where.tier]
-            variant[k] = var_of[where.variant]
-        placer.access(cid, float(wl.arrival_s[k]))
+        if where.tier is None:
+            placer.insert(profile)  # prefilled, so stored again
+            continue
+        tier_hit[k] = tier_of[where.tier]
+        variant[k] = var_of[where.variant]
+        placer.access(cid, now)
     return Replay(placer, tier_hit, variant)
 
 
@@ -169,22 +216,28 @@ def _measure(
     ctx = wl.request_context
     query = wl.query_tokens.astype(np.float64)
     tokens = wl.context_tokens[ctx].astype(np.float64)
-    miss = tier_hit < 0
-    service = prefill_s(wl.model, tokens + query, np.zeros_like(query), cfg.gpu_flops)
+    service = prep.prefill.seconds(tokens + query, np.zeros_like(query))
     quality = np.ones(ctx.size)
-    hit = np.flatnonzero(~miss)
+    served = tier_hit.copy()
+    hit = np.flatnonzero(tier_hit >= 0)
     c, v, t = ctx[hit], variant[hit], tier_hit[hit]
     bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])
     overhead = np.array([tier.load_overhead_s for tier in cfg.tiers])
     load = vt.size_bytes[c, v] / bw[t] + overhead[t] + vt.restore_s[c, v]
-    service[hit] = load + prefill_s(wl.model, query[hit], vt.kept_tokens[c, v], cfg.gpu_flops)
+    loaded = load + prep.prefill.seconds(query[hit], vt.kept_tokens[c, v])
+    if cfg.recompute_slower_loads:
+        slower = loaded > service[hit]
+        served[hit[slower]] = RECOMPUTED
+        hit, loaded, c, v = hit[~slower], loaded[~slower], c[~slower], v[~slower]
+    service[hit] = loaded
     quality[hit] = vt.quality[c, v]
-    start = int(cfg.warmup_fraction * ctx.size)
-    s, q, th = service[start:], quality[start:], tier_hit[start:]
+    keep = wl.measured
+    s, q, th = service[keep], quality[keep], served[keep]
     rates = {tier.name: float(np.mean(th == i)) for i, tier in enumerate(cfg.tiers)}
-    rates["miss"] = float(np.mean(th < 0))
+    rates["recompute"] = float(np.mean(th == RECOMPUTED))
+    rates["miss"] = float(np.mean(th == MISS))
     return SimulationResult(
-        placer=cfg.placer,
+        placer=cfg.label,
         alpha=cfg.alpha,
         ttft_mean_s=float(s.mean()),
         ttft_p50_s=float(np.percentile(s, 50)),
@@ -192,35 +245,8 @@ def _measure(
         quality_mean=float(q.mean()),
         hit_rate=rates,
         service_s=s,
-        arrival_s=wl.arrival_s[start:] - wl.arrival_s[start],
+        arrival_s=wl.arrival_s[keep],
+        quality=q,
+        served=th,
+        tiers=tuple(t.name for t in cfg.tiers),
     )
-
-
-def loaded_ttft_s(result: SimulationResult, qps: float) -> float:
-    """Mean TTFT (s) with FIFO queueing on one GPU when requests arrive at ``qps``.
-
-    The measured arrival pattern is stretched or compressed to the given mean rate.
-    """
-    arrivals = result.arrival_s
-    base_qps = (arrivals.size - 1) / max(float(arrivals[-1]), 1e-9)
-    times = (arrivals * (base_qps / qps)).tolist()
-    finish = 0.0
-    total = 0.0
-    for a, s in zip(times, result.service_s.tolist(), strict=True):
-        finish = max(finish, a) + s
-        total += finish - a
-    return total / len(times)
-
-
-def qps_at_ttft(result: SimulationResult, target_s: float, hi: float = 1e4) -> float:
-    """Highest request rate whose mean loaded TTFT stays within ``target_s`` (bisection)."""
-    if float(result.service_s.mean()) >= target_s:
-        return 0.0
-    lo, high = 0.0, min(hi, 1.0 / float(result.service_s.mean()))  # at most GPU saturation
-    for _ in range(40):
-        mid = (lo + high) / 2
-        if mid > 0 and loaded_ttft_s(result, mid) <= target_s:
-            lo = mid
-        else:
-            high = mid
-    return lo

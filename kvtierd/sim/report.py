@@ -64,6 +64,7 @@ def _write(
     results = {
         "config": config_summary(cfg),
         "evicpress": [r.summary() for r in sw.evicpress],
+        "evicpress_oracle": [r.summary() for r in sw.oracle],
         "baselines": [r.summary() for r in sw.baselines],
         **payload,
         "placements": [p.as_dict() for p in placed],
@@ -81,7 +82,7 @@ def run_report(args: argparse.Namespace, out: Output) -> ExitCode:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(ExitCode.INVALID, f"cannot create --out {out_dir}: {e.strerror}") from e
-    sw = sweep(replace(cfg, placer="evicpress"), args.alphas, out)
+    sw = sweep(cfg, args, out)
     payload = headline_payload(sw, args.quality_target)
     files, placed = _write(out_dir, cfg, sw, payload, out)
     if out.as_json:

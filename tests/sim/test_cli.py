@@ -57,7 +57,8 @@ def test_one_run_json(sim: Sim) -> None:
     (run,) = doc["runs"]
     assert run["placer"] == "evicpress" and run["alpha"] == 1.0
     assert 0 < run["quality_mean"] < 1 and 0 < run["ttft_p50_s"] <= run["ttft_p99_s"]
-    assert set(run["hit_rate"]) == {"dram", "ssd", "remote", "miss"}
+    assert set(run["hit_rate"]) == {"dram", "ssd", "remote", "recompute", "miss"}
+    assert doc["config"]["frequency"] == "online" and doc["config"]["recompute_slower_loads"]
     assert sum(run["hit_rate"].values()) == pytest.approx(1.0)
 
 
@@ -129,21 +130,35 @@ def test_sweep_json_and_headline(sim: Sim) -> None:
     assert r.code == 0, r.err
     doc = r.json()
     placers = [x["placer"] for x in doc["runs"]]
-    assert placers[:3] == ["evicpress"] * 3 and [x["alpha"] for x in doc["runs"][:3]] == [
-        0.1,
-        1.0,
-        10.0,
-    ]
-    assert len(placers) == 3 + 15 + 3 and {"lru", "lfu", "prefill", "fixed:knorm@0.5"} <= set(
-        placers
-    )
-    families = {row["baseline"] for row in doc["headline"]}
-    assert families == {"fixed:keydiff", "fixed:knorm", "fixed:snapkv", "lru", "lfu", "prefill"}
+    assert placers[:6] == ["evicpress"] * 3 + ["evicpress (oracle)"] * 3
+    assert [x["alpha"] for x in doc["runs"][:6]] == [0.1, 1.0, 10.0] * 2
+    assert len(placers) == 6 + 15 + 3
+    assert {"lru", "lfu", "prefill", "fixed:knorm@0.5"} <= set(placers)
+    families = {"fixed:keydiff", "fixed:knorm", "fixed:snapkv", "lru", "lfu", "prefill"}
+    assert {row["baseline"] for row in doc["headline"]} == families
+    assert {row["baseline"] for row in doc["headline_oracle"]} == families
     prefill = next(row for row in doc["headline"] if row["baseline"] == "prefill")
     assert prefill["points"] == 1 and prefill["reduction_min"] > 1  # cache beats recompute
     assert doc["qps"]["evicpress_qps"] > 0 and doc["qps"]["quality_target"] == 0.8
     text = sim("sweep", *TINY, *ALPHAS).out
     assert "TTFT reduction at equal quality" in text and "QPS at mean TTFT" in text
+    assert "upper bound (oracle)" in text
+    quick = sim("sweep", *TINY, *ALPHAS, "--no-oracle", "--json").json()
+    assert len(quick["runs"]) == 3 + 15 + 3 and quick["headline_oracle"] == []
+
+
+def test_frequency_and_recompute_flags(sim: Sim) -> None:
+    """``--frequency oracle`` names the run as the upper bound; ``--no-recompute`` brings back
+    loads slower than prefill (the LRU family's remote hits)."""
+    oracle = sim("run", *TINY, "--frequency", "oracle", "--json").json()
+    assert oracle["runs"][0]["placer"] == "evicpress (oracle)"
+    fair = sim("run", *TINY, "--placer", "lru", "--json").json()["runs"][0]
+    old = sim("run", *TINY, "--placer", "lru", "--no-recompute", "--json").json()["runs"][0]
+    assert old["hit_rate"]["recompute"] == 0 and fair["hit_rate"]["recompute"] > 0
+    assert fair["ttft_mean_s"] < old["ttft_mean_s"]
+    with pytest.raises(SystemExit) as usage:
+        sim("run", *TINY, "--frequency", "psychic")
+    assert usage.value.code == 2
 
 
 def test_unreachable_quality_target_is_reported_not_fatal(sim: Sim) -> None:
@@ -176,6 +191,7 @@ def test_report_writes_figures_and_results(sim: Sim, tmp_path: Path) -> None:
     assert "TTFT reduction at equal quality" in r.out and "placements of evicpress" in r.out
     results = json.loads((out / "results.json").read_text())
     assert len(results["evicpress"]) == 3 and len(results["baselines"]) == 18
+    assert [r["placer"] for r in results["evicpress_oracle"]] == ["evicpress (oracle)"] * 3
     placed = results["placements"]
     assert [p["placer"] for p in placed] == ["evicpress", "lru", "fixed:keydiff@0.5"]
     for p in placed:

@@ -1,0 +1,74 @@
+"""benchmarks/sim_e2e.py: bench_e2e's workload rebuilt for ``kvtierd sim predict`` (real
+tokenizer), predicted per system and compared with a measurement of the same requests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.bench_e2e import systems
+from benchmarks.e2e_workload import make_contexts, make_requests, trace_gaps
+from benchmarks.sim_e2e import build_workload, compare, placer_for
+from kvtierd.sim.calibration import load_calibration
+from kvtierd.sim.given import parse_workload
+from kvtierd.sim.predict import predict
+
+pytestmark = pytest.mark.model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(real_model)
+
+
+def test_rebuilt_workload_predicted_and_compared(
+    tokenizer: Any, real_model: Path, tmp_path: Path
+) -> None:
+    args = argparse.Namespace(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0,
+                              seed=0, chunk=256, cpu_share=0.1, ssd_share=0.4,
+                              quality=None)  # fmt: skip
+    quality = tmp_path / "cases.jsonl"
+    row = {"case": "x", "task": "niah_single", "length": 1024,
+           "results": {"knorm@0.5": {"similarity": 0.8}}}  # fmt: skip
+    quality.write_text(json.dumps(row) + "\n")
+    args.quality = quality
+    doc = build_workload(args, tokenizer, real_model)
+    warm = [r for r in doc["requests"] if not r.get("measured", True)]
+    timed = [r for r in doc["requests"] if r.get("measured", True)]
+    assert [r["context"] for r in warm] == list(range(5)) and len(timed) == 12
+    contexts = make_contexts(tokenizer, 5, [1024], 0)
+    sent = make_requests(contexts, num=12, qps=0.5, zipf_s=1.0, seed=0, gaps=trace_gaps())
+    assert [(r["context"], r["question"], r["at_s"]) for r in timed] == [
+        (r.context, r.question, r.at_s) for r in sent
+    ]  # the requests bench_e2e sends
+    assert all(768 <= c["tokens"] <= 1024 and c["tokens"] % 256 == 0 for c in doc["contexts"])
+    assert doc["contexts"][0]["quality"] == {"knorm@0.5": 0.8}  # niah_single at 1024 tokens
+    assert doc["contexts"][1]["quality"] == {}  # niah_multikey: not in the quality file
+    assert doc["model"]["kv_heads"] == 3 and doc["model"]["layers"] == 30
+
+    given = parse_workload(doc, "w.json")
+    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
+    every = systems([2.0], ["knorm@0.5"], real_model)
+    cfg, grid = placer_for("fixed-knorm@0.5", every["fixed-knorm@0.5"].policy)
+    assert cfg.placer == "fixed:knorm@0.5" and grid == ("knorm@0.5",)
+    cfg, grid = placer_for("evicpress-a2", every["evicpress-a2"].policy)
+    assert cfg.placer == "evicpress" and cfg.alpha == 2.0 and "keydiff@0.5+int8" in grid
+    pred = predict(cfg, given, cal, [v for v in grid if v == "knorm@0.5"])
+    assert len(pred.ids) == 12 and pred.ttft_s.min() > 0
+    measured = {"outcomes": [
+        {"index": r["index"], "context": r["context"], "question": r["question"],
+         "ttft_s": t, "error": ""} for r, t in zip(timed, pred.ttft_s.tolist(), strict=True)
+    ]}  # fmt: skip
+    c = compare(pred, measured, doc)
+    assert c["requests"] == 12 and c["predicted"] == c["measured"]
+    measured["outcomes"][0]["question"] += 1
+    with pytest.raises(SystemExit, match="run sim_e2e with the arguments bench_e2e ran with"):
+        compare(pred, measured, doc)
