@@ -1,7 +1,7 @@
 """The simulator's prediction for ``bench_e2e.py``'s workload, beside the measurement (issue 13).
 
-    python -m benchmarks.sim_e2e                       # after python -m benchmarks.bench_e2e
-    python -m benchmarks.sim_e2e --calibration my.yaml --quality benchmarks/out/quality/cases.jsonl
+    python -m benchmarks.sim_e2e --quality benchmarks/out/quality/cases.jsonl   # after bench_e2e
+    python -m benchmarks.sim_e2e --calibration configs/sim/smollm2-vllm-cpu.yaml
 
 Give it the workload arguments ``bench_e2e`` ran with (the defaults are the same). It rebuilds
 that workload: the contexts (their token counts, through the tokenizer), the warm-up pass (each
@@ -11,17 +11,20 @@ predict``'s format. Per context, the quality of each variant is bench_quality's 
 similarity (``--quality cases.jsonl``: the same case, else the mean of its task and length),
 else the calibration's.
 
-Each ``bench_e2e`` system is simulated with the matching placer: ``prefill``; ``lmcache`` and
-``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``; ``evicpress-a<alpha>`` as EvicPress on
-bench_e2e's policy grid, frequencies learned online. The calibration (``--calibration``,
-default ``configs/sim/smollm2-vllm-cpu.yaml``) holds the stack's prefill line, load model per
-tier and variant qualities, measured one request at a time. Where ``<out>/<system>.json``
-holds a measurement, the table puts the predicted TTFT (mean / p50 / p90, with queueing at the
-measured arrival times) beside the measured one, their ratio, and per class of request the
-simulator predicts (a tier, recompute, miss) the measured mean TTFT of those same requests.
-A measurement whose requests differ from the rebuilt ones (other arguments) is refused.
+The calibration is fitted from the measurements in ``<out>`` (``e2e_calibration.py``: the
+prefill line from the ``prefill`` system, the tiers from the hits of ``lru`` for kvtierd and of
+``lmcache`` for LMCache) and written as ``<out>/calibration-<backend>.yaml``, unless
+``--calibration`` names a file. Each ``bench_e2e`` system is simulated with the matching
+placer: ``prefill``; ``lmcache`` and ``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``;
+``evicpress-a<alpha>`` as EvicPress on bench_e2e's policy grid, frequencies learned online.
+Where ``<out>/<system>.json`` holds a measurement, the table puts the predicted TTFT (mean /
+p50 / p90, with queueing at the measured arrival times) beside the measured one, their ratio,
+the hits predicted and measured (vLLM's log), and per class of request the simulator predicts
+(a tier, recompute, miss) the measured mean TTFT of those same requests; then the TTFT
+reduction at equal quality the simulator predicts. A measurement whose requests differ from
+the rebuilt ones (other arguments) is refused.
 
-Writes ``<out>/simulated.md`` and ``<out>/simulated.json``.
+Writes ``<out>/simulated.md`` and ``<out>/simulated.json`` (docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -35,12 +38,21 @@ from typing import Any
 
 import yaml
 
-from benchmarks.bench_e2e import kv_bytes_per_token, systems
+from benchmarks.bench_e2e import _pct, kv_bytes_per_token, reductions, systems
 from benchmarks.common import REPO, machine
+from benchmarks.e2e_calibration import (
+    TIER_SOURCE,
+    Lengths,
+    calibration_yaml,
+    hit_samples,
+    measured_hits,
+    prefill_samples,
+)
 from benchmarks.e2e_workload import make_contexts, make_requests, prompts, trace_gaps
+from kvtierd.errors import KvtierError
 from kvtierd.policy_config import expand_variants, parse_policy
-from kvtierd.sim.calibration import load_calibration
-from kvtierd.sim.given import measured_variants, parse_workload
+from kvtierd.sim.calibration import Calibration, load_calibration
+from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
 from kvtierd.sim.predict import Prediction, predict
 from kvtierd.sim.replay import SimulationConfig
 
@@ -87,7 +99,7 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
         own = quality.get(case.name) or quality.get(f"{case.task}/{case.length}") or {}
         ctx_rows.append({"tokens": row[0].context_tokens, "quality": own})
     requests = [  # the warm-up: each context once, one at a time, before the timed run
-        {"index": -1 - i, "at_s": -1.0 - len(table) + i, "context": i,
+        {"index": -1 - i, "at_s": -1.0 - len(table) + i, "context": i, "question": 0,
          "query_tokens": len(row[0].ids) - row[0].context_tokens, "measured": False}
         for i, row in enumerate(table)
     ]  # fmt: skip
@@ -120,8 +132,15 @@ def placer_for(
     return cfg, grid
 
 
-def compare(pred: Prediction, measured: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
-    """Predicted vs measured TTFT over the requests both have (measured errors left out)."""
+def compare(
+    pred: Prediction,
+    measured: dict[str, Any],
+    doc: dict[str, Any],
+    hits: dict[int, bool] | None = None,
+) -> dict[str, Any]:
+    """Predicted vs measured TTFT over the requests both have (measured errors left out), and
+    the number of them that loaded their context, predicted and (``hits``: vLLM's log)
+    measured."""
     timed = {r["index"]: r for r in doc["requests"] if r.get("measured", True)}
     outs = {o["index"]: o for o in measured["outcomes"] if not o["error"]}
     for i, o in outs.items():
@@ -137,8 +156,11 @@ def compare(pred: Prediction, measured: dict[str, Any], doc: dict[str, Any]) -> 
     classes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for t, m, s in pairs:
         classes[s].append((t, m))
+    loaded = sum(s not in ("miss", "recompute") for _, _, s in pairs)
+    logged = None if hits is None else sum(hits.get(i, False) for i in outs)
     return {
         "requests": len(pairs),
+        "hits": {"predicted": loaded, "measured": logged},
         "measured": {"mean": statistics.fmean(got), "p50": _pct(got, 50), "p90": _pct(got, 90)},
         "predicted": {"mean": statistics.fmean(want), "p50": _pct(want, 50),
                       "p90": _pct(want, 90)},
@@ -148,31 +170,99 @@ def compare(pred: Prediction, measured: dict[str, Any], doc: dict[str, Any]) -> 
     }  # fmt: skip
 
 
-def _pct(xs: list[float], p: float) -> float:
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
+def role(name: str, args: argparse.Namespace) -> str:
+    """What a system's measurement did for the calibration fitted from it (``held out``: none)."""
+    if args.calibration is not None:
+        return f"held out ({args.calibration.name})"
+    if name == "prefill":
+        return "fitted the prefill line"
+    return "fitted the tiers" if name in TIER_SOURCE.values() else "held out"
 
 
-def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
-    where = args.out / "workload.json"
-    lines = [f"{machine()}; calibration {args.calibration}; workload {where}\n",
-             "| system | predicted quality | predicted TTFT mean / p50 / p90 (s) | measured "
-             "(s) | predicted / measured (mean) | served as predicted: predicted / measured "
-             "mean TTFT (requests) |", "|---|---|---|---|---|---|"]  # fmt: skip
+def report(
+    rows: dict[str, dict[str, Any]], measured: dict[str, dict[str, Any]], args: argparse.Namespace
+) -> str:
+    """The prediction beside the measurement per system, then the TTFT reduction at equal
+    quality as the simulator predicts it (bench_e2e's rule, on predicted rows)."""
+    lines = [f"{machine()}; workload {args.out / 'workload.json'}\n",
+             "| system | calibration | predicted quality / measured similarity | predicted TTFT "
+             "mean / p50 / p90 (s) | measured (s) | predicted / measured (mean) | hits "
+             "predicted / measured | served as predicted: predicted / measured mean TTFT "
+             "(requests) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in rows.items():
-        p = r["prediction"]
+        p, c = r["prediction"], r.get("comparison")
+        sim = measured.get(name, {}).get("similarity")
+        quality = f"{p['quality_mean']:.3f} / " + ("-" if sim is None else f"{sim:.3f}")
         cell = f"{p['ttft_mean_s']:.2f} / {p['ttft_p50_s']:.2f} / {p['ttft_p90_s']:.2f}"
-        c = r.get("comparison")
+        head = f"| {name} | {role(name, args)} | {quality} | {cell} |"
         if c is None:
-            lines.append(f"| {name} | {p['quality_mean']:.3f} | {cell} | not measured | - | - |")
+            lines.append(f"{head} not measured | - | - | - |")
             continue
         m, ratio = c["measured"], c["predicted"]["mean"] / c["measured"]["mean"]
         verdict = "within 25%" if abs(ratio - 1) <= WITHIN else "OFF"
         by = "; ".join(f"{s} {v['predicted']:.2f} / {v['measured']:.2f} ({v['requests']})"
                        for s, v in sorted(c["by_class"].items()))  # fmt: skip
         got = f"{m['mean']:.2f} / {m['p50']:.2f} / {m['p90']:.2f}"
-        lines.append(f"| {name} | {p['quality_mean']:.3f} | {cell} | {got} | {ratio:.2f} "
-                     f"({verdict}) | {by} |")  # fmt: skip
+        h = c["hits"]
+        hit = f"{h['predicted']} / {'-' if h['measured'] is None else h['measured']}"
+        lines.append(f"{head} {got} | {ratio:.2f} ({verdict}) | {hit} | {by} |")
+    predicted = {
+        k: {
+            "ttft_mean_s": r["prediction"]["ttft_mean_s"],
+            "similarity": r["prediction"]["quality_mean"],
+        }
+        for k, r in rows.items()
+    }
+    lines += ["\nPredicted TTFT reduction at equal quality (within 3 points):\n",
+              "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
+              "|---|---|---|---|", *reductions(predicted)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def calibrations(
+    args: argparse.Namespace, doc: dict[str, Any], kv_per_token: int
+) -> dict[str, Any]:
+    """Per backend (``kvtierd``, ``lmcache``), the calibration to predict it with: the file
+    ``--calibration`` names, else fitted from the measurements in ``--out``
+    (:mod:`benchmarks.e2e_calibration`, written as ``calibration-<backend>.yaml``)."""
+    if args.calibration is not None:
+        cal = load_calibration(args.calibration, kv_per_token)
+        return {"kvtierd": cal, "lmcache": cal}
+    runs = {n: args.out / f"{n}.json" for n in ("prefill", *TIER_SOURCE.values())}
+    if not runs["prefill"].exists():
+        raise SystemExit(f"no {runs['prefill']}: run bench_e2e first (at least --systems "
+                         "prefill lru), or give --calibration")  # fmt: skip
+    lengths = Lengths(doc)
+    prefill = prefill_samples(json.loads(runs["prefill"].read_text()), lengths)
+    tiers = [t["name"] for t in doc["tiers"]]
+    out = {}
+    for backend, system in TIER_SOURCE.items():
+        if not runs[system].exists():
+            continue
+        run = json.loads(runs[system].read_text())
+        log = args.out / "work" / system / "vllm.log"
+        logged = measured_hits(run, lengths, log)
+        if logged is None:
+            raise SystemExit(f"{log}: no LMCache hit lines matching {runs[system]}'s requests "
+                             "(bench_e2e keeps each system's logs under work/); give "
+                             "--calibration")  # fmt: skip
+        hits = hit_samples(run, lengths, logged)
+        if len(hits) < 2:
+            print(f"  {backend}: {len(hits)} hits in {runs[system]}, too few to fit its tiers; "
+                  "not predicted", flush=True)  # fmt: skip
+            continue
+        path = args.out / f"calibration-{backend}.yaml"
+        source = f"{runs['prefill']} and {runs[system]}"
+        path.write_text(calibration_yaml(prefill, hits, tiers, source))
+        try:
+            out[backend] = load_calibration(path, kv_per_token)
+        except KvtierError as e:
+            raise SystemExit(f"cannot calibrate from the measurements: {e}") from e
+    if not out:
+        raise SystemExit(f"no {' or '.join(map(str, list(runs.values())[1:]))} with hits to "
+                         "calibrate the tiers: run bench_e2e --systems lru, or give "
+                         "--calibration")  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -189,8 +279,11 @@ def main() -> None:
     p.add_argument("--ssd-share", type=float, default=0.40)
     p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--calibration", type=Path,
-                   default=REPO / "configs/sim/smollm2-vllm-cpu.yaml")  # fmt: skip
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        help="a calibration file (default: fitted from the measurements in --out)",
+    )
     p.add_argument("--quality", type=Path, help="bench_quality's cases.jsonl")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
     args = p.parse_args()
@@ -204,29 +297,49 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "workload.json").write_text(json.dumps(doc, indent=1))
     given = parse_workload(doc, str(args.out / "workload.json"))
-    cal = load_calibration(args.calibration, given.workload.model.kv_bytes_per_token)
+    cals = calibrations(args, doc, given.workload.model.kv_bytes_per_token)
+    lengths = Lengths(doc)
     every = systems(args.alphas, args.fixed, model)
     rows = {}
-    have = measured_variants(given, cal)
     for name in args.systems or list(every):
-        cfg, grid = placer_for(name, every[name].policy)
-        fixed = cfg.placer.partition(":")[2]
-        if fixed and fixed not in have:
-            print(f"  {name}: skipped, no quality measured for {fixed} (--quality, or the "
-                  "calibration's quality)", flush=True)  # fmt: skip
+        backend = "lmcache" if every[name].backend == "lmcache" else "kvtierd"
+        if backend not in cals:
             continue
-        pred = predict(cfg, given, cal, [v for v in grid if v in have] if grid else None)
-        row: dict[str, Any] = {"prediction": pred.summary(), "classes": pred.by_class()}
-        measured = args.out / f"{name}.json"
-        if measured.exists():
-            row["comparison"] = compare(pred, json.loads(measured.read_text()), doc)
+        row = simulate(name, every[name].policy, given, cals[backend])
+        if row is None:
+            continue
+        pred = row.pop("_prediction")
+        path = args.out / f"{name}.json"
+        if path.exists():
+            run = json.loads(path.read_text())
+            log = args.out / "work" / name / "vllm.log"
+            row["comparison"] = compare(pred, run, doc, measured_hits(run, lengths, log))
         rows[name] = row
-        print(f"  {name}: predicted mean TTFT {pred.summary()['ttft_mean_s']:.2f} s", flush=True)
-    text = report(rows, args)
+        print(f"  {name}: predicted mean TTFT {row['prediction']['ttft_mean_s']:.2f} s", flush=True)
+    summary = args.out / "summary.json"
+    measured_rows = json.loads(summary.read_text()) if summary.exists() else {}
+    text = report(rows, measured_rows, args)
     (args.out / "simulated.md").write_text(text)
-    (args.out / "simulated.json").write_text(json.dumps({"calibration": cal.summary(),
-                                                         "systems": rows}, indent=1))  # fmt: skip
+    fitted = {b: c.summary() for b, c in cals.items()}
+    doc_out = {"calibration": fitted, "systems": rows}
+    (args.out / "simulated.json").write_text(json.dumps(doc_out, indent=1))
     print(text)
+
+
+def simulate(
+    name: str, policy: dict[str, Any] | None, given: GivenWorkload, cal: Calibration
+) -> dict[str, Any] | None:
+    """One system's prediction (``None``, with a note, when its fixed variant has no measured
+    quality)."""
+    cfg, grid = placer_for(name, policy)
+    have = measured_variants(given, cal)
+    fixed = cfg.placer.partition(":")[2]
+    if fixed and fixed not in have:
+        print(f"  {name}: skipped, no quality measured for {fixed} (--quality, or the "
+              "calibration's quality)", flush=True)  # fmt: skip
+        return None
+    pred = predict(cfg, given, cal, [v for v in grid if v in have] if grid else None)
+    return {"prediction": pred.summary(), "classes": pred.by_class(), "_prediction": pred}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ A YAML file (docs/simulator.md has an annotated one)::
       samples: [[768, 1.45], [1792, 3.4], [3584, 6.05]]   # [context tokens, TTFT s], or:
       # overhead_s: 0.2
       # seconds_per_token: 0.0016
-    query_tokens: 40          # the probes' query length (samples are context + this)
+    query_tokens: 40          # the probes' query length, for samples that do not give theirs
     decode_s: 0.5             # the engine stays busy this long after each first token
     tiers:                    # fastest first; names as in the workload file
       - name: cpu             # a hit: prefill of the query + overhead_s + bytes / bandwidth
@@ -16,7 +16,8 @@ A YAML file (docs/simulator.md has an annotated one)::
     quality:                  # measured quality per variant, for contexts without their own
       knorm@0.5: 0.83
 
-Samples are TTFTs measured **one request at a time** (no queueing) and fitted by least squares:
+A sample may give its own query length third (``[768, 1.45, 52]``). Samples are TTFTs measured
+**one request at a time** (no queueing) and fitted by least squares:
 the prefill line over the probes' prompt lengths; a tier's overhead and bandwidth over the
 context's bytes after taking the query's prefill out (``tier TTFT - prefill(query)``). A fit
 whose intercept comes out negative is refitted through the origin (no overhead). Samples and
@@ -43,6 +44,15 @@ from kvtierd.types import ORIGINAL_VARIANT
 _TOP = ("prefill", "query_tokens", "decode_s", "tiers", "quality")
 _PREFILL = ("samples", "overhead_s", "seconds_per_token")
 _TIER = ("name", "samples", "overhead_s", "bandwidth_bytes_per_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One request measured alone: its context and query lengths (tokens) and its TTFT."""
+
+    context_tokens: float
+    ttft_s: float
+    query_tokens: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +143,23 @@ class _Doc:
             raise self.fail(where, "must be > 0")
         return x
 
-    def samples(self, value: object, where: str) -> tuple[list[float], list[float]]:
+    def samples(self, value: object, where: str, query_tokens: float) -> list[Sample]:
+        """``[context tokens, TTFT s]`` pairs (query of ``query_tokens``), or triples with
+        the query's own length third."""
         if not isinstance(value, list) or not all(
-            isinstance(s, list) and len(s) == 2 for s in value
+            isinstance(s, list) and len(s) in (2, 3) for s in value
         ):
-            raise self.fail(where, "expected a list of [context tokens, TTFT seconds] pairs")
-        pairs = [(self.number(a, where, positive=True), self.number(b, where)) for a, b in value]
-        return [a for a, _ in pairs], [b for _, b in pairs]
+            raise self.fail(
+                where, "expected a list of [context tokens, TTFT seconds(, query tokens)]"
+            )
+        return [
+            Sample(
+                self.number(s[0], where, positive=True),
+                self.number(s[1], where),
+                self.number(s[2], where) if len(s) == 3 else query_tokens,
+            )
+            for s in value
+        ]
 
 
 def parse_calibration(text: str, source: str, kv_bytes_per_token: int) -> Calibration:
@@ -156,9 +176,9 @@ def parse_calibration(text: str, source: str, kv_bytes_per_token: int) -> Calibr
     tiers_raw = top.get("tiers")
     if not isinstance(tiers_raw, list) or not tiers_raw:
         raise doc.fail("tiers", "expected a list of tiers, fastest first")
-    query_s = float(prefill.seconds(np.array([query]), np.zeros(1))[0])
     tiers = tuple(
-        _tier(doc, t, f"tiers[{i}]", query_s, kv_bytes_per_token) for i, t in enumerate(tiers_raw)
+        _tier(doc, t, f"tiers[{i}]", query=query, prefill=prefill, per_token=kv_bytes_per_token)
+        for i, t in enumerate(tiers_raw)
     )
     names = [t.name for t in tiers]
     if len(set(names)) != len(names):
@@ -185,10 +205,10 @@ def _prefill(doc: _Doc, value: object, query_tokens: float) -> LinearPrefill:
     overhead = _given(doc, t, "overhead_s", "prefill.overhead_s")
     slope = _given(doc, t, "seconds_per_token", "prefill.seconds_per_token")
     if "samples" in t:
-        tokens, ttft = doc.samples(t["samples"], "prefill.samples")
-        x = [n + query_tokens for n in tokens]
+        samples = doc.samples(t["samples"], "prefill.samples", query_tokens)
+        x = [s.context_tokens + s.query_tokens for s in samples]
         try:
-            overhead, slope = fit_line(x, ttft, overhead, slope)
+            overhead, slope = fit_line(x, [s.ttft_s for s in samples], overhead, slope)
         except ValueError as e:
             raise doc.fail("prefill.samples", f"{e}; or give seconds_per_token") from e
     if slope is None or overhead is None:
@@ -199,7 +219,9 @@ def _prefill(doc: _Doc, value: object, query_tokens: float) -> LinearPrefill:
     )
 
 
-def _tier(doc: _Doc, value: object, where: str, query_s: float, per_token: int) -> TierSpeed:
+def _tier(
+    doc: _Doc, value: object, where: str, *, query: float, prefill: LinearPrefill, per_token: int
+) -> TierSpeed:
     t = doc.table(value, where, _TIER)
     name = t.get("name")
     if not isinstance(name, str) or not name:
@@ -207,9 +229,12 @@ def _tier(doc: _Doc, value: object, where: str, query_s: float, per_token: int) 
     overhead = _given(doc, t, "overhead_s", f"{where}.overhead_s")
     bw = _given(doc, t, "bandwidth_bytes_per_s", f"{where}.bandwidth_bytes_per_s")
     if "samples" in t:
-        tokens, ttft = doc.samples(t["samples"], f"{where}.samples")
-        size = [n * per_token for n in tokens]
-        load = [y - query_s for y in ttft]  # the hit's own prefill of its query is not the load
+        samples = doc.samples(t["samples"], f"{where}.samples", query)
+        size = [s.context_tokens * per_token for s in samples]
+        queries = np.array([s.query_tokens for s in samples])
+        # the hit's own prefill of its query (and the engine's overhead) is not the load
+        query_s = prefill.seconds(queries, np.zeros_like(queries))
+        load = [s.ttft_s - q for s, q in zip(samples, query_s.tolist(), strict=True)]
         try:
             overhead, per_byte = fit_line(size, load, overhead, None if bw is None else 1 / bw)
             if per_byte <= 0:

@@ -65,8 +65,12 @@ def test_one_run_json(sim: Sim) -> None:
 def test_table_and_seed(sim: Sim) -> None:
     r = sim("run", *TINY, "--placer", "lru")
     assert r.code == 0 and "lru" in r.out and "served from" in r.out
-    runs = [sim("run", *TINY, "--seed", s, "--json").json()["runs"][0] for s in "001"]
-    assert runs[0] == runs[1]  # deterministic in the seed
+    # Deterministic in the seed. Not asserted for EvicPress: its insert refinement gives HiGHS
+    # 0.1 s (kvtierd.policies.evicpress.INSERT_LIMITS), so on a loaded machine two runs of the
+    # same seed can differ slightly (docs/simulator.md).
+    runs = [sim("run", *TINY, "--placer", "lru", "--seed", s, "--json").json()["runs"][0]
+            for s in "001"]  # fmt: skip
+    assert runs[0] == runs[1]
     assert runs[0]["ttft_mean_s"] != runs[2]["ttft_mean_s"]
 
 
