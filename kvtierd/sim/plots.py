@@ -17,6 +17,16 @@ from kvtierd.sim.replay import SimulationResult
 from kvtierd.sim.timing import loaded_ttft_s
 
 
+def have_matplotlib() -> bool:
+    """Whether the ``sim`` extra's matplotlib can be imported (checked before a sweep, not
+    after it)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _pyplot() -> Any:
     import matplotlib
 

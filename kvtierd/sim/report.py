@@ -26,7 +26,7 @@ from kvtierd.sim.commands import config_summary, headline_payload, print_headlin
 from kvtierd.sim.frontier import Sweep
 from kvtierd.sim.options import build_config
 from kvtierd.sim.placements import final_placements
-from kvtierd.sim.plots import plot_frontier, plot_placements, plot_qps
+from kvtierd.sim.plots import have_matplotlib, plot_frontier, plot_placements, plot_qps
 from kvtierd.sim.replay import SimulationConfig
 
 OCCUPANCY_BASELINES = ("lru", "fixed:keydiff@0.5")
@@ -76,6 +76,12 @@ def _write(
 
 
 def run_report(args: argparse.Namespace, out: Output) -> ExitCode:
+    if not have_matplotlib():
+        raise CliError(
+            ExitCode.INVALID,
+            "kvtierd sim report draws its figures with matplotlib, which is not installed: "
+            "install the sim extra (pip install -e '.[sim]'); run and sweep need no extra",
+        )
     cfg = build_config(args)
     out_dir = Path(args.out)
     try:

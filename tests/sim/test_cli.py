@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,6 +229,16 @@ def test_report_without_qps_figure_and_bad_out(sim: Sim, tmp_path: Path) -> None
     blocker.write_text("")
     r = sim("report", *TINY, *ALPHAS, "--out", str(blocker / "x"))
     assert r.code == 5 and "cannot create --out" in r.err
+
+
+def test_report_without_the_sim_extra_says_so_before_the_sweep(
+    sim: Sim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: import fails
+    r = sim("report", *TINY, "--out", str(tmp_path / "r"))
+    assert r.code == 5 and "install the sim extra" in r.err
+    assert not (tmp_path / "r").exists()  # refused before any work
+    assert sim("run", *TINY, "--placer", "lru").code == 0  # run needs no extra
 
 
 def test_progress_bar_draws_on_a_terminal() -> None:
