@@ -20,8 +20,12 @@ A sample may give its own query length third (``[768, 1.45, 52]``). Samples are 
 **one request at a time** (no queueing) and fitted by least squares:
 the prefill line over the probes' prompt lengths; a tier's overhead and bandwidth over the
 context's bytes after taking the query's prefill out (``tier TTFT - prefill(query)``). A fit
-whose intercept comes out negative is refitted through the origin (no overhead). Samples and
-explicit figures mix: an explicit one is kept and only the other fitted.
+whose intercept comes out negative is refitted through the origin (no overhead). A tier whose
+load does not grow with the context's size at the lengths sampled (its cost per byte is below
+the noise: the plugin moves a 4k-token context in milliseconds here, a hit's fixed costs take
+tenths of a second) is a fixed ``overhead_s``, the samples' mean, with no per-byte cost
+(bandwidth ``inf``). Samples and explicit figures mix: an explicit one is kept and only the
+other fitted.
 """
 
 from __future__ import annotations
@@ -235,20 +239,21 @@ def _tier(
         # the hit's own prefill of its query (and the engine's overhead) is not the load
         query_s = prefill.seconds(queries, np.zeros_like(queries))
         load = [s.ttft_s - q for s, q in zip(samples, query_s.tolist(), strict=True)]
+        given = overhead
         try:
             overhead, per_byte = fit_line(size, load, overhead, None if bw is None else 1 / bw)
-            if per_byte <= 0:
-                raise ValueError("the fitted load time does not grow with the context's size")
         except ValueError as e:
             raise doc.fail(f"{where}.samples", f"{e}; or give bandwidth_bytes_per_s") from e
-        bw = 1.0 / per_byte
+        if per_byte > 0:
+            bw = 1.0 / per_byte
+        else:  # a fixed cost: the cost per byte is below what these samples can tell
+            bw = math.inf
+            overhead = given if given is not None else max(0.0, float(np.mean(load)))
     if overhead is None or bw is None:
         raise doc.fail(where, "give samples, or overhead_s and bandwidth_bytes_per_s")
-    return TierSpeed(
-        name,
-        doc.number(bw, f"{where}.bandwidth_bytes_per_s", positive=True),
-        doc.number(overhead, f"{where}.overhead_s"),
-    )
+    if math.isfinite(bw):
+        bw = doc.number(bw, f"{where}.bandwidth_bytes_per_s", positive=True)
+    return TierSpeed(name, bw, doc.number(overhead, f"{where}.overhead_s"))
 
 
 def _given(doc: _Doc, table: dict[str, Any], key: str, where: str) -> float | None:

@@ -4,6 +4,7 @@ by hand, and the errors a bad file gets."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +166,8 @@ def test_calibration_from_samples() -> None:
         ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\ntiers: []",
          "tiers: expected a list of tiers, fastest first"),
         ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\n"
-         "tiers: [{name: cpu, samples: [[100, 0.5], [200, 0.4]]}]",
-         "tiers[0].samples: the fitted load time does not grow"),
+         "tiers: [{name: cpu, samples: [[100, 0.5]]}]",
+         "tiers[0].samples: needs samples at two or more different lengths"),
         ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\n"
          "tiers: [{name: cpu, overhead_s: 0, bandwidth_bytes_per_s: 1}]\nquality: {knorm: 0.5}",
          "quality.knorm: variant 'knorm': expected none"),
@@ -179,6 +180,18 @@ def test_calibration_from_samples() -> None:
 def test_calibration_errors_name_the_key(text: str, message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"^cal.yaml: {message}".replace("[", r"\[")):
         parse_calibration(text, "cal.yaml", kv_bytes_per_token=32)
+
+
+def test_a_load_that_does_not_grow_with_size_is_a_fixed_cost() -> None:
+    # 40 query tokens at 1 ms: 0.04 s of each hit is its query's prefill; the rest does not
+    # grow from 100 to 200 tokens (0.56 then 0.46 s): a fixed 0.51 s, no cost per byte.
+    text = ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\nquery_tokens: 40\n"
+            "tiers: [{name: cpu, samples: [[100, 0.6], [200, 0.5]]},\n"
+            "        {name: ssd, overhead_s: 0.2, samples: [[100, 0.3], [200, 0.2]]}]")  # fmt: skip
+    cpu, ssd = parse_calibration(text, "cal.yaml", kv_bytes_per_token=32).tiers
+    assert cpu.load_bandwidth_bytes_per_s == math.inf
+    assert cpu.load_overhead_s == pytest.approx(0.51)
+    assert ssd.load_bandwidth_bytes_per_s == math.inf and ssd.load_overhead_s == 0.2
 
 
 def test_workload_errors(capsys: pytest.CaptureFixture[str], files: tuple[Path, Path]) -> None:
