@@ -13,13 +13,13 @@ out). From those:
 
 * **the prefill line**: the ``prefill`` system (vLLM alone, every prompt prefilled), warm-up
   and timed requests;
-* **the tiers' load model**: the timed requests of a system that loaded their whole context.
-  The client does not see where a request was served; vLLM's log does: LMCache logs each
-  request's prompt length and hit tokens when it is scheduled (``work/<system>/vllm.log``,
-  matched to the requests in sending order by prompt length). It does not say which tier
-  served a hit: every tier gets the same samples, one load model for all. kvtierd's tiers come
-  from the ``lru`` system (no compression: every hit loads the original), LMCache's from
-  ``lmcache``.
+* **the tiers' load model**: the timed requests of a system that loaded their whole context:
+  vLLM's usage says how many prompt tokens were cached (``cached_tokens`` in the outcome, which
+  ``bench_e2e`` records since issue 13.3); for a run without it, LMCache's log line per request
+  (prompt length and hit tokens when it is scheduled, ``work/<system>/vllm.log``, matched to
+  the requests in sending order by prompt length). Neither says which tier served a hit:
+  every tier gets the same samples, one load model for all. kvtierd's tiers come from the
+  ``lru`` system (no compression: every hit loads the original), LMCache's from ``lmcache``.
 
 The result is written as calibration YAML beside the measurements, each sample
 ``[context tokens, service s, query tokens]``, so the fit can be read and rerun with ``kvtierd
@@ -99,13 +99,17 @@ def prefill_samples(measured: dict[str, Any], lengths: Lengths) -> list[Service]
 
 
 def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict[int, bool] | None:
-    """Per timed request (``index``): whether it loaded its whole context, from vLLM's log
-    (module docstring). ``None`` when there is no log or it does not match the requests."""
+    """Per timed request (``index``): whether it loaded its whole context — from vLLM's usage
+    in the outcome (``cached_tokens``) where every outcome has it, else from vLLM's log (module
+    docstring). ``None`` when neither says (no usage, no log or a log that does not match)."""
+    outs = measured["outcomes"]
+    if outs and all(o.get("cached_tokens", -1) >= 0 for o in outs):
+        return {o["index"]: o["cached_tokens"] >= lengths.context[o["context"]] for o in outs}
     if not log.exists():
         return None
     left = logged_hits(log)
     warm = [(c, 0, -1 - c) for c in range(len(lengths.context))]  # each context, one at a time
-    timed = sorted(measured["outcomes"], key=lambda o: o["sent_s"])
+    timed = sorted(outs, key=lambda o: o["sent_s"])
     out = {}
     for c, q, index in warm + [(o["context"], o["question"], o["index"]) for o in timed]:
         total = lengths.context[c] + int(lengths.query[c, q])
@@ -140,8 +144,8 @@ def calibration_yaml(
     head = (
         f"# Fitted by benchmarks/sim_e2e.py from {source} (benchmarks/e2e_calibration.py):\n"
         f"# prefill: {len(prefill)} requests of the prefill system; tiers: {len(hits)} hits "
-        "(LMCache's hit tokens in vLLM's log),\n# the same samples for every tier (the log "
-        "does not say which). Samples: [context tokens, service s, query tokens].\n"
+        "(vLLM's usage or LMCache's log),\n# the same samples for every tier (neither "
+        "says which). Samples: [context tokens, service s, query tokens].\n"
         "# decode_s 0: vLLM interleaves decoding with the next prefill.\n"
     )
     return head + yaml.safe_dump(doc, default_flow_style=None, sort_keys=False, width=100)

@@ -6,7 +6,8 @@
 Give it the workload arguments ``bench_e2e`` ran with (the defaults are the same). It rebuilds
 that workload: the contexts (their token counts, through the tokenizer), the warm-up pass (each
 context once, its main question), the timed requests (Zipf context, question, Azure-trace
-arrival) and the tier capacities, and writes it as ``<out>/workload.json`` in ``kvtierd sim
+arrival) and the tier capacities (those a measured kvtierd system's daemon ran with, else
+bench_e2e's rule), and writes it as ``<out>/workload.json`` in ``kvtierd sim
 predict``'s format. Per context, the quality of each variant is bench_quality's measured
 similarity (``--quality cases.jsonl``: the same case, else the mean of its task and length),
 else the calibration's.
@@ -48,7 +49,8 @@ from benchmarks.e2e_calibration import (
     measured_hits,
     prefill_samples,
 )
-from benchmarks.e2e_workload import make_contexts, make_requests, prompts, trace_gaps
+from benchmarks.e2e_workload import Prompt, make_contexts, make_requests, prompts, trace_gaps
+from kvtierd.config import parse_size
 from kvtierd.errors import KvtierError
 from kvtierd.policy_config import expand_variants, parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
@@ -108,11 +110,31 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
         requests.append({"index": r.index, "at_s": r.at_s, "context": r.context,
                          "question": r.question,
                          "query_tokens": len(p.ids) - p.context_tokens})  # fmt: skip
-    total = kv_bytes_per_token(model) * sum(row[0].context_tokens for row in table)
-    tiers = [{"name": "cpu", "capacity_bytes": int(total * args.cpu_share)},
-             {"name": "ssd", "capacity_bytes": int(total * args.ssd_share)}]  # fmt: skip
+    sizes = measured_sizes(args.out) or tier_sizes(table, kv_bytes_per_token(model), args)
+    tiers = [{"name": name, "capacity_bytes": size} for name, size in sizes.items()]
     return {"model": model_preset(model), "tiers": tiers, "contexts": ctx_rows,
             "requests": requests}  # fmt: skip
+
+
+def tier_sizes(
+    table: list[list[Prompt]], per_token: int, args: argparse.Namespace
+) -> dict[str, int]:
+    """The tier capacities bench_e2e gives a run of these arguments: shares of all contexts'
+    original KV, the CPU tier at least two of the largest prompts' KV (bench_e2e's ``main``;
+    keep the two alike)."""
+    total = per_token * sum(row[0].context_tokens for row in table)
+    largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
+    return {"cpu": max(int(total * args.cpu_share), 2 * largest),
+            "ssd": int(total * args.ssd_share)}  # fmt: skip
+
+
+def measured_sizes(out: Path) -> dict[str, int] | None:
+    """The tier capacities a measured kvtierd system ran with (its daemon's config under
+    ``<out>/work``), ``None`` when no such system was measured."""
+    for config in sorted(out.glob("work/*/daemon/kvtierd.yaml")):
+        tiers = yaml.safe_load(config.read_text())["tiers"]
+        return {t["name"]: parse_size(t["capacity"], str(config)) for t in tiers}
+    return None
 
 
 def placer_for(

@@ -34,7 +34,7 @@ def test_rebuilt_workload_predicted_and_compared(
 ) -> None:
     args = argparse.Namespace(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0,
                               seed=0, chunk=256, cpu_share=0.1, ssd_share=0.4,
-                              quality=None)  # fmt: skip
+                              quality=None, out=tmp_path / "e2e")  # fmt: skip
     quality = tmp_path / "cases.jsonl"
     row = {"case": "x", "task": "niah_single", "length": 1024,
            "results": {"knorm@0.5": {"similarity": 0.8}}}  # fmt: skip
@@ -53,6 +53,11 @@ def test_rebuilt_workload_predicted_and_compared(
     assert doc["contexts"][0]["quality"] == {"knorm@0.5": 0.8}  # niah_single at 1024 tokens
     assert doc["contexts"][1]["quality"] == {}  # niah_multikey: not in the quality file
     assert doc["model"]["kv_heads"] == 3 and doc["model"]["layers"] == 30
+    # no measurement in --out: bench_e2e's rule, the CPU tier at least two largest prompts' KV
+    largest = max(c["tokens"] for c in doc["contexts"]) + 64
+    total = sum(c["tokens"] for c in doc["contexts"])
+    assert [t["capacity_bytes"] for t in doc["tiers"]] == [2 * 23040 * largest,
+                                                           int(23040 * total * 0.4)]  # fmt: skip
 
     given = parse_workload(doc, "w.json")
     cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
@@ -80,8 +85,9 @@ E2E_SMALL = Path(__file__).parent / "data" / "e2e_small"
     python -m benchmarks.bench_e2e --contexts 6 --lengths 1024 2048 --requests 16 --qps 0.3 \\
         --systems prefill lru --settle-s 30
 
-its ``prefill.json``, ``lru.json``, ``summary.json`` as written, and of ``work/lru/vllm.log``
-LMCache's per-request lines only (the rest is vLLM's start-up output)."""
+its ``prefill.json``, ``lru.json``, ``summary.json`` and ``work/lru/daemon/kvtierd.yaml`` as
+written, and of ``work/lru/vllm.log`` LMCache's per-request lines only (the rest is vLLM's
+start-up output). It predates vLLM's usage in the outcomes (hits come from the log)."""
 
 
 def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
@@ -98,6 +104,9 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    workload = json.loads((out / "workload.json").read_text())
+    assert workload["tiers"] == [{"name": "cpu", "capacity_bytes": 12976128},  # as the daemon
+                                 {"name": "ssd", "capacity_bytes": 51904512}]  # fmt: skip
     cal = yaml.safe_load((out / "calibration-kvtierd.yaml").read_text())
     # every timed request of the prefill system is a prefill sample; the hits are the 11 timed
     # requests LMCache's log shows loading their whole context (the 6 warm-ups all miss)

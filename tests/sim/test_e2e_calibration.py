@@ -90,6 +90,16 @@ def test_hits_come_from_lmcache_lines_matched_by_prompt_length(tmp_path: Path) -
     assert measured_hits(RUN, Lengths(DOC), log(tmp_path, rows[:3])) is None  # too few lines
 
 
+def test_vllm_usage_in_the_outcomes_says_the_hits_without_a_log(tmp_path: Path) -> None:
+    # bench_e2e since issue 13.3: prompt_tokens and cached_tokens per outcome
+    cached = [768, 1024, 0]  # c0 whole, c1 (1,792 tokens) in part, a miss
+    run = {"outcomes": [o | {"prompt_tokens": 800, "cached_tokens": c}
+                        for o, c in zip(RUN["outcomes"], cached, strict=True)]}  # fmt: skip
+    assert measured_hits(run, Lengths(DOC), tmp_path / "no.log") == {0: True, 1: False, 2: False}
+    unknown = {"outcomes": [o | {"cached_tokens": -1} for o in run["outcomes"]]}
+    assert measured_hits(unknown, Lengths(DOC), tmp_path / "no.log") is None
+
+
 def test_the_calibration_file_fits_in_kvtierd_sim() -> None:
     prefill = [Service(768, 20, 1.0), Service(1792, 20, 2.024), Service(768, 40, 1.02)]
     hits = [Service(768, 20, 0.35), Service(1792, 20, 0.45)]
