@@ -88,7 +88,10 @@ class Calibration:
                 {
                     "name": t.name,
                     "overhead_s": t.load_overhead_s,
-                    "bandwidth_bytes_per_s": t.load_bandwidth_bytes_per_s,
+                    # None: a fixed cost, no per-byte term (JSON has no infinity)
+                    "bandwidth_bytes_per_s": t.load_bandwidth_bytes_per_s
+                    if math.isfinite(t.load_bandwidth_bytes_per_s)
+                    else None,
                 }
                 for t in self.tiers
             ],

@@ -188,7 +188,9 @@ def test_a_load_that_does_not_grow_with_size_is_a_fixed_cost() -> None:
     text = ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\nquery_tokens: 40\n"
             "tiers: [{name: cpu, samples: [[100, 0.6], [200, 0.5]]},\n"
             "        {name: ssd, overhead_s: 0.2, samples: [[100, 0.3], [200, 0.2]]}]")  # fmt: skip
-    cpu, ssd = parse_calibration(text, "cal.yaml", kv_bytes_per_token=32).tiers
+    cal = parse_calibration(text, "cal.yaml", kv_bytes_per_token=32)
+    cpu, ssd = cal.tiers
+    assert cal.summary()["tiers"][0]["bandwidth_bytes_per_s"] is None  # JSON has no infinity
     assert cpu.load_bandwidth_bytes_per_s == math.inf
     assert cpu.load_overhead_s == pytest.approx(0.51)
     assert ssd.load_bandwidth_bytes_per_s == math.inf and ssd.load_overhead_s == 0.2
