@@ -26,6 +26,7 @@ served-vs-in-process table compare the two on the same cases.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from collections import defaultdict
@@ -195,6 +196,7 @@ class ServedCases:
 
     def run(self, case: Case, variants: list[str]) -> dict[str, Any]:
         from kvtierd.client import KVClient
+        from kvtierd.errors import NotFoundError
         from kvtierd.router_protocol import context_digest
 
         split = split_prompt(self.tokenizer, case)
@@ -207,7 +209,9 @@ class ServedCases:
             if headers.get("x-kvtierd-context") != f"{digest}/{v}":
                 raise RuntimeError(f"{case.name}: {v} was not served from its variant")
             with KVClient(self.stack.socket_path, timeout_s=30) as daemon:
-                daemon.evict([digest, f"{digest}/{v}"])
+                for cid in (digest, f"{digest}/{v}"):  # either may be gone already (evicted)
+                    with contextlib.suppress(NotFoundError):
+                        daemon.evict([cid])
         names = ["none", *variants]
         sims = self.embedder.similarity([answers["none"]] * len(names), [answers[v] for v in names])
         results = {v: {"answer": answers[v], "accuracy": accuracy(case, answers[v]),
