@@ -104,7 +104,13 @@ def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict
     docstring). ``None`` when neither says (no usage, no log or a log that does not match)."""
     outs = measured["outcomes"]
     if outs and all(o.get("cached_tokens", -1) >= 0 for o in outs):
-        return {o["index"]: o["cached_tokens"] >= lengths.context[o["context"]] for o in outs}
+        # a token-dropped variant is served as placeholders + suffix: fewer tokens than the
+        # context, all of them loaded (the router names it in served_from)
+        return {
+            o["index"]: bool(o["served_from"])
+            or o["cached_tokens"] >= lengths.context[o["context"]]
+            for o in outs
+        }
     if not log.exists():
         return None
     left = logged_hits(log)

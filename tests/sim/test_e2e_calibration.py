@@ -96,6 +96,9 @@ def test_vllm_usage_in_the_outcomes_says_the_hits_without_a_log(tmp_path: Path) 
     run = {"outcomes": [o | {"prompt_tokens": 800, "cached_tokens": c}
                         for o, c in zip(RUN["outcomes"], cached, strict=True)]}  # fmt: skip
     assert measured_hits(run, Lengths(DOC), tmp_path / "no.log") == {0: True, 1: False, 2: False}
+    variant = {"outcomes": [run["outcomes"][0], run["outcomes"][1] | {"served_from": "d/knorm@0.5"},
+                            run["outcomes"][2]]}  # fmt: skip
+    assert measured_hits(variant, Lengths(DOC), tmp_path / "no.log") == {0: True, 1: True, 2: False}
     unknown = {"outcomes": [o | {"cached_tokens": -1} for o in run["outcomes"]]}
     assert measured_hits(unknown, Lengths(DOC), tmp_path / "no.log") is None
 
