@@ -81,6 +81,11 @@ class Lengths:
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.context = [int(c["tokens"]) for c in doc["contexts"]]
+        self.warmup = [  # (context, question, index) of the warm-up requests, in order
+            (r["context"], r.get("question", 0), r["index"])
+            for r in doc["requests"]
+            if not r.get("measured", True)
+        ]
         self.query = {
             (r["context"], r.get("question", 0)): r["query_tokens"] for r in doc["requests"]
         }
@@ -114,7 +119,7 @@ def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict
     if not log.exists():
         return None
     left = logged_hits(log)
-    warm = [(c, 0, -1 - c) for c in range(len(lengths.context))]  # each context, one at a time
+    warm = lengths.warmup
     timed = sorted(outs, key=lambda o: o["sent_s"])
     out = {}
     for c, q, index in warm + [(o["context"], o["question"], o["index"]) for o in timed]:

@@ -5,7 +5,7 @@
 
 Give it the workload arguments ``bench_e2e`` ran with (the defaults are the same). It rebuilds
 that workload: the contexts (their token counts, through the tokenizer), the warm-up pass (each
-context once, its main question), the timed requests (Zipf context, question, Azure-trace
+context's first questions, one at a time), the timed requests (Zipf context, question, Azure-trace
 arrival) and the tier capacities (those a measured kvtierd system's daemon ran with, else
 bench_e2e's rule), and writes it as ``<out>/workload.json`` in ``kvtierd sim
 predict``'s format. Per context, the quality of each variant is bench_quality's measured
@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.bench_e2e import _pct, kv_bytes_per_token, reductions, systems
+from benchmarks.bench_e2e import _first_asks, _pct, kv_bytes_per_token, reductions, systems
 from benchmarks.common import REPO, machine
 from benchmarks.e2e_calibration import (
     TIER_SOURCE,
@@ -100,11 +100,13 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     for case, row in zip(contexts, table, strict=True):
         own = quality.get(case.name) or quality.get(f"{case.task}/{case.length}") or {}
         ctx_rows.append({"tokens": row[0].context_tokens, "quality": own})
-    requests = [  # the warm-up: each context once, one at a time, before the timed run
-        {"index": -1 - i, "at_s": -1.0 - len(table) + i, "context": i, "question": 0,
-         "query_tokens": len(row[0].ids) - row[0].context_tokens, "measured": False}
-        for i, row in enumerate(table)
-    ]  # fmt: skip
+    warm = _first_asks(table, args.warmup_questions)  # one at a time, before the timed run
+    requests = []
+    for k, r in enumerate(warm):
+        p = table[r.context][r.question]
+        requests.append({"index": -1 - k, "at_s": -1.0 - len(warm) + k, "context": r.context,
+                         "question": r.question, "measured": False,
+                         "query_tokens": len(p.ids) - p.context_tokens})  # fmt: skip
     for r in timed:
         p = table[r.context][r.question]
         requests.append({"index": r.index, "at_s": r.at_s, "context": r.context,
@@ -301,6 +303,14 @@ def main() -> None:
     p.add_argument("--ssd-share", type=float, default=0.40)
     p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-questions", type=int, default=3)
+    p.add_argument(
+        "--evicpress-methods",
+        nargs="+",
+        default=["knorm", "keydiff", "int8", "int4", "keydiff+int8"],
+    )
+    p.add_argument("--evicpress-ratios", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
+    p.add_argument("--evicpress-label", default="")
     p.add_argument(
         "--calibration",
         type=Path,
@@ -321,7 +331,8 @@ def main() -> None:
     given = parse_workload(doc, str(args.out / "workload.json"))
     cals = calibrations(args, doc, given.workload.model.kv_bytes_per_token)
     lengths = Lengths(doc)
-    every = systems(args.alphas, args.fixed, model)
+    every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
+                    args.evicpress_ratios, label=args.evicpress_label)  # fmt: skip
     rows = {}
     for name in args.systems or list(every):
         backend = "lmcache" if every[name].backend == "lmcache" else "kvtierd"

@@ -34,7 +34,8 @@ def test_rebuilt_workload_predicted_and_compared(
 ) -> None:
     args = argparse.Namespace(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0,
                               seed=0, chunk=256, cpu_share=0.1, ssd_share=0.4,
-                              quality=None, out=tmp_path / "e2e")  # fmt: skip
+                              quality=None, out=tmp_path / "e2e",
+                              warmup_questions=3)  # fmt: skip
     quality = tmp_path / "cases.jsonl"
     row = {"case": "x", "task": "niah_single", "length": 1024,
            "results": {"knorm@0.5": {"similarity": 0.8}}}  # fmt: skip
@@ -43,7 +44,17 @@ def test_rebuilt_workload_predicted_and_compared(
     doc = build_workload(args, tokenizer, real_model)
     warm = [r for r in doc["requests"] if not r.get("measured", True)]
     timed = [r for r in doc["requests"] if r.get("measured", True)]
-    assert [r["context"] for r in warm] == list(range(5)) and len(timed) == 12
+    # bench_e2e's warm-up: each context's first 3 questions, question by question
+    assert [(r["context"], r["question"]) for r in warm][:7] == [
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (0, 1),
+        (1, 1),
+    ]
+    assert len(warm) == 12 and len(timed) == 12  # contexts 0, 2 and 3 have 2 questions only
     contexts = make_contexts(tokenizer, 5, [1024], 0)
     sent = make_requests(contexts, num=12, qps=0.5, zipf_s=1.0, seed=0, gaps=trace_gaps())
     assert [(r["context"], r["question"], r["at_s"]) for r in timed] == [
@@ -61,7 +72,8 @@ def test_rebuilt_workload_predicted_and_compared(
 
     given = parse_workload(doc, "w.json")
     cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
-    every = systems([2.0], ["knorm@0.5"], real_model)
+    grid = ["knorm", "keydiff", "int8", "int4", "keydiff+int8"]
+    every = systems([2.0], ["knorm@0.5"], real_model, grid, [1.0, 0.75, 0.5, 0.25])
     cfg, grid = placer_for("fixed-knorm@0.5", every["fixed-knorm@0.5"].policy)
     assert cfg.placer == "fixed:knorm@0.5" and grid == ("knorm@0.5",)
     cfg, grid = placer_for("evicpress-a2", every["evicpress-a2"].policy)
@@ -87,7 +99,8 @@ E2E_SMALL = Path(__file__).parent / "data" / "e2e_small"
 
 its ``prefill.json``, ``lru.json``, ``summary.json`` and ``work/lru/daemon/kvtierd.yaml`` as
 written, and of ``work/lru/vllm.log`` LMCache's per-request lines only (the rest is vLLM's
-start-up output). It predates vLLM's usage in the outcomes (hits come from the log)."""
+start-up output). It predates vLLM's usage in the outcomes (hits come from the log) and the
+warm-up of three questions per context (it asked one)."""
 
 
 def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
@@ -100,7 +113,8 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     out = tmp_path / "e2e"
     shutil.copytree(E2E_SMALL, out)
     argv = ["--contexts", "6", "--lengths", "1024", "2048", "--requests", "16", "--qps", "0.3",
-            "--systems", "prefill", "lru", "--out", str(out)]  # fmt: skip
+            "--systems", "prefill", "lru", "--warmup-questions", "1",
+            "--out", str(out)]  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
