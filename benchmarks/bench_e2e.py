@@ -123,8 +123,21 @@ def run_system(
                                             max_tokens=args.max_tokens))  # fmt: skip
         wall = time.perf_counter() - t0
         model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
+        stored = _stored_bytes(work)
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
-            "prefill_model": model_now, "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+            "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
+            "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+
+
+def _stored_bytes(work: Path) -> dict[str, int]:
+    """Bytes on disk at the end of a run: the daemon's SSD tier and LMCache's disk backend (to
+    hold each system to the tier sizes it was given)."""
+    out = {}
+    for name, sub in (("kvtierd_ssd", "daemon/ssd/objects"), ("lmcache_disk", "lmcache-disk")):
+        root = work / sub
+        if root.exists():
+            out[name] = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return out
 
 
 def _prefill_model(socket_path: str) -> dict[str, Any]:
