@@ -337,6 +337,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
     args = p.parse_args()
+    args.out = args.out.resolve()  # the daemon reads paths in its config relative to the file
 
     from transformers import AutoTokenizer
 
