@@ -40,7 +40,14 @@ from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
-    from kvtierd.profiler import DriftSample, Profiler, ProfileRecord, ProfilingQuery, ReprofileLoop
+    from kvtierd.profiler import (
+        DriftSample,
+        ProfileLayout,
+        Profiler,
+        ProfileRecord,
+        ProfilingQuery,
+        ReprofileLoop,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +143,8 @@ class ProfilingService:
             keys, values = await self.engine.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
-        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant)
+        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant,
+                        layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
     async def _reprofile(self, context_id: str) -> None:
@@ -297,6 +305,14 @@ class ProfilingService:
             self._variants_of = policy
         return self._variants
 
+    def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
+        """How the context's variants are stored: in chunks of its objects' size, so the
+        quality the profiler measures is that of the variant the executor will write."""
+        from kvtierd.profiler import ProfileLayout
+
+        fmt, _, _ = self._geometry_of(ctx)
+        return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
+
     def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
         """Chunk format, token count and bytes of the context's original; cached until the
         context gains objects or changes form (a put of chunk k would otherwise re-parse the
@@ -455,7 +471,7 @@ class ProfilingService:
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
-                          variants=self.variants())  # fmt: skip
+                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import ClassVar
 
 import pytest
 import torch
@@ -53,8 +54,27 @@ class TailTopicEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(quality), len(queries))
 
 
-if TailTopicEvaluator.name not in EVALUATORS:
-    register_evaluator(TailTopicEvaluator)
+class LayoutEvaluator(QualityEvaluator):
+    """Scores nothing; remembers the layouts it was asked to score in."""
+
+    name = "engine-test-layout"
+    seen: ClassVar[list[ProfileLayout]] = []
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        self.seen.append(layout)
+        return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 0.5)), 3)
+
+
+for _cls in (TailTopicEvaluator, LayoutEvaluator):
+    if _cls.name not in EVALUATORS:
+        register_evaluator(_cls)
 
 
 def _config(tmp: Path) -> DaemonConfig:
@@ -200,3 +220,23 @@ async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> No
         await engine.put_bytes(meta, memoryview(data.numpy().tobytes()))
     sizes = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
     assert sizes["none"] == (CHUNKS + 2) * CHUNK_BYTES
+
+
+async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine: Engine) -> None:
+    """Variants of a context of 16-token chunks keep whole chunks (``encode_variant``): the
+    profile scores and sizes knorm@0.3 of 64 tokens as 16 kept tokens, not 19."""
+    policy = parse_policy(
+        "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [1.0, 0.3]\n", "t.yaml"
+    )
+    await engine.apply_policy(replace(policy, evaluator=LayoutEvaluator.name))
+    await _put_context(engine, "doc")
+    ctx = engine.contexts["doc"]
+    LayoutEvaluator.seen.clear()
+    assert await engine.profiling.profile_context(ctx)
+    assert [x.chunk_tokens for x in LayoutEvaluator.seen] == [T]
+    grid = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
+    record = engine.profiling.record("doc")
+    assert record is not None
+    profiled = {v.variant: v.size_bytes for v in record.profile.variants}
+    assert profiled == grid
+    assert grid["knorm@0.3"] == CHUNK_BYTES  # one chunk of the four
