@@ -26,10 +26,10 @@ from kvtierd.kernels.variants import COUNT_RULES, Variant, variant_kept_tokens
 MANIFEST_PREFIX = "kvtierd-ph@"
 
 SNAPKV_UNAVAILABLE = (
-    "snapkv is not available through the LMCache plugin: it scores tokens with the queries of "
-    "the context's last window, and vLLM's paged cache keeps no queries (only K and V reach a "
-    "KV connector); use knorm, keydiff, paged_eviction or streamingllm here, or compress with "
-    "snapkv offline through the profiler, which runs the model and has the queries"
+    "snapkv through the LMCache plugin needs the context's last window of token ids (vLLM's "
+    "paged cache keeps no queries: the plugin recomputes them from the model's weights), which "
+    "kvtierd router sends with a store request (lmcache.tag.kvtierd_window); this request "
+    "carries none: send it through a kvtierd router of this version"
 )
 
 # rope_type values whose rotation angle does not depend on the sequence length: a constant

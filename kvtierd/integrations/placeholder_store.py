@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -154,7 +155,7 @@ def store_placeholder_variant(
     a context already stored as that variant is left as it is (a repeated store request).
     ``None``: the put ends before the context does, a later put of the request builds it."""
     v = parse_variant(request.variant)
-    if v.method == "snapkv":
+    if v.method == "snapkv" and not request.window_ids:
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
     digest, n, chunk = request.digest, request.num_tokens, plugin.chunk_tokens
     keyed = str(v) if request.scope else ""  # the variant the manifest's key names
@@ -175,7 +176,8 @@ def store_placeholder_variant(
     m = kept_tokens(n, v, chunk)  # the router checked that it is whole chunks
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
+    dropped = compress_kv(source, replace(v, quant=""), rope=rope_spec(model, r),
+                          queries=_window_queries(plugin, model, request, kv),
                           chunk_tokens=count_unit(v, chunk))  # fmt: skip
     if dropped.num_kept != m:
         raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
@@ -191,6 +193,19 @@ def store_placeholder_variant(
     logger.info("kvtierd plugin: stored %s of context %s%s: %d -> %d tokens", v, digest,
                 f" (scope {request.scope})" if request.scope else "", n, m)  # fmt: skip
     return manifest
+
+
+def _window_queries(
+    plugin: Any, model: str, request: StoreRequest, kv: torch.Tensor
+) -> torch.Tensor | None:
+    """snapkv's window queries, recomputed from the served checkpoint's weights (vLLM keeps
+    none): the context's last window after its stored KV (``profiler.window_queries``)."""
+    if not request.window_ids:
+        return None
+    from kvtierd.profiler.window_queries import queries_for_kv_2ltd
+
+    return queries_for_kv_2ltd(model, kv.to(plugin.codec_device), plugin.num_kv_heads,
+                               request.window_ids, len(request.window_ids))  # fmt: skip
 
 
 def _variant_items(

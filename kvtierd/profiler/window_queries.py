@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import functools
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -126,3 +128,48 @@ def window_queries_after_prefix(
             "does not dispatch attention through transformers' AttentionInterface"
         )
     return torch.stack([store[i] for i in range(layers)])
+
+
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def _cached_model(model_dir: str, dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot load a causal LM from {model_dir!r}: {e}") from e
+    return model.eval()
+
+
+def window_model(model_dir: str, dtype: torch.dtype) -> Any:
+    """The model in ``model_dir`` (a local Hugging Face checkpoint: the one vLLM serves), loaded
+    once per process and dtype; its weights recompute window queries."""
+    with _load_lock:
+        return _cached_model(model_dir, dtype)
+
+
+def queries_for_kv_2ltd(
+    model_dir: str, kv: torch.Tensor, num_kv_heads: int, token_ids: Sequence[int], window: int
+) -> torch.Tensor:
+    """The window queries ``[L, Hq, W, D]`` of a context stored as LMCache's ``KV_2LTD``
+    ``[2, L, N, H*D]`` (what a KV connector sees) whose last ``W = min(window, N)`` token ids
+    are the last of ``token_ids``: the model in ``model_dir`` runs them after the stored KV of
+    the first ``N - W`` tokens (:func:`window_queries_after_prefix`)."""
+    if kv.dim() != 4 or kv.shape[0] != 2 or kv.shape[3] % num_kv_heads:
+        raise InvalidArgumentError(
+            f"kv must be KV_2LTD [2, L, N, H*D] with H={num_kv_heads}, got {tuple(kv.shape)}"
+        )
+    _, layers, n, width = (int(s) for s in kv.shape)
+    w = min(window, n)
+    if len(token_ids) < w:
+        raise InvalidArgumentError(f"{len(token_ids)} token ids for a window of {w} tokens")
+    prefix = kv[:, :, : n - w].reshape(2, layers, n - w, num_kv_heads, width // num_kv_heads)
+    keys, values = prefix.permute(0, 1, 3, 2, 4).unbind(0)
+    model = window_model(model_dir, kv.dtype)
+    ids = torch.tensor([list(token_ids[len(token_ids) - w :])], dtype=torch.long)
+    return window_queries_after_prefix(model, keys, values, ids.to(kv.device))

@@ -134,3 +134,29 @@ def test_real_model_snapkv_keeps_the_same_tokens_from_recomputed_queries(real_mo
     kept = [compress_dense(keys, values, "snapkv@0.25", queries=q).kept for q in (captured, again)]
     same = (kept[0].sort(-1).values == kept[1].sort(-1).values).float().mean()
     assert same > 0.99, same
+
+
+@pytest.mark.model
+def test_queries_for_a_stored_context_as_a_connector_sees_it(real_model: Path) -> None:
+    """From LMCache's KV_2LTD of a context and its last window's token ids, the model in the
+    checkpoint's directory gives the queries the context's prefill attended with."""
+    from transformers import AutoModelForCausalLM
+
+    from kvtierd.kernels.api import to_kv_2ltd
+    from kvtierd.profiler.window_queries import queries_for_kv_2ltd
+
+    model = AutoModelForCausalLM.from_pretrained(
+        real_model, dtype=torch.bfloat16, attn_implementation="sdpa"
+    )
+    ids = torch.randint(100, 40000, (1, 320), generator=torch.Generator().manual_seed(4))
+    cache, captured = prefill_with_window_queries(model, ids, 64)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    kv = to_kv_2ltd(keys, values)
+    again = queries_for_kv_2ltd(str(real_model), kv, int(keys.shape[1]), ids[0].tolist(), 64)
+    cos = torch.nn.functional.cosine_similarity(again.float(), captured.float(), dim=-1)
+    assert cos.min() > 0.999, cos.min()
+    with pytest.raises(InvalidArgumentError, match="2 token ids for a window of 64"):
+        queries_for_kv_2ltd(str(real_model), kv, int(keys.shape[1]), [1, 2], 64)
+    with pytest.raises(InvalidArgumentError, match="cannot load a causal LM"):
+        queries_for_kv_2ltd("/nonexistent", kv, int(keys.shape[1]), ids[0].tolist(), 64)
