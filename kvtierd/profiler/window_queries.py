@@ -115,13 +115,14 @@ def window_queries_after_prefix(
             f"{tuple(keys.shape)} and {tuple(values.shape)}"
         )
     cache = DynamicCache(config=model.config)
+    weight = next(model.parameters())
     if keys.shape[2] > 0:
-        dtype = next(model.parameters()).dtype
         for i in range(layers):
-            cache.update(keys[i][None].to(dtype), values[i][None].to(dtype), i)
+            k, v = (x[i][None].to(weight.device, weight.dtype) for x in (keys, values))
+            cache.update(k, v, i)
     window = int(window_ids.shape[1])
     with _capturing(model, window) as store:
-        model(input_ids=window_ids, past_key_values=cache, use_cache=True)
+        model(input_ids=window_ids.to(weight.device), past_key_values=cache, use_cache=True)
     if sorted(store) != list(range(layers)):
         raise InvalidArgumentError(
             f"captured queries of layers {sorted(store)}, expected 0..{layers - 1}: the model "
@@ -134,7 +135,7 @@ _load_lock = threading.Lock()
 
 
 @functools.cache
-def _cached_model(model_dir: str, dtype: torch.dtype) -> Any:
+def _cached_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -143,14 +144,14 @@ def _cached_model(model_dir: str, dtype: torch.dtype) -> Any:
         )
     except OSError as e:
         raise InvalidArgumentError(f"cannot load a causal LM from {model_dir!r}: {e}") from e
-    return model.eval()
+    return model.to(device).eval()
 
 
-def window_model(model_dir: str, dtype: torch.dtype) -> Any:
+def window_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
     """The model in ``model_dir`` (a local Hugging Face checkpoint: the one vLLM serves), loaded
-    once per process and dtype; its weights recompute window queries."""
+    once per process, dtype and device; its weights recompute window queries."""
     with _load_lock:
-        return _cached_model(model_dir, dtype)
+        return _cached_model(model_dir, dtype, device)
 
 
 def queries_for_kv_2ltd(
@@ -170,6 +171,6 @@ def queries_for_kv_2ltd(
         raise InvalidArgumentError(f"{len(token_ids)} token ids for a window of {w} tokens")
     prefix = kv[:, :, : n - w].reshape(2, layers, n - w, num_kv_heads, width // num_kv_heads)
     keys, values = prefix.permute(0, 1, 3, 2, 4).unbind(0)
-    model = window_model(model_dir, kv.dtype)
+    model = window_model(model_dir, kv.dtype, kv.device)
     ids = torch.tensor([list(token_ids[len(token_ids) - w :])], dtype=torch.long)
-    return window_queries_after_prefix(model, keys, values, ids.to(kv.device))
+    return window_queries_after_prefix(model, keys, values, ids)
