@@ -144,9 +144,9 @@ def engine_scores(
     through a ``kvtierd stack`` on ``model``."""
     import torch
 
+    from kvtierd.integrations.engine_eval import EngineEvaluator
     from kvtierd.integrations.stack import Stack, StackConfig
     from kvtierd.profiler import ContextKV, ProfilingQuery
-    from kvtierd.profiler.engine_eval import EngineEvaluator
     from tests.daemon_proc import free_port, write_config
 
     work = out / "stack"
