@@ -19,27 +19,38 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtierd.engine.servable import ServableForm, agreed_prefix, plan_form
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import (
     CapacityError,
     CorruptObjectError,
+    InvalidArgumentError,
     KvtierError,
     NotFoundError,
     UnavailableError,
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.kernels.variants import parse_variant, variant_size_bytes
+from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
+from kvtierd.router_protocol import context_digest
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
-    from kvtierd.profiler import DriftSample, Profiler, ProfileRecord, ProfilingQuery, ReprofileLoop
+    from kvtierd.profiler import (
+        DriftSample,
+        ProfileLayout,
+        Profiler,
+        ProfileRecord,
+        ProfilingQuery,
+        ReprofileLoop,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +77,11 @@ class ProfilingService:
         self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
+        # Leading token ids every registered prompt of a context agreed on (servable.py);
+        # written on the queries thread, read on the loop (one dict item at a time).
+        self._agreed: dict[str, int] = {}
+        # Why a context's token-dropped variants are left out of its options (grid).
+        self.unservable: dict[str, str] = {}
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -133,7 +149,8 @@ class ProfilingService:
             keys, values = await self.engine.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
-        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant)
+        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant,
+                        layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
     async def _reprofile(self, context_id: str) -> None:
@@ -151,8 +168,14 @@ class ProfilingService:
             return
         kept = self._context_part(ctx, tokens)
         self.tokens.reserve(context_id, ctx.tenant, len(kept))
-        store = partial(self.profiler.queries.set_tokens, context_id, kept)
+        profiler = self.profiler
+
+        def store() -> None:
+            self._agree(context_id, kept)
+            profiler.queries.set_tokens(context_id, kept)
+
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._tokens_known(ctx)
 
     def note_prompt(self, tenant: str, request_id: str, tokens: Sequence[int]) -> None:
         """A request's prompt, by the id its writer will name at the put (bounded, in memory:
@@ -181,6 +204,7 @@ class ProfilingService:
         query = tokens[n:] if 0 < n < len(tokens) else ()
 
         def store() -> None:
+            self._agree(context_id, kept)
             profiler.queries.set_tokens(context_id, kept)
             if 0 < len(query) <= MAX_QUERY_TOKENS:
                 # Per routed request: kept in memory, written by flush() (as record_query does)
@@ -188,7 +212,48 @@ class ProfilingService:
                 profiler.queries.record(context_id, q, persist=False)
 
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._tokens_known(ctx)
         self._recheck(context_id)
+
+    def _agree(self, context_id: str, tokens: Sequence[int]) -> None:
+        """Narrow the context's agreed prefix to what ``tokens`` shares with the ids known
+        (on the queries thread, before they are stored)."""
+        assert self.profiler is not None
+        queries = self.profiler.queries
+        known = queries.tokens(context_id, queries.known_tokens(context_id))
+        common = agreed_prefix(known, tokens) if known else len(tokens)
+        self._agreed[context_id] = min(self._agreed.get(context_id, common), common)
+
+    def agreed_tokens(self, context_id: str) -> int:
+        """Leading token ids every registered prompt of the context agrees on (those an
+        earlier run kept count as agreed: which prompts gave them is not kept)."""
+        agreed = self._agreed.get(context_id)
+        if agreed is not None or self.profiler is None:
+            return agreed or 0
+        return self.profiler.queries.known_tokens(context_id)
+
+    def _tokens_known(self, ctx: ContextRecord) -> None:
+        """Token ids arrived: the context's token-dropped variants may have become servable
+        (or now cover fewer tokens), so the placer sees its options again."""
+        if ctx.context_id not in self.engine.contexts or ctx.durable_held:
+            return
+        if any(parse_variant(v).drops_tokens for v in self.variants()):
+            self.version += 1
+            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+
+    def servable_form(self, ctx: ContextRecord, variant: str) -> ServableForm:
+        """The servable form of ``variant`` with its digest, or ``InvalidArgumentError`` with
+        why the daemon cannot write it (servable.py)."""
+        form = plan_form(variant, self._originals(ctx), self.agreed_tokens(ctx.context_id),
+                         self.engine.model_cards)  # fmt: skip
+        if isinstance(form, str):
+            raise InvalidArgumentError(f"context {ctx.context_id!r}: {variant} cannot be "
+                                       f"served: {form}")  # fmt: skip
+        assert self.profiler is not None  # agreed tokens come from it
+        tokens = self.profiler.queries.tokens(ctx.context_id, form.num_tokens)
+        if len(tokens) != form.num_tokens:
+            raise InvalidArgumentError(f"context {ctx.context_id!r}: its token ids are gone")
+        return replace(form, digest=context_digest(form.model, tokens))
 
     def _recheck(self, context_id: str) -> None:
         """A query arrived for a context whose profile is below ``min_queries`` (the
@@ -259,13 +324,11 @@ class ProfilingService:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
         profiled = self.profiled(ctx.context_id)
         out = [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
-        for name in variants:
-            if name == ORIGINAL_VARIANT:
-                continue
+        for name in self._servable(ctx, variants):
             layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
             size = variant_size_bytes(
                 layers, heads, dim, tokens, _dtype_bytes(fmt.dtype), name,
-                chunk_tokens=fmt.shape[2],
+                chunk_tokens=count_unit(name, fmt.shape[2]),
             )  # fmt: skip
             known = profiled.get(name)
             # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
@@ -273,6 +336,26 @@ class ProfilingService:
             quality, restore = (known.quality, known.restore_s) if known else (0.0, 0.0)
             out.append(VariantProfile(name, size, quality, restore))
         return tuple(out)
+
+    def _servable(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
+        """The lossy ``variants`` the context can be stored as: a token-dropped one only in the
+        servable form, unless it already is stored so (the reason is kept for DescribeContext)."""
+        out, why = [], ""
+        for name in variants:
+            if name == ORIGINAL_VARIANT:
+                continue
+            if name != ctx.variant and parse_variant(name).drops_tokens:
+                form = plan_form(name, self._originals(ctx), self.agreed_tokens(ctx.context_id),
+                                 self.engine.model_cards)  # fmt: skip
+                if isinstance(form, str):
+                    why = why or f"{name}: {form}"
+                    continue
+            out.append(name)
+        if why:
+            self.unservable[ctx.context_id] = why
+        else:
+            self.unservable.pop(ctx.context_id, None)
+        return out
 
     def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
         """The chunks a variant is made from: the stored original, or the reference copy plus
@@ -293,6 +376,14 @@ class ProfilingService:
             ]
             self._variants_of = policy
         return self._variants
+
+    def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
+        """How the context's variants are stored: in chunks of its objects' size, so the
+        quality the profiler measures is that of the variant the executor will write."""
+        from kvtierd.profiler import ProfileLayout
+
+        fmt, _, _ = self._geometry_of(ctx)
+        return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
 
     def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
         """Chunk format, token count and bytes of the context's original; cached until the
@@ -372,6 +463,8 @@ class ProfilingService:
         """A context is gone: drop what is kept about it (its profile file too)."""
         self.version += 1
         self.tokens.forget(context_id)
+        self._agreed.pop(context_id, None)
+        self.unservable.pop(context_id, None)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
@@ -436,7 +529,7 @@ class ProfilingService:
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
-                          variants=self.variants())  # fmt: skip
+                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

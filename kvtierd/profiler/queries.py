@@ -19,8 +19,8 @@ stack takes seconds to minutes), and must not wait for it.
 from __future__ import annotations
 
 import os
-from array import array
 import threading
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field

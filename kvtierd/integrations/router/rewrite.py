@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import NotFoundError
-from kvtierd.integrations.placeholder import Manifest, manifest_key
+from kvtierd.kernels.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 
 
@@ -23,6 +23,7 @@ class Rewrite:
 
     prompt_ids: list[int]
     manifest: Manifest
+    manifest_key: str
 
     @property
     def kv_transfer_params(self) -> dict[str, str]:
@@ -66,7 +67,7 @@ async def find_rewrite(
         held = await client.lookup(list(manifest.chunk_keys), hold_s=hold_s)
         if held.prefix_hits != len(manifest.chunk_keys):
             continue  # partly evicted: serve the real prompt
-        return Rewrite(list(manifest.placeholder_ids) + token_ids[n:], manifest)
+        return Rewrite(list(manifest.placeholder_ids) + token_ids[n:], manifest, key)
     return None
 
 

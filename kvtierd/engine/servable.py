@@ -1,0 +1,146 @@
+"""Whether the daemon can store a context's token-dropped variant in the servable form
+(``kernels/placeholder.py``), and what that form is built from.
+
+vLLM loads a token-dropped context only as ``[M placeholder ids] + suffix`` through
+``kvtierd router``, which finds it by the digest of the context's tokens. So the daemon can
+write such a variant only when it knows
+
+* the model (the name in the context's LMCache chunk keys) and its :class:`ModelCard`, which
+  the LMCache plugin registers when vLLM starts (rope, vocabulary); a model whose position
+  encoding a constant rotation cannot move exactly is refused;
+* the context's token ids: the router registers every prompt it forwards, the plugin links it
+  to the context (``KVStore.SetContextTokens``, prompt links). ``N``, the tokens the variant
+  covers, is the longest whole-chunk prefix of the context that every registered prompt
+  agrees on (a context whose chunks served prompts with different questions covers their
+  common part only, the document) — so the digest is of exactly the tokens whose KV it holds;
+* a kept count ``M`` of whole chunks (a page method keeps whole pages, which are whole chunks
+  only by chance).
+
+Until then the placer is not offered the variant (``ProfilingService.grid``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import ModelCard, kept_tokens, lmcache_model
+from kvtierd.kernels.variants import parse_variant
+from kvtierd.types import ObjectMeta
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServableForm:
+    """A token-dropped variant's servable form: the first ``num_tokens`` tokens of the context
+    (``num_chunks`` whole chunks of ``chunk_tokens``, ``num_kv_heads`` KV heads), kept
+    ``num_kept``, named ``digest`` (set once the tokens are read)."""
+
+    model: str
+    num_tokens: int
+    num_chunks: int
+    chunk_tokens: int
+    num_kv_heads: int
+    num_kept: int
+    card: ModelCard
+    digest: str = ""
+
+
+def leading_chunks(originals: Sequence[ObjectMeta]) -> tuple[ChunkFormat | None, int]:
+    """The format of the first chunk and how many chunks of its size lead the context
+    (``(None, 0)`` when its first object is not a chunk)."""
+    first: ChunkFormat | None = None
+    count = 0
+    for meta in originals:
+        try:
+            fmt = ChunkFormat.parse(meta.layout)
+        except CorruptObjectError:
+            break
+        if first is not None and fmt.shape[2] != first.shape[2]:
+            break
+        first, count = first or fmt, count + 1
+    return first, count
+
+
+def plan_form(
+    variant: str,
+    originals: Sequence[ObjectMeta],
+    agreed_tokens: int,
+    cards: Mapping[str, ModelCard],
+) -> ServableForm | str:
+    """The servable form of ``variant`` for a context whose original objects are
+    ``originals`` and whose registered prompts agree on their first ``agreed_tokens`` tokens,
+    or why there is none (module docstring); without its digest, which needs the token ids."""
+    model = lmcache_model(originals[0].key) if originals else ""
+    if not model:
+        return "its objects are not LMCache chunks (keys model@world@worker@hash@dtype)"
+    card = cards.get(model)
+    if card is None:
+        return (
+            f"no model card for {model} (the kvtierd LMCache plugin registers it when vLLM starts)"
+        )
+    if card.refused:
+        return card.refused
+    fmt, count = leading_chunks(originals)
+    if fmt is None:
+        return "its first object is not a KV_2LTD chunk"
+    chunk = fmt.shape[2]
+    chunks = min(count, agreed_tokens // chunk)
+    if not chunks:
+        return (
+            "no token ids known for its first chunk (kvtierd router registers the tokens of the "
+            "prompts it forwards; requests sent to vLLM directly leave them unknown)"
+        )
+    n = chunks * chunk
+    m = kept_tokens(n, parse_variant(variant), chunk)
+    if m % chunk:
+        return f"{variant} keeps {m} of {n} tokens, not whole chunks of {chunk}"
+    return ServableForm(model, n, chunks, chunk, fmt.num_kv_heads, m, card)
+
+
+def agreed_prefix(known: Sequence[int], new: Sequence[int]) -> int:
+    """How many leading token ids ``known`` and ``new`` share."""
+    n = min(len(known), len(new))
+    if not n:
+        return 0
+    a = np.asarray(known[:n], dtype=np.int64)
+    b = np.asarray(new[:n], dtype=np.int64)
+    differ = np.flatnonzero(a != b)
+    return int(differ[0]) if differ.size else n
+
+
+def _cards_dir(data_dir: str) -> Path:
+    return Path(data_dir) / "model_cards"
+
+
+def save_card(data_dir: str, card: ModelCard) -> None:
+    """Keep ``card`` across restarts (a plugin registers it only when vLLM starts)."""
+    folder = _cards_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(card.model.encode()).hexdigest()[:16]
+    tmp = folder / f".{name}.tmp"
+    tmp.write_bytes(card.to_bytes())
+    os.replace(tmp, folder / f"{name}.json")
+
+
+def load_cards(data_dir: str) -> dict[str, ModelCard]:
+    """The cards kept by :func:`save_card`, by model name (an unreadable one is skipped)."""
+    out = {}
+    folder = _cards_dir(data_dir)
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            card = ModelCard.from_bytes(path.read_bytes())
+        except (OSError, InvalidArgumentError) as e:
+            logger.warning("model card %s ignored: %s", path, e)
+            continue
+        out[card.model] = card
+    return out
