@@ -77,7 +77,8 @@ def systems(alphas: list[float], fixed: list[str], model: Path) -> dict[str, Sys
 def kv_bytes_per_token(model: Path) -> int:
     cfg = json.loads((model / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 2  # K+V, bf16
+    layers, heads = int(cfg["num_hidden_layers"]), int(cfg["num_key_value_heads"])
+    return 2 * layers * heads * int(head_dim) * 2  # K and V, bf16
 
 
 def run_system(
@@ -119,8 +120,20 @@ def run_system(
         outcomes = asyncio.run(run_requests(stack.serve_url, str(model), table, requests,
                                             max_tokens=args.max_tokens))  # fmt: skip
         wall = time.perf_counter() - t0
+        model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
-            "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+            "prefill_model": model_now, "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+
+
+def _prefill_model(socket_path: str) -> dict[str, Any]:
+    """The daemon's TTFT model of a recompute at the end of the run (issue 13.3: learned from
+    the requests the router reported, or the configured speed)."""
+    from kvtierd.client import KVClient
+
+    with KVClient(socket_path, timeout_s=30) as client:
+        s = client.status()
+    return {"tokens_per_s": s.prefill_tokens_per_s, "overhead_s": s.prefill_overhead_s,
+            "samples": s.prefill_samples, "learned": s.prefill_learned}  # fmt: skip
 
 
 def _first_asks(table: list[list[Prompt]]) -> list[Any]:
@@ -167,8 +180,27 @@ def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> 
             "ttft_p90_s": _pct(ttft, 90), "rps": len(ok) / res["wall_s"],
             "accuracy": statistics.fmean(accs), "similarity": statistics.fmean(sims),
             "from_variant": sum(bool(o.served_from) for o in ok),
+            "classes": _classes(ok, res.get("prefill_model")),
         }  # fmt: skip
     return rows
+
+
+def _classes(outs: list[Outcome], model: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    """Measured TTFT per request class (miss, hit, variant); for misses also the daemon's
+    prediction at the end of the run (``overhead + computed tokens / rate``), when it has one."""
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("miss", "hit", "variant", "unknown"):
+        these = [o for o in outs if o.kind == kind]
+        if not these:
+            continue
+        row = {"n": len(these), "measured_s": statistics.fmean(o.ttft_s for o in these)}
+        if kind == "miss" and model is not None:
+            row["predicted_s"] = statistics.fmean(
+                model["overhead_s"] + (o.prompt_tokens - o.cached_tokens) / model["tokens_per_s"]
+                for o in these
+            )
+        out[kind] = row
+    return out
 
 
 def accuracy_of(table: list[list[Prompt]], o: Outcome) -> float:
@@ -213,6 +245,16 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append(f"| {name} | {r['ttft_mean_s']:.3f} | {r['ttft_p50_s']:.3f} | "
                      f"{r['ttft_p90_s']:.3f} | {r['rps']:.2f} | {r['accuracy']:.3f} | "
                      f"{r['similarity']:.3f} | {r['from_variant']} | {r['errors']} |")  # fmt: skip
+    lines += [
+        "\nTTFT per request class (measured mean; for misses the daemon's predicted "
+        "mean, from the prefill speed it learned from the router's reports):\n",
+        "| system | class | requests | measured (s) | predicted (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        for kind, c in r["classes"].items():
+            pred = f"{c['predicted_s']:.3f}" if "predicted_s" in c else "-"
+            lines.append(f"| {name} | {kind} | {c['n']:.0f} | {c['measured_s']:.3f} | {pred} |")
     lines += ["\nTTFT reduction at equal quality (similarity within 3 points):\n",
               "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
               "|---|---|---|---|", *reductions(rows)]  # fmt: skip
@@ -271,8 +313,13 @@ def main() -> None:
     table = prompts(tokenizer, contexts, args.chunk)
     requests = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
                              seed=args.seed, gaps=trace_gaps())  # fmt: skip
-    total = kv_bytes_per_token(model) * sum(row[0].context_tokens for row in table)
-    sizes = {"cpu": int(total * args.cpu_share), "ssd": int(total * args.ssd_share)}
+    per_token = kv_bytes_per_token(model)
+    total = per_token * sum(row[0].context_tokens for row in table)
+    # LMCache's CPU backend stages every load and store: below two of the largest prompts' KV
+    # it waits forever for an eviction candidate (seen with 7 MB); every system gets the floor
+    largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
+    sizes = {"cpu": max(int(total * args.cpu_share), 2 * largest),
+             "ssd": int(total * args.ssd_share)}  # fmt: skip
     print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
           f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
     every = systems(args.alphas, args.fixed, model)

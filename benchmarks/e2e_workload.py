@@ -116,6 +116,18 @@ class Outcome:
     answer: str
     served_from: str  # x-kvtierd-context, "" for the real prompt
     error: str = ""
+    prompt_tokens: int = 0  # vLLM's usage (the prompt as served: placeholders + suffix)
+    cached_tokens: int = -1  # of them, cached or loaded (-1: vLLM did not say)
+
+    @property
+    def kind(self) -> str:
+        """``variant`` (served from a token-dropped variant), ``miss`` (at most a quarter of
+        the prompt cached: a prefill), ``hit`` or ``unknown``."""
+        if self.served_from:
+            return "variant"
+        if self.cached_tokens < 0:
+            return "unknown"
+        return "miss" if self.cached_tokens <= 0.25 * self.prompt_tokens else "hit"
 
 
 async def run_requests(
@@ -132,7 +144,8 @@ async def run_requests(
         async def one(r: Request) -> Outcome:
             await asyncio.sleep(max(0.0, r.at_s - (time.perf_counter() - t0)))
             body = {"model": model, "prompt": list(table[r.context][r.question].ids),
-                    "max_tokens": max_tokens, "temperature": 0.0, "stream": True}  # fmt: skip
+                    "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                    "stream_options": {"include_usage": True}}  # fmt: skip
             out = await _send(session, f"{url}/v1/completions", body, r, t0)
             if progress is not None:
                 progress(out)
@@ -145,6 +158,7 @@ async def _send(session: Any, url: str, body: dict[str, Any], r: Request, t0: fl
     """One streamed request; ``t0``: the run's start (``perf_counter``)."""
     sent = time.perf_counter()
     first, parts, header, error = 0.0, [], "", ""
+    usage: dict[str, Any] = {}
     try:
         async with session.post(url, json=body) as resp:
             header = resp.headers.get("x-kvtierd-context", "")
@@ -154,12 +168,19 @@ async def _send(session: Any, url: str, body: dict[str, Any], r: Request, t0: fl
                 line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                text = json.loads(line[6:])["choices"][0].get("text", "")
+                event = json.loads(line[6:])
+                if not event.get("choices"):  # the usage event (stream_options.include_usage)
+                    usage = event.get("usage") or {}
+                    continue
+                text = event["choices"][0].get("text", "")
                 if text and not first:
                     first = time.perf_counter() - sent
                 parts.append(text)
     except (TimeoutError, OSError, ValueError) as e:
         error = f"{type(e).__name__}: {e}"
     total = time.perf_counter() - sent
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
     return Outcome(r.index, r.context, r.question, sent - t0, first or total, total,
-                   "".join(parts).strip(), header, error)  # fmt: skip
+                   "".join(parts).strip(), header, error, int(usage.get("prompt_tokens", 0)),
+                   cached if isinstance(cached, int) else -1)  # fmt: skip

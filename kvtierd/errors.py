@@ -1,4 +1,5 @@
-"""Domain errors. The server maps each class to one gRPC status code in one interceptor.
+"""Domain errors, and the one table that maps each to a gRPC status code (:data:`STATUS_OF`):
+the server answers with it, the client raises the class back from it, kvtierctl exits by it.
 
 Every error carries a message that names the problem and, where there is a choice, what is
 allowed. Code raises these (``raise ... from e`` when wrapping) and never returns sentinels.
@@ -58,3 +59,29 @@ class UnauthenticatedError(PermissionDeniedError):
 
 class ConfigError(InvalidArgumentError):
     """A configuration file is invalid; the message names the file, line, key and allowed values."""
+
+
+# Most specific first: the first class an error is an instance of decides its status.
+STATUS_OF: tuple[tuple[type[KvtierError], str], ...] = (
+    (UnauthenticatedError, "UNAUTHENTICATED"),
+    (ConfigError, "INVALID_ARGUMENT"),
+    (InvalidArgumentError, "INVALID_ARGUMENT"),
+    (NotFoundError, "NOT_FOUND"),
+    (AlreadyExistsError, "ALREADY_EXISTS"),
+    (CapacityError, "RESOURCE_EXHAUSTED"),
+    (CorruptObjectError, "DATA_LOSS"),
+    (LeaseError, "FAILED_PRECONDITION"),
+    (UnavailableError, "UNAVAILABLE"),
+    (PermissionDeniedError, "PERMISSION_DENIED"),
+    (KvtierError, "INTERNAL"),
+)
+
+
+def status_name(error: BaseException) -> str:
+    """The gRPC status (by name) an error is answered with; ``INTERNAL`` for any other."""
+    return next((name for cls, name in STATUS_OF if isinstance(error, cls)), "INTERNAL")
+
+
+def error_class(status: str) -> type[KvtierError]:
+    """The class a client raises for a status: the most general one the table maps to it."""
+    return next((cls for cls, name in reversed(STATUS_OF) if name == status), KvtierError)

@@ -19,7 +19,7 @@ until kvtierctl --socket "$SOCKET" status >/dev/null 2>&1; do sleep 1; done
 # what it has dropped (docs/integration.md, "Why --no-enable-prefix-caching").
 LMCACHE_CONFIG_FILE="$HERE/lmcache.yaml" LMCACHE_TRACK_USAGE=false \
 python -m vllm.entrypoints.openai.api_server --model "$MODEL" --port 8000 \
-  --max-model-len "$MAX_MODEL_LEN" \
+  --max-model-len "$MAX_MODEL_LEN" --enable-prompt-tokens-details \
   --kv-transfer-config '{"kv_connector": "KvtierLMCacheConnectorV1",
     "kv_connector_module_path": "kvtierd.integrations.cpu_connector", "kv_role": "kv_both"}' &
 

@@ -79,9 +79,18 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
             ("hits / misses", f"{s.hits} / {s.misses}"),
             ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%}"),
             ("durable holds", s.durable_holds),
+            ("prefill", _prefill(s)),
         ],
     )
     return code
+
+
+def _prefill(s: pb.StatusResponse) -> str:
+    rate = f"{s.prefill_tokens_per_s:,.0f} tokens/s"
+    if not s.prefill_learned:
+        return f"{rate} (configured; {s.prefill_samples} prefill samples from served requests)"
+    return (f"{rate} + {s.prefill_overhead_s:.2f} s per request (learned from "
+            f"{s.prefill_samples} served requests)")  # fmt: skip
 
 
 def run_tiers(args: argparse.Namespace, out: Output) -> ExitCode:

@@ -23,28 +23,16 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtierd.cli.admin import connect
-from kvtierd.cli.exit_codes import CliError, ExitCode
+from kvtierd.cli.exit_codes import CliError, ExitCode, exit_code_of
 from kvtierd.cli.output import Output
 from kvtierd.client import KVClient
 from kvtierd.errors import (
-    CapacityError,
-    InvalidArgumentError,
     KvtierError,
-    NotFoundError,
-    PermissionDeniedError,
-    UnavailableError,
 )
 from kvtierd.rpc import kvtier_pb2 as pb
 
 MiB = 1 << 20
 Bytes = npt.NDArray[np.uint8]
-_ERRORS: tuple[tuple[type[KvtierError], ExitCode], ...] = (
-    (UnavailableError, ExitCode.BUSY),
-    (CapacityError, ExitCode.BUSY),
-    (NotFoundError, ExitCode.NOT_FOUND),
-    (InvalidArgumentError, ExitCode.INVALID),
-    (PermissionDeniedError, ExitCode.DENIED),
-)
 
 
 def _best(fn: Callable[[], float], repeat: int) -> float:
@@ -87,8 +75,7 @@ def put_get_s(client: KVClient, src: Bytes, repeat: int) -> float:
 
 
 def _client_error(e: KvtierError, socket_path: str) -> CliError:
-    code = next((c for cls, c in _ERRORS if isinstance(e, cls)), ExitCode.ERROR)
-    return CliError(code, f"bench via unix:{socket_path}: {type(e).__name__}: {e}")
+    return CliError(exit_code_of(e), f"bench via unix:{socket_path}: {type(e).__name__}: {e}")
 
 
 def _measure(

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 import grpc
 
-from kvtierd.cli.exit_codes import CliError, ExitCode
+from kvtierd.cli.exit_codes import EXIT_OF_STATUS, CliError, ExitCode
 from kvtierd.config import default_socket_path
 from kvtierd.rpc import kvtier_pb2_grpc
 
@@ -27,20 +27,6 @@ logger = logging.getLogger(__name__)
 SOCKET_ENV = "KVTIERD_SOCKET"
 TOKEN_ENV = "KVTIERD_TOKEN"
 START_HINT = "start it with ./scripts/serve or kvtierd serve --config FILE"
-
-_CODES: dict[grpc.StatusCode, ExitCode] = {
-    grpc.StatusCode.NOT_FOUND: ExitCode.NOT_FOUND,
-    grpc.StatusCode.INVALID_ARGUMENT: ExitCode.INVALID,
-    grpc.StatusCode.ALREADY_EXISTS: ExitCode.INVALID,
-    grpc.StatusCode.OUT_OF_RANGE: ExitCode.INVALID,
-    grpc.StatusCode.UNAUTHENTICATED: ExitCode.DENIED,
-    grpc.StatusCode.PERMISSION_DENIED: ExitCode.DENIED,
-    grpc.StatusCode.UNAVAILABLE: ExitCode.BUSY,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ExitCode.BUSY,
-    grpc.StatusCode.FAILED_PRECONDITION: ExitCode.BUSY,
-    grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.BUSY,
-    grpc.StatusCode.ABORTED: ExitCode.BUSY,
-}
 
 Resp = TypeVar("Resp")
 
@@ -141,7 +127,7 @@ def rpc_error(e: grpc.RpcError, target: Target) -> CliError:
     gone = not target.address and not Path(target.socket_path).exists()
     if code is grpc.StatusCode.UNAVAILABLE and (gone or _transport_failure(details)):
         return CliError(ExitCode.UNREACHABLE, unreachable_message(target))
-    return CliError(_CODES.get(code, ExitCode.ERROR), f"{code.name}: {details}")
+    return CliError(EXIT_OF_STATUS.get(code.name, ExitCode.ERROR), f"{code.name}: {details}")
 
 
 def _transport_failure(details: str) -> bool:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 
+from kvtierd.errors import KvtierError, status_name
+
 
 class ExitCode(enum.IntEnum):
     OK = 0
@@ -40,3 +42,24 @@ class CliError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+# gRPC status (by name) -> exit code; any other status is ERROR.
+EXIT_OF_STATUS: dict[str, ExitCode] = {
+    "NOT_FOUND": ExitCode.NOT_FOUND,
+    "INVALID_ARGUMENT": ExitCode.INVALID,
+    "ALREADY_EXISTS": ExitCode.INVALID,
+    "OUT_OF_RANGE": ExitCode.INVALID,
+    "UNAUTHENTICATED": ExitCode.DENIED,
+    "PERMISSION_DENIED": ExitCode.DENIED,
+    "UNAVAILABLE": ExitCode.BUSY,
+    "RESOURCE_EXHAUSTED": ExitCode.BUSY,
+    "FAILED_PRECONDITION": ExitCode.BUSY,
+    "DEADLINE_EXCEEDED": ExitCode.BUSY,
+    "ABORTED": ExitCode.BUSY,
+}
+
+
+def exit_code_of(error: KvtierError) -> ExitCode:
+    """The exit code of a domain error: that of the status the daemon answers it with."""
+    return EXIT_OF_STATUS.get(status_name(error), ExitCode.ERROR)

@@ -202,6 +202,17 @@ class AsyncKVClient:
         req = pb.SetContextTokensRequest(context_id=context_id, request_id=request_id)
         await self.call(self.kv.SetContextTokens, req)
 
+    async def report_served(self, sample: Any) -> pb.ReportServedResponse:
+        """A served request's timing (``router.timing.ServedSample``): teaches the daemon's
+        TTFT model the serving engine's prefill speed."""
+        req = pb.ReportServedRequest(
+            prompt_tokens=sample.prompt_tokens,
+            cached_tokens=sample.cached_tokens,
+            ttft_s=sample.ttft_s,
+        )
+        resp: pb.ReportServedResponse = await self.call(self.kv.ReportServed, req)
+        return resp
+
     async def plan(
         self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
     ) -> pb.ContextPlan:

@@ -103,20 +103,6 @@ def lookup_result(resp: pb.LookupResponse) -> LookupResult:
     return LookupResult(found=found, tiers=tiers, prefix_hits=resp.prefix_hits)
 
 
-# gRPC status -> the domain error the daemon raised (the reverse of the server's interceptor).
-_ERRORS: dict[grpc.StatusCode, type[errors.KvtierError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgumentError,
-    grpc.StatusCode.NOT_FOUND: errors.NotFoundError,
-    grpc.StatusCode.ALREADY_EXISTS: errors.AlreadyExistsError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.CapacityError,
-    grpc.StatusCode.DATA_LOSS: errors.CorruptObjectError,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.LeaseError,
-    grpc.StatusCode.UNAVAILABLE: errors.UnavailableError,
-    grpc.StatusCode.PERMISSION_DENIED: errors.PermissionDeniedError,
-    grpc.StatusCode.UNAUTHENTICATED: errors.PermissionDeniedError,
-}
-
-
 def domain_error(e: grpc.RpcError, endpoint: Endpoint) -> errors.KvtierError:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     detail = e.details() if hasattr(e, "details") else str(e)
@@ -125,7 +111,7 @@ def domain_error(e: grpc.RpcError, endpoint: Endpoint) -> errors.KvtierError:
             f"cannot reach kvtierd at {endpoint.target}: is it running? "
             "(start it with ./scripts/serve or `kvtierd serve --config FILE`)"
         )
-    return _ERRORS.get(code, errors.KvtierError)(detail or code.name)
+    return errors.error_class(code.name)(detail or code.name)
 
 
 def spec(

@@ -38,6 +38,7 @@ from kvtierd.errors import (
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
+from kvtierd.profiler.prefill_fit import PrefillFit
 from kvtierd.router_protocol import context_digest
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
@@ -76,6 +77,7 @@ class ProfilingService:
         # the serving stack takes seconds to minutes (the router gave links up after 10 s)
         self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
+        self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
         # Leading token ids every registered prompt of a context agreed on (servable.py);
         # written on the queries thread, read on the loop (one dict item at a time).
@@ -112,7 +114,8 @@ class ProfilingService:
                        "daemon_socket": self.engine.config.socket_path},
         }.get(policy.evaluator, {})  # fmt: skip
         # Restore and prefill times; the load times are the tiers' own (``tier_models``).
-        ttft = TtftModel(prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s)
+        ttft = TtftModel(prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s,
+                         fit=self.prefill_fit)  # fmt: skip
         directory = Path(self.engine.config.data_dir) / "profiler"
         self.profiler = Profiler(
             make_evaluator(policy.evaluator, options),
@@ -430,12 +433,24 @@ class ProfilingService:
         quality-seeking placer would rate dropping it as good as storing it)."""
         if self.profiler is None:
             return UNKNOWN_PREFILL_S
-        with contextlib.suppress(KeyError):
-            return self.profiler.profile_of(ctx.context_id).prefill_s
         _, tokens, _ = self._geometry_of(ctx)
         if not tokens:
             tokens = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
-        return self.profiler.ttft.prefill_s(tokens) if tokens else UNKNOWN_PREFILL_S
+        if tokens:  # at today's prefill speed, which served requests may have taught since
+            return self.profiler.ttft.prefill_s(tokens)
+        with contextlib.suppress(KeyError):
+            return self.profiler.profile_of(ctx.context_id).prefill_s
+        return UNKNOWN_PREFILL_S
+
+    def observe_served(self, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> bool:
+        """A served request's timing (the router's ``KVStore.ReportServed``): a prefill sample
+        when vLLM computed most of its prompt (``prefill_fit.py``)."""
+        return self.prefill_fit.observe(prompt_tokens, cached_tokens, ttft_s)
+
+    def prefill_tokens_per_s(self) -> float:
+        """The prefill speed recomputes are priced at: learned, else configured."""
+        learned = self.prefill_fit.estimate()
+        return learned.tokens_per_s if learned else self.engine.config.prefill_tokens_per_s
 
     def prefill_tokens_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` tokens (:data:`UNKNOWN_PREFILL_S` when not known)."""
@@ -512,7 +527,7 @@ class ProfilingService:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self.engine.contexts.get(cid)
-                if ctx is not None and self._geometry_of(ctx)[0] is not None:
+                if ctx is not None:
                     await self.profile_context(ctx)
 
     async def profile_context(
@@ -521,6 +536,10 @@ class ProfilingService:
         """Profile now; a failure is counted, logged and reported, never raised to the loop."""
         if self.profiler is None:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
+        if self._geometry_of(ctx)[0] is None:  # e.g. a store request's int4: nothing to choose
+            logger.info("context %s: not profiled: it is stored only as %r, its original is not "
+                        "kept", ctx.context_id, ctx.variant)  # fmt: skip
+            return False
         started = time.perf_counter()
         evaluator = self.profiler.evaluator
         try:

@@ -176,7 +176,7 @@ class Stack:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(c.model),
                "--host", c.host, "--port", str(c.vllm_port), "--max-model-len",
                str(c.max_model_len), "--max-num-batched-tokens", str(c.max_model_len),
-               "--seed", "0"]  # fmt: skip
+               "--seed", "0", "--enable-prompt-tokens-details"]  # fmt: skip
         if c.backend != "none":
             cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
         if not cuda_available():

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, register_placer
 from kvtierd.policies.lru import LruPlacer
-from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ContextProfile, Placement, Plan, TierModel
+from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 
 @register_placer
@@ -37,7 +37,7 @@ class FixedPlacer(LruPlacer):
         wanted = self.params.fixed_variant
         if any(v.variant == wanted for v in profile.variants):
             return wanted
-        return ORIGINAL_VARIANT
+        return super()._variant_for(profile)  # the original, or the only form it has
 
 
 @register_placer

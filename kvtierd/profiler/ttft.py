@@ -6,6 +6,9 @@
                           + restore_s(variant, size_bytes)                 # dequantize / rotate
     prefill_s(tokens)     = tokens / prefill_tokens_per_s                  # a dropped context
 
+``prefill_tokens_per_s`` is configured until served requests teach the engine's own
+(:mod:`kvtierd.profiler.prefill_fit`).
+
 This module holds the terms a profile carries: ``restore_s`` per variant and ``prefill_s``.
 Restore costs are *measured* on this host (:class:`RestoreCost`) once per kind and scaled
 linearly with bytes. The load terms are the tiers' fits of their real reads
@@ -24,6 +27,7 @@ from collections.abc import Callable
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, as_variant
+from kvtierd.profiler.prefill_fit import PrefillFit
 
 
 class RestoreCost:
@@ -102,14 +106,23 @@ class TtftModel:
         prefill_tokens_per_s: float,
         restore: RestoreCost | None = None,
         rotate_on_load: bool = False,
+        fit: PrefillFit | None = None,
     ) -> None:
         if not (prefill_tokens_per_s > 0 and math.isfinite(prefill_tokens_per_s)):
             raise InvalidArgumentError(
                 f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s}"
             )
-        self.prefill_tokens_per_s = prefill_tokens_per_s
+        self.configured_tokens_per_s = prefill_tokens_per_s
         self.restore = restore or RestoreCost()
         self.rotate_on_load = rotate_on_load
+        self.fit = fit or PrefillFit()  # the serving engine's own speed, once requests report it
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Learned from served requests (``prefill_fit.py``) once they allow it; else the
+        configured ``prefill_tokens_per_s``."""
+        learned = self.fit.estimate()
+        return learned.tokens_per_s if learned is not None else self.configured_tokens_per_s
 
     def restore_s(self, variant: str, size_bytes: int) -> float:
         return self.restore.restore_s(variant, size_bytes, rotate_on_load=self.rotate_on_load)

@@ -839,6 +839,61 @@ class SetContextTokensResponse(_message.Message):
 Global___SetContextTokensResponse: _TypeAlias = SetContextTokensResponse  # noqa: Y015
 
 @_typing.final
+class ReportServedRequest(_message.Message):
+    """ReportServed: a served request's timing, from the router. Requests that computed most of
+    their prompt teach the TTFT model the serving engine's prefill speed (profiler/prefill_fit.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    TTFT_S_FIELD_NUMBER: _builtins.int
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    """vLLM's usage.prompt_tokens_details.cached_tokens"""
+    ttft_s: _builtins.float
+    """request sent -> first streamed token, at the router"""
+    def __init__(
+        self,
+        *,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        ttft_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "prompt_tokens", b"prompt_tokens", "ttft_s", b"ttft_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportServedRequest: _TypeAlias = ReportServedRequest  # noqa: Y015
+
+@_typing.final
+class ReportServedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PREFILL_SAMPLE_FIELD_NUMBER: _builtins.int
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    prefill_sample: _builtins.bool
+    """the request was used to fit the prefill speed"""
+    prefill_tokens_per_s: _builtins.float
+    """the speed the TTFT model prices recomputes at now"""
+    def __init__(
+        self,
+        *,
+        prefill_sample: _builtins.bool = ...,
+        prefill_tokens_per_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prefill_sample", b"prefill_sample", "prefill_tokens_per_s", b"prefill_tokens_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportServedResponse: _TypeAlias = ReportServedResponse  # noqa: Y015
+
+@_typing.final
 class PlanQuery(_message.Message):
     """Plan: the variant a writer should store a context in, so that it can compress on its own
     device and ship only the compressed bytes.
@@ -980,6 +1035,10 @@ class StatusResponse(_message.Message):
     MISSES_FIELD_NUMBER: _builtins.int
     PENDING_PLANS_FIELD_NUMBER: _builtins.int
     DURABLE_HOLDS_FIELD_NUMBER: _builtins.int
+    PREFILL_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    PREFILL_SAMPLES_FIELD_NUMBER: _builtins.int
+    PREFILL_OVERHEAD_S_FIELD_NUMBER: _builtins.int
+    PREFILL_LEARNED_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -999,6 +1058,14 @@ class StatusResponse(_message.Message):
     """Drops (or compressions) the placer planned for contexts holding durable objects not read
     yet, refused: each such context was kept on a persistent tier (docs/daemon.md, durable).
     """
+    prefill_tokens_per_s: _builtins.float
+    """The prefill speed the TTFT model prices a recompute at: learned from the prefill samples
+    served requests reported (prefill_overhead_s: the fitted fixed cost of a request), or the
+    configured one until they allow a fit (prefill_learned false).
+    """
+    prefill_samples: _builtins.int
+    prefill_overhead_s: _builtins.float
+    prefill_learned: _builtins.bool
     def __init__(
         self,
         *,
@@ -1016,10 +1083,14 @@ class StatusResponse(_message.Message):
         misses: _builtins.int = ...,
         pending_plans: _builtins.int = ...,
         durable_holds: _builtins.int = ...,
+        prefill_tokens_per_s: _builtins.float = ...,
+        prefill_samples: _builtins.int = ...,
+        prefill_overhead_s: _builtins.float = ...,
+        prefill_learned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -54,6 +54,7 @@ class KVStoreStub:
     AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
     Plan: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]
     SetContextTokens: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]
+    ReportServed: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]
 
 @_typing.type_check_only
 class KVStoreAsyncStub(KVStoreStub):
@@ -71,6 +72,7 @@ class KVStoreAsyncStub(KVStoreStub):
     AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
     Plan: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]  # type: ignore[assignment]
     SetContextTokens: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]  # type: ignore[assignment]
+    ReportServed: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]  # type: ignore[assignment]
 
 class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -163,6 +165,13 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _kvtier_pb2.SetContextTokensRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.SetContextTokensResponse, _abc.Awaitable[_kvtier_pb2.SetContextTokensResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportServed(
+        self,
+        request: _kvtier_pb2.ReportServedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.ReportServedResponse, _abc.Awaitable[_kvtier_pb2.ReportServedResponse]]: ...
 
 def add_KVStoreServicer_to_server(servicer: KVStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -64,6 +64,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             misses=e.misses,
             pending_plans=e.executor.pending,
             durable_holds=e.durable_holds,
+            **_prefill_fields(e),
         )
 
     async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:
@@ -220,3 +221,16 @@ class AdminServicer(pb_grpc.AdminServicer):
             dropped=kinds.count(OpKind.DROP),
             compressed=kinds.count(OpKind.COMPRESS),
         )
+
+
+def _prefill_fields(e: Engine) -> dict[str, Any]:
+    """The TTFT model's prefill speed (learned from served requests, or configured), the
+    prefill samples served requests gave, and the fitted fixed cost per request."""
+    fit = e.profiling.prefill_fit
+    learned = fit.estimate()
+    return {
+        "prefill_tokens_per_s": e.profiling.prefill_tokens_per_s(),
+        "prefill_samples": fit.samples,
+        "prefill_overhead_s": learned.overhead_s if learned is not None else 0.0,
+        "prefill_learned": learned is not None,
+    }

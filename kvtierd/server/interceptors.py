@@ -21,27 +21,9 @@ from kvtierd.server.identity import CALLER, Caller
 
 logger = logging.getLogger(__name__)
 
-# Most specific first: the first matching class decides.
-STATUS_OF: tuple[tuple[type[errors.KvtierError], grpc.StatusCode], ...] = (
-    (errors.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (errors.ConfigError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (errors.NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (errors.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
-    (errors.CapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (errors.CorruptObjectError, grpc.StatusCode.DATA_LOSS),
-    (errors.LeaseError, grpc.StatusCode.FAILED_PRECONDITION),
-    (errors.UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (errors.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (errors.KvtierError, grpc.StatusCode.INTERNAL),
-)
-
 
 def status_of(error: BaseException) -> grpc.StatusCode:
-    for cls, code in STATUS_OF:
-        if isinstance(error, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
+    return getattr(grpc.StatusCode, errors.status_name(error))  # type: ignore[no-any-return]
 
 
 ErrorHook = Callable[[grpc.StatusCode], None]

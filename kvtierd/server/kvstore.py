@@ -247,6 +247,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             await profiling.link_prompt(cid, caller.scoped(request.request_id))
         return pb.SetContextTokensResponse()
 
+    async def ReportServed(
+        self, request: pb.ReportServedRequest, context: Any
+    ) -> pb.ReportServedResponse:
+        sample = self.engine.profiling.observe_served(
+            request.prompt_tokens, request.cached_tokens, request.ttft_s
+        )
+        rate = self.engine.profiling.prefill_tokens_per_s()
+        return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
+
     async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()

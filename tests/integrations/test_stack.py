@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_proc import free_port
-from tests.integrations.servers import get_json, post
+from tests.integrations.servers import get_json, post, post_stream
 
 KVTIERD = str(Path(sys.executable).with_name("kvtierd"))
 KVTIERCTL = str(Path(sys.executable).with_name("kvtierctl"))
@@ -94,6 +94,7 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         daemon = json.loads(status.stdout)
         # every chunk of the prompt was read back (with vLLM's prefix cache on: only a lookup)
         assert daemon["objects"] > 1 and daemon["hits"] == daemon["objects"], daemon
+        _streamed_requests_report_their_timing(port, real_model, tmp_path / "kvtierd.sock")
         stack.proc.send_signal(signal.SIGINT)
         out = stack.rest()
         assert stack.proc.returncode == 0, out
@@ -102,6 +103,32 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         assert not (tmp_path / "kvtierd.sock").exists()  # the daemon shut down cleanly
     finally:
         stack.kill()
+
+
+def _streamed_requests_report_their_timing(port: int, model: Path, socket: Path) -> None:
+    """Issue 13.3: the router times streamed requests and reports them (prefill samples for
+    the daemon's TTFT model); a client that did not ask for usage gets no usage event."""
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    for i, words in enumerate((30, 60)):  # new documents: misses, computed in full
+        prompt = " ".join([f"Document {i} says the river is {words} miles long."] * words)
+        body = {"model": str(model), "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
+        events, _ = post_stream(url, body)
+        assert events[-1] == "[DONE]"
+        assert all(e == "[DONE]" or e["choices"] for e in events), events[-3:]
+    asked = {"model": str(model), "prompt": "One more question.", "max_tokens": 2,
+             "stream_options": {"include_usage": True}}  # fmt: skip
+    events, _ = post_stream(url, asked)
+    assert events[-2]["usage"]["prompt_tokens"] > 0  # the client asked: it gets the usage
+    deadline = time.monotonic() + 60
+    while True:  # reports go in the background
+        s = json.loads(subprocess.run(
+            [KVTIERCTL, "--socket", str(socket), "status", "--json"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout)  # fmt: skip
+        if s.get("prefill_samples", 0) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert s.get("prefill_samples", 0) >= 2, s
 
 
 def test_bad_arguments_are_one_clear_line(tmp_path: Path) -> None:

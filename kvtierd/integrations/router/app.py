@@ -49,9 +49,11 @@ from kvtierd.integrations.router.store import (
     prepare_store,
     store_failure,
 )
+from kvtierd.integrations.router.timing import StreamTiming
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, loaded_value
 
 logger = logging.getLogger(__name__)
+REPORT_TIMEOUT_S = 10.0  # a served request's timing to the daemon (background)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,12 +278,16 @@ class Router:
     ) -> web.StreamResponse | None:
         """Stream the rewritten request, answering the client only once vLLM's first data
         event shows the placeholder load worked; ``None`` (nothing sent) when it did not."""
-        async with self.http.post(f"{self.config.upstream}/v1/completions", json=new) as r:
+        timing = StreamTiming(new)
+        async with self.http.post(
+            f"{self.config.upstream}/v1/completions", json=timing.body(new)
+        ) as r:
             held: list[bytes] = []
             ok = False
+            lines = _observed(r.content, timing)
             if r.status == 200:
                 try:
-                    async for line in r.content:
+                    async for line in lines:
                         held.append(line)
                         if line.startswith(b"data: "):
                             ok = _first_event_ok(line)
@@ -295,8 +301,9 @@ class Router:
             headers = {"Content-Type": r.content_type, **_loaded(rw)}
             out = web.StreamResponse(status=200, headers=headers)
             await out.prepare(request)
-            await _relay(out, _chained(held, r.content), _chat_line if chat else None)
-            return out
+            await _relay(out, _chained(held, lines), _chat_line if chat else None)
+        self._report(timing)
+        return out
 
     async def _fallback(
         self, body: dict[str, Any], rw: Rewrite, why: Any, request: web.Request, *, chat: bool
@@ -313,14 +320,35 @@ class Router:
         """``body`` to vLLM's ``path`` as it is (``None``: a GET), its answer as vLLM gave it."""
         url = f"{self.config.upstream}{path}"
         method = "GET" if body is None else "POST"
-        async with self.http.request(method, url, json=body) as r:
-            if not (body or {}).get("stream"):
+        if body is None or not body.get("stream"):
+            async with self.http.request(method, url, json=body) as r:
                 payload = await r.read()
                 return web.Response(body=payload, status=r.status, content_type=r.content_type)
+        timing = StreamTiming(body)
+        async with self.http.post(url, json=timing.body(body)) as r:
             out = web.StreamResponse(status=r.status, headers={"Content-Type": r.content_type})
             await out.prepare(request)
-            await _relay(out, r.content, None)
-            return out
+            await _relay(out, _observed(r.content, timing), None)
+        if r.status == 200:
+            self._report(timing)
+        return out
+
+    def _report(self, timing: StreamTiming) -> None:
+        """A streamed request's timing to the daemon, in the background (best effort: the
+        TTFT model keeps its configured prefill speed without it)."""
+        sample = timing.sample()
+        if sample is None:
+            return
+
+        async def report() -> None:
+            try:
+                await asyncio.wait_for(self.client.report_served(sample), REPORT_TIMEOUT_S)
+            except (KvtierError, TimeoutError) as e:
+                logger.debug("timing of a served request not reported: %s", e)
+
+        task = asyncio.ensure_future(report())
+        self._links.add(task)
+        task.add_done_callback(self._links.discard)
 
 
 async def _relay(
@@ -338,6 +366,14 @@ async def _relay(
         await out.write_eof()
     except ConnectionResetError:
         logger.debug("the client closed its stream before the end; vLLM's is closed too")
+
+
+async def _observed(lines: AsyncIterable[bytes], timing: StreamTiming) -> AsyncIterator[bytes]:
+    """vLLM's stream as the client gets it, its timing taken on the way."""
+    async for line in lines:
+        passed = timing.event(line)
+        if passed is not None:
+            yield passed
 
 
 async def _chained(first: list[bytes], rest: AsyncIterable[bytes]) -> AsyncIterator[bytes]:

@@ -1,0 +1,58 @@
+"""A context a writer stored in a compressed form only (a router store request forcing int4, or
+the plugin's fixed ``variant: int4``) has no original to compress from or restore (issue 18.9:
+the daemon logged ERROR ``plan operation compress ... the original is not kept, cannot restore
+it`` for such a context). The placer sees only the form the context has; it moves or drops it,
+and nothing is logged above INFO for it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvtierd.engine import Engine
+from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+from kvtierd.policy_config import parse_policy
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+from tests.daemon.test_profiling_engine import CHUNKS, D, H, L, T, _config
+
+
+async def _put_int4_context(engine: Engine, cid: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    for i in range(CHUNKS):
+        kv = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
+        fmt = chunk_format(kv, H, "int4")
+        data = encode_chunk(kv, fmt)
+        raw = memoryview(data.contiguous().view(torch.uint8).numpy().tobytes())
+        meta = ObjectMeta(key=f"{cid}/{i}", size_bytes=len(raw), context_id=cid,
+                          variant="int4", layout=fmt.layout(), token_count=T)  # fmt: skip
+        await engine.put_bytes(meta, raw)
+
+
+@pytest.mark.parametrize("policy", [
+    "placer: evicpress\nvariants: {methods: [knorm, int8], ratios: [1.0, 0.5]}\n",
+    "placer: fixed\nvariant: knorm@0.5\n",
+    "placer: lru\n",
+])  # fmt: skip
+async def test_a_context_stored_compressed_is_placed_in_its_own_form(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, policy: str
+) -> None:
+    caplog.set_level(logging.INFO)
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await engine.apply_policy(parse_policy(policy, "p.yaml"))
+        await _put_int4_context(engine, "forced")
+        await engine.executor.idle()
+        ctx = engine.contexts["forced"]
+        assert [v.variant for v in engine.profile(ctx).variants] == ["int4"]
+        assert ctx.variant == "int4" != ORIGINAL_VARIANT
+        assert not await engine.profiling.profile_context(ctx)  # nothing to choose between
+        await engine.executor.idle()
+        assert engine.contexts["forced"].variant == "int4"
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not loud, [r.getMessage() for r in loud]
+    finally:
+        await engine.close()
