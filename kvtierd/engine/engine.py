@@ -157,7 +157,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         # Bandwidths are known now: give the placer the calibrated figures.
         self.placer = self._make_placer(self.policy)
         self.profiling.configure()
-        self.model_cards = load_cards(self.config.data_dir)
+        self.model_cards.update(load_cards(self.config.data_dir))
         await self._rebuild_index()
         self.executor.start()
         self.profiling.start()

@@ -19,12 +19,11 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtierd.engine.servable import ServableForm, agreed_prefix, plan_form
+from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
@@ -39,7 +38,6 @@ from kvtierd.errors import (
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
 from kvtierd.profiler.prefill_fit import PrefillFit
-from kvtierd.router_protocol import context_digest
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
@@ -79,11 +77,7 @@ class ProfilingService:
         self._changed: dict[str, float] = {}
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
-        # Leading token ids every registered prompt of a context agreed on (servable.py);
-        # written on the queries thread, read on the loop (one dict item at a time).
-        self._agreed: dict[str, int] = {}
-        # Why a context's token-dropped variants are left out of its options (grid).
-        self.unservable: dict[str, str] = {}
+        self.servable = Servability(engine.model_cards)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -174,7 +168,7 @@ class ProfilingService:
         profiler = self.profiler
 
         def store() -> None:
-            self._agree(context_id, kept)
+            self.servable.agree(context_id, profiler.queries, kept)
             profiler.queries.set_tokens(context_id, kept)
 
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
@@ -207,7 +201,7 @@ class ProfilingService:
         query = tokens[n:] if 0 < n < len(tokens) else ()
 
         def store() -> None:
-            self._agree(context_id, kept)
+            self.servable.agree(context_id, profiler.queries, kept)
             profiler.queries.set_tokens(context_id, kept)
             if 0 < len(query) <= MAX_QUERY_TOKENS:
                 # Per routed request: kept in memory, written by flush() (as record_query does)
@@ -217,23 +211,6 @@ class ProfilingService:
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
         self._tokens_known(ctx)
         self._recheck(context_id)
-
-    def _agree(self, context_id: str, tokens: Sequence[int]) -> None:
-        """Narrow the context's agreed prefix to what ``tokens`` shares with the ids known
-        (on the queries thread, before they are stored)."""
-        assert self.profiler is not None
-        queries = self.profiler.queries
-        known = queries.tokens(context_id, queries.known_tokens(context_id))
-        common = agreed_prefix(known, tokens) if known else len(tokens)
-        self._agreed[context_id] = min(self._agreed.get(context_id, common), common)
-
-    def agreed_tokens(self, context_id: str) -> int:
-        """Leading token ids every registered prompt of the context agrees on (those an
-        earlier run kept count as agreed: which prompts gave them is not kept)."""
-        agreed = self._agreed.get(context_id)
-        if agreed is not None or self.profiler is None:
-            return agreed or 0
-        return self.profiler.queries.known_tokens(context_id)
 
     def _tokens_known(self, ctx: ContextRecord) -> None:
         """Token ids arrived: the context's token-dropped variants may have become servable
@@ -247,16 +224,10 @@ class ProfilingService:
     def servable_form(self, ctx: ContextRecord, variant: str) -> ServableForm:
         """The servable form of ``variant`` with its digest, or ``InvalidArgumentError`` with
         why the daemon cannot write it (servable.py)."""
-        form = plan_form(variant, self._originals(ctx), self.agreed_tokens(ctx.context_id),
-                         self.engine.model_cards)  # fmt: skip
-        if isinstance(form, str):
-            raise InvalidArgumentError(f"context {ctx.context_id!r}: {variant} cannot be "
-                                       f"served: {form}")  # fmt: skip
-        assert self.profiler is not None  # agreed tokens come from it
-        tokens = self.profiler.queries.tokens(ctx.context_id, form.num_tokens)
-        if len(tokens) != form.num_tokens:
-            raise InvalidArgumentError(f"context {ctx.context_id!r}: its token ids are gone")
-        return replace(form, digest=context_digest(form.model, tokens))
+        if self.profiler is None:
+            raise InvalidArgumentError("the profiler, which keeps token ids, is not configured")
+        queries = self.profiler.queries
+        return self.servable.form(ctx.context_id, variant, self._originals(ctx), queries)
 
     def _recheck(self, context_id: str) -> None:
         """A query arrived for a context whose profile is below ``min_queries`` (the
@@ -341,24 +312,12 @@ class ProfilingService:
         return tuple(out)
 
     def _servable(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
-        """The lossy ``variants`` the context can be stored as: a token-dropped one only in the
-        servable form, unless it already is stored so (the reason is kept for DescribeContext)."""
-        out, why = [], ""
-        for name in variants:
-            if name == ORIGINAL_VARIANT:
-                continue
-            if name != ctx.variant and parse_variant(name).drops_tokens:
-                form = plan_form(name, self._originals(ctx), self.agreed_tokens(ctx.context_id),
-                                 self.engine.model_cards)  # fmt: skip
-                if isinstance(form, str):
-                    why = why or f"{name}: {form}"
-                    continue
-            out.append(name)
-        if why:
-            self.unservable[ctx.context_id] = why
-        else:
-            self.unservable.pop(ctx.context_id, None)
-        return out
+        """The lossy ``variants`` the context can be stored as (servable.py)."""
+        lossy = [v for v in variants if v != ORIGINAL_VARIANT]
+        if self.profiler is None:
+            return lossy
+        return self.servable.options(ctx.context_id, ctx.variant, lossy, self._originals(ctx),
+                                     self.profiler.queries)  # fmt: skip
 
     def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
         """The chunks a variant is made from: the stored original, or the reference copy plus
@@ -478,8 +437,7 @@ class ProfilingService:
         """A context is gone: drop what is kept about it (its profile file too)."""
         self.version += 1
         self.tokens.forget(context_id)
-        self._agreed.pop(context_id, None)
-        self.unservable.pop(context_id, None)
+        self.servable.forget(context_id)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:

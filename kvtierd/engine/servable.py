@@ -25,8 +25,9 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,7 +35,11 @@ from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, kept_tokens, lmcache_model
 from kvtierd.kernels.variants import parse_variant
+from kvtierd.router_protocol import context_digest
 from kvtierd.types import ObjectMeta
+
+if TYPE_CHECKING:
+    from kvtierd.profiler.queries import QueryStore
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +121,76 @@ def agreed_prefix(known: Sequence[int], new: Sequence[int]) -> int:
     b = np.asarray(new[:n], dtype=np.int64)
     differ = np.flatnonzero(a != b)
     return int(differ[0]) if differ.size else n
+
+
+class Servability:
+    """Per context: the leading token ids its registered prompts agree on, and why its
+    token-dropped variants are left out of its options (for DescribeContext). ``agree`` runs on
+    the profiling service's queries thread, the rest on the event loop (one dict item each)."""
+
+    def __init__(self, cards: Mapping[str, ModelCard]) -> None:
+        self.cards = cards  # the engine's: model name -> the card its plugin registered
+        self._agreed: dict[str, int] = {}
+        self.why: dict[str, str] = {}
+
+    def agree(self, context_id: str, queries: QueryStore, tokens: Sequence[int]) -> None:
+        """Narrow the agreed prefix to what ``tokens`` (about to be stored) shares with the
+        ids known."""
+        known = queries.tokens(context_id, queries.known_tokens(context_id))
+        common = agreed_prefix(known, tokens) if known else len(tokens)
+        self._agreed[context_id] = min(self._agreed.get(context_id, common), common)
+
+    def agreed(self, context_id: str, queries: QueryStore) -> int:
+        """Leading token ids every registered prompt agrees on (ids an earlier run kept count
+        as agreed: which prompts gave them is not kept)."""
+        agreed = self._agreed.get(context_id)
+        return queries.known_tokens(context_id) if agreed is None else agreed
+
+    def options(
+        self,
+        context_id: str,
+        stored_as: str,
+        lossy: list[str],
+        originals: Sequence[ObjectMeta],
+        queries: QueryStore,
+    ) -> list[str]:
+        """``lossy`` less the token-dropped variants that cannot be served yet (the one the
+        context is stored as stays); the first reason is kept in :attr:`why`."""
+        out, why = [], ""
+        for name in lossy:
+            if name != stored_as and parse_variant(name).drops_tokens:
+                form = plan_form(name, originals, self.agreed(context_id, queries), self.cards)
+                if isinstance(form, str):
+                    why = why or f"{name}: {form}"
+                    continue
+            out.append(name)
+        if why:
+            self.why[context_id] = why
+        else:
+            self.why.pop(context_id, None)
+        return out
+
+    def form(
+        self,
+        context_id: str,
+        variant: str,
+        originals: Sequence[ObjectMeta],
+        queries: QueryStore,
+    ) -> ServableForm:
+        """The servable form of ``variant`` with its digest, or ``InvalidArgumentError``."""
+        form = plan_form(variant, originals, self.agreed(context_id, queries), self.cards)
+        if isinstance(form, str):
+            raise InvalidArgumentError(
+                f"context {context_id!r}: {variant} cannot be served: {form}"
+            )
+        tokens = queries.tokens(context_id, form.num_tokens)
+        if len(tokens) != form.num_tokens:
+            raise InvalidArgumentError(f"context {context_id!r}: its token ids are gone")
+        return replace(form, digest=context_digest(form.model, tokens))
+
+    def forget(self, context_id: str) -> None:
+        self._agreed.pop(context_id, None)
+        self.why.pop(context_id, None)
 
 
 def _cards_dir(data_dir: str) -> Path:
