@@ -63,7 +63,7 @@ def chat_ids(model: Path) -> tuple[list[int], int]:
 
 
 def complete(url: str, model: str, prompt: list[int]) -> tuple[str, dict[str, str]]:
-    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0.0}
+    body = {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0.0}
     answer, headers = post(f"{url}/v1/completions", body)
     return str(answer["choices"][0]["text"]), headers
 
