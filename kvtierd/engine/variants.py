@@ -69,10 +69,15 @@ class VariantOps:
         (the LMCache plugin quantizes a longer prompt's new chunks on its device when the
         write plan says int8). They have no original in the reference copy, so they are read
         as they are stored (decoded by their layout): a re-compression re-encodes them with
-        the rest, and restoring the original drops them (LMCache recomputes them)."""
+        the rest, and restoring the original drops them (LMCache recomputes them). Not the
+        suffix chunks of requests served from a token-dropped variant: their KV follows the
+        placeholders, not the original, so nothing can be built from them."""
         e = cast("Engine", self)
         ref = {m.key for m, _ in ctx.reference or ()}
-        return [k for k in ctx.keys if k not in ref and SEPARATOR not in e.objects[k].meta.key]
+        metas = {k: e.objects[k].meta for k in ctx.keys if k not in ref}
+        unusable = [SEPARATOR in m.key or parse_variant(m.variant).drops_tokens
+                     for m in metas.values()]  # fmt: skip
+        return [k for k, skip in zip(metas, unusable, strict=True) if not skip]
 
     async def _copy_out(self, obj: ObjectRecord) -> bytes:
         e = cast("Engine", self)
