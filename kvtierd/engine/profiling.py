@@ -213,11 +213,13 @@ class ProfilingService:
         self._recheck(context_id)
 
     def _tokens_known(self, ctx: ContextRecord) -> None:
-        """Token ids arrived: the context's token-dropped variants may have become servable
-        (or now cover fewer tokens), so the placer sees its options again."""
+        """Token ids arrived: when they made a token-dropped variant servable, the placer sees
+        the context's options again (not on every routed request: most change nothing)."""
         if ctx.context_id not in self.engine.contexts or ctx.durable_held:
             return
-        if any(parse_variant(v).drops_tokens for v in self.variants()):
+        before = self.servable.why.get(ctx.context_id)
+        self._servable(ctx, self.variants())  # refreshes why
+        if before and before != self.servable.why.get(ctx.context_id):
             self.version += 1
             self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
 
