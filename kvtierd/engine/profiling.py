@@ -168,7 +168,7 @@ class ProfilingService:
         profiler = self.profiler
 
         def store() -> None:
-            self.servable.agree(context_id, profiler.queries, kept)
+            self.servable.agree(context_id, profiler.queries, kept, prompt=False)
             profiler.queries.set_tokens(context_id, kept)
 
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
@@ -201,7 +201,9 @@ class ProfilingService:
         query = tokens[n:] if 0 < n < len(tokens) else ()
 
         def store() -> None:
-            self.servable.agree(context_id, profiler.queries, kept)
+            # at most the prompt less its last token: a rewrite keeps one token of suffix
+            self.servable.agree(context_id, profiler.queries, tokens[: len(tokens) - 1],
+                                prompt=True)  # fmt: skip
             profiler.queries.set_tokens(context_id, kept)
             if 0 < len(query) <= MAX_QUERY_TOKENS:
                 # Per routed request: kept in memory, written by flush() (as record_query does)

@@ -11,8 +11,11 @@ write such a variant only when it knows
 * the context's token ids: the router registers every prompt it forwards, the plugin links it
   to the context (``KVStore.SetContextTokens``, prompt links). ``N``, the tokens the variant
   covers, is the longest whole-chunk prefix of the context that every registered prompt
-  agrees on (a context whose chunks served prompts with different questions covers their
-  common part only, the document) — so the digest is of exactly the tokens whose KV it holds;
+  agrees on, short of each prompt's last token (a rewrite keeps at least one token of
+  suffix) — so the digest is of exactly the tokens whose KV it holds. One prompt does not say
+  where the reusable part ends (a document, or the document and its question?), so prompts
+  fix ``N`` from the second one on: a document asked two questions covers the document. Ids
+  given as the context's own (``SetContextTokens`` with a context id) fix it at once;
 * a kept count ``M`` of whole chunks (a page method keeps whole pages, which are whole chunks
   only by chance).
 
@@ -102,8 +105,9 @@ def plan_form(
     chunks = min(count, agreed_tokens // chunk)
     if not chunks:
         return (
-            "no token ids known for its first chunk (kvtierd router registers the tokens of the "
-            "prompts it forwards; requests sent to vLLM directly leave them unknown)"
+            "no token ids agreed for its first chunk (kvtierd router registers the prompts it "
+            "forwards, and two of them fix where the context ends; requests sent to vLLM "
+            "directly leave them unknown)"
         )
     n = chunks * chunk
     m = kept_tokens(n, parse_variant(variant), chunk)
@@ -131,20 +135,28 @@ class Servability:
     def __init__(self, cards: Mapping[str, ModelCard]) -> None:
         self.cards = cards  # the engine's: model name -> the card its plugin registered
         self._agreed: dict[str, int] = {}
+        self._prompts: dict[str, int] = {}  # prompts agreed so far; -1: ids given as context's
         self.why: dict[str, str] = {}
 
-    def agree(self, context_id: str, queries: QueryStore, tokens: Sequence[int]) -> None:
+    def agree(
+        self, context_id: str, queries: QueryStore, tokens: Sequence[int], *, prompt: bool
+    ) -> None:
         """Narrow the agreed prefix to what ``tokens`` (about to be stored) shares with the
-        ids known."""
+        ids known; ``prompt``: a registered prompt, else ids given as the context's."""
         known = queries.tokens(context_id, queries.known_tokens(context_id))
         common = agreed_prefix(known, tokens) if known else len(tokens)
         self._agreed[context_id] = min(self._agreed.get(context_id, common), common)
+        seen = self._prompts.get(context_id, 0)
+        self._prompts[context_id] = seen + 1 if prompt and seen >= 0 else -1
 
     def agreed(self, context_id: str, queries: QueryStore) -> int:
-        """Leading token ids every registered prompt agrees on (ids an earlier run kept count
-        as agreed: which prompts gave them is not kept)."""
+        """Leading token ids the registrations agree on, once they say where the context ends
+        (module docstring); ids an earlier run kept count as agreed (which prompts gave them is
+        not kept)."""
         agreed = self._agreed.get(context_id)
-        return queries.known_tokens(context_id) if agreed is None else agreed
+        if agreed is None:
+            return queries.known_tokens(context_id)
+        return agreed if self._prompts.get(context_id, 0) not in (0, 1) else 0
 
     def options(
         self,
@@ -190,6 +202,7 @@ class Servability:
 
     def forget(self, context_id: str) -> None:
         self._agreed.pop(context_id, None)
+        self._prompts.pop(context_id, None)
         self.why.pop(context_id, None)
 
 

@@ -63,7 +63,7 @@ def test_cards_are_kept_in_the_data_dir(tmp_path: Path) -> None:
         ([ObjectMeta(key="doc/0", size_bytes=1)], 64, {MODEL: CARD}, "knorm@0.5", "not LMCache"),
         (chunks(4), 64, {}, "knorm@0.5", f"no model card for {MODEL}"),
         (chunks(4), 64, {MODEL: ModelCard(MODEL, refused="M-RoPE")}, "knorm@0.5", "M-RoPE"),
-        (chunks(4), 15, {MODEL: CARD}, "knorm@0.5", "no token ids known for its first chunk"),
+        (chunks(4), 15, {MODEL: CARD}, "knorm@0.5", "no token ids agreed for its first chunk"),
         # pages of 5: 64 tokens keep the 4 trailing ones + 6 pages = 34, not whole chunks
         (chunks(4), 64, {MODEL: CARD}, "paged_eviction_block-page=5@0.5", "not whole chunks"),
     ],
@@ -93,7 +93,9 @@ def test_prompts_that_differ_narrow_the_agreed_prefix_and_the_digest_follows() -
     queries, s = QueryStore(None), Servability({MODEL: CARD})
     first, second = list(range(70)), [*range(40), 999, 998]
     for prompt in (first, second):
-        s.agree("c", queries, prompt)
+        # one prompt does not say where the context ends: the document, or it and a question
+        assert s.agreed("c", queries) == 0
+        s.agree("c", queries, prompt, prompt=True)
         queries.set_tokens("c", prompt)
     assert s.agreed("c", queries) == 40
     form = s.form("c", "knorm@0.5", chunks(4), queries)
@@ -101,6 +103,8 @@ def test_prompts_that_differ_narrow_the_agreed_prefix_and_the_digest_follows() -
     assert s.options("c", "none", ["int8", "knorm@0.5"], chunks(4), queries) == [
         "int8", "knorm@0.5",
     ]  # fmt: skip
+    s.agree("e", queries, list(range(50)), prompt=False)  # ids given as the context's own
+    assert s.agreed("e", queries) == 50
     assert s.options("d", "none", ["int8", "knorm@0.5"], chunks(4), queries) == ["int8"]
     assert "no token ids" in s.why["d"] and "c" not in s.why
     # the form a context is stored in stays among its options

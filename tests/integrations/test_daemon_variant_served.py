@@ -88,10 +88,12 @@ def test_a_context_the_placer_compresses_is_served_from_its_variant(
     with KVClient(stack["socket"]) as c:
         c.call(c.admin.ApplyPolicy, pb.ApplyPolicyRequest(
             yaml="placer: fixed\nvariant: knorm@0.5\n", source="test.yaml"))  # fmt: skip
-        # Through the router: the document, and a few tokens past it (less than a chunk, which
-        # LMCache does not store): the daemon learns the context's tokens from the router.
-        _, headers = complete(stack["router"], model, prompt[: n + 3])
-        assert "x-kvtierd-context" not in headers  # nothing compressed yet
+        # Through the router: the document and a few tokens past it (less than a chunk, which
+        # LMCache does not store), then the whole prompt: the daemon learns the context's
+        # tokens from the router, and the two prompts agree on the document's chunks.
+        for part in (prompt[: n + 3], prompt):
+            _, headers = complete(stack["router"], model, part)
+            assert "x-kvtierd-context" not in headers  # nothing compressed yet
         ctx = wait_for_variant(c, "knorm@0.5")
         digest = context_digest(model, prompt[:n])
         manifest = Manifest.from_bytes(bytes(c.get(manifest_key(digest))))
