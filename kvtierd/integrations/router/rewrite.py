@@ -29,8 +29,10 @@ class Rewrite:
     def kv_transfer_params(self) -> dict[str, str]:
         """The context and variant, and how many leading tokens are placeholders: the plugin
         reports those chunks as stored even when one is missing, so that vLLM's load fails
-        (and the request with it) instead of prefilling placeholder ids."""
+        (and the request with it) instead of prefilling placeholder ids; and the manifest,
+        whose ``chunk_keys`` the plugin loads the placeholder chunks from."""
         return {
+            "lmcache.tag.kvtierd_manifest": self.manifest_key,
             "lmcache.tag.kvtierd_context": self.manifest.digest,
             "lmcache.tag.kvtierd_variant": self.manifest.variant,
             "lmcache.tag.kvtierd_placeholder_tokens": str(len(self.manifest.placeholder_ids)),
