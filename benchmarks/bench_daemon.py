@@ -6,7 +6,7 @@ the same run on the same machine:
 * batched Lookup of 1,000 keys (p99) and a single Lookup (p50) vs an empty gRPC call;
 * daemon memory overhead above the bytes it holds.
 
-Run: ``.venv/bin/python benchmarks/bench_daemon.py`` (about a minute).
+Run: ``.venv/bin/python -m benchmarks.bench_daemon`` (about a minute).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The EvicPress headline, measured end to end (issue 13): TTFT and answer quality of kvtierd
 against the other ways to keep KV, every system serving the same workload on the real model.
 
-    .venv/bin/python benchmarks/bench_e2e.py                    # every system
-    .venv/bin/python benchmarks/bench_e2e.py --systems prefill lru --requests 60
+    .venv/bin/python -m benchmarks.bench_e2e                    # every system
+    .venv/bin/python -m benchmarks.bench_e2e --systems prefill lru --requests 60
 
 Each system is a ``kvtierd stack`` (``kvtierd/integrations/stack.py``) on SmolLM2-135M-Instruct
 with vLLM-CPU's own prefix cache off, so that every reuse goes through the system measured:
@@ -57,7 +57,10 @@ class System:
     policy: dict[str, Any] | None = None  # the daemon's policy YAML (kvtierd)
 
 
-def systems(alphas: list[float], fixed: list[str], model: Path) -> dict[str, System]:
+def systems(
+    alphas: list[float], fixed: list[str], model: Path, methods: list[str],
+    ratios: list[float], *, label: str = "",
+) -> dict[str, System]:  # fmt: skip
     out = [System("prefill", "none"), System("lmcache", "lmcache"),
            System("lru", "kvtierd", {"name": "lru", "placer": "lru"})]  # fmt: skip
     for v in fixed:
@@ -65,12 +68,11 @@ def systems(alphas: list[float], fixed: list[str], model: Path) -> dict[str, Sys
                                                      "variant": v}))  # fmt: skip
     for a in alphas:
         policy = {
-            "name": f"evicpress-a{a:g}", "placer": "evicpress", "alpha": a,
-            "variants": {"methods": ["knorm", "keydiff", "int8", "int4", "keydiff+int8"],
-                         "ratios": [1.0, 0.75, 0.5, 0.25]},
+            "name": f"evicpress-a{a:g}{label}", "placer": "evicpress", "alpha": a,
+            "variants": {"methods": methods, "ratios": ratios},
             "profiling": {"evaluator": "answer", "model_dir": str(model)},
         }  # fmt: skip
-        out.append(System(f"evicpress-a{a:g}", "kvtierd", policy))
+        out.append(System(f"evicpress-a{a:g}{label}", "kvtierd", policy))
     return {s.name: s for s in out}
 
 
@@ -105,7 +107,7 @@ def run_system(
         lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
     )  # fmt: skip
     with Stack(config) as stack:
-        warm = _first_asks(table)
+        warm = _first_asks(table, args.warmup_questions)
         t0 = time.perf_counter()
         for r in warm:
             asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
@@ -114,15 +116,28 @@ def run_system(
         settle_s = 0.0
         if system.backend == "kvtierd":
             settle_s = _settle(stack.socket_path, args.settle_s, system.name.startswith("evic"))
-        print(f"  {system.name}: warm-up {len(warm)} contexts in {warm_s:.0f} s, settled in "
+        print(f"  {system.name}: warm-up {len(warm)} requests in {warm_s:.0f} s, settled in "
               f"{settle_s:.0f} s; workload ...", flush=True)  # fmt: skip
         t0 = time.perf_counter()
         outcomes = asyncio.run(run_requests(stack.serve_url, str(model), table, requests,
                                             max_tokens=args.max_tokens))  # fmt: skip
         wall = time.perf_counter() - t0
         model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
+        stored = _stored_bytes(work)
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
-            "prefill_model": model_now, "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+            "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
+            "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+
+
+def _stored_bytes(work: Path) -> dict[str, int]:
+    """Bytes on disk at the end of a run: the daemon's SSD tier and LMCache's disk backend (to
+    hold each system to the tier sizes it was given)."""
+    out = {}
+    for name, sub in (("kvtierd_ssd", "daemon/ssd/objects"), ("lmcache_disk", "lmcache-disk")):
+        root = work / sub
+        if root.exists():
+            out[name] = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    return out
 
 
 def _prefill_model(socket_path: str) -> dict[str, Any]:
@@ -136,10 +151,13 @@ def _prefill_model(socket_path: str) -> dict[str, Any]:
             "samples": s.prefill_samples, "learned": s.prefill_learned}  # fmt: skip
 
 
-def _first_asks(table: list[list[Prompt]]) -> list[Any]:
+def _first_asks(table: list[list[Prompt]], questions: int) -> list[Any]:
+    """Each context's first ``questions`` questions, one at a time: stores every context, and
+    gives the daemon real queries of it (a profile needs ``profiling.min_queries``, 3)."""
     from benchmarks.e2e_workload import Request
 
-    return [Request(i, 0.0, i, 0) for i in range(len(table))]
+    return [Request(i, 0.0, i, q) for q in range(questions) for i in range(len(table))
+            if q < len(table[i])]  # fmt: skip
 
 
 def _settle(socket_path: str, limit_s: float, profiles: bool) -> float:
@@ -298,6 +316,23 @@ def main() -> None:
     p.add_argument("--ssd-share", type=float, default=0.40)
     p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument(
+        "--warmup-questions",
+        type=int,
+        default=3,
+        help="questions per context asked before the timed workload",
+    )
+    p.add_argument(
+        "--evicpress-methods",
+        nargs="+",
+        default=["knorm", "keydiff", "int8", "int4", "keydiff+int8"],
+    )
+    p.add_argument("--evicpress-ratios", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
+    p.add_argument(
+        "--evicpress-label",
+        default="",
+        help="appended to the EvicPress systems' names (e.g. -quant for a quantization-only grid)",
+    )
     p.add_argument("--settle-s", type=float, default=600, help="wait for profiles after warm-up")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
@@ -322,7 +357,8 @@ def main() -> None:
              "ssd": int(total * args.ssd_share)}  # fmt: skip
     print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
           f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
-    every = systems(args.alphas, args.fixed, model)
+    every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
+                    args.evicpress_ratios, label=args.evicpress_label)  # fmt: skip
     chosen = args.systems or list(every)
     if "prefill" not in chosen:
         chosen.insert(0, "prefill")  # the reference answers

@@ -1,6 +1,6 @@
 """Plan executor throughput, and what its work costs the load path (issue 5).
 
-    .venv/bin/python benchmarks/bench_executor.py [--contexts 6]
+    .venv/bin/python -m benchmarks.bench_executor [--contexts 6]
 
 An engine in this process with real tiers (cpu arena, ssd files; the ssd tier unbounded, so it
 keeps originals as EvicPress's reference copies). Contexts of 4 chunks x 256 tokens, 8 layers x
@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import mmap
 import statistics
-import sys
 import tempfile
 import time
 from functools import partial
@@ -32,8 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine, verdict
 from kvtierd.config import DaemonConfig, TierConfig

@@ -1,7 +1,7 @@
 """Kernel throughput: achieved bytes/s vs a copy measured in the same run, and Triton vs torch.
 
-    .venv/bin/python benchmarks/bench_kernels.py                 # CUDA if present, else CPU
-    .venv/bin/python benchmarks/bench_kernels.py --tokens 8192 32768 --layers 32
+    .venv/bin/python -m benchmarks.bench_kernels                 # CUDA if present, else CPU
+    .venv/bin/python -m benchmarks.bench_kernels --tokens 8192 32768 --layers 32
 
 On CUDA each kernel runs with ``backend="triton"`` and ``backend="torch"``; the report gives
 the Triton kernel's bytes/s as a fraction of a device-to-device copy of the same KV (goal >= 60%

@@ -18,7 +18,7 @@ every repetition (after one untimed warm-up) and every load is checked bit for b
 new each repetition and removed after it, untimed. Prints GB/s (1e9 bytes/s), median [min-max],
 and the plugin's ratios (benchmarks/RESULTS.md, "vLLM + LMCache integration (issue 6)").
 
-    .venv/bin/python benchmarks/bench_lmcache.py [--reps 5] [--chunks 8] [--layers 32]
+    .venv/bin/python -m benchmarks.bench_lmcache [--reps 5] [--chunks 8] [--layers 32]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -39,8 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine
 from tests.daemon_proc import DaemonProcess, write_config

@@ -8,7 +8,7 @@ turn) and starts it again; workers then count clean errors (``kvtierd.errors``),
 afterwards every durable put they had acknowledged must read back whole. A delete the daemon
 died under may or may not have happened: its key must read back whole or be gone.
 
-    python benchmarks/bench_load.py --clients 16 --seconds 120 [--restart-every 20] [--json F]
+    python -m benchmarks.bench_load --clients 16 --seconds 120 [--restart-every 20] [--json F]
 
 Reports ops/s and GB/s (1e9 B/s), p50/p99 latency per operation, lost and corrupt objects,
 bytes verified, and the faults injected and survived.
@@ -20,15 +20,11 @@ import argparse
 import json
 import multiprocessing as mp
 import random
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # first: site-packages may hold an unrelated ``tests``
 
 KiB, MiB = 1 << 10, 1 << 20
 OPS = ("put", "put_durable", "put_stream", "put_stream_durable", "get", "get_stream", "lookup",

@@ -2,7 +2,7 @@
 instance family, the cost of an exact solve by size (the threshold), the gap to the LP bound,
 rebalance and insert cost.
 
-    .venv/bin/python benchmarks/bench_placer.py [--instances 200] [--quick]
+    .venv/bin/python -m benchmarks.bench_placer [--instances 200] [--quick]
 
 Instance families (``kvtierd/policies/families.py``): "paper" (simulator-calibrated contexts,
 DRAM/SSD at ~10%/~40% of the bytes), "uniform" (independent random sizes/qualities, each 10-60%
@@ -26,13 +26,13 @@ from benchmarks.common import machine, verdict
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.evicpress import EvicPressPlacer, solve
 from kvtierd.policies.exact import Problem, solve_exact
-from kvtierd.policies.families import FAMILIES, paper
 from kvtierd.policies.greedy_state import Selection
 from kvtierd.policies.knapsack import greedy_assign, greedy_solve
 from kvtierd.policies.model import UtilityTable
 from kvtierd.policies.refine import RefineLimits, lagrangian_bound, refine
-from kvtierd.policies.simulate.engine import PAPER_TIERS
-from kvtierd.policies.simulate.quality import VariantSpace
+from kvtierd.sim.families import FAMILIES, paper
+from kvtierd.sim.replay import PAPER_TIERS
+from kvtierd.sim.variants import VariantSpace
 from kvtierd.types import TierModel
 
 REBALANCE_GOAL = 0.98

@@ -1,6 +1,6 @@
 """Profiling cost: variants profiled per second vs context length (EvicPress §6.3 overhead).
 
-    .venv/bin/python benchmarks/bench_profiler.py [--quick]
+    .venv/bin/python -m benchmarks.bench_profiler [--quick]
 
 ``attention``: KV of 4 layers x 8 KV heads x 128 dims (32 query heads, 64 window probes), fp16
 (cast to fp32 inside), the default policy grid minus snapkv (knorm, int8, knorm+int8 x 10 ratios
@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 from kvtierd.policy_config import expand_variants

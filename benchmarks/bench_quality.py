@@ -1,7 +1,7 @@
 """Answer quality of every compression variant on the real model (issue 12).
 
-    .venv/bin/python benchmarks/bench_quality.py                       # the whole grid
-    .venv/bin/python benchmarks/bench_quality.py --lengths 1024 --per 2 --tasks niah_single
+    .venv/bin/python -m benchmarks.bench_quality                       # the whole grid
+    .venv/bin/python -m benchmarks.bench_quality --lengths 1024 --per 2 --tasks niah_single
 
 SmolLM2-135M-Instruct (``kvtierd model fetch``) answers RULER-style cases
 (``quality_tasks.py``) with its context's KV compressed into each variant by kvtierd's kernels,
@@ -26,6 +26,7 @@ served-vs-in-process table compare the two on the same cases.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from collections import defaultdict
@@ -194,7 +195,8 @@ class ServedCases:
         return str(reply["choices"][0]["text"]).strip(), headers
 
     def run(self, case: Case, variants: list[str]) -> dict[str, Any]:
-        from kvtierd.profiler.engine_eval import DaemonAdmin
+        from kvtierd.client import KVClient
+        from kvtierd.errors import NotFoundError
         from kvtierd.router_protocol import context_digest
 
         split = split_prompt(self.tokenizer, case)
@@ -206,9 +208,10 @@ class ServedCases:
             answers[v], headers = self.ask(ids)
             if headers.get("x-kvtierd-context") != f"{digest}/{v}":
                 raise RuntimeError(f"{case.name}: {v} was not served from its variant")
-            with DaemonAdmin(self.stack.socket_path, 30) as daemon:
-                daemon.evict(digest)
-                daemon.evict(f"{digest}/{v}")
+            with KVClient(self.stack.socket_path, timeout_s=30) as daemon:
+                for cid in (digest, f"{digest}/{v}"):  # either may be gone already (evicted)
+                    with contextlib.suppress(NotFoundError):
+                        daemon.evict([cid])
         names = ["none", *variants]
         sims = self.embedder.similarity([answers["none"]] * len(names), [answers[v] for v in names])
         results = {v: {"answer": answers[v], "accuracy": accuracy(case, answers[v]),

@@ -10,7 +10,7 @@ repetition, moves the same 64 MiB object through
 Prints GB/s (1e9 bytes/s) as median [min-max] over the repetitions and the tier's ratio to the
 faster raw client for each direction (benchmarks/RESULTS.md, "Remote tier on Redis Cluster").
 
-    .venv/bin/python benchmarks/bench_remote.py [--reps 7] [--size-mib 64]
+    .venv/bin/python -m benchmarks.bench_remote [--reps 7] [--size-mib 64]
 """
 
 from __future__ import annotations
@@ -19,21 +19,18 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "storage"))
-
 import redis.asyncio.cluster as aio_cluster
 import redis.cluster as sync_cluster
-from redis_cluster import RedisClusterProcs
 
 from kvtierd.config import TierConfig
 from kvtierd.storage.remote import RemoteTier
 from kvtierd.types import ObjectMeta
+from tests.storage.redis_cluster import RedisClusterProcs
 
 PART = 4 << 20
 

@@ -7,7 +7,7 @@ interleaved so that the noise of a shared virtual disk hits both sides alike.
 Also measures the aiofiles alternative (DESIGN.md §3.10): the same 4 MiB O_DIRECT chunks through
 ``aiofiles`` file objects (seek + readinto / write, one handle per queue slot).
 
-    .venv/bin/python benchmarks/bench_ssd.py [--objects 8] [--rounds 5] [--queue-depth 4]
+    .venv/bin/python -m benchmarks.bench_ssd [--objects 8] [--rounds 5] [--queue-depth 4]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Validate the daemon's TTFT model: predicted vs measured load time, CPU and SSD tiers.
 
-    .venv/bin/python benchmarks/bench_ttft_model.py [--reps 8]
+    .venv/bin/python -m benchmarks.bench_ttft_model [--reps 8]
 
 A real daemon (``tests/daemon_proc.py``) is started; objects of several sizes are put through
 ``KVClient`` and read back with ``KVClient.get`` into a preallocated buffer (the load path of a
@@ -22,15 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb

@@ -1,18 +1,13 @@
-"""Helpers shared by the benchmarks: timing, a daemon in a subprocess, a results line."""
+"""Helpers shared by the benchmarks: timing, the machine, a verdict against a goal."""
 
 from __future__ import annotations
 
 import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if sys.path[:1] != [str(REPO)]:
-    # First, even when an editable install lists it later: site-packages may hold an unrelated
-    # ``tests`` package, which would shadow this repository's.
-    sys.path.insert(0, str(REPO))
 
 
 def best_of(fn: Callable[[], object], repeat: int = 5) -> float:

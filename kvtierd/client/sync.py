@@ -254,3 +254,9 @@ class KVClient:
 
     def drain(self, tier: str) -> pb.DrainResponse:
         return self.call(self.admin.Drain, pb.DrainRequest(tier=tier))
+
+    def evict(self, context_ids: Sequence[str]) -> int:
+        """Drop contexts from every tier; the number dropped. An unknown context raises
+        :class:`~kvtierd.errors.NotFoundError` (those before it are dropped already)."""
+        request = pb.EvictRequest(context_ids=list(context_ids))
+        return int(self.call(self.admin.Evict, request).evicted)

@@ -4,8 +4,8 @@ An evaluator answers "how close is the model's behaviour over a variant's KV to 
 over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
 (1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`),
 ``answer`` (the paper's metric, :mod:`.answer`) and ``engine`` (the same metric measured through
-vLLM and ``kvtierd router``, :mod:`.engine_eval`). Register more with :func:`register_evaluator`;
-every evaluator is constructed as ``cls(**options)``.
+vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.engine_eval`). Register more with
+:func:`register_evaluator`; every evaluator is constructed as ``cls(**options)``.
 """
 
 from __future__ import annotations
@@ -181,7 +181,20 @@ def make_evaluator(name: str, options: Mapping[str, Any] | None = None) -> Quali
         raise InvalidArgumentError(f"bad options for quality evaluator {name!r}: {e}") from e
 
 
+BUILTIN_MODULES = (
+    "kvtierd.profiler.answer",
+    "kvtierd.profiler.attention",
+    # A client of the serving stack (daemon through kvtierd.client, router over HTTP): it sits
+    # in a layer above this package, which may not import it, so it is found by name.
+    "kvtierd.integrations.engine_eval",
+)
+"""Modules whose import registers the built-in evaluators."""
+
+
 def _register_builtins() -> None:
     # Importing the modules registers them (their decorators run once per process); done on
     # first lookup so that importing this module loads neither torch nor transformers.
-    from kvtierd.profiler import answer, attention, engine_eval  # noqa: F401
+    import importlib
+
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from kvtierd.client import KVClient
+from kvtierd.integrations.engine_eval import EngineEvaluator
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
-from kvtierd.profiler.engine_eval import DaemonAdmin, EngineEvaluator
 from kvtierd.profiler.quality import QualityResult
 from kvtierd.router_protocol import LOADED_HEADER, context_digest
 from tests.integrations.harness import CHUNK
@@ -146,9 +146,8 @@ def test_a_scoped_variant_is_never_served_to_production(stack: dict[str, Any]) -
     _ask(stack, prompt, {"context_tokens": len(SCOPED_CTX), "variant": "knorm@0.5"})
     assert _ask(stack, prompt) == f"{production}/knorm@0.5"
     assert _ask(stack, prompt, {"scope": "t1", "variant": "knorm@1"}) == f"{scoped}/knorm@1"
-    with DaemonAdmin(stack["socket"], 30) as daemon:
-        for cid in set(_context_ids(stack)) - before:
-            daemon.evict(cid)
+    with KVClient(stack["socket"], timeout_s=30) as daemon:
+        daemon.evict(sorted(set(_context_ids(stack)) - before))
 
 
 def _ask(stack: dict[str, Any], prompt: list[int], kvtierd: dict[str, Any] | None = None) -> str:

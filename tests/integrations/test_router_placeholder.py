@@ -17,7 +17,6 @@ import pytest
 
 from kvtierd.client import KVClient
 from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
-from kvtierd.profiler.engine_eval import DaemonAdmin
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.servers import (
@@ -88,8 +87,8 @@ def test_store_after_a_cached_prefix_builds_from_the_context_s_first_chunk(
     complete(stack, CTX4 + SUFFIX, kvtierd=store)  # nothing cached: the put is the context
     want, _ = complete(stack, CTX4 + SUFFIX)
     digest = context_digest(stack["model"], CTX4)
-    with DaemonAdmin(stack["socket"], 30) as daemon:
-        assert daemon.evict(digest) and daemon.evict(f"{digest}/knorm@0.5")
+    with KVClient(stack["socket"], timeout_s=30) as daemon:
+        assert daemon.evict([digest, f"{digest}/knorm@0.5"]) == 2
     complete(stack, [*CTX4[:32], 7])  # a plain request caches chunks 0 and 1
     complete(stack, CTX4 + LONG_SUFFIX, kvtierd=store)
     got, headers = complete(stack, CTX4 + SUFFIX)

@@ -1,6 +1,6 @@
 """No knapsack traps (issue 14): every instance family against an independent MILP optimum.
 
-Instances come from ``kvtierd.policies.families`` (seeded). The optimum is
+Instances come from ``kvtierd.sim.families`` (seeded). The optimum is
 ``milp_reference.optimum`` (scipy's MILP on a dense formulation written here), so neither the
 exact solver the placer uses nor its refinements check themselves. "Achievable gain" is the
 share of ``opt - u_drop`` reached (``u_drop``: every context dropped), as in
@@ -18,10 +18,10 @@ from kvtierd.errors import SolverError
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.evicpress import EvicPressPlacer, solve
 from kvtierd.policies.exact import Problem, solve_exact, solve_problem
-from kvtierd.policies.families import FAMILIES, family, trap
 from kvtierd.policies.knapsack import greedy_assign, greedy_solve
 from kvtierd.policies.model import UtilityTable
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, lagrangian_bound, refine
+from kvtierd.sim.families import FAMILIES, family, trap
 from kvtierd.types import Placement, TierModel
 
 SEEDS = range(5)

@@ -14,9 +14,9 @@ import torch
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.errors import ConfigError, InvalidArgumentError, UnavailableError
+from kvtierd.integrations.engine_eval import EngineEvaluator, scorable_variant
 from kvtierd.policy_config import parse_policy
 from kvtierd.profiler import ContextKV, ProfilingQuery, evaluator_class, make_evaluator
-from kvtierd.profiler.engine_eval import EngineEvaluator, scorable_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = tuple(range(10, 42))

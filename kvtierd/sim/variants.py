@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.model import FloatArray
-from kvtierd.policies.simulate.workload import DATASETS, Workload
+from kvtierd.sim.workload import DATASETS, Workload
 from kvtierd.types import ORIGINAL_VARIANT
 
 METHOD_MEDIAN = {"keydiff": 1.0, "snapkv": 1.1, "knorm": 1.2}
@@ -64,6 +65,62 @@ def quant_ratio(quant: str, dtype_bytes: int = 2) -> float:
     return (QUANT_BITS[quant] / 8 + SCALE_ZERO_BYTES / QUANT_GROUP) / dtype_bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Form:
+    """A variant name as the simulator reads it: the token-dropping ``method`` (``""`` when
+    no token is dropped), the kept ``ratio`` and the quantization ``quant`` (``""``: none)."""
+
+    method: str
+    ratio: float
+    quant: str
+
+    @classmethod
+    def of(cls, name: str) -> Form:
+        """``none``, ``int8``, ``knorm@0.5``, ``knorm@0.5+int8`` (method options such as
+        ``snapkv-window=32@0.5`` are part of the method)."""
+        drop, plus, quant = name.partition("+")
+        if drop in QUANT_BITS and not plus:
+            return cls("", 1.0, drop)
+        method, at, ratio = drop.partition("@")
+        try:
+            kept = float(ratio) if at else 1.0
+        except ValueError:
+            kept = -1.0
+        if (
+            (drop != ORIGINAL_VARIANT and not (at and method and 0 < kept < 1))
+            or (plus and quant not in QUANT_BITS)
+            or (drop == ORIGINAL_VARIANT and plus)
+        ):
+            raise InvalidArgumentError(
+                f"variant {name!r}: expected none, int8, int4, <method>@<ratio in (0, 1)> or "
+                "<method>@<ratio>+<int8|int4>"
+            )
+        return cls("" if drop == ORIGINAL_VARIANT else method, kept, quant)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Shape:
+    """One variant of ``n`` contexts: kept tokens, stored bytes, restore seconds ``(n,)``."""
+
+    kept_tokens: FloatArray
+    size_bytes: FloatArray
+    restore_s: FloatArray
+
+
+def shape(form: Form, tokens: FloatArray, per_token: float, dtype_bytes: int) -> Shape:
+    """Sizes and restore cost of ``form`` for contexts of ``tokens`` tokens (module doc)."""
+    kept = tokens.copy()
+    restore = np.zeros_like(tokens)
+    if form.method:
+        kept = np.maximum(np.round(form.ratio * tokens), 1.0)
+        restore += kept * per_token / 2 / ROTATE_BYTES_PER_S
+    byte_ratio = kept / tokens
+    if form.quant:
+        byte_ratio = byte_ratio * quant_ratio(form.quant, dtype_bytes)
+        restore += kept * per_token / DEQUANT_BYTES_PER_S
+    return Shape(kept, np.ceil(byte_ratio * tokens * per_token), restore)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class VariantTable:
     """Per context x variant: ``size_bytes``, ``quality``, ``restore_s``, ``kept_tokens``."""
@@ -87,30 +144,24 @@ def make_variants(
     mult = {m: METHOD_MEDIAN[m] * rng.lognormal(0.0, 0.25, n) for m in space.methods}
     names = space.names()
     tokens = workload.context_tokens.astype(np.float64)
-    per_token = float(workload.model.kv_bytes_per_token)
+    model = workload.model
     size = np.empty((n, len(names)))
     qual = np.empty((n, len(names)))
-    rest = np.zeros((n, len(names)))
+    rest = np.empty((n, len(names)))
     kept = np.empty((n, len(names)))
     for j, name in enumerate(names):
-        drop_part, _, quant = name.partition("+")
-        if drop_part in QUANT_BITS:
-            drop_part, quant = ORIGINAL_VARIANT, drop_part
-        keep: FloatArray = np.ones(n)
+        form = Form.of(name)
         q: FloatArray = np.ones(n)
-        if drop_part != ORIGINAL_VARIANT:
-            method, _, ratio_s = drop_part.partition("@")
-            ratio = float(ratio_s)
-            keep = np.maximum(np.round(ratio * tokens), 1.0) / tokens
-            removed = ((1.0 - ratio) / 0.9) ** CURVE_EXPONENT
-            q = q * np.clip(1.0 - sigma * mult[method] * removed, 0.0, 1.0)
-            rest[:, j] += keep * tokens * per_token / 2 / ROTATE_BYTES_PER_S
-        byte_ratio = keep.copy()
-        if quant:
-            byte_ratio *= quant_ratio(quant, workload.model.dtype_bytes)
-            q = q * np.clip(1.0 - QUANT_COST[quant] * sigma, 0.0, 1.0)
-            rest[:, j] += keep * tokens * per_token / DEQUANT_BYTES_PER_S
-        kept[:, j] = keep * tokens
-        size[:, j] = np.ceil(byte_ratio * tokens * per_token)
-        qual[:, j] = q
+        if form.method:
+            removed = ((1.0 - form.ratio) / 0.9) ** CURVE_EXPONENT
+            q = q * np.clip(1.0 - sigma * mult[form.method] * removed, 0.0, 1.0)
+        if form.quant:
+            q = q * np.clip(1.0 - QUANT_COST[form.quant] * sigma, 0.0, 1.0)
+        sh = shape(form, tokens, float(model.kv_bytes_per_token), model.dtype_bytes)
+        size[:, j], qual[:, j], rest[:, j], kept[:, j] = (
+            sh.size_bytes,
+            q,
+            sh.restore_s,
+            sh.kept_tokens,
+        )
     return VariantTable(names, size, qual, rest, kept)

@@ -1,40 +1,40 @@
-"""Options shared by ``simulate`` and ``report``, turned into a ``SimulationConfig``.
+"""Command-line options of ``kvtierd sim``, turned into a :class:`SimulationConfig`.
 
-The workload is the simulator's (``kvtierd.policies.simulate``): contexts drawn from the paper's
-datasets, Zipf popularity, Poisson arrivals or a CSV trace's timestamps. The placer comes from a
-policy file (``--policy``: placer, alpha, selection, variant grid) or a name (``--placer``:
-``evicpress``, ``lru``, ``lfu``, ``prefill``, ``fixed:knorm@0.5``). Tiers are the paper's
-(§6.1: DRAM 20 GB/s, SSD 2 GB/s, unbounded remote 1 GB/s) with capacities from ``--dram`` and
-``--ssd``.
+* The **placer** (every command): a policy file (``--policy``: placer, alpha, selection,
+  variant grid, frequency half-life) or a name (``--placer``: ``evicpress``, ``lru``, ``lfu``,
+  ``prefill``, ``fixed:knorm@0.5``); what EvicPress knows of frequencies (``--frequency``);
+  whether a load slower than prefill is recomputed (``--no-recompute`` turns that off).
+* The **synthetic workload** (``run``, ``sweep``, ``report``): contexts drawn from the paper's
+  datasets, Zipf popularity, Poisson arrivals or a CSV trace's timestamps, the paper's tiers
+  (§6.1: DRAM 20 GB/s, SSD 2 GB/s, unbounded remote 1 GB/s) with capacities from ``--dram`` and
+  ``--ssd``. ``predict`` takes a workload file and a calibration instead (:mod:`.predict`).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.policy import read_policy
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError
-from kvtierd.policies.simulate import PAPER_TIERS, SimulationConfig
-from kvtierd.policies.simulate.frontier import DEFAULT_ALPHAS
-from kvtierd.policies.simulate.quality import METHOD_MEDIAN, QUANT_BITS, VariantSpace
-from kvtierd.policies.simulate.workload import MODELS, WorkloadConfig
-from kvtierd.policy_config import PolicyConfig
+from kvtierd.policy_config import PolicyConfig, expand_variants
+from kvtierd.sim.frontier import DEFAULT_ALPHAS
+from kvtierd.sim.replay import FREQUENCIES, PAPER_TIERS, SimulationConfig
+from kvtierd.sim.variants import METHOD_MEDIAN, QUANT_BITS, VariantSpace
+from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import TierModel
 
-ORIGINAL = "none"
 
-
-def add_workload_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("simulated workload")
+def add_placer_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("placer")
     src = g.add_mutually_exclusive_group()
     src.add_argument(
         "--policy",
         metavar="FILE",
-        help="placer, alpha, selection and variant grid "
+        help="placer, alpha, selection, variant grid and frequency half-life "
         "from a policy file (configs/policies/*.yaml)",
     )
     src.add_argument(
@@ -48,6 +48,22 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="EvicPress quality weight in 1/s (default: the policy's, else 1)",
     )
+    g.add_argument(
+        "--frequency",
+        choices=FREQUENCIES,
+        default="online",
+        help="what EvicPress knows of each context's frequency: the decayed count of the "
+        "requests seen so far (online, default) or the true expected count (oracle)",
+    )
+    g.add_argument(
+        "--no-recompute",
+        action="store_true",
+        help="load from a tier even when recomputing would be faster (the old baselines)",
+    )
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("simulated workload")
     g.add_argument(
         "--model",
         default="llama-3.1-8b",
@@ -85,11 +101,72 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
         default=0.8,
         help="quality floor for the QPS-at-equal-TTFT comparison (default 0.8)",
     )
+    g.add_argument(
+        "--no-oracle",
+        action="store_true",
+        help="skip EvicPress with oracle frequencies (the upper bound; half the sweep's runs)",
+    )
 
 
-def _positive(value: float, flag: str) -> None:
+@dataclass(frozen=True, slots=True)
+class PlacerChoice:
+    """The placer a command line names, with what its policy file sets."""
+
+    placer: str
+    alpha: float
+    selection: str
+    half_life_s: float
+    policy: PolicyConfig | None
+
+    @property
+    def grid(self) -> tuple[str, ...]:
+        """The policy's variant names (``none`` first), or ``()`` without a policy."""
+        p = self.policy
+        return expand_variants(p.methods, p.ratios) if p is not None else ()
+
+
+def positive(value: float, flag: str) -> None:
     if value <= 0:
         raise CliError(ExitCode.USAGE, f"{flag} must be > 0, got {value:g}")
+
+
+def placer_choice(args: argparse.Namespace) -> PlacerChoice:
+    """The placer of ``--policy`` or ``--placer``, ``--alpha`` applied (CliError if bad)."""
+    if args.policy:
+        _, policy = read_policy(args.policy)
+        spec = policy.placer
+        if policy.placer == "fixed":
+            spec = f"fixed:{policy.fixed_variant}"
+        choice = PlacerChoice(
+            spec, policy.alpha, policy.selection, policy.frequency_half_life_s, policy
+        )
+    else:
+        from kvtierd.policies import placer_class
+
+        try:
+            placer_class(args.placer)
+        except ValueError as e:
+            raise CliError(ExitCode.INVALID, str(e)) from e
+        choice = PlacerChoice(args.placer, 1.0, "per_byte", 3600.0, None)
+    if args.alpha is not None:
+        positive(args.alpha, "--alpha")
+        choice = replace(choice, alpha=args.alpha)
+    return choice
+
+
+def apply_choice(
+    cfg: SimulationConfig, choice: PlacerChoice, args: argparse.Namespace
+) -> SimulationConfig:
+    """``cfg`` running ``choice`` with the command line's frequency and recompute options."""
+    return replace(
+        cfg,
+        placer=choice.placer,
+        alpha=choice.alpha,
+        selection=choice.selection,
+        half_life_s=choice.half_life_s,
+        frequency=args.frequency,
+        recompute_slower_loads=not args.no_recompute,
+    )
 
 
 def _tiers(args: argparse.Namespace) -> tuple[TierModel, ...]:
@@ -110,7 +187,7 @@ def _workload(args: argparse.Namespace) -> WorkloadConfig:
         (args.requests, "--requests"),
         (args.qps, "--qps"),
     ):
-        _positive(value, flag)
+        positive(value, flag)
     if args.trace and not Path(args.trace).is_file():
         raise CliError(ExitCode.INVALID, f"trace {args.trace}: no such file")
     return WorkloadConfig(
@@ -154,42 +231,18 @@ def variant_space(policy: PolicyConfig) -> VariantSpace:
     )
 
 
-def _from_policy(path: str) -> tuple[str, float, str, VariantSpace]:
-    _, policy = read_policy(path)
-    space = variant_space(policy) if policy.placer == "evicpress" else VariantSpace()
-    spec = policy.placer
-    if policy.placer == "fixed":
-        spec = f"fixed:{policy.fixed_variant}"
-    return spec, policy.alpha, policy.selection, space
-
-
 def build_config(args: argparse.Namespace) -> SimulationConfig:
-    """The simulation the command line describes (raises CliError on bad input)."""
-    if args.policy:
-        placer, alpha, selection, space = _from_policy(args.policy)
-    else:
-        placer, alpha, selection, space = args.placer, 1.0, "per_byte", VariantSpace()
-        from kvtierd.policies import placer_class
-
-        try:
-            placer_class(placer)
-        except ValueError as e:
-            raise CliError(ExitCode.INVALID, str(e)) from e
-    if args.alpha is not None:
-        _positive(args.alpha, "--alpha")
-        alpha = args.alpha
-    fixed = placer.partition(":")[2]
+    """The simulation of the synthetic workload the command line describes (raises CliError
+    on bad input)."""
+    choice = placer_choice(args)
+    policy = choice.policy
+    space = variant_space(policy) if policy and policy.placer == "evicpress" else VariantSpace()
+    fixed = choice.placer.partition(":")[2]
     if fixed and fixed not in space.names():
         raise CliError(
             ExitCode.INVALID,
-            f"placer {placer!r}: the simulator has no variant {fixed!r}; "
+            f"placer {choice.placer!r}: the simulator has no variant {fixed!r}; "
             f"known: {', '.join(space.names())}",
         )
-    return SimulationConfig(
-        workload=_workload(args),
-        variants=space,
-        tiers=_tiers(args),
-        placer=placer,
-        alpha=alpha,
-        selection=selection,
-    )
+    base = SimulationConfig(workload=_workload(args), variants=space, tiers=_tiers(args))
+    return apply_choice(base, choice, args)

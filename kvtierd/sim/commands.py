@@ -4,28 +4,21 @@ One configuration prints its TTFT (mean, p50, p99), mean quality and the share o
 served by each tier; ``--sweep`` runs EvicPress at every ``--alphas`` value and the baselines
 (``fixed:<method>@<ratio>``, ``lru``, ``lfu``, ``prefill``) on one shared workload and prints
 every run, the headline table (TTFT reduction at equal quality) and QPS at equal TTFT.
-No daemon is involved: this is ``kvtierd.policies.simulate`` behind a command line.
+No daemon is involved: this is ``kvtierd.sim`` behind a command line.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
-from kvtierd.cli.simconfig import build_config
 from kvtierd.errors import KvtierError
-from kvtierd.policies.simulate import (
-    SimulationConfig,
-    SimulationResult,
-    headline,
-    qps_comparison,
-    run_simulation,
-    run_sweep,
-)
-from kvtierd.policies.simulate.frontier import Sweep
+from kvtierd.sim.frontier import Sweep, headline, qps_comparison, run_sweep, sweep_configs
+from kvtierd.sim.options import build_config
+from kvtierd.sim.replay import SimulationConfig, SimulationResult, run_simulation
 
 FIXED_METHODS = ("keydiff", "knorm", "snapkv")
 FIXED_RATIOS = (0.9, 0.7, 0.5, 0.3, 0.1)
@@ -44,31 +37,21 @@ def simulate_one(cfg: SimulationConfig) -> SimulationResult:
         raise _simulator_error(e) from e
 
 
-def sweep(cfg: SimulationConfig, alphas: list[float], out: Output) -> Sweep:
-    """``run_sweep`` one point at a time so the progress bar moves (each point re-prepares the
-    same deterministic workload, a few percent of a point's time)."""
-    points: list[dict[str, Any]] = [
-        {"alphas": [a], "fixed_methods": (), "others": ()} for a in alphas
-    ]
-    points += [
-        {"alphas": (), "fixed_methods": (m,), "fixed_ratios": (r,), "others": ()}
-        for m in FIXED_METHODS
-        for r in FIXED_RATIOS
-    ]
-    points += [{"alphas": (), "fixed_methods": (), "others": (o,)} for o in OTHERS]
-    evic: list[SimulationResult] = []
-    base: list[SimulationResult] = []
-    with out.progress("simulating", len(points)) as step:
-        for kw in points:
-            try:
-                part = run_sweep(cfg, **kw)
-            except (KvtierError, ValueError, KeyError, OSError) as e:
-                raise _simulator_error(e) from e
-            evic += part.evicpress
-            base += part.baselines
-            done = part.evicpress or part.baselines
-            step(f"{done[0].placer} a={done[0].alpha:g}" if done else "")
-    return Sweep(tuple(evic), tuple(base))
+def sweep(cfg: SimulationConfig, args: argparse.Namespace, out: Output) -> Sweep:
+    """Every run of the sweep on ``cfg``'s workload, with a progress bar on a terminal."""
+    configs = sweep_configs(
+        cfg,
+        args.alphas,
+        fixed_methods=FIXED_METHODS,
+        fixed_ratios=FIXED_RATIOS,
+        others=OTHERS,
+        oracle=not args.no_oracle,
+    )
+    with out.progress("simulating", len(configs)) as step:
+        try:
+            return run_sweep(cfg, configs, step)
+        except (KvtierError, ValueError, KeyError, OSError) as e:
+            raise _simulator_error(e) from e
 
 
 def run_row(r: SimulationResult) -> list[object]:
@@ -87,28 +70,38 @@ def run_row(r: SimulationResult) -> list[object]:
 RUN_COLUMNS = ("placer", "alpha", "quality", "TTFT mean s", "p50 s", "p99 s", "served from")
 
 
-def headline_payload(sw: Sweep, quality_target: float) -> dict[str, Any]:
-    """The headline table and the QPS comparison as plain values (``qps`` None when no
-    configuration reaches the quality target)."""
-    rows = [asdict(r) for r in headline(sw)]
+def _rows(sw: Sweep, oracle: bool) -> list[dict[str, Any]]:
+    if oracle and not sw.oracle:
+        return []
+    rows = [asdict(r) for r in headline(sw, oracle=oracle)]
     for row in rows:
         for k, v in row.items():
             row[k] = float(v) if k.startswith("reduction") and v is not None else v
+    return rows
+
+
+def headline_payload(sw: Sweep, quality_target: float) -> dict[str, Any]:
+    """The headline table (EvicPress with online frequencies), the same table for EvicPress
+    with oracle frequencies (the upper bound; empty when not run) and the QPS comparison as
+    plain values (``qps`` None when no configuration reaches the quality target)."""
     try:
         q = qps_comparison(sw, quality_target)
         qps: dict[str, Any] | None = asdict(q) | {"ratio": q.ratio}
     except ValueError:
         qps = None
-    return {"headline": rows, "qps": qps, "quality_target": quality_target}
+    return {"headline": _rows(sw, False), "headline_oracle": _rows(sw, True), "qps": qps,
+            "quality_target": quality_target}  # fmt: skip
 
 
 def print_headline(out: Output, payload: dict[str, Any]) -> None:
     def x(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}x"
 
+    bound = {r["baseline"]: r for r in payload["headline_oracle"]}
     out.table(
-        "TTFT reduction at equal quality (EvicPress frontier vs baseline)",
-        ("baseline", "points", "min", "median", "max"),
+        "TTFT reduction at equal quality (EvicPress frontier, frequencies learned online, vs "
+        "baseline; upper bound: EvicPress given each context's true frequency)",
+        ("baseline", "points", "min", "median", "max", "upper bound (oracle) median"),
         [
             [
                 r["baseline"],
@@ -116,6 +109,7 @@ def print_headline(out: Output, payload: dict[str, Any]) -> None:
                 x(r["reduction_min"]),
                 x(r["reduction_median"]),
                 x(r["reduction_max"]),
+                x(bound[r["baseline"]]["reduction_median"]) if bound else "-",
             ]
             for r in payload["headline"]
         ],
@@ -137,6 +131,8 @@ def config_summary(cfg: SimulationConfig) -> dict[str, Any]:
         "placer": cfg.placer,
         "alpha": cfg.alpha,
         "selection": cfg.selection,
+        "frequency": cfg.frequency,
+        "recompute_slower_loads": cfg.recompute_slower_loads,
         "model": wl.model,
         "contexts": wl.n_contexts,
         "requests": wl.n_requests,
@@ -155,28 +151,32 @@ def config_summary(cfg: SimulationConfig) -> dict[str, Any]:
     }
 
 
-def run_simulate(args: argparse.Namespace, out: Output) -> ExitCode:
+def run_one(args: argparse.Namespace, out: Output) -> ExitCode:
+    """``kvtierd sim run``."""
     cfg = build_config(args)
-    if not args.sweep:
-        with out.working(f"simulating {cfg.placer}"):
-            r = simulate_one(cfg)
-        if out.as_json:
-            out.json({"config": config_summary(cfg), "runs": [r.summary()]})
-        else:
-            out.table(
-                f"simulation of {cfg.placer} ({cfg.workload.model})", RUN_COLUMNS, [run_row(r)]
-            )
-        return ExitCode.OK
-    sw = sweep(replace(cfg, placer="evicpress"), args.alphas, out)
-    payload = headline_payload(sw, args.quality_target)
+    with out.working(f"simulating {cfg.label}"):
+        r = simulate_one(cfg)
     if out.as_json:
-        runs = [r.summary() for r in (*sw.evicpress, *sw.baselines)]
+        out.json({"config": config_summary(cfg), "runs": [r.summary()]})
+    else:
+        out.table(f"simulation of {cfg.label} ({cfg.workload.model})", RUN_COLUMNS, [run_row(r)])
+    return ExitCode.OK
+
+
+def run_sweep_command(args: argparse.Namespace, out: Output) -> ExitCode:
+    """``kvtierd sim sweep``."""
+    cfg = build_config(args)
+    sw = sweep(cfg, args, out)
+    payload = headline_payload(sw, args.quality_target)
+    everything = (*sw.evicpress, *sw.oracle, *sw.baselines)
+    if out.as_json:
+        runs = [r.summary() for r in everything]
         out.json({"config": config_summary(cfg), "runs": runs, **payload})
         return ExitCode.OK
     out.table(
         f"sweep ({cfg.workload.model}, {cfg.workload.n_requests} requests)",
         RUN_COLUMNS,
-        [run_row(r) for r in (*sw.evicpress, *sw.baselines)],
+        [run_row(r) for r in everything],
     )
     print_headline(out, payload)
     return ExitCode.OK

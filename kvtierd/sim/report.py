@@ -1,4 +1,4 @@
-"""``report``: run the sweep and write the paper's figures as PNGs plus ``results.json``.
+"""``kvtierd sim report``: the sweep, then the paper's figures as PNGs and ``results.json``.
 
 * ``frontier.png`` — mean TTFT against mean quality, EvicPress's alpha sweep vs every baseline
   (paper Fig. 7);
@@ -9,7 +9,7 @@
   the paper) next to ``lru`` and ``fixed:keydiff@0.5``, and per tier the share of contexts by
   kept ratio and method (Fig. 11).
 
-The headline table is printed as ``simulate --sweep`` prints it.
+The headline table is printed as ``kvtierd sim sweep`` prints it.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output
-from kvtierd.cli.placements import final_placements, plot_placements
-from kvtierd.cli.simconfig import build_config
-from kvtierd.cli.simulate import config_summary, headline_payload, print_headline, sweep
-from kvtierd.policies.simulate import SimulationConfig, plot_frontier, plot_qps
-from kvtierd.policies.simulate.frontier import Sweep
+from kvtierd.sim.commands import config_summary, headline_payload, print_headline, sweep
+from kvtierd.sim.frontier import Sweep
+from kvtierd.sim.options import build_config
+from kvtierd.sim.placements import final_placements
+from kvtierd.sim.plots import have_matplotlib, plot_frontier, plot_placements, plot_qps
+from kvtierd.sim.replay import SimulationConfig
 
 OCCUPANCY_BASELINES = ("lru", "fixed:keydiff@0.5")
 
@@ -63,6 +64,7 @@ def _write(
     results = {
         "config": config_summary(cfg),
         "evicpress": [r.summary() for r in sw.evicpress],
+        "evicpress_oracle": [r.summary() for r in sw.oracle],
         "baselines": [r.summary() for r in sw.baselines],
         **payload,
         "placements": [p.as_dict() for p in placed],
@@ -74,13 +76,19 @@ def _write(
 
 
 def run_report(args: argparse.Namespace, out: Output) -> ExitCode:
+    if not have_matplotlib():
+        raise CliError(
+            ExitCode.INVALID,
+            "kvtierd sim report draws its figures with matplotlib, which is not installed: "
+            "install the sim extra (pip install -e '.[sim]'); run and sweep need no extra",
+        )
     cfg = build_config(args)
     out_dir = Path(args.out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CliError(ExitCode.INVALID, f"cannot create --out {out_dir}: {e.strerror}") from e
-    sw = sweep(replace(cfg, placer="evicpress"), args.alphas, out)
+    sw = sweep(cfg, args, out)
     payload = headline_payload(sw, args.quality_target)
     files, placed = _write(out_dir, cfg, sw, payload, out)
     if out.as_json:

@@ -1,8 +1,10 @@
 """Seeded placement instances, by family, to measure placers against the exact optimum.
 
-``benchmarks/bench_placer.py`` and ``tests/policies`` draw from these. Each family is a
-function ``(seed, n_contexts) -> UtilityTable`` in :data:`FAMILIES`; the same seed gives the
-same instance. Sizes are bytes, times seconds, three tiers (two finite, fastest first).
+``benchmarks/bench_placer.py`` and ``tests/policies`` draw from these; the module lives with
+the simulator, whose calibrated contexts the ``paper`` family uses (the daemon never needs it).
+Each family is a function ``(seed, n_contexts) -> UtilityTable`` in :data:`FAMILIES`; the same
+seed gives the same instance. Sizes are bytes, times seconds, three tiers (two finite, fastest
+first).
 
 * ``paper``: the simulator's calibrated contexts (monotone quality curves, 3 methods x 4 ratios
   + int8/int4), DRAM / SSD holding ~10% / ~40% of the original bytes, paper bandwidths.
@@ -156,9 +158,9 @@ def family(name: str) -> Family:
 
 def _simulated(seed: int, n: int, ratios: tuple[float, ...]) -> tuple[FloatArray, ...]:
     """Sizes, qualities, restore times ``(n, V)``, frequencies and prefill times ``(n,)``."""
-    from kvtierd.policies.simulate.engine import SimulationConfig, prepare
-    from kvtierd.policies.simulate.quality import VariantSpace
-    from kvtierd.policies.simulate.workload import WorkloadConfig
+    from kvtierd.sim.replay import SimulationConfig, prepare
+    from kvtierd.sim.variants import VariantSpace
+    from kvtierd.sim.workload import WorkloadConfig
 
     cfg = SimulationConfig(
         workload=WorkloadConfig(n_contexts=n, n_requests=50 * n, seed=seed),

@@ -26,7 +26,7 @@ from typing import TypeVar
 import numpy as np
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.policies.model import FloatArray, IntArray
+from kvtierd.policies.model import BoolArray, FloatArray, IntArray
 
 _T = TypeVar("_T")
 
@@ -109,7 +109,12 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Workload:
-    """Contexts ``(n,)`` and requests ``(m,)`` as arrays; ``popularity`` sums to 1."""
+    """Contexts ``(n,)`` and requests ``(m,)`` as arrays; ``popularity`` sums to 1.
+
+    ``measured[k]`` is False for a warm-up request: it fills the cache but is not counted.
+    ``context_dataset`` names each context's dataset (its compression sensitivity), ``""``
+    for a context whose variant qualities were measured instead (:mod:`kvtierd.sim.given`).
+    """
 
     model: ModelPreset
     context_tokens: IntArray
@@ -118,6 +123,7 @@ class Workload:
     arrival_s: FloatArray
     request_context: IntArray
     query_tokens: IntArray
+    measured: BoolArray
 
 
 def _preset(table: MappingProxyType[str, _T], name: str, what: str) -> _T:
@@ -127,8 +133,9 @@ def _preset(table: MappingProxyType[str, _T], name: str, what: str) -> _T:
         raise InvalidArgumentError(f"unknown {what} {name!r}; known: {', '.join(table)}") from None
 
 
-def make_workload(cfg: WorkloadConfig) -> Workload:
-    """Draw contexts, popularity and requests for ``cfg`` (deterministic in ``cfg.seed``)."""
+def make_workload(cfg: WorkloadConfig, warmup_fraction: float = 0.2) -> Workload:
+    """Draw contexts, popularity and requests for ``cfg`` (deterministic in ``cfg.seed``); the
+    first ``warmup_fraction`` of the requests are warm-up."""
     rng = np.random.default_rng(cfg.seed)
     model = _preset(MODELS, cfg.model, "model")
     sets = [_preset(DATASETS, d, "dataset") for d in cfg.datasets]
@@ -143,7 +150,9 @@ def make_workload(cfg: WorkloadConfig) -> Workload:
     m = arrival.size
     req_ctx = rng.choice(cfg.n_contexts, size=m, p=pop)
     query = np.maximum(8, rng.lognormal(math.log(cfg.query_tokens_median), 0.6, m)).astype(np.int64)
-    return Workload(model, tokens, tuple(d.name for d in ds), pop, arrival, req_ctx, query)
+    measured = np.arange(m) >= int(warmup_fraction * m)
+    names = tuple(d.name for d in ds)
+    return Workload(model, tokens, names, pop, arrival, req_ctx, query, measured)
 
 
 def _arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> FloatArray:

@@ -1,7 +1,9 @@
 """Sweeps, TTFT-quality frontiers and the headline table (EvicPress Fig. 7 and Fig. 8).
 
-* EvicPress is swept over ``alpha``; each ``fixed:<method>`` baseline over ratios; ``lru``,
-  ``lfu`` and ``prefill`` are single points at quality 1.0.
+* EvicPress is swept over ``alpha`` twice: with frequencies learned online (the headline) and
+  with each context's true frequency (``evicpress (oracle)``, an upper bound no deployment
+  has); each ``fixed:<method>`` baseline over ratios; ``lru``, ``lfu`` and ``prefill`` are
+  single points at quality 1.0.
 * The EvicPress frontier is the lower envelope of (quality, mean TTFT), linearly interpolated
   between its points (mixing two configurations in proportion reaches every point between).
 * **TTFT reduction at equal quality** vs a baseline point ``(q, T)`` = ``T / T_evicpress(q)``;
@@ -13,29 +15,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kvtierd.policies.model import FloatArray
-from kvtierd.policies.simulate.engine import (
-    SimulationConfig,
-    SimulationResult,
-    prepare,
-    qps_at_ttft,
-    run_simulation,
-)
+from kvtierd.sim.replay import SimulationConfig, SimulationResult, prepare, run_simulation
+from kvtierd.sim.timing import qps_at_ttft
 
 DEFAULT_ALPHAS = (0.01, 0.03, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 100.0, 1000.0)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Sweep:
-    """All runs of one sweep: ``evicpress`` by alpha, ``baselines`` by placer spec."""
+    """All runs of one sweep: ``evicpress`` (online frequencies) and ``oracle`` (true
+    frequencies; empty when not run) by alpha, ``baselines`` by placer spec."""
 
     evicpress: tuple[SimulationResult, ...]
     baselines: tuple[SimulationResult, ...]
+    oracle: tuple[SimulationResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,19 +48,41 @@ class HeadlineRow:
     reduction_max: float | None
 
 
-def run_sweep(
+def sweep_configs(
     base: SimulationConfig,
     alphas: Sequence[float] = DEFAULT_ALPHAS,
+    *,
     fixed_methods: Sequence[str] = ("keydiff", "knorm", "snapkv"),
     fixed_ratios: Sequence[float] = (0.9, 0.7, 0.5, 0.3, 0.1),
     others: Sequence[str] = ("lru", "lfu", "prefill"),
-) -> Sweep:
-    """Run EvicPress at every alpha and every baseline on one shared workload."""
-    prep = prepare(base)
-    evic = tuple(run_simulation(replace(base, placer="evicpress", alpha=a), prep) for a in alphas)
+    oracle: bool = True,
+) -> list[SimulationConfig]:
+    """Every run of a sweep on ``base``'s workload: EvicPress online, EvicPress oracle (when
+    ``oracle``), then the baselines."""
+    evic = replace(base, placer="evicpress")
+    runs = [replace(evic, alpha=a, frequency="online") for a in alphas]
+    runs += [replace(evic, alpha=a, frequency="oracle") for a in alphas] if oracle else []
     specs = [f"fixed:{m}@{r:g}" for m in fixed_methods for r in fixed_ratios] + list(others)
-    baselines = tuple(run_simulation(replace(base, placer=s), prep) for s in specs)
-    return Sweep(evic, baselines)
+    return runs + [replace(base, placer=s) for s in specs]
+
+
+def run_sweep(
+    base: SimulationConfig,
+    configs: Sequence[SimulationConfig] | None = None,
+    step: Callable[[str], None] | None = None,
+) -> Sweep:
+    """Run ``configs`` (default: :func:`sweep_configs` of ``base``) on ``base``'s workload,
+    prepared once; ``step`` is called with each finished run's label (progress)."""
+    prep = prepare(base)
+    results = []
+    for cfg in sweep_configs(base) if configs is None else configs:
+        results.append(run_simulation(cfg, prep))
+        if step is not None:
+            step(f"{cfg.label} a={cfg.alpha:g}" if cfg.placer == "evicpress" else cfg.label)
+    evic = tuple(r for r in results if r.placer == "evicpress")
+    oracle = tuple(r for r in results if r.placer == "evicpress (oracle)")
+    baselines = tuple(r for r in results if not r.placer.startswith("evicpress"))
+    return Sweep(evic, baselines, oracle)
 
 
 def frontier(results: Sequence[SimulationResult]) -> tuple[FloatArray, FloatArray]:
@@ -86,9 +107,10 @@ def ttft_at_quality(front: tuple[FloatArray, FloatArray], quality: float) -> flo
     return float(np.interp(quality, qs, ts))
 
 
-def headline(sweep: Sweep, within: float = 0.03) -> list[HeadlineRow]:
-    """TTFT reduction at equal quality vs each baseline family (see module docstring)."""
-    front = frontier(sweep.evicpress)
+def headline(sweep: Sweep, within: float = 0.03, oracle: bool = False) -> list[HeadlineRow]:
+    """TTFT reduction at equal quality vs each baseline family (see module docstring), of the
+    online EvicPress frontier or, with ``oracle``, of the oracle's (the upper bound)."""
+    front = frontier(sweep.oracle if oracle else sweep.evicpress)
     families: dict[str, list[SimulationResult]] = {}
     for r in sweep.baselines:
         families.setdefault(r.placer.split("@")[0], []).append(r)
@@ -134,13 +156,13 @@ def qps_comparison(
         raise ValueError(f"no configuration reaches quality {quality_target}")
     if ttft_target_s is None:
         ttft_target_s = 2.0 * min(r.ttft_mean_s for r in base)
-    best_e = max(evic, key=lambda r: qps_at_ttft(r, ttft_target_s))
-    best_b = max(base, key=lambda r: qps_at_ttft(r, ttft_target_s))
+    target = ttft_target_s
+
+    def qps(r: SimulationResult) -> float:
+        return qps_at_ttft(r.arrival_s, r.service_s, target)
+
+    best_e = max(evic, key=qps)
+    best_b = max(base, key=qps)
     return QpsComparison(
-        quality_target,
-        ttft_target_s,
-        qps_at_ttft(best_e, ttft_target_s),
-        best_e.alpha,
-        qps_at_ttft(best_b, ttft_target_s),
-        best_b.placer,
+        quality_target, target, qps(best_e), best_e.alpha, qps(best_b), best_b.placer
     )

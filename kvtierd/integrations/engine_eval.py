@@ -4,7 +4,14 @@ For each profiling query, the answer vLLM generates (greedy, ``max_new_tokens``)
 ``context + query`` with the full context, against the answer it generates when the context is
 loaded as the variant through the router — the path production traffic takes: placeholder ids,
 rotated keys, the plugin's chunks. Both are embedded with MiniLM-L6-v2 and compared by cosine;
-a variant's quality is the mean over queries (EvicPress §6.1, as :mod:`.answer`).
+a variant's quality is the mean over queries (EvicPress §6.1, as
+:mod:`kvtierd.profiler.answer`).
+
+It lives with the integrations, not in the profiler, because it is a client of the serving
+stack: it talks to the daemon through :class:`kvtierd.client.KVClient` (a layer the profiler may
+not import) and to the router over HTTP. The profiler's registry finds it by module path on
+first lookup (:func:`kvtierd.profiler.quality.evaluator_class`), so the daemon's profiler builds
+it like any other evaluator.
 
 Each call of :meth:`EngineEvaluator.evaluate` works in a profiling **scope** of its own
 (``kvtierd.router_protocol``): the variants it stores have a context identity no production
@@ -30,6 +37,7 @@ Limits (docs/profiler.md): the context's token ids are required; ``int8``/``int4
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -43,9 +51,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
-
-from kvtierd.errors import InvalidArgumentError, KvtierError, UnavailableError
+from kvtierd.client import KVClient
+from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError, UnavailableError
 from kvtierd.kernels.variants import ORIGINAL, parse_variant
 from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.quality import (
@@ -58,8 +65,6 @@ from kvtierd.profiler.quality import (
     register_evaluator,
 )
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, context_digest, loaded_value
-from kvtierd.rpc import kvtier_pb2 as pb
-from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 
 _T = TypeVar("_T")
 
@@ -124,38 +129,6 @@ class _Run:
     prompts: tuple[tuple[int, ...], ...]
 
 
-class DaemonAdmin:
-    """The Admin call the evaluator needs (``Evict``), over the daemon's Unix socket (this layer may
-    not import ``kvtierd.client``; the generated stubs sit below it)."""
-
-    def __init__(self, socket_path: str, timeout_s: float) -> None:
-        self.socket_path = socket_path
-        self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
-        self._admin = pb_grpc.AdminStub(self._channel)
-
-    def __enter__(self) -> DaemonAdmin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._channel.close()
-
-    def evict(self, context_id: str) -> bool:
-        return self._call(self._admin.Evict, pb.EvictRequest(context_ids=[context_id]))
-
-    def _call(self, method: Any, request: Any) -> bool:
-        """True when the call succeeded, False when the context does not exist."""
-        try:
-            method(request, timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                return False
-            raise UnavailableError(
-                f"kvtierd daemon at {self.socket_path}: {e.code().name}: {e.details()}"
-            ) from e
-        return True
-
-
 @register_evaluator
 class EngineEvaluator(QualityEvaluator):
     """Answer similarity through vLLM and ``kvtierd router`` (module docstring).
@@ -163,7 +136,7 @@ class EngineEvaluator(QualityEvaluator):
     ``router_url``: the router; ``vllm_url``: vLLM itself, only to tokenize text-only queries;
     ``model``: the served model name (default: the first the router lists); ``daemon_socket``:
     the daemon the router's plugin stores into (default ``$KVTIERD_SOCKET``, else the daemon's
-    default), used to evict the variants this evaluator stores.
+    default), used to evict the variants this evaluator stores (``KVClient.evict``).
     """
 
     name = "engine"
@@ -262,14 +235,15 @@ class EngineEvaluator(QualityEvaluator):
         """Store every variant in the run's scope, ask every query of each, evict them."""
         if not variants:
             return {}
-        with DaemonAdmin(self._socket(), self.timeout_s) as daemon:
+        with KVClient(self._socket(), timeout_s=self.timeout_s) as daemon:
             fallbacks = self._fallbacks()
             try:
                 self._parallel([functools.partial(self._store, run, v) for v in variants])
                 served = self._ask(run, variants)
             finally:  # a scoped store writes only <digest>/<v>, all of them ours
                 for v in variants:
-                    daemon.evict(loaded_value(run.digest, v))
+                    with contextlib.suppress(NotFoundError):  # never stored, or dropped since
+                        daemon.evict([loaded_value(run.digest, v)])
         n = len(run.prompts)
         answers = {}
         for i, v in enumerate(variants):

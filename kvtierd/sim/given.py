@@ -1,0 +1,168 @@
+"""A workload given as a file: the contexts and requests a benchmark actually sent.
+
+JSON (``benchmarks/sim_e2e.py`` writes one for ``bench_e2e.py``'s workload)::
+
+    {"model": {"name": "SmolLM2-135M-Instruct", "layers": 30, "q_heads": 9, "kv_heads": 3,
+               "head_dim": 64, "active_params": 1.35e8, "max_context_tokens": 8192,
+               "dtype_bytes": 2},
+     "tiers": [{"name": "cpu", "capacity_bytes": 9300000}, {"name": "ssd", ...}],
+     "contexts": [{"tokens": 1024, "quality": {"knorm@0.5": 0.81}}, ...],
+     "requests": [{"index": 0, "at_s": 0.0, "context": 3, "query_tokens": 41,
+                   "measured": true}, ...]}
+
+Requests are in time order; ``measured: false`` marks warm-up requests (they fill the cache and
+count as accesses but are not predicted). A context's ``quality`` (optional) holds its measured
+quality per variant; the calibration's ``quality`` covers the others, and a variant with neither
+is not offered for that context. The oracle frequency of a context is its number of requests.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.sim.calibration import Calibration
+from kvtierd.sim.replay import Prepared, prepared
+from kvtierd.sim.variants import Form, VariantTable, shape
+from kvtierd.sim.workload import ModelPreset, Workload
+from kvtierd.types import ORIGINAL_VARIANT, TierModel
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GivenWorkload:
+    """A loaded workload file: ``ids`` are the measured requests' ``index`` values, in order."""
+
+    workload: Workload
+    capacity_bytes: Mapping[str, int | None]
+    quality: tuple[Mapping[str, float], ...]
+    ids: tuple[int, ...]
+    source: str
+
+
+def _fail(source: str, where: str, problem: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{source}: {where}: {problem}")
+
+
+def _model(source: str, raw: object) -> ModelPreset:
+    names = [f.name for f in fields(ModelPreset)]
+    if not isinstance(raw, dict) or set(raw) - set(names):
+        raise _fail(source, "model", f"expected a mapping with keys {', '.join(names)}")
+    try:
+        return ModelPreset(**raw)
+    except TypeError as e:
+        raise _fail(source, "model", str(e)) from e
+
+
+def _requests(source: str, raw: object, n: int) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(source, "requests", "expected a non-empty list")
+    last = -np.inf
+    for k, r in enumerate(raw):
+        where = f"requests[{k}]"
+        if not isinstance(r, dict) or not {"at_s", "context", "query_tokens"} <= set(r):
+            raise _fail(source, where, "expected at_s, context, query_tokens (index, measured)")
+        if not (isinstance(r["context"], int) and 0 <= r["context"] < n):
+            raise _fail(source, where, f"context must be an index below {n}, got {r['context']!r}")
+        if not float(r["at_s"]) >= last:
+            raise _fail(source, where, "requests must be in time order (at_s not decreasing)")
+        if not int(r["query_tokens"]) >= 1:
+            raise _fail(source, where, "query_tokens must be >= 1")
+        last = float(r["at_s"])
+    return raw
+
+
+def parse_workload(doc: object, source: str) -> GivenWorkload:
+    """Validate a workload document (module docstring)."""
+    if not isinstance(doc, dict) or not {"model", "tiers", "contexts", "requests"} <= set(doc):
+        raise _fail(source, "document", "expected keys model, tiers, contexts, requests")
+    model = _model(source, doc["model"])
+    contexts = doc["contexts"]
+    if not isinstance(contexts, list) or not contexts:
+        raise _fail(source, "contexts", "expected a non-empty list")
+    tokens = []
+    for i, c in enumerate(contexts):
+        if not (isinstance(c, dict) and isinstance(c.get("tokens"), int) and c["tokens"] > 0):
+            raise _fail(source, f"contexts[{i}]", "expected {'tokens': N > 0, 'quality': {...}}")
+        tokens.append(c["tokens"])
+    reqs = _requests(source, doc["requests"], len(contexts))
+    tiers = doc["tiers"]
+    if not isinstance(tiers, list) or not all(isinstance(t, dict) and "name" in t for t in tiers):
+        raise _fail(source, "tiers", "expected a list of {name, capacity_bytes}, fastest first")
+    req_ctx = np.array([r["context"] for r in reqs], dtype=np.int64)
+    counts = np.bincount(req_ctx, minlength=len(tokens)).astype(np.float64)
+    measured = np.array([bool(r.get("measured", True)) for r in reqs])
+    wl = Workload(
+        model=model,
+        context_tokens=np.array(tokens, dtype=np.int64),
+        context_dataset=("",) * len(tokens),
+        popularity=counts / counts.sum(),
+        arrival_s=np.array([float(r["at_s"]) for r in reqs]),
+        request_context=req_ctx,
+        query_tokens=np.array([int(r["query_tokens"]) for r in reqs], dtype=np.int64),
+        measured=measured,
+    )
+    return GivenWorkload(
+        workload=wl,
+        capacity_bytes={str(t["name"]): t.get("capacity_bytes") for t in tiers},
+        quality=tuple(dict(c.get("quality", {})) for c in contexts),
+        ids=tuple(int(r.get("index", k)) for k, r in enumerate(reqs) if measured[k]),
+        source=source,
+    )
+
+
+def load_workload(path: str | Path) -> GivenWorkload:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise InvalidArgumentError(f"workload {path}: cannot read: {e.strerror}") from e
+    except json.JSONDecodeError as e:
+        raise InvalidArgumentError(f"workload {path}: not valid JSON: {e}") from e
+    return parse_workload(doc, str(path))
+
+
+def calibrated_tiers(given: GivenWorkload, cal: Calibration) -> tuple[TierModel, ...]:
+    """The workload's tiers (capacities) with the calibration's load models, fastest first."""
+    speeds = {t.name: t for t in cal.tiers}
+    out = []
+    for name, capacity in given.capacity_bytes.items():
+        if name not in speeds:
+            raise InvalidArgumentError(
+                f"tier {name!r} of {given.source} has no load model in {cal.source} "
+                f"(calibrated: {', '.join(speeds)})"
+            )
+        s = speeds[name]
+        out.append(TierModel(name, capacity, s.load_bandwidth_bytes_per_s, s.load_overhead_s))
+    return tuple(out)
+
+
+def measured_variants(given: GivenWorkload, cal: Calibration) -> tuple[str, ...]:
+    """Every variant some context has a quality for, ``none`` first."""
+    names = dict.fromkeys([ORIGINAL_VARIANT, *cal.quality])
+    for q in given.quality:
+        names.update(dict.fromkeys(q))
+    return tuple(names)
+
+
+def calibrated_prepare(given: GivenWorkload, cal: Calibration, variants: Sequence[str]) -> Prepared:
+    """Profiles of the given contexts: sizes from the model's geometry, measured qualities
+    (``NaN``, so not offered, where neither the context nor the calibration has one), no
+    restore cost (a measured tier overhead includes it), the calibration's prefill line."""
+    wl = given.workload
+    names = tuple(dict.fromkeys([ORIGINAL_VARIANT, *variants]))
+    tokens = wl.context_tokens.astype(np.float64)
+    n, v = tokens.size, len(names)
+    size, kept, quality = np.empty((n, v)), np.empty((n, v)), np.full((n, v), np.nan)
+    for j, name in enumerate(names):
+        sh = shape(Form.of(name), tokens, float(wl.model.kv_bytes_per_token), wl.model.dtype_bytes)
+        size[:, j], kept[:, j] = sh.size_bytes, sh.kept_tokens
+        for i, own in enumerate(given.quality):
+            q = own.get(name, cal.quality.get(name))
+            quality[i, j] = np.nan if q is None else float(q)
+    table = VariantTable(names, size, quality, np.zeros((n, v)), kept)
+    return prepared(wl, table, cal.prefill)

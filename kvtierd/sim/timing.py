@@ -1,0 +1,111 @@
+"""How long a request takes: prefill models and queueing on one serving engine.
+
+Two prefill models, one interface (seconds to prefill ``new`` tokens after ``past`` ones):
+
+* :class:`RooflinePrefill` — the paper-scale model: ``2 * active_params`` FLOPs per token plus
+  attention ``4 * layers * q_heads * head_dim`` FLOPs per token pair, at ``flops`` (default H100
+  bf16 dense 989 TFLOP/s x 40% utilisation);
+* :class:`LinearPrefill` — a measured engine (:mod:`kvtierd.sim.calibration`): a fixed
+  ``overhead_s`` per request plus ``seconds_per_token`` per new token. It charges the overhead
+  to every request, hit or miss (a hit still goes through the engine's scheduler and prefills
+  its query), so a hit's TTFT is ``overhead_s + seconds_per_token * query + tier load``.
+
+The unloaded TTFT of a request is its service time; :func:`queued_ttft_s` adds waiting on one
+engine that serves requests first come, first served (with ``hold_s`` seconds of decoding after
+each first token before the next request starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.policies.model import FloatArray
+from kvtierd.sim.workload import ModelPreset
+
+H100_BF16_FLOPS = 989e12
+"""Dense bf16 peak of one H100 SXM (FLOP/s)."""
+
+
+class PrefillModel(Protocol):
+    def seconds(self, new_tokens: FloatArray, past_tokens: FloatArray) -> FloatArray:
+        """Seconds to prefill ``new_tokens`` after ``past_tokens`` cached ones (same shapes)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RooflinePrefill:
+    """Compute-bound prefill of ``model`` at ``flops`` FLOP/s (module docstring)."""
+
+    model: ModelPreset
+    flops: float = H100_BF16_FLOPS * 0.4
+
+    def seconds(self, new_tokens: FloatArray, past_tokens: FloatArray) -> FloatArray:
+        m = self.model
+        linear = 2.0 * m.active_params * new_tokens
+        attention = 4.0 * m.layers * m.q_heads * m.head_dim * new_tokens
+        out: FloatArray = (linear + attention * (past_tokens + new_tokens / 2.0)) / self.flops
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class LinearPrefill:
+    """A measured engine: ``overhead_s + seconds_per_token * new_tokens`` (module docstring).
+
+    The attention term's growth with ``past_tokens`` is inside the fitted slope at the
+    lengths measured; small models on CPUs are dominated by the linear layers.
+    """
+
+    seconds_per_token: float
+    overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.seconds_per_token > 0 or self.overhead_s < 0:
+            raise InvalidArgumentError(
+                f"prefill needs seconds_per_token > 0 and overhead_s >= 0, got "
+                f"{self.seconds_per_token}, {self.overhead_s}"
+            )
+
+    def seconds(self, new_tokens: FloatArray, past_tokens: FloatArray) -> FloatArray:
+        out: FloatArray = self.overhead_s + self.seconds_per_token * new_tokens
+        return out
+
+
+def queued_ttft_s(arrival_s: FloatArray, service_s: FloatArray, hold_s: float = 0.0) -> FloatArray:
+    """Per request: waiting + service on one engine serving in arrival order (``arrival_s``
+    ascending). After its first token a request holds the engine ``hold_s`` more seconds."""
+    out = np.empty_like(service_s)
+    free = -np.inf
+    for k, (a, s) in enumerate(zip(arrival_s.tolist(), service_s.tolist(), strict=True)):
+        start = max(free, a)
+        out[k] = start + s - a
+        free = start + s + hold_s
+    return out
+
+
+def loaded_ttft_s(arrival_s: FloatArray, service_s: FloatArray, qps: float) -> float:
+    """Mean TTFT (s) with queueing when the arrival pattern is stretched or compressed to a
+    mean rate of ``qps`` requests per second."""
+    base_qps = (arrival_s.size - 1) / max(float(arrival_s[-1] - arrival_s[0]), 1e-9)
+    times = (arrival_s - arrival_s[0]) * (base_qps / qps)
+    return float(queued_ttft_s(times, service_s).mean())
+
+
+def qps_at_ttft(
+    arrival_s: FloatArray, service_s: FloatArray, target_s: float, hi: float = 1e4
+) -> float:
+    """Highest request rate whose mean queued TTFT stays within ``target_s`` (bisection)."""
+    mean = float(service_s.mean())
+    if mean >= target_s:
+        return 0.0
+    lo, high = 0.0, min(hi, 1.0 / mean)  # at most the engine's saturation
+    for _ in range(40):
+        mid = (lo + high) / 2
+        if mid > 0 and loaded_ttft_s(arrival_s, service_s, mid) <= target_s:
+            lo = mid
+        else:
+            high = mid
+    return lo
