@@ -65,7 +65,8 @@ async def put_context(engine: Engine, cid: str, seed: int) -> None:
     for i in range(CHUNKS):
         x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
         data = memoryview(x.view(torch.uint8).numpy().tobytes())
-        meta = ObjectMeta(key=f"{MODEL}@1@0@{cid}-{i}@bfloat16", size_bytes=len(data),
+        chunk_hash = f"{cid.replace('@', '-')}-{i}"  # the model is what precedes 4 '@'
+        meta = ObjectMeta(key=f"{MODEL}@1@0@{chunk_hash}@bfloat16", size_bytes=len(data),
                           context_id=cid, dtype="bfloat16", shape=tuple(x.shape), layout=layout,
                           token_count=T)  # fmt: skip
         await engine.put_bytes(meta, data)
