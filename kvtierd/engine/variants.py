@@ -170,6 +170,12 @@ class VariantOps:
                     stored = await self._store_encoded(obj, where, charged=where == tier)
                     written.append((stored, where))
             metas_new = [m for m, where in written if where == tier]
+            if ctx.manifest is not None and ctx.manifest[0].key == marker.meta.key:
+                # One placeholder manifest per digest (the router's key): the old variant's
+                # goes first. A crash right here leaves neither marked, and the context comes
+                # back as its original from the reference copy (or is recomputed).
+                await e._remove_from_tier(*ctx.manifest)
+                ctx.manifest = None
             manifest = await self._store_encoded(marker, shadow or tier)
         except BaseException:
             for meta, where in written:

@@ -273,3 +273,26 @@ def test_chunks_added_in_form_join_a_compressed_context(start_daemon):
                 assert info.spec.layout.endswith(";int4;g=32"), (key, info.spec.layout)
             err = (_decode(c, key).float() - chunk.float()).abs().max().item()
             assert err < 0.25 * chunk.float().abs().max().item(), (key, err)
+
+
+def test_another_token_dropping_variant_replaces_the_manifest(start_daemon):
+    """knorm@0.5, then keydiff@0.25 of the same context (from its reference copy): one
+    placeholder manifest per digest, so the new variant's replaces the old one's, and its
+    chunks are the only ones left."""
+    d = start_daemon(cpu="1MiB", ssd="0")  # ssd unbounded: it keeps the reference original
+    tokens = list(range(CHUNKS * T))
+    with KVClient(d.socket_path) as c:
+        _register_card(c)
+        keys = _put_lmcache_context(c, _chunks(7))
+        c.set_context_tokens(keys[0], tokens)
+        key = manifest_key(context_digest(MODEL, tokens))
+        old = None
+        for variant, kept in (("knorm@0.5", CHUNKS // 2), ("keydiff@0.25", CHUNKS // 4)):
+            _apply(c, f"placer: fixed\nvariant: {variant}\n")
+            (ctx,) = c.contexts()
+            manifest = Manifest.from_bytes(bytes(c.get(key)))
+            assert (ctx.variant, ctx.objects, manifest.variant) == (variant, kept, variant)
+            assert c.lookup(list(manifest.chunk_keys)).prefix_hits == kept
+            if old is not None:
+                assert not any(c.lookup(list(old.chunk_keys)).found)
+            old = manifest
