@@ -20,25 +20,24 @@ import torch
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many, read_bytes
-from kvtierd.integrations.placeholder import (
+from kvtierd.integrations.placeholder_serve import placeholder_chunk_keys
+from kvtierd.integrations.store_request import StoreRequest
+from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
+from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
+from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.placeholder import (
     SNAPKV_UNAVAILABLE,
     Manifest,
     ModelRope,
-    count_unit,
     kept_key,
     kept_tokens,
     manifest_key,
     placeholder_ids,
     read_model_rope,
 )
-from kvtierd.integrations.plugin_settings import key_string
-from kvtierd.integrations.store_request import StoreRequest
-from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
-from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
-from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.kernels.variants import count_unit, parse_variant
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +58,6 @@ def rope_spec(model: str, rope: ModelRope) -> RopeSpec:
     config = AutoConfig.from_pretrained(model)
     inv_freq, _ = ROPE_INIT_FUNCTIONS[rope.rope_type](config, "cpu")
     return RopeSpec.from_inv_freq(inv_freq, rope.head_dim)
-
-
-def _placeholder_keys(plugin: Any, ids: list[int]) -> list[str]:
-    """LMCache's chunk keys of the placeholder prompt (the same hashing as its lookups)."""
-    from lmcache.v1.token_database import ChunkedTokenDatabase
-
-    db = ChunkedTokenDatabase(plugin.config, plugin.metadata)
-    return [key_string(r[2]) for r in db.process_tokens(tokens=torch.tensor(ids))]
 
 
 def read_chunks(client: KVClient, names: Sequence[str]) -> list[torch.Tensor]:
@@ -182,7 +173,7 @@ def store_placeholder_variant(
     if dropped.num_kept != m:
         raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
-    chunk_keys = _placeholder_keys(plugin, ids)
+    chunk_keys = placeholder_chunk_keys(plugin, ids)
     original = "" if request.scope else _source_context(plugin, digest)
     manifest = Manifest(
         digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys), original

@@ -18,6 +18,8 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import ModelCard, model_card_key
+from kvtierd.kernels.rope import RopeSpec
 from kvtierd.policy_config import parse_policy
 from kvtierd.profiler import (
     ContextKV,
@@ -86,14 +88,20 @@ def _config(tmp: Path) -> DaemonConfig:
     return DaemonConfig(socket_path=str(tmp / "s"), data_dir=str(tmp / "data"), tiers=tiers)
 
 
+MODEL = "/models/test"
+
+
 async def _put_context(engine: Engine, cid: str) -> None:
+    """A context as the LMCache plugin and the router leave it: chunks under LMCache's keys
+    (model@world@worker@hash@dtype), its token ids and the model's card known, so that its
+    token-dropped variants can be stored in the form vLLM loads (engine/servable.py)."""
     layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
     g = torch.Generator().manual_seed(0)
     for i in range(CHUNKS):
         x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
         data = memoryview(x.view(torch.uint8).numpy().tobytes())
         meta = ObjectMeta(
-            key=f"{cid}/{i}",
+            key=f"{MODEL}@1@0@{cid}-{i}@bfloat16",
             size_bytes=len(data),
             context_id=cid,
             dtype="bfloat16",
@@ -102,6 +110,9 @@ async def _put_context(engine: Engine, cid: str) -> None:
             token_count=T,
         )
         await engine.put_bytes(meta, data)
+    card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
+    engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
+    await engine.profiling.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:

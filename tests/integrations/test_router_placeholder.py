@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvtierd.client import KVClient
-from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
+from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.servers import (

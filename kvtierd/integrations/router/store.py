@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
-from kvtierd.integrations.placeholder import kept_tokens, manifest_key
 from kvtierd.integrations.router.rewrite import read_manifest
+from kvtierd.kernels.placeholder import kept_tokens, manifest_key
 from kvtierd.kernels.variants import Variant, option_default, parse_variant
 from kvtierd.router_protocol import ContextRequest, context_digest, loaded_value
 
