@@ -112,10 +112,11 @@ async def _holds_ended(engine: Engine, timeout_s: float = 30.0) -> None:
 
 
 async def test_capacity_holds_under_plugin_traffic(engine: Engine) -> None:
-    # As in the e2e run: a 7-chunk context asked again and again while 3-chunk ones arrive;
-    # "a" later grows by a chunk (a prompt that continues it), and "b" comes back.
-    requests = [("a", 7), ("a", 7), ("b", 3), ("a", 7), ("c", 3), ("a", 8), ("d", 3),
-                ("b", 3), ("e", 3), ("a", 8), ("c", 3)]  # fmt: skip
+    # "x" grows by a chunk (a prompt that continues it) while its lookup holds it; then, as in
+    # the e2e run, a 7-chunk context is asked again and again while 3-chunk ones arrive, and
+    # "a" grows too while an evicted, held copy of it is still there.
+    requests = [("x", 3), ("x", 4), ("a", 7), ("a", 7), ("b", 3), ("a", 7), ("c", 3),
+                ("a", 8), ("d", 3), ("b", 3), ("e", 3), ("a", 8), ("c", 3)]  # fmt: skip
     for i, (cid, chunks) in enumerate(requests):
         await _request(engine, cid, chunks)
         await engine.executor.idle()
