@@ -120,6 +120,8 @@ async def test_capacity_holds_under_plugin_traffic(engine: Engine) -> None:
     for i, (cid, chunks) in enumerate(requests):
         await _request(engine, cid, chunks)
         await engine.executor.idle()
+        while engine.executor.pending:  # a hold ended meanwhile: its wake-up is running
+            await engine.executor.idle()
         _check(engine, f"request {i} ({cid})")
     await _holds_ended(engine)
     _check(engine, "after the holds")
