@@ -55,6 +55,8 @@ from kvtierd.types import (
     DROPPED,
     ContextProfile,
     ObjectMeta,
+    Operation,
+    OpKind,
     Placement,
     Plan,
     TierModel,
@@ -373,7 +375,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         ctx.last_access_s = time.monotonic()
         ctx.durable_held = False  # the placer places the whole context again
         self.profiling.note_change(ctx)
-        self.executor.submit(self.placer.insert(self.profile(ctx)))
+        self.executor.submit(self._joined(ctx, self.placer.insert(self.profile(ctx)), tier))
         return meta
 
     def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
@@ -388,6 +390,26 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         self.model_cards[card.model] = card
         save_card(self.config.data_dir, card)
         self.profiling.note_form()
+
+    def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
+        """``plan`` (the placer's answer to a context that grew), plus the operation that
+        brings the new object in ``tier`` to where the context is placed: the placer plans
+        none for a context it leaves where it is, yet the new object is not there yet."""
+        if any(op.context_id == ctx.context_id for op in plan.operations):
+            return plan  # a move or drop of the context takes every object of it along
+        target = self.placer_target(ctx.context_id)
+        if target.tier == tier and target.variant == ctx.variant:
+            return plan
+        kind = OpKind.DROP if target.dropped else OpKind.MOVE
+        source = Placement(ctx.variant, tier)
+        return plan + Plan((Operation(kind, ctx.context_id, source, target, "joins its context"),))
+
+    def placer_target(self, context_id: str) -> Placement:
+        """Where the placer has a context now (``DROPPED`` for one it does not keep)."""
+        try:
+            return self.placer.placement(context_id)
+        except KeyError:
+            return DROPPED
 
     def _context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
         ctx = self.contexts.get(meta.context)
@@ -488,7 +510,9 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
             prefill_s=prefill,
             last_access_s=ctx.last_access_s,
-            pinned=ctx.pinned or ctx.hold_until_s > time.monotonic(),
+            # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
+            # context pinned after it (the executor defers what a hold forbids, executor.py).
+            pinned=ctx.pinned,
         )
 
     # -- background --------------------------------------------------------------------------

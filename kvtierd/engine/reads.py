@@ -223,4 +223,9 @@ class Reads:
         ctx.hits += 1
         ctx.last_access_s = now
         e.profiling.note_access(ctx.context_id)
-        e.executor.submit(e.placer.access(ctx.context_id, now))
+        if ctx.durable_held or not e.placer_target(ctx.context_id).dropped:
+            e.executor.submit(e.placer.access(ctx.context_id, now))
+        else:
+            # A context the placer dropped, still here while a hold defers its drop
+            # (executor.py), is used again: the placer places it again and counts its bytes.
+            e.executor.submit(e.placer.insert(e.profile(ctx)))
