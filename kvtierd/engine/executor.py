@@ -22,7 +22,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import KvtierError
-from kvtierd.types import Operation, OpKind, Placement, Plan
+from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
@@ -151,6 +151,9 @@ class Executor:
                 return
             tier = op.target.tier or self.engine.placement_of(ctx).tier
             assert tier is not None
+            if ctx.variant != ORIGINAL_VARIANT and not ctx.reference:
+                await self._keep_form(ctx, op, tier)
+                return
             await self.engine.compress_context(ctx, op.target.variant, tier)
         elif op.target.tier is not None:
             tier = self.engine.quota_tier(ctx, op.target.tier)
@@ -163,6 +166,18 @@ class Executor:
             if tier != op.target.tier:
                 # The tenant's quota overrode the placer: tell it where the context went.
                 self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))
+
+    async def _keep_form(self, ctx: ContextRecord, op: Operation, tier: str) -> None:
+        """A plan made before the context took the form it has (plans queue behind each other:
+        a put's insert can follow the compression another planned) asks for a form that can no
+        longer be made: its original is gone (no unbounded tier keeps a reference copy). The
+        context goes where the plan says in the form it has, and the placer learns that form
+        (in the e2e run each such plan failed with an ERROR and left the context where it was,
+        so EvicPress never used the SSD tier)."""
+        logger.info("context %r: planned as %s, but only its %s form is kept; moved as that",
+                    ctx.context_id, op.target.variant, ctx.variant)  # fmt: skip
+        await self.engine.move_context(ctx, tier)
+        self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))
 
     async def _drop(self, ctx: ContextRecord, planned: str, *, forget: bool) -> None:
         """Drop a context as planned (``forget``: the placer did not plan it, so it forgets
