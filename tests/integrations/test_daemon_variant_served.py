@@ -2,7 +2,13 @@
 writes the token-dropped variant in the servable form (keys rotated by ``M - N``, placeholder
 manifest under the digest of the context's tokens) and the next routed request with the same
 context is rewritten to ``[M placeholder ids] + suffix`` and loads the variant's chunks; on a
-needle document the answer still holds the needle (the real model)."""
+needle document the answer still holds the needle (the real model).
+
+keydiff@0.5, not knorm@0.5: on this document knorm@0.5 drops the needle's number. Served through
+this pipeline vLLM answered "The secret code of the blue vault is 512." — the answer
+transformers gives for knorm@0.5 of the same context too, with the kept keys at their original
+positions and rotated to 0..M-1 alike (2026-11-23): the method's loss, not the serving's.
+keydiff@0.5 keeps it in both."""
 
 from __future__ import annotations
 
@@ -87,21 +93,21 @@ def test_a_context_the_placer_compresses_is_served_from_its_variant(
     assert VALUE in reference, reference  # the model answers it from the whole document
     with KVClient(stack["socket"]) as c:
         c.call(c.admin.ApplyPolicy, pb.ApplyPolicyRequest(
-            yaml="placer: fixed\nvariant: knorm@0.5\n", source="test.yaml"))  # fmt: skip
+            yaml="placer: fixed\nvariant: keydiff@0.5\n", source="test.yaml"))  # fmt: skip
         # Through the router: the document and a few tokens past it (less than a chunk, which
         # LMCache does not store), then the whole prompt: the daemon learns the context's
         # tokens from the router, and the two prompts agree on the document's chunks.
         for part in (prompt[: n + 3], prompt):
             _, headers = complete(stack["router"], model, part)
             assert "x-kvtierd-context" not in headers  # nothing compressed yet
-        ctx = wait_for_variant(c, "knorm@0.5")
+        ctx = wait_for_variant(c, "keydiff@0.5")
         digest = context_digest(model, prompt[:n])
         manifest = Manifest.from_bytes(bytes(c.get(manifest_key(digest))))
         assert (manifest.num_tokens, manifest.source_context) == (n, ctx.context_id)
         assert manifest.num_kept == n // 2 and ctx.objects == n // 2 // CHUNK
         hits = c.status().hits
         answer, headers = complete(stack["router"], model, prompt)
-        assert headers.get("x-kvtierd-context") == f"{digest}/knorm@0.5"
+        assert headers.get("x-kvtierd-context") == f"{digest}/keydiff@0.5"
         assert get_json(f"{stack['router']}/health")["rewrites"] == 1
         # every placeholder chunk was read from the daemon (and the manifest, by the router
         # and by the plugin)
