@@ -26,6 +26,7 @@ import mmap
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,15 @@ from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.engine.context_kv import chunk_formats, decode_context, encode_variant
 from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import ModelCard, model_card_key
+from kvtierd.kernels.rope import RopeSpec
 from kvtierd.policy_config import parse_policy
 from kvtierd.types import ObjectMeta, Operation, OpKind, Placement, Plan
 
 L, H, D, T, CHUNKS = 8, 8, 128, 256, 4
 CHUNK_BYTES = 2 * L * T * H * D * 2
 CTX_BYTES = CHUNKS * CHUNK_BYTES
+MODEL = "bench-model"
 
 
 def config(tmp: Path) -> DaemonConfig:
@@ -53,15 +57,25 @@ def config(tmp: Path) -> DaemonConfig:
 
 
 async def put_context(engine: Engine, cid: str, seed: int) -> None:
+    """A context of LMCache-named chunks (model@world@worker@hash@dtype) whose token ids and
+    model card the daemon knows: what it needs to write a token-dropped variant in the form
+    vLLM loads (engine/servable.py), as the plugin and the router give them in production."""
     layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
     g = torch.Generator().manual_seed(seed)
     for i in range(CHUNKS):
         x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
         data = memoryview(x.view(torch.uint8).numpy().tobytes())
-        meta = ObjectMeta(key=f"{cid}/{i}", size_bytes=len(data), context_id=cid,
-                          dtype="bfloat16", shape=tuple(x.shape), layout=layout,
+        chunk_hash = f"{cid.replace('@', '-')}-{i}"  # the model is what precedes 4 '@'
+        meta = ObjectMeta(key=f"{MODEL}@1@0@{chunk_hash}@bfloat16", size_bytes=len(data),
+                          context_id=cid, dtype="bfloat16", shape=tuple(x.shape), layout=layout,
                           token_count=T)  # fmt: skip
         await engine.put_bytes(meta, data)
+    await engine.profiling.set_tokens(cid, [seed % 1000 + j for j in range(CHUNKS * T)])
+
+
+def register_card(engine: Engine) -> None:
+    card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 32000, (0, 1, 2))
+    engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
 
 
 async def through_executor(engine: Engine, ops: list[Operation]) -> float:
@@ -85,7 +99,11 @@ async def direct_compress(engine: Engine, cid: str, variant: str) -> float:
     metas, payloads = await engine.read_context_bytes(ctx)
     formats = chunk_formats(metas)
     kv = await asyncio.to_thread(decode_context, payloads, formats)
-    objects = await asyncio.to_thread(encode_variant, cid, metas, kv, formats, variant)
+    form = engine.profiling.servable_form(ctx, variant) if "@" in variant else None
+    encoded = await asyncio.to_thread(
+        partial(encode_variant, cid, metas, kv, formats, variant, form=form)
+    )
+    objects = encoded.objects
     for meta, data in zip(metas, payloads, strict=True):  # the reference copy
         await ssd.put(_renamed(meta, "ref"), memoryview(data))
     for o in objects:
@@ -160,6 +178,7 @@ async def main(n: int) -> None:
     engine = Engine(config(tmp))
     await engine.start()
     await engine.apply_policy(parse_policy("name: lru\nplacer: lru\n", "bench.yaml"))
+    register_card(engine)
     rows = []
     try:
         cpu, ssd, orig = "cpu", "ssd", "none"

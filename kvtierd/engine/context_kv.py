@@ -4,24 +4,28 @@ A context whose objects are LMCache ``KV_2LTD`` chunks (their ``layout`` is a
 :class:`~kvtierd.kernels.chunk_codec.ChunkFormat` string) can be read back as canonical
 ``[L, H, N, D]`` keys and values — for the profiler — and re-encoded as another variant by the
 executor. Quantized variants keep the chunking and the client's keys (LMCache finds the same
-keys and decodes them by their layout); token-dropping variants become new chunks of the kept
-tokens under keys the daemon derives, with the kept positions in each object's
-``kept_indices`` (keys are not rotated: positions are the original ones, kvpress semantics).
+keys and decodes them by their layout). Token-dropping variants are stored in the one servable
+form (``kernels/placeholder.py``, DESIGN.md §1): the first ``N`` tokens' KV (``servable.py``)
+compressed to ``M`` kept entries whose keys are rotated by ``M - N``, cut into new chunks under
+keys the daemon derives (``ctx\0variant\0i``, the kept positions in each object's
+``kept_indices``), and a :class:`~kvtierd.kernels.placeholder.Manifest` naming them, which the
+router finds by the digest of the ``N`` tokens and the plugin loads them through.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
+from kvtierd.kernels.placeholder import Manifest, placeholder_ids
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
 if TYPE_CHECKING:
     import torch
 
+    from kvtierd.engine.servable import ServableForm
     from kvtierd.kernels.variants import Variant
 
 SEPARATOR = "\x00"  # clients cannot use it in keys (validate.py), so derived keys never clash
@@ -40,7 +44,9 @@ def client_key(storage_key: str) -> str:
 
 
 def manifest_key(context_id: str, variant: str) -> str:
-    """The object whose presence marks a daemon-made variant as complete (written last)."""
+    """The object whose presence marks a daemon-made quantized variant as complete (written
+    last); a token-dropped variant's marker is its placeholder manifest
+    (``kernels.placeholder.manifest_key`` of its digest), which the router reads."""
     return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"
 
 
@@ -52,6 +58,14 @@ class EncodedObject:
     client_key: str
     meta: ObjectMeta
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedVariant:
+    """A variant's new objects, and for a token-dropped one its placeholder manifest."""
+
+    objects: list[EncodedObject]
+    manifest: Manifest | None = None
 
 
 def chunk_formats(metas: list[ObjectMeta]) -> list[ChunkFormat]:
@@ -95,36 +109,61 @@ def encode_variant(
     kv: torch.Tensor,
     formats: list[ChunkFormat],
     variant: str,
-) -> list[EncodedObject]:
-    """The objects of ``variant`` for a context given as ``kv`` ``[2, L, N, H*D]``."""
-    from kvtierd.kernels.api import compress_dense, dense_kv, to_kv_2ltd
+    *,
+    form: ServableForm | None = None,
+) -> EncodedVariant:
+    """The objects of ``variant`` for a context given as ``kv`` ``[2, L, N, H*D]``; a
+    token-dropping variant needs its servable ``form`` (with its digest)."""
     from kvtierd.kernels.variants import parse_variant
 
     v = parse_variant(variant)
     heads = formats[0].num_kv_heads
-    if not v.drops_tokens:
-        out, start = [], 0
-        for meta, fmt in zip(metas, formats, strict=True):
-            chunk = kv[:, :, start : start + fmt.shape[2]]
-            start += fmt.shape[2]
-            out.append(
-                _encoded(meta.key, variant_key(meta.key, variant), meta, chunk, heads=heads, v=v)
-            )
-        return out
-    keys, values = split_kv(kv, heads)
-    chunk_tokens = formats[0].shape[2]
-    c = compress_dense(keys, values, v, chunk_tokens=chunk_tokens)
-    dk, dv = dense_kv(c)
-    kept_kv = to_kv_2ltd(dk.to(kv.dtype), dv.to(kv.dtype))
-    m = kept_kv.shape[2]
+    if v.drops_tokens:
+        if form is None or not form.digest:
+            raise InvalidArgumentError(f"{variant} drops tokens: it needs its servable form")
+        return _encode_dropped(context_id, metas[0], kv, form=form, v=v)
+    out, start = [], 0
+    for meta, fmt in zip(metas, formats, strict=True):
+        chunk = kv[:, :, start : start + fmt.shape[2]]
+        start += fmt.shape[2]
+        out.append(
+            _encoded(meta.key, variant_key(meta.key, variant), meta, chunk, heads=heads, v=v)
+        )
+    return EncodedVariant(out)
+
+
+def _encode_dropped(
+    context_id: str, base: ObjectMeta, kv: torch.Tensor, *, form: ServableForm, v: Variant
+) -> EncodedVariant:
+    """The servable form: the first ``N`` tokens compressed to ``M`` (keys rotated by
+    ``M - N``, the same count in every layer and head), chunked as the context is, and the
+    placeholder manifest naming the chunks. Quantization (``+int8``) is applied chunk by chunk
+    to the kept entries, as the plugin applies it."""
+    from dataclasses import replace as with_fields
+
+    from kvtierd.kernels.api import compress_dense, dense_kv, to_kv_2ltd
+    from kvtierd.kernels.variants import count_unit
+
+    n, chunk, heads = form.num_tokens, form.chunk_tokens, form.num_kv_heads
+    keys, values = split_kv(kv[:, :, :n], heads)
+    c = compress_dense(keys, values, with_fields(v, quant=""), rope=form.card.rope(),
+                       chunk_tokens=count_unit(v, chunk))  # fmt: skip
+    if c.num_kept != form.num_kept:
+        raise InvalidArgumentError(f"{v} kept {c.num_kept} of {n} tokens, not {form.num_kept}")
+    dense_keys, dense_values = dense_kv(c)  # dense already: nothing was quantized
+    kept_kv = to_kv_2ltd(dense_keys.to(kv.dtype), dense_values.to(kv.dtype))
     out = []
-    for i in range(math.ceil(m / chunk_tokens)):
-        lo, hi = i * chunk_tokens, min(m, (i + 1) * chunk_tokens)
-        key = f"{context_id}{SEPARATOR}{variant}{SEPARATOR}{i}"
+    for i in range(form.num_kept // chunk):
+        lo, hi = i * chunk, (i + 1) * chunk
+        key = f"{context_id}{SEPARATOR}{v}{SEPARATOR}{i}"
         kept = c.kept[:, :, lo:hi].contiguous().numpy().astype("<i4").tobytes()
-        base = replace(metas[0], key=key, token_count=hi - lo, kept_indices=kept)
-        out.append(_encoded(key, key, base, kept_kv[:, :, lo:hi], heads=heads, v=v))
-    return out
+        meta = with_fields(base, key=key, token_count=chunk, kept_indices=kept)
+        out.append(_encoded(key, key, meta, kept_kv[:, :, lo:hi], heads=heads, v=v))
+    card = form.card
+    ids = placeholder_ids(form.digest, str(v), form.num_kept, card.vocab_size, card.special_ids)
+    manifest = Manifest(form.digest, str(v), n, form.num_kept, c.rope_delta, tuple(ids),
+                        tuple(o.client_key for o in out), context_id)  # fmt: skip
+    return EncodedVariant(out, manifest)
 
 
 def _encoded(

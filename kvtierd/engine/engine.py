@@ -29,6 +29,7 @@ from kvtierd.engine.moves import Moves
 from kvtierd.engine.plans import WritePlanner
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.reads import Reads
+from kvtierd.engine.servable import load_cards, save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
 from kvtierd.engine.variants import VariantOps
@@ -41,6 +42,7 @@ from kvtierd.errors import (
     NotFoundError,
     UnavailableError,
 )
+from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
 from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
 from kvtierd.policies.model import check_tiers
@@ -53,6 +55,8 @@ from kvtierd.types import (
     DROPPED,
     ContextProfile,
     ObjectMeta,
+    Operation,
+    OpKind,
     Placement,
     Plan,
     TierModel,
@@ -95,6 +99,11 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         self.durable_holds = 0  # placer drops refused for unread durable objects (durable.py)
         self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
         self.variant_manifests: dict[str, tuple[ObjectMeta, str]] = {}
+        # A daemon-made variant's manifest key -> its context (the manifest is no object of
+        # the context's, but a client reads it: the router, by the digest of its tokens).
+        self.manifest_owner: dict[str, str] = {}
+        # LMCache model name -> the card its plugin registered (kernels/placeholder.py).
+        self.model_cards: dict[str, ModelCard] = {}
         self.references: dict[str, list[tuple[ObjectMeta, str]]] = {}
         self.metrics = Metrics()
         self.draining = False
@@ -150,6 +159,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         # Bandwidths are known now: give the placer the calibrated figures.
         self.placer = self._make_placer(self.policy)
         self.profiling.configure()
+        self.model_cards.update(load_cards(self.config.data_dir))
         await self._rebuild_index()
         self.executor.start()
         self.profiling.start()
@@ -177,6 +187,8 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             self._context_add(meta, key)
         for ctx in self.contexts.values():
             ctx.manifest = self.variant_manifests.get(ctx.context_id)
+            if ctx.manifest is not None:
+                self.manifest_owner[ctx.manifest[0].key] = ctx.context_id
             ctx.reference = self.references.get(ctx.context_id)
             for meta, where in ctx.reference or ():
                 self.account(meta, where, +1)
@@ -308,13 +320,18 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             self._committed[rec.allocation_id] = None
             if len(self._committed) > 100_000:
                 self._committed.popitem(last=False)
+            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
+                self.learn_card(rec.meta, bytes(self.cpu.view(rec.block)))
+                self.cpu.free_block(rec.block)
+                metas.append(rec.meta)
+                continue
             metas.append(self._add_object(self.cpu.adopt(rec.meta, rec.block), self.cpu.name))
             seconds = time.monotonic() - rec.created_s  # includes the client's copy in
             self.metrics.observe_store(self.cpu.name, seconds, rec.meta.size_bytes)
         self.publish_tier_state()
         if durable:
             try:
-                await self.write_through(metas)
+                await self.write_through([m for m in metas if m.layout != MODEL_CARD_LAYOUT])
             except BaseException:
                 # Not acknowledged, so not stored: the client may put the same keys again.
                 await self.delete([m.key for m in metas])
@@ -358,8 +375,41 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         ctx.last_access_s = time.monotonic()
         ctx.durable_held = False  # the placer places the whole context again
         self.profiling.note_change(ctx)
-        self.executor.submit(self.placer.insert(self.profile(ctx)))
+        self.executor.submit(self._joined(ctx, self.placer.insert(self.profile(ctx)), tier))
         return meta
+
+    def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
+        """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
+        memory and in ``data_dir``, never as an object the placer would see): token-dropped
+        variants of its model's contexts can now be written in the servable form."""
+        try:
+            card = ModelCard.from_bytes(data)
+        except InvalidArgumentError as e:
+            logger.warning("model card %r ignored: %s", meta.key, e)
+            return
+        self.model_cards[card.model] = card
+        save_card(self.config.data_dir, card)
+        self.profiling.note_form()
+
+    def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
+        """``plan`` (the placer's answer to a context that grew), plus the operation that
+        brings the new object in ``tier`` to where the context is placed: the placer plans
+        none for a context it leaves where it is, yet the new object is not there yet."""
+        if any(op.context_id == ctx.context_id for op in plan.operations):
+            return plan  # a move or drop of the context takes every object of it along
+        target = self.placer_target(ctx.context_id)
+        if target.tier == tier and target.variant == ctx.variant:
+            return plan
+        kind = OpKind.DROP if target.dropped else OpKind.MOVE
+        source = Placement(ctx.variant, tier)
+        return plan + Plan((Operation(kind, ctx.context_id, source, target, "joins its context"),))
+
+    def placer_target(self, context_id: str) -> Placement:
+        """Where the placer has a context now (``DROPPED`` for one it does not keep)."""
+        try:
+            return self.placer.placement(context_id)
+        except KeyError:
+            return DROPPED
 
     def _context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
         ctx = self.contexts.get(meta.context)
@@ -460,7 +510,9 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
             prefill_s=prefill,
             last_access_s=ctx.last_access_s,
-            pinned=ctx.pinned or ctx.hold_until_s > time.monotonic(),
+            # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
+            # context pinned after it (the executor defers what a hold forbids, executor.py).
+            pinned=ctx.pinned,
         )
 
     # -- background --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class Moves:
         e = cast("Engine", self)
         if ctx.manifest is not None:
             await e._remove_from_tier(*ctx.manifest)
+            e.manifest_owner.pop(ctx.manifest[0].key, None)
             ctx.manifest = None
         for meta, where in ctx.reference or ():
             await e._remove_from_tier(meta, where)

@@ -23,24 +23,33 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import (
     CapacityError,
     CorruptObjectError,
+    InvalidArgumentError,
     KvtierError,
     NotFoundError,
     UnavailableError,
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.kernels.variants import parse_variant, variant_size_bytes
+from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
 from kvtierd.profiler.prefill_fit import PrefillFit
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
-    from kvtierd.profiler import DriftSample, Profiler, ProfileRecord, ProfilingQuery, ReprofileLoop
+    from kvtierd.profiler import (
+        DriftSample,
+        ProfileLayout,
+        Profiler,
+        ProfileRecord,
+        ProfilingQuery,
+        ReprofileLoop,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +77,7 @@ class ProfilingService:
         self._changed: dict[str, float] = {}
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
+        self.servable = Servability(engine.model_cards)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -136,7 +146,8 @@ class ProfilingService:
             keys, values = await self.engine.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
-        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant)
+        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant,
+                        layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
     async def _reprofile(self, context_id: str) -> None:
@@ -154,8 +165,14 @@ class ProfilingService:
             return
         kept = self._context_part(ctx, tokens)
         self.tokens.reserve(context_id, ctx.tenant, len(kept))
-        store = partial(self.profiler.queries.set_tokens, context_id, kept)
+        profiler = self.profiler
+
+        def store() -> None:
+            self.servable.agree(context_id, profiler.queries, kept, prompt=False)
+            profiler.queries.set_tokens(context_id, kept)
+
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._tokens_known(ctx)
 
     def note_prompt(self, tenant: str, request_id: str, tokens: Sequence[int]) -> None:
         """A request's prompt, by the id its writer will name at the put (bounded, in memory:
@@ -184,6 +201,9 @@ class ProfilingService:
         query = tokens[n:] if 0 < n < len(tokens) else ()
 
         def store() -> None:
+            # at most the prompt less its last token: a rewrite keeps one token of suffix
+            self.servable.agree(context_id, profiler.queries, tokens[: len(tokens) - 1],
+                                prompt=True)  # fmt: skip
             profiler.queries.set_tokens(context_id, kept)
             if 0 < len(query) <= MAX_QUERY_TOKENS:
                 # Per routed request: kept in memory, written by flush() (as record_query does)
@@ -191,7 +211,27 @@ class ProfilingService:
                 profiler.queries.record(context_id, q, persist=False)
 
         await asyncio.get_running_loop().run_in_executor(self._queries, store)
+        self._tokens_known(ctx)
         self._recheck(context_id)
+
+    def _tokens_known(self, ctx: ContextRecord) -> None:
+        """Token ids arrived: when they made a token-dropped variant servable, the placer sees
+        the context's options again (not on every routed request: most change nothing)."""
+        if ctx.context_id not in self.engine.contexts or ctx.durable_held:
+            return
+        before = self.servable.why.get(ctx.context_id)
+        self._servable(ctx, self.variants())  # refreshes why
+        if before and before != self.servable.why.get(ctx.context_id):
+            self.version += 1
+            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+
+    def servable_form(self, ctx: ContextRecord, variant: str) -> ServableForm:
+        """The servable form of ``variant`` with its digest, or ``InvalidArgumentError`` with
+        why the daemon cannot write it (servable.py)."""
+        if self.profiler is None:
+            raise InvalidArgumentError("the profiler, which keeps token ids, is not configured")
+        queries = self.profiler.queries
+        return self.servable.form(ctx.context_id, variant, self._originals(ctx), queries)
 
     def _recheck(self, context_id: str) -> None:
         """A query arrived for a context whose profile is below ``min_queries`` (the
@@ -262,13 +302,11 @@ class ProfilingService:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
         profiled = self.profiled(ctx.context_id)
         out = [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
-        for name in variants:
-            if name == ORIGINAL_VARIANT:
-                continue
+        for name in self._servable(ctx, variants):
             layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
             size = variant_size_bytes(
                 layers, heads, dim, tokens, _dtype_bytes(fmt.dtype), name,
-                chunk_tokens=fmt.shape[2],
+                chunk_tokens=count_unit(name, fmt.shape[2]),
             )  # fmt: skip
             known = profiled.get(name)
             # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
@@ -276,6 +314,14 @@ class ProfilingService:
             quality, restore = (known.quality, known.restore_s) if known else (0.0, 0.0)
             out.append(VariantProfile(name, size, quality, restore))
         return tuple(out)
+
+    def _servable(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
+        """The lossy ``variants`` the context can be stored as (servable.py)."""
+        lossy = [v for v in variants if v != ORIGINAL_VARIANT]
+        if self.profiler is None:
+            return lossy
+        return self.servable.options(ctx.context_id, ctx.variant, lossy, self._originals(ctx),
+                                     self.profiler.queries)  # fmt: skip
 
     def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
         """The chunks a variant is made from: the stored original, or the reference copy plus
@@ -296,6 +342,14 @@ class ProfilingService:
             ]
             self._variants_of = policy
         return self._variants
+
+    def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
+        """How the context's variants are stored: in chunks of its objects' size, so the
+        quality the profiler measures is that of the variant the executor will write."""
+        from kvtierd.profiler import ProfileLayout
+
+        fmt, _, _ = self._geometry_of(ctx)
+        return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
 
     def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
         """Chunk format, token count and bytes of the context's original; cached until the
@@ -387,6 +441,7 @@ class ProfilingService:
         """A context is gone: drop what is kept about it (its profile file too)."""
         self.version += 1
         self.tokens.forget(context_id)
+        self.servable.forget(context_id)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
@@ -455,7 +510,7 @@ class ProfilingService:
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
-                          variants=self.variants())  # fmt: skip
+                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

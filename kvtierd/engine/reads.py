@@ -120,7 +120,7 @@ class Reads:
             raise NotFoundError(f"object {key!r} not found")
         ctx = e.contexts[obj.meta.context]
         async with ctx.lock:
-            obj = e.objects.get(key)
+            obj = e.record_of(key)
             if obj is None:
                 raise NotFoundError(f"object {key!r} was removed while being read")
             tier = e.tiers[obj.tier]
@@ -194,8 +194,20 @@ class Reads:
         """The object under ``key`` if it belongs to ``tenant``: keys are scoped by tenant,
         but a default-tenant object stored as ``A/...`` before tenant ``A`` was configured
         must not become tenant ``A``'s."""
-        obj = cast("Engine", self).objects.get(key)
+        obj = self.record_of(key)
         return obj if obj is not None and obj.meta.tenant == tenant else None
+
+    def record_of(self, key: str) -> ObjectRecord | None:
+        """The object under ``key``: a context's, or a daemon-made variant's manifest (no
+        object of its context, but the router reads it)."""
+        e = cast("Engine", self)
+        obj = e.objects.get(key)
+        if obj is not None or key not in e.manifest_owner:
+            return obj
+        ctx = e.contexts.get(e.manifest_owner[key])
+        if ctx is None or ctx.manifest is None or ctx.manifest[0].key != key:
+            return None
+        return ObjectRecord(*ctx.manifest)
 
     def touch(self, keys: Sequence[str], tenant: str = "") -> int:
         e = cast("Engine", self)
@@ -211,4 +223,9 @@ class Reads:
         ctx.hits += 1
         ctx.last_access_s = now
         e.profiling.note_access(ctx.context_id)
-        e.executor.submit(e.placer.access(ctx.context_id, now))
+        if ctx.durable_held or not e.placer_target(ctx.context_id).dropped:
+            e.executor.submit(e.placer.access(ctx.context_id, now))
+        else:
+            # A context the placer dropped, still here while a hold defers its drop
+            # (executor.py), is used again: the placer places it again and counts its bytes.
+            e.executor.submit(e.placer.insert(e.profile(ctx)))

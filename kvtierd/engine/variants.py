@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from kvtierd.engine.context_kv import (
     MANIFEST_LAYOUT,
     SEPARATOR,
     EncodedObject,
+    EncodedVariant,
     chunk_formats,
     decode_context,
     encode_variant,
@@ -26,6 +28,8 @@ from kvtierd.engine.context_kv import (
 )
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError
+from kvtierd.kernels.placeholder import manifest_key as placeholder_manifest_key
+from kvtierd.kernels.variants import parse_variant
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
 if TYPE_CHECKING:
@@ -65,10 +69,15 @@ class VariantOps:
         (the LMCache plugin quantizes a longer prompt's new chunks on its device when the
         write plan says int8). They have no original in the reference copy, so they are read
         as they are stored (decoded by their layout): a re-compression re-encodes them with
-        the rest, and restoring the original drops them (LMCache recomputes them)."""
+        the rest, and restoring the original drops them (LMCache recomputes them). Not the
+        suffix chunks of requests served from a token-dropped variant: their KV follows the
+        placeholders, not the original, so nothing can be built from them."""
         e = cast("Engine", self)
         ref = {m.key for m, _ in ctx.reference or ()}
-        return [k for k in ctx.keys if k not in ref and SEPARATOR not in e.objects[k].meta.key]
+        metas = {k: e.objects[k].meta for k in ctx.keys if k not in ref}
+        unusable = [SEPARATOR in m.key or parse_variant(m.variant).drops_tokens
+                     for m in metas.values()]  # fmt: skip
+        return [k for k, skip in zip(metas, unusable, strict=True) if not skip]
 
     async def _copy_out(self, obj: ObjectRecord) -> bytes:
         e = cast("Engine", self)
@@ -100,22 +109,28 @@ class VariantOps:
 
     async def compress_context(self, ctx: ContextRecord, variant: str, tier: str) -> None:
         """Store the context as ``variant`` in ``tier`` (from its original), replacing the form
-        it has; ``"none"`` restores the original from the reference copy."""
+        it has; ``"none"`` restores the original from the reference copy. A token-dropping
+        variant is written in the servable form (``servable.py``), or refused with the reason
+        when the daemon cannot write that form yet."""
         e = cast("Engine", self)
         if variant == ORIGINAL_VARIANT:
             await self._restore_original(ctx, tier)
             return
+        form = e.profiling.servable_form(ctx, variant) if parse_variant(variant).drops_tokens \
+            else None  # fmt: skip
         metas, payloads = await self.read_context_bytes(ctx)
+        if form is not None:  # the first N tokens: the part every prompt agreed on
+            metas, payloads = metas[: form.num_chunks], payloads[: form.num_chunks]
         formats = chunk_formats(metas)
         kv = await asyncio.to_thread(decode_context, payloads, formats)
-        objects = await asyncio.to_thread(
-            encode_variant, ctx.context_id, metas, kv, formats, variant
+        encoded = await asyncio.to_thread(
+            partial(encode_variant, ctx.context_id, metas, kv, formats, variant, form=form)
         )
         async with ctx.lock:
             if e.contexts.get(ctx.context_id) is not ctx:
                 return  # deleted while we compressed
             await self._keep_reference(ctx)
-            await self._install(ctx, objects, variant, tier)
+            await self._install(ctx, encoded, variant, tier)
         logger.info("context %r compressed to %s in %s: %d -> %d bytes", ctx.context_id,
                     variant, tier, sum(m.size_bytes for m in metas), ctx.size_bytes)  # fmt: skip
 
@@ -138,10 +153,12 @@ class VariantOps:
         ctx.reference = kept
 
     async def _install(
-        self, ctx: ContextRecord, objects: list[EncodedObject], variant: str, tier: str
+        self, ctx: ContextRecord, encoded: EncodedVariant, variant: str, tier: str
     ) -> None:
         """Write the new form, its manifest, then drop the old form (crash-safe order)."""
         e = cast("Engine", self)
+        objects = encoded.objects
+        marker = self._marker(ctx, variant, encoded)
         durable = any(e.objects[k].durable for k in ctx.keys)
         shadow = ""
         if durable and not e.tiers[tier].persistent:
@@ -153,7 +170,13 @@ class VariantOps:
                     stored = await self._store_encoded(obj, where, charged=where == tier)
                     written.append((stored, where))
             metas_new = [m for m, where in written if where == tier]
-            manifest = await self._store_manifest(ctx, variant, metas_new, shadow or tier)
+            if ctx.manifest is not None and ctx.manifest[0].key == marker.meta.key:
+                # One placeholder manifest per digest (the router's key): the old variant's
+                # goes first. A crash right here leaves neither marked, and the context comes
+                # back as its original from the reference copy (or is recomputed).
+                await e._remove_from_tier(*ctx.manifest)
+                ctx.manifest = None
+            manifest = await self._store_encoded(marker, shadow or tier)
         except BaseException:
             for meta, where in written:
                 await e._remove_from_tier(meta, where, charged=where == tier)
@@ -167,6 +190,7 @@ class VariantOps:
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
         ctx.variant = variant
         ctx.manifest = (manifest, shadow or tier)
+        e.manifest_owner[manifest.key] = ctx.context_id
         e.profiling.note_form()
 
     async def _drop_current_form(self, ctx: ContextRecord) -> None:
@@ -181,6 +205,7 @@ class VariantOps:
         ctx.keys.clear()
         if ctx.manifest is not None:
             await e._remove_from_tier(*ctx.manifest)
+            e.manifest_owner.pop(ctx.manifest[0].key, None)
             ctx.manifest = None
 
     async def _restore_original(self, ctx: ContextRecord, tier: str) -> None:
@@ -233,19 +258,26 @@ class VariantOps:
             e.account(meta, tier, +1)
         return meta
 
-    async def _store_manifest(
-        self, ctx: ContextRecord, variant: str, written: list[ObjectMeta], tier: str
-    ) -> ObjectMeta:
-        data = json.dumps([m.key for m in written]).encode()
-        meta = ObjectMeta(
-            key=manifest_key(ctx.context_id, variant),
-            size_bytes=len(data),
-            context_id=ctx.context_id,
-            variant=variant,
-            layout=MANIFEST_LAYOUT,
-            tenant=ctx.tenant,
-        )
-        return await self._store_encoded(EncodedObject(meta.key, meta, data), tier)
+    def _marker(self, ctx: ContextRecord, variant: str, encoded: EncodedVariant) -> EncodedObject:
+        """The object that marks the new form complete: a token-dropped variant's placeholder
+        manifest, under the key the router looks its digest up by, else a list of the keys."""
+        e = cast("Engine", self)
+        manifest = encoded.manifest
+        if manifest is None:
+            key = manifest_key(ctx.context_id, variant)
+            data = json.dumps([o.meta.key for o in encoded.objects]).encode()
+        else:
+            key, data = placeholder_manifest_key(manifest.digest), manifest.to_bytes()
+            owner = e.manifest_owner.get(key, ctx.context_id)
+            if key in e.objects or owner != ctx.context_id:
+                raise InvalidArgumentError(
+                    f"context {ctx.context_id!r}: its first {manifest.num_tokens} tokens are "
+                    f"already stored as a token-dropped variant ({key}, of "
+                    f"{owner if owner != ctx.context_id else 'a kvtierd router store request'})"
+                )
+        meta = ObjectMeta(key=key, size_bytes=len(data), context_id=ctx.context_id,
+                          variant=variant, layout=MANIFEST_LAYOUT, tenant=ctx.tenant)  # fmt: skip
+        return EncodedObject(key, meta, data)
 
     async def settle_variants(
         self, found: list[tuple[ObjectMeta, str]]

@@ -31,8 +31,8 @@ side by side, one manifest per variant, so they are scored concurrently. Steps:
    fallback: its counter moved) and nothing is scored;
 5. evict what step 3 stored (context ``<digest>/<v>``: a scoped store writes nothing else).
 
-Limits (docs/profiler.md): the context's token ids are required; ``int8``/``int4`` alone and
-``snapkv`` cannot be scored.
+Limits (docs/profiler.md): the context's token ids are required; ``int8``/``int4`` alone
+cannot be scored.
 """
 
 from __future__ import annotations
@@ -76,10 +76,6 @@ QUANT_ONLY_REFUSED = (
     "on the context would load it; score it with 'answer' or 'attention' "
     "(token-dropping variants, also composed with a quantization, e.g. 'knorm@0.5+int8', work)"
 )
-SNAPKV_REFUSED = (
-    "the engine evaluator cannot score {v!r}: the LMCache plugin cannot build snapkv variants "
-    "(vLLM's paged cache keeps no queries); score it with 'answer'"
-)
 
 
 def scorable_variant(variant: str) -> str:
@@ -91,8 +87,6 @@ def scorable_variant(variant: str) -> str:
         raise InvalidArgumentError(str(e)) from e
     if v.quant and not v.drops_tokens:
         raise InvalidArgumentError(QUANT_ONLY_REFUSED.format(v=variant))
-    if v.method == "snapkv":
-        raise InvalidArgumentError(SNAPKV_REFUSED.format(v=variant))
     return str(v)
 
 

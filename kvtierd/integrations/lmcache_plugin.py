@@ -56,6 +56,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
+from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
 from kvtierd.integrations.plugin_settings import (
     PLAN,
     PluginSettings,
@@ -101,6 +102,11 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
         self.prompts = PromptLinks(self.client, self.links, self.stats, self._lock)
         status = self.client.status()  # LMCache catches a constructor's error (manager.py)
+        self.placeholders = PlaceholderKeys(self)
+        try:  # the daemon's own token-dropped variants need it; serving does not
+            register_model_card(self.client, str(metadata.model_name))
+        except Exception as e:
+            self._failed("model card", e)
         logger.info(
             "kvtierd plugin: daemon %s at %s (variant %s; int8/int4 chunks are encoded and "
             "decoded on %s with the %s kernels)",
@@ -139,7 +145,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         claimed = min(len(keys), placeholder_chunks(keys[0], self.chunk_tokens)) if keys else 0
         try:
             hold = self.settings.hold_s if pin else 0.0
-            names = [key_string(k) for k in keys]
+            names = self.placeholders.translate(keys, [key_string(k) for k in keys])
             hits = self.client.lookup(names, hold_s=hold).prefix_hits
             store = StoreRequest.of(keys[0]) if keys else None
             if store is not None:  # its put must carry the context's last chunk
@@ -217,7 +223,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     def _put(self, keys: Sequence[Any], objs: list[Any]) -> None:
         if not keys:
             return
-        names = [key_string(k) for k in keys]
+        names = self.placeholders.translate(keys, [key_string(k) for k in keys])
         # LMCache re-puts chunks it already stored (e.g. when a request finishes): skip them.
         present = self.client.lookup(names).found
         todo = [(n, o.tensor) for n, o, found in zip(names, objs, present, strict=True)
@@ -304,10 +310,11 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
 
     def batched_get_blocking(self, keys: list[Any]) -> list[Any]:
         """The chunks of ``keys`` in order, ``None`` from the first that cannot be loaded on."""
-        names = [key_string(k) for k in keys]
         out: list[Any] = []
         leased = False
+        names: list[str] = []
         try:
+            names = self.placeholders.translate(keys, [key_string(k) for k in keys])
             with lease_many(self.client, names) as views:
                 leased = True
                 for name, (info, view) in zip(names, views, strict=True):

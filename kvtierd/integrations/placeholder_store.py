@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,25 +20,24 @@ import torch
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many, read_bytes
-from kvtierd.integrations.placeholder import (
+from kvtierd.integrations.placeholder_serve import placeholder_chunk_keys
+from kvtierd.integrations.store_request import StoreRequest
+from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
+from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
+from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.placeholder import (
     SNAPKV_UNAVAILABLE,
     Manifest,
     ModelRope,
-    count_unit,
     kept_key,
     kept_tokens,
     manifest_key,
     placeholder_ids,
     read_model_rope,
 )
-from kvtierd.integrations.plugin_settings import key_string
-from kvtierd.integrations.store_request import StoreRequest
-from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
-from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
-from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.kernels.variants import count_unit, parse_variant
 
 logger = logging.getLogger(__name__)
 
@@ -58,14 +58,6 @@ def rope_spec(model: str, rope: ModelRope) -> RopeSpec:
     config = AutoConfig.from_pretrained(model)
     inv_freq, _ = ROPE_INIT_FUNCTIONS[rope.rope_type](config, "cpu")
     return RopeSpec.from_inv_freq(inv_freq, rope.head_dim)
-
-
-def _placeholder_keys(plugin: Any, ids: list[int]) -> list[str]:
-    """LMCache's chunk keys of the placeholder prompt (the same hashing as its lookups)."""
-    from lmcache.v1.token_database import ChunkedTokenDatabase
-
-    db = ChunkedTokenDatabase(plugin.config, plugin.metadata)
-    return [key_string(r[2]) for r in db.process_tokens(tokens=torch.tensor(ids))]
 
 
 def read_chunks(client: KVClient, names: Sequence[str]) -> list[torch.Tensor]:
@@ -154,7 +146,7 @@ def store_placeholder_variant(
     a context already stored as that variant is left as it is (a repeated store request).
     ``None``: the put ends before the context does, a later put of the request builds it."""
     v = parse_variant(request.variant)
-    if v.method == "snapkv":
+    if v.method == "snapkv" and not request.window_ids:
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
     digest, n, chunk = request.digest, request.num_tokens, plugin.chunk_tokens
     keyed = str(v) if request.scope else ""  # the variant the manifest's key names
@@ -175,12 +167,13 @@ def store_placeholder_variant(
     m = kept_tokens(n, v, chunk)  # the router checked that it is whole chunks
     if m % chunk:
         raise InvalidArgumentError(f"kept count {m} is not a multiple of chunk_size {chunk}")
-    dropped = compress_kv(source, f"{v.method}@{v.ratio:g}", rope=rope_spec(model, r),
+    dropped = compress_kv(source, replace(v, quant=""), rope=rope_spec(model, r),
+                          queries=_window_queries(plugin, model, request, kv),
                           chunk_tokens=count_unit(v, chunk))  # fmt: skip
     if dropped.num_kept != m:
         raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
-    chunk_keys = _placeholder_keys(plugin, ids)
+    chunk_keys = placeholder_chunk_keys(plugin, ids)
     original = "" if request.scope else _source_context(plugin, digest)
     manifest = Manifest(
         digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys), original
@@ -191,6 +184,19 @@ def store_placeholder_variant(
     logger.info("kvtierd plugin: stored %s of context %s%s: %d -> %d tokens", v, digest,
                 f" (scope {request.scope})" if request.scope else "", n, m)  # fmt: skip
     return manifest
+
+
+def _window_queries(
+    plugin: Any, model: str, request: StoreRequest, kv: torch.Tensor
+) -> torch.Tensor | None:
+    """snapkv's window queries, recomputed from the served checkpoint's weights (vLLM keeps
+    none): the context's last window after its stored KV (``profiler.window_queries``)."""
+    if not request.window_ids:
+        return None
+    from kvtierd.profiler.window_queries import queries_for_kv_2ltd
+
+    return queries_for_kv_2ltd(model, kv.to(plugin.codec_device), plugin.num_kv_heads,
+                               request.window_ids, len(request.window_ids))  # fmt: skip
 
 
 def _variant_items(

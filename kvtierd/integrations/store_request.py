@@ -37,6 +37,7 @@ class StoreRequest:
     variant: str
     num_tokens: int
     scope: str = ""
+    window_ids: tuple[int, ...] = ()  # snapkv: the context's last window of token ids
 
     @property
     def manifest_variant(self) -> str:
@@ -57,7 +58,8 @@ class StoreRequest:
         try:
             if not parse_variant(variant).drops_tokens:
                 return None
-            return cls(digest, variant, int(tokens), tag(key, "kvtierd_scope"))
+            window = tuple(int(t) for t in tag(key, "kvtierd_window").split())
+            return cls(digest, variant, int(tokens), tag(key, "kvtierd_scope"), window)
         except ValueError:
             return None
 

@@ -317,6 +317,13 @@ def _page_count(n: int, target: int, page: int, keep_ends: bool) -> int:
     return fixed + page * min(max((2 * extra + page) // (2 * page), lowest), highest)
 
 
+def count_unit(variant: Variant | str, chunk_tokens: int) -> int:
+    """What a variant's kept count is rounded to when it is stored in chunks of
+    ``chunk_tokens``: whole chunks, or single tokens for a page method, whose count rule keeps
+    whole pages itself (rule 4)."""
+    return 1 if as_variant(variant).count_rule.page_tokens else chunk_tokens
+
+
 def variant_kept_tokens(num_tokens: int, variant: Variant | str, *, chunk_tokens: int = 1) -> int:
     """Kept count of ``variant`` (its method options included)."""
     v = as_variant(variant)

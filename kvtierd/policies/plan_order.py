@@ -66,13 +66,14 @@ def order_changes(
         for c in pending:
             if _fits(c, used, cap):
                 _apply(c, used)
-                ops.append(
-                    Operation(
-                        op_kind(c.source, c.target), c.context_id, c.source, c.target, c.reason
-                    )
-                )
+                ops.append(_operation(c))
             else:
                 waiting.append(c)
+        if len(waiting) == len(pending) and all(c.source.dropped for c in waiting):
+            # Nothing left to drop: the placer's final state itself overflows a tier (only
+            # pinned contexts can make it so). Emit the placements rather than loop forever.
+            ops.extend(_operation(c) for c in (*waiting, *replace_later))
+            break
         if len(waiting) == len(pending):
             # Deadlock: drop the smallest waiting context now, place it again at the end.
             victim = min(waiting, key=lambda c: c.source_bytes)
@@ -97,6 +98,10 @@ def order_changes(
         if not pending and replace_later:
             pending, replace_later = replace_later, []
     return Plan(tuple(ops))
+
+
+def _operation(c: Change) -> Operation:
+    return Operation(op_kind(c.source, c.target), c.context_id, c.source, c.target, c.reason)
 
 
 def _fits(c: Change, used: dict[str, float], cap: dict[str, float]) -> bool:

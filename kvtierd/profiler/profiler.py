@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtierd.kernels.variants import variant_size_bytes
+from kvtierd.kernels.variants import count_unit, variant_size_bytes
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.profiler.quality import (
@@ -107,10 +107,13 @@ class Profiler:
         queries: Sequence[ProfilingQuery] = (),
         variants: Sequence[str] | None = None,
         window_queries: torch.Tensor | None = None,
+        layout: ProfileLayout | None = None,
     ) -> ContextProfile:
         """Profile one context's ``[L, H, N, D]`` KV on its profiling queries (``queries`` are
-        added to the user-supplied ones first) over ``variants`` (default: the policy's grid);
-        persist and return the :class:`ContextProfile`."""
+        added to the user-supplied ones first) over ``variants`` (default: the policy's grid),
+        compressed as they are stored (``layout``, default the profiler's); persist and return
+        the :class:`ContextProfile`."""
+        layout = layout or self.layout
         if queries:
             self.queries.add_user(context_id, list(queries))
         tokens = self.queries.tokens(context_id, int(keys.shape[2]))
@@ -118,7 +121,7 @@ class Profiler:
         names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
         source, qs = self.queries.profiling_set(context_id)
         lossy = [v for v in names if v != ORIGINAL_VARIANT]
-        result = self.evaluator.evaluate(kv, lossy, qs, layout=self.layout) if lossy else None
+        result = self.evaluator.evaluate(kv, lossy, qs, layout=layout) if lossy else None
         lyr, h, n, d = (int(s) for s in keys.shape)
         profiles = []
         for v in names:
@@ -129,8 +132,8 @@ class Profiler:
                 n,
                 keys.element_size(),
                 v,
-                chunk_tokens=self.layout.chunk_tokens,
-                group_size=self.layout.group_size,
+                chunk_tokens=count_unit(v, layout.chunk_tokens),
+                group_size=layout.group_size,
             )
             quality = 1.0 if result is None or v == ORIGINAL_VARIANT else result[v]
             profiles.append(VariantProfile(v, size, quality, self.ttft.restore_s(v, size)))
@@ -212,6 +215,7 @@ class Profiler:
         variant: str,
         *,
         window_queries: torch.Tensor | None = None,
+        layout: ProfileLayout | None = None,
     ) -> DriftSample | None:
         """Quality of the stored ``variant`` on the newest real queries vs its profiled quality;
         ``None`` when the context has no profile or no new traffic since it was profiled."""
@@ -226,7 +230,8 @@ class Profiler:
             kv = ContextKV(
                 keys=keys, values=values, window_queries=window_queries, token_ids=tokens
             )
-            online = self.evaluator.evaluate(kv, [variant], recent, layout=self.layout)[variant]
+            lay = layout or self.layout
+            online = self.evaluator.evaluate(kv, [variant], recent, layout=lay)[variant]
         return DriftSample(context_id, variant, profiled, online, len(recent))
 
     def due_for_reprofile(self, sample: DriftSample | None) -> Decision:

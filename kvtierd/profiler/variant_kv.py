@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtierd.kernels.api import compress_dense, dense_kv
+from kvtierd.kernels.variants import count_unit
 from kvtierd.profiler.quality import DEFAULT_LAYOUT, ContextKV, ProfileLayout
 
 
@@ -56,7 +57,7 @@ def variant_kvs(
             kv.values,
             name,
             queries=kv.window_queries,
-            chunk_tokens=layout.chunk_tokens,
+            chunk_tokens=count_unit(name, layout.chunk_tokens),
             group_size=layout.group_size,
         )
         k, v = dense_kv(c)

@@ -8,13 +8,21 @@ function its queries after RoPE, so a function registered there sees exactly wha
 attends with, for any architecture using the interface, without re-implementing its projection,
 normalisation or rotary embedding. It records the window and then runs the model's usual
 attention (``sdpa``).
+
+Where the prefill is over — vLLM's paged cache and the daemon keep keys and values, never
+queries — :func:`window_queries_after_prefix` recomputes them from the model's weights: the
+stored KV of the first ``N - W`` tokens as ``past_key_values`` and the last ``W`` token ids as
+input give each layer the same hidden states, hence the same queries, as the full prefill
+(equal up to the rounding of a different matmul shape).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import functools
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -40,9 +48,15 @@ def _capture_attention(module: Any, query: torch.Tensor, *args: Any, **kwargs: A
 
 def _register() -> None:
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     if CAPTURE not in AttentionInterface._global_mapping:
         AttentionInterface.register(CAPTURE, _capture_attention)
+    if CAPTURE not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        # sdpa's masks too: an attention name with no mask function gets no mask, and sdpa then
+        # falls back to is_causal, whose diagonal is top-left: queries after a cache would
+        # see only the first keys of it
+        ALL_MASK_ATTENTION_FUNCTIONS.register(CAPTURE, sdpa_mask)
 
 
 @contextlib.contextmanager
@@ -80,3 +94,83 @@ def prefill_with_window_queries(
             "does not dispatch attention through transformers' AttentionInterface"
         )
     return out.past_key_values, torch.stack([store[i] for i in range(layers)])
+
+
+@torch.inference_mode()
+def window_queries_after_prefix(
+    model: Any, keys: torch.Tensor, values: torch.Tensor, window_ids: torch.Tensor
+) -> torch.Tensor:
+    """The RoPE-applied queries ``[L, Hq, W, D]`` of the ``W`` tokens ``window_ids`` (``[1, W]``)
+    that follow a prefix whose stored KV is ``keys``/``values`` ``[L, H, P, D]`` (RoPE applied,
+    as the model cached them; ``P`` may be 0): the window runs through the model at positions
+    ``P .. P + W - 1`` with the prefix as its cache (module docstring)."""
+    from transformers import DynamicCache
+
+    if window_ids.dim() != 2 or window_ids.shape[0] != 1 or window_ids.shape[1] < 1:
+        raise InvalidArgumentError(f"window_ids must be [1, W >= 1], got {tuple(window_ids.shape)}")
+    layers = model.config.get_text_config().num_hidden_layers
+    if keys.dim() != 4 or keys.shape != values.shape or keys.shape[0] != layers:
+        raise InvalidArgumentError(
+            f"prefix keys and values must be equal [L={layers}, H, P, D], got "
+            f"{tuple(keys.shape)} and {tuple(values.shape)}"
+        )
+    cache = DynamicCache(config=model.config)
+    weight = next(model.parameters())
+    if keys.shape[2] > 0:
+        for i in range(layers):
+            k, v = (x[i][None].to(weight.device, weight.dtype) for x in (keys, values))
+            cache.update(k, v, i)
+    window = int(window_ids.shape[1])
+    with _capturing(model, window) as store:
+        model(input_ids=window_ids.to(weight.device), past_key_values=cache, use_cache=True)
+    if sorted(store) != list(range(layers)):
+        raise InvalidArgumentError(
+            f"captured queries of layers {sorted(store)}, expected 0..{layers - 1}: the model "
+            "does not dispatch attention through transformers' AttentionInterface"
+        )
+    return torch.stack([store[i] for i in range(layers)])
+
+
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def _cached_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot load a causal LM from {model_dir!r}: {e}") from e
+    return model.to(device).eval()
+
+
+def window_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
+    """The model in ``model_dir`` (a local Hugging Face checkpoint: the one vLLM serves), loaded
+    once per process, dtype and device; its weights recompute window queries."""
+    with _load_lock:
+        return _cached_model(model_dir, dtype, device)
+
+
+def queries_for_kv_2ltd(
+    model_dir: str, kv: torch.Tensor, num_kv_heads: int, token_ids: Sequence[int], window: int
+) -> torch.Tensor:
+    """The window queries ``[L, Hq, W, D]`` of a context stored as LMCache's ``KV_2LTD``
+    ``[2, L, N, H*D]`` (what a KV connector sees) whose last ``W = min(window, N)`` token ids
+    are the last of ``token_ids``: the model in ``model_dir`` runs them after the stored KV of
+    the first ``N - W`` tokens (:func:`window_queries_after_prefix`)."""
+    if kv.dim() != 4 or kv.shape[0] != 2 or kv.shape[3] % num_kv_heads:
+        raise InvalidArgumentError(
+            f"kv must be KV_2LTD [2, L, N, H*D] with H={num_kv_heads}, got {tuple(kv.shape)}"
+        )
+    _, layers, n, width = (int(s) for s in kv.shape)
+    w = min(window, n)
+    if len(token_ids) < w:
+        raise InvalidArgumentError(f"{len(token_ids)} token ids for a window of {w} tokens")
+    prefix = kv[:, :, : n - w].reshape(2, layers, n - w, num_kv_heads, width // num_kv_heads)
+    keys, values = prefix.permute(0, 1, 3, 2, 4).unbind(0)
+    model = window_model(model_dir, kv.dtype, kv.device)
+    ids = torch.tensor([list(token_ids[len(token_ids) - w :])], dtype=torch.long)
+    return window_queries_after_prefix(model, keys, values, ids)

@@ -75,7 +75,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         caller = CALLER.get()
         self._own_allocations(request.allocation_ids, caller)
         metas = await self.engine.commit(request.allocation_ids, request.durable)
-        infos = [record_info(self.engine.objects[m.key], caller) for m in metas]
+        # A model card is kept by the engine, not as an object: reported in no tier.
+        objects = self.engine.objects
+        infos = [info(m, objects[m.key].tier if m.key in objects else "", caller) for m in metas]
         return pb.CommitResponse(objects=infos)
 
     def _own_allocations(self, allocation_ids: Any, caller: Caller) -> None:

@@ -58,6 +58,8 @@ def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) ->
         )
     if ctx.pinned:
         text += "; pinned"
+    if why := engine.profiling.servable.why.get(ctx.context_id):
+        text += f"; token-dropped variants left out until they can be served ({why})"
     return text + _untrusted(engine, ctx)
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
 from kvtierd.policy_config import parse_policy
-from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
-from tests.daemon.test_profiling_engine import CHUNKS, D, H, L, T, _config
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, Operation, OpKind, Placement, Plan
+from tests.daemon.test_profiling_engine import CHUNKS, D, H, L, T, _config, _put_context
 
 
 async def _put_int4_context(engine: Engine, cid: str) -> None:
@@ -54,5 +55,36 @@ async def test_a_context_stored_compressed_is_placed_in_its_own_form(
         assert engine.contexts["forced"].variant == "int4"
         loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert not loud, [r.getMessage() for r in loud]
+    finally:
+        await engine.close()
+
+
+async def test_a_stale_plan_for_a_form_that_can_no_longer_be_made_moves_the_form_it_has(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """bench_e2e's EvicPress run: a plan queued before a context was compressed to int8 asked
+    for another form; with no unbounded tier nothing keeps the original, and each such plan
+    failed with ERROR ('its original is not kept') and left the context in the CPU tier."""
+    tiers = (
+        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
+        TierConfig("ssd", "ssd", 1 << 20, str(tmp_path / "ssd")),  # bounded: no reference copy
+    )
+    config = DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
+                          tiers=tiers)  # fmt: skip
+    caplog.set_level(logging.INFO)
+    engine = Engine(config)
+    await engine.start()
+    try:
+        await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "p.yaml"))
+        await _put_context(engine, "c")
+        await engine.executor.idle()
+        ctx = engine.contexts["c"]
+        assert ctx.variant == "int8" and not ctx.reference
+        stale = Operation(OpKind.MOVE, "c", Placement("int8", "cpu"), Placement("none", "ssd"))
+        engine.executor.submit(Plan((stale,)))
+        await engine.executor.idle()
+        assert ctx.variant == "int8" and engine.placement_of(ctx).tier == "ssd"
+        assert engine.placer.placement("c") == Placement("int8", "ssd")
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         await engine.close()

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import ClassVar
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import ModelCard, model_card_key
+from kvtierd.kernels.rope import RopeSpec
 from kvtierd.policy_config import parse_policy
 from kvtierd.profiler import (
     ContextKV,
@@ -53,8 +56,27 @@ class TailTopicEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(quality), len(queries))
 
 
-if TailTopicEvaluator.name not in EVALUATORS:
-    register_evaluator(TailTopicEvaluator)
+class LayoutEvaluator(QualityEvaluator):
+    """Scores nothing; remembers the layouts it was asked to score in."""
+
+    name = "engine-test-layout"
+    seen: ClassVar[list[ProfileLayout]] = []
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        self.seen.append(layout)
+        return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 0.5)), 3)
+
+
+for _cls in (TailTopicEvaluator, LayoutEvaluator):
+    if _cls.name not in EVALUATORS:
+        register_evaluator(_cls)
 
 
 def _config(tmp: Path) -> DaemonConfig:
@@ -66,14 +88,20 @@ def _config(tmp: Path) -> DaemonConfig:
     return DaemonConfig(socket_path=str(tmp / "s"), data_dir=str(tmp / "data"), tiers=tiers)
 
 
+MODEL = "/models/test"
+
+
 async def _put_context(engine: Engine, cid: str) -> None:
+    """A context as the LMCache plugin and the router leave it: chunks under LMCache's keys
+    (model@world@worker@hash@dtype), its token ids and the model's card known, so that its
+    token-dropped variants can be stored in the form vLLM loads (engine/servable.py)."""
     layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
     g = torch.Generator().manual_seed(0)
     for i in range(CHUNKS):
         x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
         data = memoryview(x.view(torch.uint8).numpy().tobytes())
         meta = ObjectMeta(
-            key=f"{cid}/{i}",
+            key=f"{MODEL}@1@0@{cid}-{i}@bfloat16",
             size_bytes=len(data),
             context_id=cid,
             dtype="bfloat16",
@@ -82,6 +110,9 @@ async def _put_context(engine: Engine, cid: str) -> None:
             token_count=T,
         )
         await engine.put_bytes(meta, data)
+    card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
+    engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
+    await engine.profiling.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -200,3 +231,23 @@ async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> No
         await engine.put_bytes(meta, memoryview(data.numpy().tobytes()))
     sizes = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
     assert sizes["none"] == (CHUNKS + 2) * CHUNK_BYTES
+
+
+async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine: Engine) -> None:
+    """Variants of a context of 16-token chunks keep whole chunks (``encode_variant``): the
+    profile scores and sizes knorm@0.3 of 64 tokens as 16 kept tokens, not 19."""
+    policy = parse_policy(
+        "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [1.0, 0.3]\n", "t.yaml"
+    )
+    await engine.apply_policy(replace(policy, evaluator=LayoutEvaluator.name))
+    await _put_context(engine, "doc")
+    ctx = engine.contexts["doc"]
+    LayoutEvaluator.seen.clear()
+    assert await engine.profiling.profile_context(ctx)
+    assert [x.chunk_tokens for x in LayoutEvaluator.seen] == [T]
+    grid = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
+    record = engine.profiling.record("doc")
+    assert record is not None
+    profiled = {v.variant: v.size_bytes for v in record.profile.variants}
+    assert profiled == grid
+    assert grid["knorm@0.3"] == CHUNK_BYTES  # one chunk of the four

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.integrations.placeholder import model_rope, read_model_rope
 from kvtierd.integrations.placeholder_store import rope_spec
+from kvtierd.kernels.placeholder import model_rope, read_model_rope
 from kvtierd.kernels.rope import rotate_keys
 
 HEAD_DIM = 64

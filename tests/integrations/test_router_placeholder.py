@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kvtierd.client import KVClient
-from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
+from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.servers import (
@@ -135,16 +135,32 @@ def failed(stack: dict[str, Any], prompt: list[int], **extra: Any) -> tuple[int,
 def assert_half_matches_reference(stack: dict[str, Any], context: list[int]) -> None:
     """The context is stored as knorm@0.5: a prompt starting with it is rewritten, and vLLM's
     first-token logprobs match the transformers reference with the same kept tokens."""
+    got, kept = served_variant(stack, context, "knorm@0.5", 32)
+    assert_matches_reference(Path(stack["model"]), got, context, kept)
+
+
+def served_variant(
+    stack: dict[str, Any], context: list[int], variant: str, num_kept: int
+) -> tuple[dict[str, Any], Any]:
+    """The answer to ``context + SUFFIX``, served from the stored ``variant`` of ``num_kept``
+    entries, and that variant's kept indices ``[L, H, M]``."""
     import torch
 
     got, headers = complete(stack, context + SUFFIX)
     digest = context_digest(stack["model"], context)
-    assert headers.get("x-kvtierd-context") == f"{digest}/knorm@0.5"
-    assert got["usage"]["prompt_tokens"] == 32 + len(SUFFIX)
+    assert headers.get("x-kvtierd-context") == f"{digest}/{variant}"
+    assert got["usage"]["prompt_tokens"] == num_kept + len(SUFFIX)
     with KVClient(stack["socket"]) as c:
         kept = torch.from_numpy(c.get(kept_key(digest)).copy())  # [L, H, M] int32
-    assert tuple(kept.shape) == (2, 2, 32)
-    ref = reference_logprobs(Path(stack["model"]), context, SUFFIX, kept)
+    assert tuple(kept.shape) == (2, 2, num_kept)
+    return got, kept
+
+
+def assert_matches_reference(model_dir: Path, got: dict[str, Any], context: list[int],
+                             kept: Any) -> None:  # fmt: skip
+    """vLLM's first-token logprobs and token (``got``, after ``context + SUFFIX``) are the
+    transformers reference's over the same kept tokens at their original positions."""
+    ref = reference_logprobs(model_dir, context, SUFFIX, kept)
     top = got["choices"][0]["logprobs"]["top_logprobs"][0]  # "wNNN" -> logprob
     diffs = {w: abs(lp - float(ref[int(w[1:]) + 3])) for w, lp in top.items()}
     print("max |logprob - reference|:", f"{max(diffs.values()):.4f}")

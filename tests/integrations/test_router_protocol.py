@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.integrations.placeholder import Manifest, kept_key, manifest_key
+from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import ContextRequest, context_digest
 
 TOKENS = list(range(10, 42))

@@ -68,8 +68,32 @@ def test_quality_of_variants(evaluator: AnswerEvaluator) -> None:
     assert len(res.per_query["int8"]) == 3
     assert res["streamingllm@0.1"] < 1.0
     assert res["knorm@0.1+int4"] < 1.0
-    assert res["int8"] >= res["knorm@0.1+int4"]
     assert res.elapsed_s > 0
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_quality_orders_variants_on_the_real_model(real_model: Path) -> None:
+    """Which variant is better is a question for a real model (a random one orders noise): on
+    a multi-key needle context of the quality benchmark (1k tokens, its three questions), int8
+    answers as the full KV does, and a tenth of the tokens loses the needles."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.quality_tasks import make_case, split_prompt
+    from kvtierd.profiler import ProfileLayout
+
+    tok = AutoTokenizer.from_pretrained(real_model)
+    case = make_case(tok, "niah_multikey", 1024, 0)
+    evaluator = AnswerEvaluator(str(real_model))
+    kv = evaluator.encode_context(split_prompt(tok, case).context)
+    queries = [ProfilingQuery(token_ids=tuple(split_prompt(tok, case, question=q).query))
+               for q, _ in case.questions]  # fmt: skip
+    names = ["int8", "streamingllm@0.1", "knorm@0.1+int4"]
+    res = evaluator.evaluate(kv, names, queries, layout=ProfileLayout(chunk_tokens=16))
+    print({v: round(q, 3) for v, q in res.quality.items()})  # measured: 1.0, 0.913, 0.931
+    assert res["int8"] > 0.99
+    assert res["int8"] > res["streamingllm@0.1"] + 0.05
+    assert res["int8"] > res["knorm@0.1+int4"] + 0.05
 
 
 def test_kv_of_another_model_is_rejected(evaluator: AnswerEvaluator) -> None:

@@ -83,3 +83,18 @@ def test_bad_shapes_are_rejected() -> None:
     odd = ContextKV(kv.keys, kv.values, window_queries=torch.zeros(L, 3, 2, D))
     with pytest.raises(InvalidArgumentError, match="multiple"):
         AttentionEvaluator().evaluate(odd, ["int8"])
+
+
+def test_a_layout_rounds_kept_counts_to_chunks_and_page_methods_to_pages() -> None:
+    """The daemon profiles in its chunk size: knorm@0.3 of 512 tokens keeps 160 (whole 16-token
+    chunks, not 154); a page method keeps whole pages and is never refused for the chunks."""
+    from kvtierd.profiler import ProfileLayout
+    from kvtierd.profiler.variant_kv import variant_kvs
+
+    layout = ProfileLayout(chunk_tokens=16)
+    kv = structured_kv()
+    names = ["knorm@0.3", "paged_eviction_block-page=8@0.3"]
+    kept = {x.variant: x.num_kept for x in variant_kvs(kv, names, layout)}
+    assert kept == {"knorm@0.3": 160, "paged_eviction_block-page=8@0.3": 152}
+    res = AttentionEvaluator().evaluate(kv, list(kept), layout=layout)
+    assert all(0.0 < q < 1.0 for q in res.quality.values())

@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.profiler.window_queries import prefill_with_window_queries
+from kvtierd.profiler.window_queries import (
+    prefill_with_window_queries,
+    window_queries_after_prefix,
+)
 
 
 def reference_queries(model: Any, ids: torch.Tensor, window: int) -> torch.Tensor:
@@ -82,3 +85,78 @@ def test_bad_arguments_are_named(tiny_llama_dir: Path) -> None:
         prefill_with_window_queries(model, torch.ones((1, 4), dtype=torch.long), 0)
     with pytest.raises(InvalidArgumentError, match=r"input_ids must be \[1, N\]"):
         prefill_with_window_queries(model, torch.ones((2, 4), dtype=torch.long), 4)
+
+
+def recomputed(model: Any, ids: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(queries captured at the whole prefill, queries recomputed from its stored prefix KV)."""
+    cache, queries = prefill_with_window_queries(model, ids, window)
+    p = ids.shape[1] - window
+    keys = torch.stack([layer.keys[0, :, :p] for layer in cache.layers])
+    values = torch.stack([layer.values[0, :, :p] for layer in cache.layers])
+    return queries, window_queries_after_prefix(model, keys, values, ids[:, p:])
+
+
+def test_tiny_model_queries_recomputed_from_the_stored_prefix(tiny_llama_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="sdpa")
+    ids = torch.randint(5, 500, (1, 80), generator=torch.Generator().manual_seed(2))
+    for window in (16, 80):  # a window as long as the context: no prefix at all
+        captured, again = recomputed(model, ids, window)
+        torch.testing.assert_close(again, captured, rtol=1e-5, atol=1e-5)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(InvalidArgumentError, match=r"window_ids must be \[1, W >= 1\]"):
+        window_queries_after_prefix(model, torch.zeros(2, 2, 0, 16), torch.zeros(2, 2, 0, 16),
+                                    torch.ones((1, 0), dtype=torch.long))  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=r"must be equal \[L=2, H, P, D\]"):
+        window_queries_after_prefix(model, torch.zeros(3, 2, 4, 16), torch.zeros(3, 2, 4, 16),
+                                    ids[:, :4])  # fmt: skip
+
+
+@pytest.mark.model
+def test_real_model_snapkv_keeps_the_same_tokens_from_recomputed_queries(real_model: Path) -> None:
+    """bf16: the recomputed queries differ from the prefill's by matmul rounding at most (here
+    they are bit-identical), and snapkv keeps the same tokens from either."""
+    from transformers import AutoModelForCausalLM
+
+    from kvtierd.kernels.api import compress_dense
+
+    model = AutoModelForCausalLM.from_pretrained(
+        real_model, dtype=torch.bfloat16, attn_implementation="sdpa"
+    )
+    ids = torch.randint(100, 40000, (1, 512), generator=torch.Generator().manual_seed(3))
+    captured, again = recomputed(model, ids, 64)
+    cos = torch.nn.functional.cosine_similarity(again.float(), captured.float(), dim=-1)
+    assert cos.min() > 0.999, cos.min()
+    cache, _ = prefill_with_window_queries(model, ids, 64)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    kept = [compress_dense(keys, values, "snapkv@0.25", queries=q).kept for q in (captured, again)]
+    same = (kept[0].sort(-1).values == kept[1].sort(-1).values).float().mean()
+    assert same > 0.99, same
+
+
+@pytest.mark.model
+def test_queries_for_a_stored_context_as_a_connector_sees_it(real_model: Path) -> None:
+    """From LMCache's KV_2LTD of a context and its last window's token ids, the model in the
+    checkpoint's directory gives the queries the context's prefill attended with."""
+    from transformers import AutoModelForCausalLM
+
+    from kvtierd.kernels.api import to_kv_2ltd
+    from kvtierd.profiler.window_queries import queries_for_kv_2ltd
+
+    model = AutoModelForCausalLM.from_pretrained(
+        real_model, dtype=torch.bfloat16, attn_implementation="sdpa"
+    )
+    ids = torch.randint(100, 40000, (1, 320), generator=torch.Generator().manual_seed(4))
+    cache, captured = prefill_with_window_queries(model, ids, 64)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    kv = to_kv_2ltd(keys, values)
+    again = queries_for_kv_2ltd(str(real_model), kv, int(keys.shape[1]), ids[0].tolist(), 64)
+    cos = torch.nn.functional.cosine_similarity(again.float(), captured.float(), dim=-1)
+    assert cos.min() > 0.999, cos.min()
+    with pytest.raises(InvalidArgumentError, match="2 token ids for a window of 64"):
+        queries_for_kv_2ltd(str(real_model), kv, int(keys.shape[1]), [1, 2], 64)
+    with pytest.raises(InvalidArgumentError, match="cannot load a causal LM"):
+        queries_for_kv_2ltd("/nonexistent", kv, int(keys.shape[1]), ids[0].tolist(), 64)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import NotFoundError
-from kvtierd.integrations.placeholder import Manifest, manifest_key
+from kvtierd.kernels.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 
 
@@ -23,13 +23,16 @@ class Rewrite:
 
     prompt_ids: list[int]
     manifest: Manifest
+    manifest_key: str
 
     @property
     def kv_transfer_params(self) -> dict[str, str]:
         """The context and variant, and how many leading tokens are placeholders: the plugin
         reports those chunks as stored even when one is missing, so that vLLM's load fails
-        (and the request with it) instead of prefilling placeholder ids."""
+        (and the request with it) instead of prefilling placeholder ids; and the manifest,
+        whose ``chunk_keys`` the plugin loads the placeholder chunks from."""
         return {
+            "lmcache.tag.kvtierd_manifest": self.manifest_key,
             "lmcache.tag.kvtierd_context": self.manifest.digest,
             "lmcache.tag.kvtierd_variant": self.manifest.variant,
             "lmcache.tag.kvtierd_placeholder_tokens": str(len(self.manifest.placeholder_ids)),
@@ -66,7 +69,7 @@ async def find_rewrite(
         held = await client.lookup(list(manifest.chunk_keys), hold_s=hold_s)
         if held.prefix_hits != len(manifest.chunk_keys):
             continue  # partly evicted: serve the real prompt
-        return Rewrite(list(manifest.placeholder_ids) + token_ids[n:], manifest)
+        return Rewrite(list(manifest.placeholder_ids) + token_ids[n:], manifest, key)
     return None
 
 

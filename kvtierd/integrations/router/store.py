@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
-from kvtierd.integrations.placeholder import SNAPKV_UNAVAILABLE, kept_tokens, manifest_key
 from kvtierd.integrations.router.rewrite import read_manifest
-from kvtierd.kernels.variants import Variant, parse_variant
+from kvtierd.kernels.placeholder import kept_tokens, manifest_key
+from kvtierd.kernels.variants import Variant, option_default, parse_variant
 from kvtierd.router_protocol import ContextRequest, context_digest, loaded_value
 
 KEPT_HEADER = "x-kvtierd-kept-tokens"
@@ -36,6 +36,8 @@ class StoreTarget:
     num_tokens: int
     scope: str = ""
     kept_tokens: int = 0  # M of a token-dropping variant (placeholder.kept_tokens)
+    # snapkv: the context's last ``window`` token ids, whose queries the plugin recomputes
+    window_ids: tuple[int, ...] = ()
 
     @property
     def manifest_key(self) -> str:
@@ -50,6 +52,8 @@ class StoreTarget:
             "lmcache.tag.kvtierd_variant": str(self.variant),
             "lmcache.tag.kvtierd_context_tokens": str(self.num_tokens),
         }
+        if self.window_ids:
+            tags["lmcache.tag.kvtierd_window"] = " ".join(map(str, self.window_ids))
         return tags | ({"lmcache.tag.kvtierd_scope": self.scope} if self.scope else {})
 
 
@@ -80,7 +84,8 @@ async def prepare_store(
             )
         return target
     if variant.method == "snapkv":
-        raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
+        window = dict(variant.options).get("window", option_default("snapkv", "window"))
+        target = replace(target, window_ids=tuple(token_ids[max(0, n - window) : n]))
     if n % chunk_tokens:
         raise InvalidArgumentError(
             f"kvtierd.context_tokens={n}: must be a multiple of LMCache's chunk_size "

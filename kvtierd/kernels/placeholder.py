@@ -1,12 +1,21 @@
-"""Placeholder identities for token-dropped contexts (DESIGN.md §1).
+"""Placeholder identities for token-dropped variants (DESIGN.md §1): the one servable form.
 
 A context of ``N`` tokens compressed to ``M`` kept entries is loaded into unmodified vLLM as the
 prompt ``[M placeholder ids] + suffix``. The placeholder ids are a deterministic pseudo-random
 sequence per (context, variant), so vLLM's prefix cache never confuses two of them, and the
-plugin stores the ``M`` kept entries (keys rotated by ``M - N``) under the LMCache chunk keys of
-that sequence. A :class:`Manifest`, stored in the daemon under a key derived from the context's
-tokens (``kvtierd.router_protocol.context_digest``), tells the router the placeholder ids and
-chunk keys.
+``M`` kept entries (keys rotated by ``M - N``) are stored in chunks. A :class:`Manifest`,
+stored in the daemon under a key derived from the context's tokens
+(``kvtierd.router_protocol.context_digest``), tells the router the placeholder ids and the
+daemon keys of those chunks (``chunk_keys``), in order.
+
+Whoever builds a variant writes this form: the LMCache plugin for a ``kvtierd router`` store
+request (its chunk keys are then LMCache's keys of the placeholder prompt), and the daemon's
+executor when the placer compresses a context (keys the daemon derives). The plugin serves the
+``i``-th placeholder chunk of a rewritten request from ``chunk_keys[i]`` either way.
+
+It sits in ``kernels`` (pure Python + numpy, torch only inside :meth:`ModelCard.rope`) so that
+the daemon's engine and the integrations share it; the model's rope parameters reach the
+daemon as a :class:`ModelCard` the plugin registers when it starts.
 """
 
 from __future__ import annotations
@@ -14,22 +23,27 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.kernels.variants import COUNT_RULES, Variant, variant_kept_tokens
+from kvtierd.kernels.variants import Variant, count_unit, variant_kept_tokens
+
+if TYPE_CHECKING:
+    from kvtierd.kernels.rope import RopeSpec
 
 MANIFEST_PREFIX = "kvtierd-ph@"
+MODEL_CARD_PREFIX = "kvtierd-model@"
+MODEL_CARD_LAYOUT = "kvtierd-model-card"
 
 SNAPKV_UNAVAILABLE = (
-    "snapkv is not available through the LMCache plugin: it scores tokens with the queries of "
-    "the context's last window, and vLLM's paged cache keeps no queries (only K and V reach a "
-    "KV connector); use knorm, keydiff, paged_eviction or streamingllm here, or compress with "
-    "snapkv offline through the profiler, which runs the model and has the queries"
+    "snapkv through the LMCache plugin needs the context's last window of token ids (vLLM's "
+    "paged cache keeps no queries: the plugin recomputes them from the model's weights), which "
+    "kvtierd router sends with a store request (lmcache.tag.kvtierd_window); this request "
+    "carries none: send it through a kvtierd router of this version"
 )
 
 # rope_type values whose rotation angle does not depend on the sequence length: a constant
@@ -57,12 +71,6 @@ def kept_tokens(num_tokens: int, variant: Variant, chunk_tokens: int) -> int:
     whole pages of its own instead, which are whole chunks only by chance: the router refuses
     it then (``router/store.py``)."""
     return variant_kept_tokens(num_tokens, variant, chunk_tokens=count_unit(variant, chunk_tokens))
-
-
-def count_unit(variant: Variant, chunk_tokens: int) -> int:
-    """What a variant's kept count is rounded to (the kernels' ``chunk_tokens``): whole chunks,
-    or single tokens for a page method, whose count rule keeps whole pages itself."""
-    return 1 if COUNT_RULES[variant.method].page_tokens else chunk_tokens
 
 
 def placeholder_ids(
@@ -196,3 +204,62 @@ def read_model_rope(model: str) -> ModelRope:
             f"token dropping needs the model's config.json; {path} does not exist"
         )
     return model_rope(json.loads(path.read_text()))
+
+
+def lmcache_model(key: str) -> str:
+    """The model name in an LMCache chunk key as the plugin names objects
+    (``model@world_size@worker_id@chunk_hash@dtype``, ``plugin_settings.key_string``), or
+    ``""`` when ``key`` is not one."""
+    parts = key.rsplit("@", 4)
+    return parts[0] if len(parts) == 5 and parts[0] else ""
+
+
+def model_card_key(model: str) -> str:
+    """Where the plugin registers the :class:`ModelCard` of ``model`` (LMCache's model name)."""
+    return f"{MODEL_CARD_PREFIX}{model}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """What the daemon needs to store a token-dropped variant of a model's context in the
+    servable form: the rotation (``inv_freq`` as the model computes it, scaling included;
+    NeoX pairing), the vocabulary the placeholder ids come from, and the model name that
+    context digests hash. ``refused`` says why the model cannot load token-dropped KV exactly
+    (``""``: it can); the plugin registers a refused card too, so that the daemon can say why."""
+
+    model: str
+    head_dim: int = 0
+    inv_freq: tuple[float, ...] = ()
+    vocab_size: int = 0
+    special_ids: tuple[int, ...] = ()
+    refused: str = ""
+    style: str = field(default="neox")
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ModelCard:
+        try:
+            d = json.loads(data)
+            return cls(
+                model=str(d["model"]),
+                head_dim=int(d["head_dim"]),
+                inv_freq=tuple(float(x) for x in d["inv_freq"]),
+                vocab_size=int(d["vocab_size"]),
+                special_ids=tuple(int(x) for x in d["special_ids"]),
+                refused=str(d.get("refused", "")),
+                style=str(d.get("style", "neox")),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise InvalidArgumentError(f"model card is not valid: {e}") from e
+
+    def rope(self) -> RopeSpec:
+        """The rotation the kept keys get (``kernels.rope``)."""
+        from kvtierd.kernels.rope import RopeSpec
+
+        if self.refused:
+            raise InvalidArgumentError(self.refused)
+        if self.style != "neox":
+            raise InvalidArgumentError(f"model {self.model}: rope style {self.style!r} is not neox")
+        return RopeSpec(inv_freq=self.inv_freq, head_dim=self.head_dim)
