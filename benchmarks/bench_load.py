@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 KiB, MiB = 1 << 10, 1 << 20
 OPS = ("put", "put_durable", "put_stream", "put_stream_durable", "get", "get_stream", "lookup",
@@ -132,13 +133,14 @@ class Worker:
         self.deleted.add(key)
         return int(n)
 
-    def run(self, seconds: float) -> WorkerResult:
+    def run(self, seconds: float, stop: Any = None) -> WorkerResult:
+        """Load the daemon for ``seconds``, and on until ``stop`` (an Event) is set."""
         from kvtierd import errors
         from kvtierd.client import KVClient
 
         deadline = time.monotonic() + seconds
         c = s = None
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (stop is not None and not stop.is_set()):
             try:
                 if c is None:
                     c = KVClient(self.socket_path, timeout_s=30)
@@ -198,13 +200,16 @@ class LoadConfig:
     max_bytes: int = 256 * KiB
     live: int = 48  # objects each client keeps
     restart_every_s: float = 0.0  # 0: never restart the daemon
+    # At least this many restarts, however long they take (clients go on until they are done):
+    # a restart takes seconds on a loaded machine, so a count by time is not deterministic
+    min_restarts: int = 0
 
 
-def _worker_main(socket_path: str, wid: int, cfg: LoadConfig, *, go, done, check) -> None:
+def _worker_main(socket_path: str, wid: int, cfg: LoadConfig, *, go, stop, done, check) -> None:
     w = Worker(socket_path, wid, cfg.max_bytes, cfg.live, cfg.restart_every_s > 0)
     try:
         go.wait(60)
-        w.run(cfg.seconds)
+        w.run(cfg.seconds, stop)
     finally:
         done.put(wid)  # the driver never waits on a worker that died
     try:
@@ -247,14 +252,14 @@ def run_load(daemon, cfg: LoadConfig) -> LoadResult:
     DaemonProcess); restart it every ``cfg.restart_every_s`` seconds when > 0."""
     clients, seconds, restart_every_s = cfg.clients, cfg.seconds, cfg.restart_every_s
     ctx = mp.get_context("spawn")
-    go, done = ctx.Event(), ctx.Queue()
+    go, stop, done = ctx.Event(), ctx.Event(), ctx.Queue()
     checks = [ctx.Queue() for _ in range(clients)]
     restarts = restart_every_s > 0
     procs = [
         ctx.Process(
             target=_worker_main,
             args=(daemon.socket_path, w, cfg),
-            kwargs={"go": go, "done": done, "check": checks[w]},
+            kwargs={"go": go, "stop": stop, "done": done, "check": checks[w]},
         )
         for w in range(clients)
     ]
@@ -268,9 +273,14 @@ def run_load(daemon, cfg: LoadConfig) -> LoadResult:
     t0 = time.monotonic()
     injected = survived = 0
     next_restart = t0 + restart_every_s
-    while restarts and time.monotonic() < t0 + seconds - restart_every_s / 2:
-        time.sleep(max(0.0, min(next_restart, t0 + seconds) - time.monotonic()))
-        if time.monotonic() >= t0 + seconds - 1:
+
+    def more() -> bool:
+        return injected < cfg.min_restarts
+
+    while restarts and (time.monotonic() < t0 + seconds - restart_every_s / 2 or more()):
+        end = next_restart if more() else min(next_restart, t0 + seconds)
+        time.sleep(max(0.0, end - time.monotonic()))
+        if time.monotonic() >= t0 + seconds - 1 and not more():
             break
         if injected % 2 == 0:
             daemon.kill()
@@ -281,7 +291,8 @@ def run_load(daemon, cfg: LoadConfig) -> LoadResult:
         daemon.start()
         survived += 1
         next_restart = time.monotonic() + restart_every_s
-    finished = {done.get(timeout=seconds + 120) for _ in procs}
+    stop.set()
+    finished = {done.get(timeout=max(seconds, time.monotonic() - t0) + 120) for _ in procs}
     elapsed = time.monotonic() - t0
     assert finished == set(range(clients)), finished
     for q in checks:
