@@ -22,6 +22,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import KvtierError
+from kvtierd.policies.plan_order import BREAK_CYCLE
 from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ class Executor:
         ctx = self.engine.contexts.get(op.context_id)
         if ctx is None or ctx.durable_held:
             return  # deleted since the plan was made, or out of the placer's view (durable)
+        if op.kind is OpKind.DROP and op.reason == BREAK_CYCLE:
+            return  # the same plan places it again: its bytes stay until then (plan_order.py)
         removes = op.kind in (OpKind.DROP, OpKind.COMPRESS) or op.target.variant != ctx.variant
         if removes and ctx.hold_until_s > time.monotonic():
             self._defer(op, ctx.hold_until_s)  # a client looked it up and is about to load it

@@ -6,8 +6,9 @@ fast tier by pushing contexts into a slower one, so the slower tier's own evicti
 first. This module simulates tier usage and emits, pass after pass, every change whose target
 has room (drops and in-place compressions always do). A cycle in which every pending change
 waits for another (possible only in a full rebalance: two contexts swapping tiers, both full)
-is broken by dropping one context first and placing it again at the end; the engine then
-re-creates it the way it serves a miss.
+is broken by taking one context out first (:data:`BREAK_CYCLE`) and placing it again at the
+end. The engine keeps its bytes where they are meanwhile and carries the placement out as a
+move: dropping them made every such context a miss (issue 13's end-to-end run).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvtierd.types import DROPPED, Operation, OpKind, Placement, Plan, TierModel
+
+BREAK_CYCLE = "break cycle"  # the reason of a drop that the same plan places again
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,7 @@ def order_changes(
             victim = min(waiting, key=lambda c: c.source_bytes)
             waiting.remove(victim)
             ops.append(
-                Operation(OpKind.DROP, victim.context_id, victim.source, DROPPED, "break cycle")
+                Operation(OpKind.DROP, victim.context_id, victim.source, DROPPED, BREAK_CYCLE)
             )
             _apply(
                 Change(victim.context_id, victim.source, DROPPED, victim.source_bytes, 0.0), used
