@@ -126,6 +126,9 @@ def load_workload(path: str | Path) -> GivenWorkload:
     return parse_workload(doc, str(path))
 
 
+FIXED_COST_BANDWIDTH = 1e15  # B/s: a 100 MB context in 0.1 us, nothing next to any overhead
+
+
 def calibrated_tiers(given: GivenWorkload, cal: Calibration) -> tuple[TierModel, ...]:
     """The workload's tiers (capacities) with the calibration's load models, fastest first."""
     speeds = {t.name: t for t in cal.tiers}
@@ -137,7 +140,10 @@ def calibrated_tiers(given: GivenWorkload, cal: Calibration) -> tuple[TierModel,
                 f"(calibrated: {', '.join(speeds)})"
             )
         s = speeds[name]
-        out.append(TierModel(name, capacity, s.load_bandwidth_bytes_per_s, s.load_overhead_s))
+        # A fixed-cost tier (bandwidth inf: its loads did not grow with size) is priced per
+        # byte at FIXED_COST_BANDWIDTH: the placers refuse a bandwidth that is not finite
+        bw = min(s.load_bandwidth_bytes_per_s, FIXED_COST_BANDWIDTH)
+        out.append(TierModel(name, capacity, bw, s.load_overhead_s))
     return tuple(out)
 
 

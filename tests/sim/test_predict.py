@@ -217,3 +217,19 @@ def test_workload_errors(capsys: pytest.CaptureFixture[str], files: tuple[Path, 
     assert "not valid JSON" in run()
     w.unlink()
     assert "cannot read" in run()
+
+
+def test_evicpress_predicts_on_a_fixed_cost_tier(
+    capsys: pytest.CaptureFixture[str], files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """bench_e2e's run calibrated kvtierd's CPU tier as a fixed cost (bandwidth inf), and
+    EvicPress's utility model refused it ('load_bandwidth_bytes_per_s must be a finite
+    number'): the prediction stopped with a traceback."""
+    w, c = files
+    c.write_text(
+        CALIBRATION.replace("bandwidth_bytes_per_s: 320000", "samples: [[10, 0.2], [20, 0.2]]")
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text("placer: evicpress\nvariants: {methods: [knorm], ratios: [0.5]}\n")
+    doc = predict(capsys, (w, c), "--policy", str(policy))
+    assert doc["prediction"]["placer"] == "evicpress"
