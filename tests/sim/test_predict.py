@@ -226,9 +226,9 @@ def test_evicpress_predicts_on_a_fixed_cost_tier(
     EvicPress's utility model refused it ('load_bandwidth_bytes_per_s must be a finite
     number'): the prediction stopped with a traceback."""
     w, c = files
-    c.write_text(
-        CALIBRATION.replace("bandwidth_bytes_per_s: 320000", "samples: [[10, 0.2], [20, 0.2]]")
-    )
+    tier = "{name: cpu, overhead_s: 0.05, bandwidth_bytes_per_s: 320000}"
+    fixed = "{name: cpu, samples: [[10, 0.3], [20, 0.3]]}"  # loads that do not grow with size
+    c.write_text(CALIBRATION.replace(tier, fixed))
     policy = tmp_path / "p.yaml"
     policy.write_text("placer: evicpress\nvariants: {methods: [knorm], ratios: [0.5]}\n")
     doc = predict(capsys, (w, c), "--policy", str(policy))
