@@ -302,8 +302,9 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_args(p: argparse.ArgumentParser) -> None:
+    """The arguments that fix the systems and the workload (``sim_e2e.py`` takes the same, so
+    that its prediction is for the run measured)."""
     p.add_argument("--systems", nargs="*", help="default: all")
     p.add_argument("--alphas", type=float, nargs="+", default=[0.5, 2.0, 8.0])
     p.add_argument("--fixed", nargs="+", default=["int8", "knorm@0.5", "keydiff@0.5"])
@@ -315,7 +316,6 @@ def main() -> None:
     p.add_argument("--cpu-share", type=float, default=0.10)
     p.add_argument("--ssd-share", type=float, default=0.40)
     p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
-    p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument(
         "--warmup-questions",
         type=int,
@@ -333,8 +333,14 @@ def main() -> None:
         default="",
         help="appended to the EvicPress systems' names (e.g. -quant for a quantization-only grid)",
     )
-    p.add_argument("--settle-s", type=float, default=600, help="wait for profiles after warm-up")
     p.add_argument("--seed", type=int, default=0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    workload_args(p)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--settle-s", type=float, default=600, help="wait for profiles after warm-up")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
     args = p.parse_args()
     args.out = args.out.resolve()  # the daemon reads paths in its config relative to the file

@@ -39,7 +39,14 @@ from typing import Any
 
 import yaml
 
-from benchmarks.bench_e2e import _first_asks, _pct, kv_bytes_per_token, reductions, systems
+from benchmarks.bench_e2e import (
+    _first_asks,
+    _pct,
+    kv_bytes_per_token,
+    reductions,
+    systems,
+    workload_args,
+)
 from benchmarks.common import REPO, machine
 from benchmarks.e2e_calibration import (
     TIER_SOURCE,
@@ -291,26 +298,7 @@ def calibrations(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", nargs="*", help="default: all of bench_e2e's")
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.5, 2.0, 8.0])
-    p.add_argument("--fixed", nargs="+", default=["int8", "knorm@0.5", "keydiff@0.5"])
-    p.add_argument("--contexts", type=int, default=30)
-    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
-    p.add_argument("--requests", type=int, default=150)
-    p.add_argument("--qps", type=float, default=0.5)
-    p.add_argument("--zipf", type=float, default=1.0)
-    p.add_argument("--cpu-share", type=float, default=0.10)
-    p.add_argument("--ssd-share", type=float, default=0.40)
-    p.add_argument("--chunk", type=int, default=256, help="LMCache chunk_size")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warmup-questions", type=int, default=3)
-    p.add_argument(
-        "--evicpress-methods",
-        nargs="+",
-        default=["knorm", "keydiff", "int8", "int4", "keydiff+int8"],
-    )
-    p.add_argument("--evicpress-ratios", type=float, nargs="+", default=[1.0, 0.75, 0.5, 0.25])
-    p.add_argument("--evicpress-label", default="")
+    workload_args(p)
     p.add_argument(
         "--calibration",
         type=Path,
