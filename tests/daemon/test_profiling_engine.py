@@ -244,7 +244,8 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
     ctx = engine.contexts["doc"]
     LayoutEvaluator.seen.clear()
     assert await engine.profiling.profile_context(ctx)
-    assert [x.chunk_tokens for x in LayoutEvaluator.seen] == [T]
+    # (the daemon's own profiling loop may score the settled context too: each saw chunks)
+    assert LayoutEvaluator.seen and {x.chunk_tokens for x in LayoutEvaluator.seen} == {T}
     grid = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
     record = engine.profiling.record("doc")
     assert record is not None
