@@ -240,13 +240,16 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
         "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [1.0, 0.3]\n", "t.yaml"
     )
     await engine.apply_policy(replace(policy, evaluator=LayoutEvaluator.name))
-    LayoutEvaluator.seen.clear()
+    # The class registered under the name: a module that imports this one (test_forced_variant)
+    # may have registered its own copy of LayoutEvaluator first, with a list of its own
+    seen = EVALUATORS[LayoutEvaluator.name].seen  # type: ignore[attr-defined]
+    seen.clear()
     await _put_context(engine, "doc")
     ctx = engine.contexts["doc"]
     assert await engine.profiling.profile_context(ctx)
     # On a loaded machine the daemon's own loop may profile the settled context first (the
     # test's call then reuses that profile): every evaluation, whoever ran it, saw chunks
-    assert LayoutEvaluator.seen and {x.chunk_tokens for x in LayoutEvaluator.seen} == {T}
+    assert seen and {x.chunk_tokens for x in seen} == {T}
     grid = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
     record = engine.profiling.record("doc")
     assert record is not None
