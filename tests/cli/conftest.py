@@ -6,28 +6,15 @@ real socket); ``test_entry_point.py`` runs the installed ``kvtierctl`` binary it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pytest
 
 from kvtierd.cli.main import main
 from kvtierd.client import KVClient
+from tests.cli_result import Result
 from tests.daemon_proc import DaemonProcess
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
-
 
 Ctl = Callable[..., Result]
 

@@ -6,9 +6,7 @@ import io
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from PIL import Image
@@ -16,21 +14,12 @@ from rich.console import Console
 
 from kvtierd.cli.output import Output
 from kvtierd.sim.cli import main
+from tests.cli_result import Result
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "configs" / "policies"
 TINY = ("--contexts", "40", "--requests", "400", "--dram", "40GB", "--ssd", "100GB")
 ALPHAS = ("--alphas", "0.1", "1", "10")
-
-
-@dataclass(frozen=True)
-class Result:
-    code: int
-    out: str
-    err: str
-
-    def json(self) -> Any:
-        return json.loads(self.out)
 
 
 Sim = Callable[..., Result]
