@@ -46,8 +46,8 @@ class StreamTiming:
             return line
         if self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.started
-        if b'"usage"' not in line:
-            return line
+        if b'"usage"' not in line or b'"usage":null' in line or b'"usage": null' in line:
+            return line  # a token event (with include_usage vLLM adds "usage":null to each)
         try:
             data = json.loads(line[len(b"data: ") :])
         except ValueError:
