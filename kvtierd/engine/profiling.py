@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
-from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import (
     CapacityError,
     CorruptObjectError,
@@ -36,9 +35,10 @@ from kvtierd.errors import (
     UnavailableError,
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
 from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.sizes import DTYPE_BYTES, count_unit, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine

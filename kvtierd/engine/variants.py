@@ -29,8 +29,8 @@ from kvtierd.engine.context_kv import (
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.kernels.placeholder import manifest_key as placeholder_manifest_key
-from kvtierd.kernels.variants import parse_variant
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     import torch
