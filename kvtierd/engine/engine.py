@@ -45,7 +45,6 @@ from kvtierd.errors import (
 from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
 from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
-from kvtierd.policies.model import check_tiers
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
@@ -61,6 +60,7 @@ from kvtierd.types import (
     Plan,
     TierModel,
 )
+from kvtierd.utility import check_tiers
 
 logger = logging.getLogger(__name__)
 

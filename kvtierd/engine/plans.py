@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtierd.policies.model import option_ttft_s
 from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.utility import load_ttft_s as option_ttft_s
 
 if TYPE_CHECKING:
     from kvtierd.engine.engine import Engine
