@@ -186,7 +186,7 @@ def test_every_expanded_variant_parses_in_the_kernel_grammar(path: Path) -> None
 def test_registered_placers_are_allowed_in_policies() -> None:
     from kvtierd.policies import PLACERS
 
-    assert set(PLACERS) <= set(KNOWN_PLACERS)
+    assert set(PLACERS.names()) <= set(KNOWN_PLACERS)
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)

@@ -61,7 +61,6 @@ from kvtierd.profiler.quality import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, context_digest, loaded_value
 from kvtierd.types import ORIGINAL_VARIANT
@@ -124,7 +123,6 @@ class _Run:
     prompts: tuple[tuple[int, ...], ...]
 
 
-@register_evaluator
 class EngineEvaluator(QualityEvaluator):
     """Answer similarity through vLLM and ``kvtierd router`` (module docstring).
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from kvtierd.registry import Registry
 from kvtierd.types import ContextProfile, Placement, Plan, TierModel
 
 
@@ -41,7 +42,7 @@ class PlacerParams:
 
 
 class Placer(abc.ABC):
-    """Base of every placer; subclasses set ``name`` and are registered in ``PLACERS``."""
+    """Base of every placer; subclasses set ``name`` and are found by it in :data:`PLACERS`."""
 
     name: ClassVar[str]
 
@@ -90,30 +91,24 @@ class Placer(abc.ABC):
         self.tiers = fresh
 
 
-PLACERS: dict[str, type[Placer]] = {}
+PLACERS: Registry[Placer] = Registry(
+    "placer",
+    Placer,
+    {
+        "evicpress": "kvtierd.policies.evicpress:EvicPressPlacer",
+        "lru": "kvtierd.policies.lru:LruPlacer",
+        "lfu": "kvtierd.policies.baselines:LfuPlacer",
+        "fixed": "kvtierd.policies.baselines:FixedPlacer",
+        "prefill": "kvtierd.policies.baselines:PrefillPlacer",
+    },
+)
+"""Placers by name (built-ins imported on first lookup; others register with
+``PLACERS.register``)."""
 
 
-def register_placer(cls: type[Placer]) -> type[Placer]:
-    """Class decorator: add a placer to the registry under its ``name``."""
-    if not issubclass(cls, Placer):
-        raise TypeError(f"{cls!r} is not a Placer")
-    if cls.name in PLACERS:
-        raise ValueError(f"placer {cls.name!r} is already registered by {PLACERS[cls.name]!r}")
-    PLACERS[cls.name] = cls
-    return cls
-
-
-def placer_class(name: str) -> type[Placer]:
-    """Look a placer up by name; an unknown name lists the known ones."""
-    # Importing the package registers the built-in placers.
-    import kvtierd.policies  # noqa: F401
-
-    base = name.split(":", 1)[0]
-    try:
-        return PLACERS[base]
-    except KeyError:
-        known = ", ".join(sorted(PLACERS))
-        raise ValueError(f"unknown placer {name!r}; known placers: {known}") from None
+def placer_class(spec: str) -> type[Placer]:
+    """The placer of ``name`` or ``name:<argument>``; an unknown name lists the known ones."""
+    return PLACERS.get(spec.split(":", 1)[0])
 
 
 def make_placer(

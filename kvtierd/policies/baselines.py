@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.lru import LruPlacer
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 
-@register_placer
 class FixedPlacer(LruPlacer):
     """One fixed variant for all contexts + LRU eviction (``params.fixed_variant``)."""
 
@@ -40,7 +39,6 @@ class FixedPlacer(LruPlacer):
         return super()._variant_for(profile)  # the original, or the only form it has
 
 
-@register_placer
 class LfuPlacer(LruPlacer):
     """Eviction only; the least frequently used context of a full tier moves down first."""
 
@@ -62,7 +60,6 @@ class LfuPlacer(LruPlacer):
         self._hits.pop(context_id, None)
 
 
-@register_placer
 class PrefillPlacer(Placer):
     """No cache: every context is dropped (the paper's full-prefill baseline)."""
 

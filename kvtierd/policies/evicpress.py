@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.exact import Problem
 from kvtierd.policies.greedy_state import DROP, GreedyState, Selection, Step
 from kvtierd.policies.knapsack import greedy_assign, greedy_solve
@@ -48,7 +48,6 @@ COARSE_REPAIR_MAX = 2000
 ``(V, T)`` utilities, which past a few thousand costs more than an insert may."""
 
 
-@register_placer
 class EvicPressPlacer(Placer):
     """EvicPress's greedy multi-choice-knapsack placer."""
 

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvtierd.policies.base import Placer, PlacerParams, register_placer
+from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.types import (
     DROPPED,
@@ -33,7 +33,6 @@ class _Entry:
     variant: str = ORIGINAL_VARIANT
 
 
-@register_placer
 class LruPlacer(Placer):
     name = "lru"
 

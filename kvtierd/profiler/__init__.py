@@ -17,7 +17,6 @@ from kvtierd.profiler.quality import (
     QualityResult,
     evaluator_class,
     make_evaluator,
-    register_evaluator,
 )
 from kvtierd.profiler.queries import INITIAL_QUERIES, QueryStore
 from kvtierd.profiler.reprofile import (
@@ -53,5 +52,4 @@ __all__ = [
     "TtftModel",
     "evaluator_class",
     "make_evaluator",
-    "register_evaluator",
 ]

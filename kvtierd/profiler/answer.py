@@ -30,13 +30,11 @@ from kvtierd.profiler.quality import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.profiler.variant_kv import pad_left, variant_kvs
 from kvtierd.profiler.window_queries import prefill_with_window_queries
 
 
-@register_evaluator
 class AnswerEvaluator(QualityEvaluator):
     """Answer similarity between the full KV and each variant's KV (module docstring)."""
 

@@ -34,12 +34,10 @@ from kvtierd.profiler.quality import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.profiler.variant_kv import VariantKV, variant_kvs
 
 
-@register_evaluator
 class AttentionEvaluator(QualityEvaluator):
     """Cosine similarity of attention outputs over the full KV vs each variant's KV."""
 

@@ -4,8 +4,8 @@ An evaluator answers "how close is the model's behaviour over a variant's KV to 
 over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
 (1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`),
 ``answer`` (the paper's metric, :mod:`.answer`) and ``engine`` (the same metric measured through
-vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.engine_eval`). Register more with
-:func:`register_evaluator`; every evaluator is constructed as ``cls(**options)``.
+vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.engine_eval`). Register more in
+:data:`EVALUATORS`; every evaluator is constructed as ``cls(**options)``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.registry import Registry
 from kvtierd.sizes import DEFAULT_GROUP_SIZE
 
 if TYPE_CHECKING:
@@ -144,32 +145,25 @@ class QualityEvaluator(ABC):
         metric itself, not by special-casing). Raises rather than returning partial results."""
 
 
-EVALUATORS: dict[str, type[QualityEvaluator]] = {}
-"""name -> evaluator class. Filled by :func:`register_evaluator`."""
-
-
-def register_evaluator(cls: type[QualityEvaluator]) -> type[QualityEvaluator]:
-    """Class decorator: add ``cls`` under ``cls.name``; a duplicate name raises."""
-    if not (isinstance(cls, type) and issubclass(cls, QualityEvaluator)):
-        raise TypeError(f"{cls!r} is not a QualityEvaluator subclass")
-    name = getattr(cls, "name", "")
-    if not name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if name in EVALUATORS:
-        raise ValueError(
-            f"quality evaluator {name!r} is already registered ({EVALUATORS[name].__name__})"
-        )
-    EVALUATORS[name] = cls
-    return cls
+EVALUATORS: Registry[QualityEvaluator] = Registry(
+    "quality evaluator",
+    QualityEvaluator,
+    {
+        "attention": "kvtierd.profiler.attention:AttentionEvaluator",
+        "answer": "kvtierd.profiler.answer:AnswerEvaluator",
+        # A client of the serving stack (daemon through kvtierd.client, router over HTTP): it
+        # sits in a layer above this package, which may not import it, so it is found by name.
+        "engine": "kvtierd.integrations.engine_eval:EngineEvaluator",
+    },
+    error=InvalidArgumentError,
+)
+"""Evaluators by name. Built-ins are imported on first lookup, so that importing this module
+loads neither torch nor transformers; others register with ``EVALUATORS.register`` (a test's
+own: ``with EVALUATORS.registered(cls)``)."""
 
 
 def evaluator_class(name: str) -> type[QualityEvaluator]:
-    _register_builtins()
-    try:
-        return EVALUATORS[name]
-    except KeyError:
-        known = ", ".join(sorted(EVALUATORS))
-        raise InvalidArgumentError(f"unknown quality evaluator {name!r}; known: {known}") from None
+    return EVALUATORS.get(name)
 
 
 def make_evaluator(name: str, options: Mapping[str, Any] | None = None) -> QualityEvaluator:
@@ -179,22 +173,3 @@ def make_evaluator(name: str, options: Mapping[str, Any] | None = None) -> Quali
         return cls(**dict(options or {}))
     except TypeError as e:
         raise InvalidArgumentError(f"bad options for quality evaluator {name!r}: {e}") from e
-
-
-BUILTIN_MODULES = (
-    "kvtierd.profiler.answer",
-    "kvtierd.profiler.attention",
-    # A client of the serving stack (daemon through kvtierd.client, router over HTTP): it sits
-    # in a layer above this package, which may not import it, so it is found by name.
-    "kvtierd.integrations.engine_eval",
-)
-"""Modules whose import registers the built-in evaluators."""
-
-
-def _register_builtins() -> None:
-    # Importing the modules registers them (their decorators run once per process); done on
-    # first lookup so that importing this module loads neither torch nor transformers.
-    import importlib
-
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)

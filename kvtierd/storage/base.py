@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from kvtierd.errors import ConfigError
+from kvtierd.registry import Registry
 from kvtierd.types import ObjectMeta, TierStats
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class Timer:
 
 
 class Tier(abc.ABC):
-    """A storage level. Implementations register with :func:`register_tier` under ``kind``.
+    """A storage level. Implementations are found by ``kind`` in :data:`TIERS`.
 
     Every tier is constructed the same way, from its :class:`~kvtierd.config.TierConfig`, and
     becomes usable after ``await start()``.
@@ -261,33 +262,25 @@ class Tier(abc.ABC):
         )
 
 
-TIERS: dict[str, type[Tier]] = {}
-
-
-def register_tier(cls: type[Tier]) -> type[Tier]:
-    """Class decorator: add a tier implementation to the registry under its ``kind``."""
-    if not issubclass(cls, Tier):
-        raise TypeError(f"{cls!r} is not a Tier")
-    if cls.kind in TIERS:
-        raise ValueError(f"tier kind {cls.kind!r} is already registered by {TIERS[cls.kind]!r}")
-    TIERS[cls.kind] = cls
-    return cls
-
-
-def tier_class(kind: str) -> type[Tier]:
-    """Look a tier implementation up by kind; an unknown kind lists the known ones."""
-    import kvtierd.storage  # noqa: F401  (registers the built-in tiers)
-
-    try:
-        return TIERS[kind]
-    except KeyError:
-        known = ", ".join(sorted(TIERS))
-        raise ConfigError(f"unknown tier kind {kind!r}; known kinds: {known}") from None
+TIERS: Registry[Tier] = Registry(
+    "tier kind",
+    Tier,
+    {
+        "cpu": "kvtierd.storage.cpu:CpuTier",
+        "gpu": "kvtierd.storage.gpu:GpuTier",
+        "ssd": "kvtierd.storage.ssd:SsdTier",
+        "remote": "kvtierd.storage.remote:RemoteTier",
+    },
+    name_attr="kind",
+    error=ConfigError,
+)
+"""Tier implementations by ``kind`` (built-ins imported on first lookup; others register with
+``TIERS.register``)."""
 
 
 def create_tier(config: TierConfig) -> Tier:
     """Construct a tier from its config, naming the tier when construction fails."""
-    cls = tier_class(config.kind)
+    cls = TIERS.get(config.kind)
     try:
         return cls(config)
     except (OSError, ValueError) as e:

@@ -26,7 +26,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.aligned_io import copy_bytes
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import MEMFD, Arena
-from kvtierd.storage.base import TransferFit, register_tier
+from kvtierd.storage.base import TransferFit
 from kvtierd.storage.block_index import BlockIndex
 from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta, TierStats
@@ -36,7 +36,6 @@ _CALIBRATION_BYTES = 64 << 20
 memory, as a reader's copy of an object that has sat in the arena does, not from cache."""
 
 
-@register_tier
 class CpuTier(PooledTier):
     kind = "cpu"
     # notes/machine-limits.md: the low end of a copy out of reused shared memory (8.3 GB/s).

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kvtierd.config import TierConfig, parse_size
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.allocator import Block, FreeListAllocator
-from kvtierd.storage.base import TransferFit, register_tier
+from kvtierd.storage.base import TransferFit
 from kvtierd.storage.block_index import BlockIndex
 from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta
@@ -47,7 +47,6 @@ class CudaIpcHandle:
     event_sync_required: bool
 
 
-@register_tier
 class GpuTier(PooledTier):
     kind = "gpu"
     # Nothing measured on the reference machine (no GPU): pinned host<->device copies run at

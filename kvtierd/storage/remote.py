@@ -32,7 +32,7 @@ from kvtierd.errors import (
     UnavailableError,
 )
 from kvtierd.storage.aligned_io import byte_view
-from kvtierd.storage.base import Tier, Timer, TransferFit, register_tier
+from kvtierd.storage.base import Tier, Timer, TransferFit
 from kvtierd.storage.remote_cluster import (
     UNREACHABLE,
     ClusterHealth,
@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 CALIBRATION_BYTES = 2 << 20  # above TransferMeter.min_bytes, small enough for every start
 
 
-@register_tier
 class RemoteTier(Tier):
     """Redis Cluster tier. ``capacity_bytes == 0`` means unbounded (see :attr:`unbounded`)."""
 

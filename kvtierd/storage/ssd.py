@@ -51,7 +51,7 @@ from kvtierd.errors import (
     StorageFullError,
 )
 from kvtierd.storage.aligned_io import BouncePool, byte_view, open_file
-from kvtierd.storage.base import Tier, Timer, TransferFit, register_tier
+from kvtierd.storage.base import Tier, Timer, TransferFit
 from kvtierd.storage.ssd_files import (
     Layout,
     StoredFile,
@@ -77,7 +77,6 @@ T = TypeVar("T")
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-@register_tier
 class SsdTier(Tier):
     """Objects as files under ``config.path``; see the module docstring for options."""
 

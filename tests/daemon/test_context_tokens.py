@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -28,7 +28,6 @@ from kvtierd.profiler import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
 from kvtierd.profiler.queries import QueryStore
@@ -56,8 +55,10 @@ class TokenEcho(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 0)
 
 
-if TokenEcho.name not in EVALUATORS:
-    register_evaluator(TokenEcho)
+@pytest.fixture(autouse=True)
+def registered_evaluator() -> Iterator[None]:
+    with EVALUATORS.registered(TokenEcho):
+        yield
 
 
 async def _put_chunk(engine: Engine, cid: str) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+
+import pytest
 
 from kvtierd.engine import Engine
 from kvtierd.policy_config import parse_policy
@@ -20,7 +22,6 @@ from kvtierd.profiler import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
 from tests.daemon.test_profiling_engine import CHUNKS, T, _config, _put_context, _until
@@ -45,8 +46,10 @@ class HeldEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 3)
 
 
-if HeldEvaluator.name not in EVALUATORS:
-    register_evaluator(HeldEvaluator)
+@pytest.fixture(autouse=True)
+def registered_evaluator() -> Iterator[None]:
+    with EVALUATORS.registered(HeldEvaluator):
+        yield
 
 
 async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Path) -> None:

@@ -13,7 +13,15 @@ import pytest
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.policy_config import parse_policy
-from tests.daemon.test_profiling_engine import CHUNK_BYTES, CHUNKS, TailTopicEvaluator, _put_context
+from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
+    CHUNK_BYTES,
+    CHUNKS,
+    TailTopicEvaluator,
+    _put_context,
+    registered_evaluators,  # noqa: F401
+)
+
+pytestmark = pytest.mark.usefixtures("registered_evaluators")
 
 
 async def test_a_profile_that_cannot_be_placed_leaves_the_context_and_the_loop(

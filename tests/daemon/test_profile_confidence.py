@@ -7,16 +7,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kvtierd.engine import Engine
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.server.admin import AdminServicer
 from kvtierd.server.health import HealthMonitor
-from tests.daemon.test_profiling_engine import (
+from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     _apply_knorm_policy,
     _config,
     _put_context,
     _until,
+    registered_evaluators,  # noqa: F401
 )
+
+pytestmark = pytest.mark.usefixtures("registered_evaluators")
 
 
 async def test_a_profile_moves_the_context_only_from_min_queries_on(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -27,7 +27,6 @@ from kvtierd.profiler import (
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
-    register_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
 from kvtierd.server.utility import placement_reason, utility_table
@@ -74,9 +73,13 @@ class LayoutEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 0.5)), 3)
 
 
-for _cls in (TailTopicEvaluator, LayoutEvaluator):
-    if _cls.name not in EVALUATORS:
-        register_evaluator(_cls)
+@pytest.fixture(autouse=True)
+def registered_evaluators() -> Iterator[None]:
+    """This module's evaluators, registered while a test runs: another module importing this
+    one (under another name: two copies of each class) registers its own copies in its own
+    tests, and each test reads the lists of the copy it registered."""
+    with EVALUATORS.registered(TailTopicEvaluator), EVALUATORS.registered(LayoutEvaluator):
+        yield
 
 
 def _config(tmp: Path) -> DaemonConfig:
@@ -240,9 +243,7 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
         "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [1.0, 0.3]\n", "t.yaml"
     )
     await engine.apply_policy(replace(policy, evaluator=LayoutEvaluator.name))
-    # The class registered under the name: a module that imports this one (test_forced_variant)
-    # may have registered its own copy of LayoutEvaluator first, with a list of its own
-    seen = EVALUATORS[LayoutEvaluator.name].seen  # type: ignore[attr-defined]
+    seen = LayoutEvaluator.seen  # the copy registered_evaluators registered for this test
     seen.clear()
     await _put_context(engine, "doc")
     ctx = engine.contexts["doc"]

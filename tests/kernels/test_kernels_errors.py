@@ -11,7 +11,7 @@ from kvtierd.kernels.base import gather_kv, select_kept
 from kvtierd.kernels.knorm import KnormMethod
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.quant import quantize
-from kvtierd.kernels.registry import MethodRegistry, get_method
+from kvtierd.kernels.registry import METHODS, get_method
 from kvtierd.kernels.rope import RopeSpec
 
 
@@ -24,21 +24,20 @@ def test_a_registered_method_without_options_builds() -> None:
     class Half(KnormMethod):
         name = "half_knorm"  # not a built-in: no options, the plain count rule
 
-    reg = MethodRegistry()
-    reg.register(Half)
-    m = reg.create("half_knorm")
-    assert m.options == () and m.kept_count(10, 0.5) == 5
-    with pytest.raises(ValueError, match="half_knorm has no option 'x'; its options: none"):
-        reg.create("half_knorm", (("x", 1),))
+    with METHODS.registered(Half):
+        m = get_method("half_knorm")
+        assert m.options == () and m.kept_count(10, 0.5) == 5
+        with pytest.raises(ValueError, match="half_knorm has no option 'x'; its options: none"):
+            get_method("half_knorm", (("x", 1),))
+    with pytest.raises(ValueError, match="unknown compression method 'half_knorm'"):
+        get_method("half_knorm")
 
 
-def test_duplicate_registration_raises() -> None:
-    reg = MethodRegistry()
-    reg.register(KnormMethod)
-    with pytest.raises(ValueError, match="already registered"):
-        reg.register(KnormMethod)
+def test_a_built_in_name_cannot_be_registered_again() -> None:
+    with pytest.raises(ValueError, match="compression method 'knorm' is built in"):
+        METHODS.register(KnormMethod)
     with pytest.raises(TypeError):
-        reg.register(int)  # type: ignore[arg-type]
+        METHODS.register(int)  # type: ignore[arg-type]
 
 
 def test_snapkv_without_queries_says_so() -> None:

@@ -15,14 +15,14 @@ from _kernel_helpers import DTYPES, SCORE_TOL, TOL, assert_same_kept, make_kv
 
 from kvtierd.kernels.api import compress_dense, dense_kv
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.registry import default_registry, get_method
+from kvtierd.kernels.registry import METHODS, get_method
 from kvtierd.kernels.rope import RopeSpec
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name", default_registry().names())
+@pytest.mark.parametrize("name", METHODS.names())
 def test_cuda_methods_match_reference(name: str, dtype: torch.dtype) -> None:
     k, v = make_kv(2, 8, 1000, 128, dtype)
     k, v = k.cuda(), v.cuda()

@@ -9,12 +9,13 @@ import pytest
 import torch
 from _kernel_helpers import DTYPES, SCORE_TOL, assert_same_kept, make_kv, paged_source
 
+from kvtierd.kernels import registry
 from kvtierd.kernels.base import TokenDropMethod, select_kept, select_reference
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.registry import default_registry, get_method
+from kvtierd.kernels.registry import get_method
 from kvtierd.kernels.snapkv import SnapKVMethod
 
-METHODS = default_registry().names()
+METHODS = registry.METHODS.names()
 SHAPES = [(2, 2, 77, 24, 2), (1, 3, 130, 32, 1), (1, 1, 5, 16, 3)]  # L, H, N, D, GQA group
 
 

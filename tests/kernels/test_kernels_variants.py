@@ -7,7 +7,7 @@ import torch
 from _kernel_helpers import make_kv
 
 from kvtierd.kernels.api import compress_dense
-from kvtierd.kernels.registry import default_registry, get_method
+from kvtierd.kernels.registry import METHODS, get_method
 from kvtierd.sizes import kept_token_count, variant_kept_tokens, variant_size_bytes
 from kvtierd.variants import COUNT_RULES, METHOD_OPTIONS, CountRule, Variant, parse_variant
 
@@ -80,11 +80,10 @@ def test_kept_counts() -> None:
 
 
 def test_count_rules_match_registry_defaults() -> None:
-    reg = default_registry()
-    assert set(reg.names()) == set(COUNT_RULES) == set(METHOD_OPTIONS)
-    for name in reg.names():
-        assert reg.create(name).count_rule() == COUNT_RULES[name], name
-        assert reg.create(name).options == ()
+    assert set(METHODS.names()) == set(COUNT_RULES) == set(METHOD_OPTIONS)
+    for name in METHODS.names():
+        assert get_method(name).count_rule() == COUNT_RULES[name], name
+        assert get_method(name).options == ()
 
 
 @pytest.mark.parametrize("name", sorted(METHOD_OPTIONS))

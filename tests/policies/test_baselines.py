@@ -6,7 +6,7 @@ import pytest
 from placer_helpers import profile, replay
 
 from kvtierd.policies import PLACERS, make_placer, placer_class
-from kvtierd.policies.base import Placer, register_placer
+from kvtierd.policies.base import Placer
 from kvtierd.types import DROPPED, Placement
 
 P = {c: profile(c, {"none": (60, 1.0), "k@0.5": (30, 0.8)}) for c in "abc"}
@@ -56,7 +56,7 @@ def test_prefill_caches_nothing(two_tiers):
         placer.placement("zzz")
 
 
-@pytest.mark.parametrize("name", sorted(PLACERS))
+@pytest.mark.parametrize("name", PLACERS.names())
 def test_every_registered_placer_keeps_capacity(name, two_tiers):
     spec = "fixed:k@0.5" if name == "fixed" else name
     placer, state = _run(spec, two_tiers, accesses="abca")
@@ -65,12 +65,12 @@ def test_every_registered_placer_keeps_capacity(name, two_tiers):
 
 
 def test_registry_rejects_duplicates_and_lists_unknown_names():
-    with pytest.raises(ValueError, match="already registered"):
-        register_placer(type("Dup", (PLACERS["lru"],), {"name": "lru"}))
+    with pytest.raises(ValueError, match="placer 'lru' is built in"):
+        PLACERS.register(type("Dup", (PLACERS.get("lru"),), {"name": "lru"}))
     with pytest.raises(ValueError, match="evicpress, fixed, lfu, lru, prefill"):
         placer_class("nope")
     with pytest.raises(TypeError):
-        register_placer(int)  # type: ignore[arg-type]
+        PLACERS.register(int)  # type: ignore[arg-type]
     assert issubclass(placer_class("fixed:knorm@0.5"), Placer)
 
 
@@ -86,6 +86,6 @@ def test_every_placer_rebalances_nothing() -> None:
     from kvtierd.types import TierModel
 
     tiers = [TierModel("cpu", 1 << 20, 1e10), TierModel("ssd", None, 1e9)]
-    for name, cls in PLACERS.items():
+    for name in PLACERS.names():
         params = PlacerParams(fixed_variant="int8") if name == "fixed" else None
-        assert not cls(tiers, params).rebalance([]).operations, name
+        assert not PLACERS.get(name)(tiers, params).rebalance([]).operations, name

@@ -5,7 +5,7 @@ with three the ranking was right."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -23,7 +23,6 @@ from kvtierd.profiler import (
     QualityEvaluator,
     QualityResult,
     TtftModel,
-    register_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_LAYOUT
 
@@ -50,8 +49,10 @@ class QueryCountEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(quality), len(queries))
 
 
-if QueryCountEvaluator.name not in EVALUATORS:
-    register_evaluator(QueryCountEvaluator)
+@pytest.fixture(autouse=True)
+def registered_evaluator() -> Iterator[None]:
+    with EVALUATORS.registered(QueryCountEvaluator):
+        yield
 
 
 def profiler(min_queries: str = "") -> Profiler:

@@ -27,7 +27,6 @@ from kvtierd.profiler import (
     TtftModel,
     evaluator_class,
     make_evaluator,
-    register_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_LAYOUT
 
@@ -129,7 +128,6 @@ def test_query_store_sample_is_bounded_and_newest() -> None:
         ProfilingQuery()
 
 
-@register_evaluator
 class TopicEvaluator(QualityEvaluator):
     """Quality depends on the queries: questions about 'tail' facts suffer under compression.
     Stands in for a model whose answers change with the query distribution (drift)."""
@@ -179,9 +177,13 @@ def test_registry_rejects_duplicates_and_lists_known_names() -> None:
     # the built-ins register on first lookup
     assert evaluator_class("attention").name == "attention"
     assert evaluator_class("answer").name == "answer"
-    assert {"attention", "answer", "engine", "test-topic"} <= set(EVALUATORS)
-    with pytest.raises(ValueError, match="already registered"):
-        register_evaluator(TopicEvaluator)
+    with EVALUATORS.registered(TopicEvaluator):
+        assert {"attention", "answer", "engine", "test-topic"} <= set(EVALUATORS.names())
+        with pytest.raises(ValueError, match="'test-topic' is already registered"):
+            EVALUATORS.register(TopicEvaluator)
+    assert "test-topic" not in EVALUATORS.names()
+    with pytest.raises(ValueError, match="'attention' is built in"):
+        EVALUATORS.register(evaluator_class("attention"))
     with pytest.raises(InvalidArgumentError, match=r"unknown quality evaluator 'nope'; known: .*"
                        r"answer, attention"):  # fmt: skip
         make_evaluator("nope")

@@ -120,10 +120,9 @@ class _Recording(LruPlacer):
 
 @pytest.fixture
 def recording() -> Iterator[list[tuple[str, float]]]:
-    PLACERS["recording"] = _Recording
     _Recording.inserted = []
-    yield _Recording.inserted
-    del PLACERS["recording"]
+    with PLACERS.registered(_Recording):
+        yield _Recording.inserted
 
 
 def test_online_frequency_is_the_decayed_count_so_far(

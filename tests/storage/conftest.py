@@ -38,7 +38,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kind" in metafunc.fixturenames:
         from kvtierd.storage import TIERS
 
-        kinds = [pytest.param(k, marks=TIER_MARKS.get(k, [])) for k in sorted(TIERS)]
+        kinds = [pytest.param(k, marks=TIER_MARKS.get(k, [])) for k in TIERS.names()]
         metafunc.parametrize("kind", kinds)
 
 

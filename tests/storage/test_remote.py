@@ -62,7 +62,7 @@ async def _get(tier: RemoteTier, key: str, size: int, tenant: str = "") -> bytes
 
 
 def test_registered_as_remote_kind() -> None:
-    assert TIERS["remote"] is RemoteTier
+    assert TIERS.get("remote") is RemoteTier
 
 
 @pytest.mark.parametrize(
