@@ -39,7 +39,7 @@ from kvtierd.engine.context_kv import chunk_formats, decode_context, encode_vari
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.types import ObjectMeta, Operation, OpKind, Placement, Plan
 
 L, H, D, T, CHUNKS = 8, 8, 128, 256, 4

@@ -76,7 +76,7 @@ async def start_engine(directory: Path, model: Path, variants: Sequence[str]) ->
     each context is profiled once, on the questions linked to it."""
     from kvtierd.config import DaemonConfig, TierConfig
     from kvtierd.engine import Engine
-    from kvtierd.policy_config import parse_policy
+    from kvtierd.policies.loader import parse_policy
 
     tiers = (TierConfig("cpu", "cpu", 1 << 30), TierConfig("ssd", "ssd", 0, str(directory / "ssd")))
     config = DaemonConfig(socket_path=str(directory / "s"), data_dir=str(directory / "data"),

@@ -59,7 +59,7 @@ from benchmarks.e2e_calibration import (
 from benchmarks.e2e_workload import Prompt, make_contexts, make_requests, prompts, trace_gaps
 from kvtierd.config import parse_size
 from kvtierd.errors import KvtierError
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
 from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
 from kvtierd.sim.predict import Prediction, predict

@@ -1,15 +1,19 @@
-"""Placement policy documents (``configs/policies/*.yaml``) validated into frozen typed objects.
+"""Placement policies (``configs/policies/*.yaml``): the typed, frozen :class:`PolicyConfig` every
+layer reads, and the pieces a placer's policy schema is read with.
 
-A policy names a placer and gives it its knobs. ``parse_policy(text, source)`` and
-``load_policy(path)`` return a :class:`PolicyConfig` or raise :class:`~kvtierd.errors.ConfigError`
-naming ``file:line``, the key and the allowed values; a bad document is rejected whole (nothing
-partial is ever returned), so a daemon that hot-reloads keeps its running policy on error.
+A policy names a placer and gives it its knobs. The loader,
+:func:`kvtierd.policies.loader.parse_policy`, asks the named placer class which top-level keys
+it reads (``Placer.policy_keys``) and lets it read them (``Placer.read_policy``) through a
+:class:`PolicyDocument`, whose errors name ``file:line``, the key and the allowed values; a
+bad document is rejected whole (nothing partial is ever returned), so a daemon that hot-reloads
+keeps its running policy on error. Placers that place by profiles share the ``variants``,
+``profiling`` and ``frequency`` sections (:func:`read_profiled`).
 
 Keys (every one documented in docs/configuration.md; unknown keys are errors)::
 
     name: evicpress            # label shown by `kvtierctl policy show`; default: the placer
     description: "..."         # free text
-    placer: evicpress          # one of KNOWN_PLACERS
+    placer: evicpress          # a registered placer (kvtierd.policies.PLACERS)
     alpha: 1.0                 # evicpress: quality weight in 1/s (utility = (alpha*q - ttft)*freq)
     selection: per_byte        # evicpress: per_byte | absolute (greedy rule on overflow)
     variants:                  # evicpress: the configuration grid profiled per context
@@ -28,43 +32,35 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     variant: knorm@0.5         # fixed: the one variant every context is stored as
 
 This module sits in the bottom import layer (DESIGN.md §3.2): it must not import
-``kvtierd.policies`` or ``kvtierd.kernels``. Methods and variants are checked by the one variant
-grammar, :mod:`kvtierd.variants`, in the same layer. Mapping a
-policy onto ``kvtierd.policies.PlacerParams`` is the engine's job; :data:`PLACER_PARAMS_FIELDS`
-says which attribute feeds which parameter.
+``kvtierd.policies``, ``kvtierd.profiler`` or ``kvtierd.kernels``. Methods and variants are
+checked by the one variant grammar, :mod:`kvtierd.variants`, in the same layer; evaluator names
+are kept here as data (:data:`EVALUATORS`, held equal to ``kvtierd.profiler.EVALUATORS`` by a
+test). Mapping a policy onto ``kvtierd.policies.PlacerParams`` is the engine's job;
+:data:`PLACER_PARAMS_FIELDS` says which attribute feeds which parameter.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
 from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
 from kvtierd.types import ORIGINAL_VARIANT
-from kvtierd.variants import (
-    QUANT_BITS,
-    expand_variants,
-    parse_grid_method,
-    parse_variant,
-)
+from kvtierd.variants import QUANT_BITS, expand_variants, parse_grid_method, parse_variant
 
-KNOWN_PLACERS: tuple[str, ...] = ("evicpress", "fixed", "lfu", "lru", "prefill")
-"""Placer names a policy may name (``kvtierd.policies.PLACERS`` must be a subset of these)."""
-SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
-"""Greedy rules when a tier overflows: least utility drop per byte freed, or least drop."""
 EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``engine`` ``profiling.router_url``
 (the daemon itself refuses ``engine`` per context: it has no token ids, docs/profiler.md)."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
+PROFILED_KEYS: tuple[str, ...] = ("variants", "profiling", "frequency")
+"""The sections :func:`read_profiled` reads, for a placer that places by profiles."""
 
 PLACER_PARAMS_FIELDS: Mapping[str, str] = MappingProxyType(
     {"alpha": "alpha", "fixed_variant": "fixed_variant", "selection": "selection"}
@@ -73,16 +69,6 @@ PLACER_PARAMS_FIELDS: Mapping[str, str] = MappingProxyType(
 ``placer_class(p.placer)(tiers, PlacerParams(**{f: getattr(p, a) for f, a in
 PLACER_PARAMS_FIELDS.items()}))``."""
 
-_COMMON_KEYS = ("name", "description", "placer")
-_PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "evicpress": ("alpha", "selection", "variants", "profiling", "frequency"),
-        "fixed": ("variant",),
-        "lfu": (),
-        "lru": (),
-        "prefill": (),
-    }
-)
 _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "variants": ("methods", "ratios"),
@@ -128,156 +114,20 @@ class PolicyConfig:
     text: str = ""
 
 
-DEFAULT_POLICY_TEXT = """\
-# The daemon's embedded default: EvicPress with the default variant grid.
-name: evicpress
-placer: evicpress
-"""
+class PolicyDocument:
+    """A policy document read through typed accessors whose errors point at ``file:line``,
+    the key and what is allowed. ``at`` is a key path (``("profiling", "evaluator")``)."""
 
+    def __init__(self, text: str, source: str) -> None:
+        self.src = _Source(source, text)
+        if not isinstance(self.src.data, dict):
+            raise ConfigError(f"{source}: a policy must be a mapping with at least a 'placer' key")
+        self.raw: dict[str, Any] = self.src.data
+        self.text = text
+        self.source = source
 
-def default_policy() -> PolicyConfig:
-    """The policy a daemon runs when its config names none: EvicPress (issue 5), every other
-    setting at its default."""
-    return parse_policy(DEFAULT_POLICY_TEXT, "embedded")
-
-
-def load_policy(path: str | os.PathLike[str]) -> PolicyConfig:
-    """Read and validate a policy file."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read policy file {p}: {e.strerror}") from e
-    return parse_policy(text, str(p))
-
-
-def parse_policy(text: str, source: str) -> PolicyConfig:
-    """Validate a whole policy document; ``source`` names it in error messages."""
-    src = _Source(source, text)
-    raw = src.data
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: a policy must be a mapping with at least a 'placer' key")
-    placer = _choice(raw.get("placer"), KNOWN_PLACERS, src, ("placer",), required=True)
-    allowed = (*_COMMON_KEYS, *_PLACER_KEYS[placer])
-    _check_keys(raw, allowed, src, (), f"keys for placer {placer!r}")
-    r = _Reader(raw, src)
-    fields: dict[str, Any] = {
-        "name": r.text(("name",), placer),
-        "description": r.text(("description",), ""),
-        "placer": placer,
-        "source": source,
-        "text": text,
-    }
-    if placer == "evicpress":
-        fields.update(_evicpress_fields(r))
-    elif placer == "fixed":
-        at = ("variant",)
-        if "variant" not in raw:
-            raise ConfigError(f"{src.where(at)}: placer 'fixed' requires key 'variant'")
-        variant = check_variant(r.text(at, ""), src.where(at))
-        fields.update(
-            fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL_VARIANT, variant)))
-        )
-    return PolicyConfig(**fields)
-
-
-def _evicpress_fields(r: _Reader) -> dict[str, Any]:
-    for section in _SECTION_KEYS:
-        value = r.raw.get(section)
-        if value is not None:
-            if not isinstance(value, dict):
-                raise ConfigError(f"{r.src.where((section,))}: must be a mapping")
-            _check_keys(value, _SECTION_KEYS[section], r.src, (section,), "allowed keys")
-    methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
-    for i, m in enumerate(methods):
-        _method(m, r.src, ("variants", "methods", str(i)))
-    ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
-    return {
-        "alpha": r.number(("alpha",), 1.0, lambda x: x > 0, "> 0 (1/s)"),
-        "selection": _choice(r.get(("selection",), "per_byte"), SELECTIONS, r.src, ("selection",)),
-        "methods": methods,
-        "ratios": ratios,
-        "variants": expand_variants(methods, ratios),
-        "reprofile_threshold": r.number(
-            ("profiling", "reprofile_threshold"), 0.05, lambda x: 0 <= x < 1, "in [0, 1)"
-        ),
-        "reprofile_interval_s": r.number(
-            ("profiling", "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"
-        ),
-        **_evaluator_fields(r),
-        # A profile scored on fewer queries is shown but does not move a context (one query
-        # scored keydiff@0.5 at 1.000 on the real model; three ranked the variants right).
-        "min_queries": int(
-            r.number(
-                ("profiling", "min_queries"), 3, lambda x: x >= 1 and x == int(x), "an integer >= 1"
-            )
-        ),
-        "frequency_half_life_s": r.number(
-            ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
-        ),
-    }
-
-
-def _evaluator_fields(r: _Reader) -> dict[str, Any]:
-    at = ("profiling", "evaluator")
-    evaluator = _choice(r.get(at, "attention"), EVALUATORS, r.src, at)
-    router_url = _url(r, ("profiling", "router_url"))
-    if evaluator == "engine" and not router_url:
-        raise ConfigError(
-            f"{r.src.where(at)}: evaluator 'engine' requires profiling.router_url (the kvtierd "
-            "router in front of vLLM, e.g. http://127.0.0.1:8100)"
-        )
-    return {
-        "evaluator": _scorable_grid(evaluator, r),
-        "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
-        "evaluator_router_url": router_url,
-        "evaluator_vllm_url": _url(r, ("profiling", "vllm_url")),
-    }
-
-
-def _scorable_grid(evaluator: str, r: _Reader) -> str:
-    """``evaluator`` if it can score every variant of the grid. ``engine`` cannot score a
-    quantization-only variant (``kvtierd.integrations.engine_eval.QUANT_ONLY_REFUSED``; a test
-    holds the two together): a grid with one would fail every profile, so it is refused here,
-    at ``policy validate``, ``policy apply`` and daemon start. ``snapkv`` is left out of every
-    daemon grid anyway (the daemon cannot build it)."""
-    methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
-    ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
-    unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_BITS]
-    if evaluator != "engine" or not unscorable:
-        return evaluator
-    sources = [m if m in QUANT_BITS else f"{m} at ratio 1.0" for m in methods
-               if set(expand_variants((m,), ratios)) & set(QUANT_BITS)]  # fmt: skip
-    raise ConfigError(
-        f"{r.src.where(('profiling', 'evaluator'))}: evaluator 'engine' cannot score "
-        f"{', '.join(unscorable)} (quantization-only variants, from variants.methods "
-        f"{', '.join(sources)}): a quantized context keeps LMCache's own chunk keys, so no "
-        "answer through the router tells its load from a re-prefill, and every profile would "
-        "fail. Remove those methods (or ratio 1.0, for a composed one), or use evaluator "
-        "'attention' or 'answer'"
-    )
-
-
-def _url(r: _Reader, at: tuple[str, ...]) -> str:
-    """An optional http(s) URL (``""`` when absent), without a trailing slash."""
-    value = r.text(at, "").strip()
-    parts = urllib.parse.urlsplit(value)
-    if value and (parts.scheme not in ("http", "https") or not parts.netloc):
-        raise ConfigError(
-            f"{r.src.where(at)}: expected an http:// or https:// URL with a host, got {value!r}"
-        )
-    return value.rstrip("/")
-
-
-# -- validation helpers ---------------------------------------------------------------------
-
-
-class _Reader:
-    """Typed access to nested keys of the raw document, with errors that point at file:line."""
-
-    def __init__(self, raw: dict[str, Any], src: _Source) -> None:
-        self.raw = raw
-        self.src = src
+    def where(self, at: tuple[str, ...]) -> str:
+        return self.src.where(at)
 
     def get(self, at: tuple[str, ...], default: object) -> object:
         node: object = self.raw
@@ -287,10 +137,13 @@ class _Reader:
             node = node[key]
         return node
 
-    def text(self, at: tuple[str, ...], default: str) -> str:
+    def has(self, at: tuple[str, ...]) -> bool:
+        return self.get(at, None) is not None
+
+    def text_value(self, at: tuple[str, ...], default: str) -> str:
         value = self.get(at, default)
         if not isinstance(value, str) or (not value.strip() and default):
-            raise ConfigError(f"{self.src.where(at)}: expected a non-empty string, got {value!r}")
+            raise ConfigError(f"{self.where(at)}: expected a non-empty string, got {value!r}")
         return value
 
     def number(
@@ -298,28 +151,38 @@ class _Reader:
     ) -> float:
         value = self.get(at, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{self.src.where(at)}: expected a number {rule}, got {value!r}")
+            raise ConfigError(f"{self.where(at)}: expected a number {rule}, got {value!r}")
         if math.isnan(value) or not ok(float(value)):
-            raise ConfigError(f"{self.src.where(at)}: must be {rule}, got {value!r}")
+            raise ConfigError(f"{self.where(at)}: must be {rule}, got {value!r}")
         return float(value)
+
+    def choice(self, at: tuple[str, ...], allowed: tuple[str, ...], default: str = "") -> str:
+        """One of ``allowed``; without a ``default`` the key is required."""
+        value = self.get(at, default or None)
+        if value is None:
+            raise ConfigError(f"{self.where(at)}: required key; allowed values: "
+                              f"{', '.join(allowed)}")  # fmt: skip
+        if value not in allowed:
+            raise ConfigError(f"{self.where(at)}: {value!r} is not allowed; allowed values: "
+                              f"{', '.join(allowed)}")  # fmt: skip
+        return str(value)
 
     def str_list(self, at: tuple[str, ...], default: tuple[str, ...]) -> tuple[str, ...]:
         value = self.get(at, default)
         if not isinstance(value, list | tuple) or not value:
-            raise ConfigError(f"{self.src.where(at)}: expected a non-empty list, got {value!r}")
+            raise ConfigError(f"{self.where(at)}: expected a non-empty list, got {value!r}")
         for i, item in enumerate(value):
             if not isinstance(item, str):
-                where = self.src.where((*at, str(i)))
-                raise ConfigError(f"{where}: expected a string, got {item!r}")
+                raise ConfigError(f"{self.where((*at, str(i)))}: expected a string, got {item!r}")
         return tuple(dict.fromkeys(value))
 
     def ratio_list(self, at: tuple[str, ...], default: tuple[float, ...]) -> tuple[float, ...]:
         value = self.get(at, default)
         if not isinstance(value, list | tuple) or not value:
-            raise ConfigError(f"{self.src.where(at)}: expected a non-empty list of ratios")
+            raise ConfigError(f"{self.where(at)}: expected a non-empty list of ratios")
         out: list[float] = []
         for i, item in enumerate(value):
-            where = self.src.where((*at, str(i)))
+            where = self.where((*at, str(i)))
             if isinstance(item, bool) or not isinstance(item, int | float):
                 raise ConfigError(f"{where}: expected a ratio in (0, 1], got {item!r}")
             if not 0.0 < float(item) <= 1.0:
@@ -327,37 +190,103 @@ class _Reader:
             out.append(float(item))
         return tuple(sorted(set(out), reverse=True))
 
+    def check_keys(self, at: tuple[str, ...], allowed: tuple[str, ...], what: str) -> None:
+        """Every key of the mapping at ``at`` (``()``: the document) is one of ``allowed``."""
+        node = self.get(at, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{self.where(at)}: must be a mapping")
+        for key in node:
+            if key not in allowed:
+                raise ConfigError(f"{self.where((*at, str(key)))}: unknown key; {what}: "
+                                  f"{', '.join(allowed) or '(none)'}")  # fmt: skip
 
-def _check_keys(
-    raw: dict[str, Any], allowed: tuple[str, ...], src: _Source, at: tuple[str, ...], what: str
+
+def read_profiled(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+    """``policy`` with the sections of a placer that places by profiles (:data:`PROFILED_KEYS`):
+    the variant grid, profiling and the access frequency's half-life."""
+    for section, keys in _SECTION_KEYS.items():
+        doc.check_keys((section,), keys, "allowed keys")
+    methods = doc.str_list(("variants", "methods"), DEFAULT_METHODS)
+    for i, m in enumerate(methods):
+        try:
+            parse_grid_method(m)
+        except ValueError as e:
+            raise ConfigError(f"{doc.where(('variants', 'methods', str(i)))}: {e}") from e
+    ratios = doc.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
+    at = ("profiling",)
+    policy = replace(
+        policy,
+        methods=methods,
+        ratios=ratios,
+        variants=expand_variants(methods, ratios),
+        reprofile_threshold=doc.number(
+            (*at, "reprofile_threshold"), 0.05, lambda x: 0 <= x < 1, "in [0, 1)"
+        ),
+        reprofile_interval_s=doc.number((*at, "interval_s"), 300.0, lambda x: x > 0, "> 0 seconds"),
+        # A profile scored on fewer queries is shown but does not move a context (one query
+        # scored keydiff@0.5 at 1.000 on the real model; three ranked the variants right).
+        min_queries=int(
+            doc.number((*at, "min_queries"), 3, lambda x: x >= 1 and x == int(x), "an integer >= 1")
+        ),
+        frequency_half_life_s=doc.number(
+            ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
+        ),
+    )
+    return _with_evaluator(doc, policy)
+
+
+def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+    at = ("profiling", "evaluator")
+    evaluator = doc.choice(at, EVALUATORS, "attention")
+    router_url = _url(doc, ("profiling", "router_url"))
+    if evaluator == "engine" and not router_url:
+        raise ConfigError(
+            f"{doc.where(at)}: evaluator 'engine' requires profiling.router_url (the kvtierd "
+            "router in front of vLLM, e.g. http://127.0.0.1:8100)"
+        )
+    if evaluator == "engine":
+        _scorable_by_engine(doc, policy.methods, policy.ratios)
+    return replace(
+        policy,
+        evaluator=evaluator,
+        evaluator_model_dir=doc.text_value(("profiling", "model_dir"), ""),
+        evaluator_router_url=router_url,
+        evaluator_vllm_url=_url(doc, ("profiling", "vllm_url")),
+    )
+
+
+def _scorable_by_engine(
+    doc: PolicyDocument, methods: tuple[str, ...], ratios: tuple[float, ...]
 ) -> None:
-    for key in raw:
-        if key not in allowed:
-            where = src.where((*at, str(key)))
-            raise ConfigError(f"{where}: unknown key; {what}: {', '.join(allowed) or '(none)'}")
+    """``engine`` cannot score a quantization-only variant
+    (``kvtierd.integrations.engine_eval.QUANT_ONLY_REFUSED``; a test holds the two together): a
+    grid with one would fail every profile, so it is refused here, at ``policy validate``,
+    ``policy apply`` and daemon start. ``snapkv`` is left out of every daemon grid anyway (the
+    daemon cannot build it)."""
+    unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_BITS]
+    if not unscorable:
+        return
+    sources = [m if m in QUANT_BITS else f"{m} at ratio 1.0" for m in methods
+               if set(expand_variants((m,), ratios)) & set(QUANT_BITS)]  # fmt: skip
+    raise ConfigError(
+        f"{doc.where(('profiling', 'evaluator'))}: evaluator 'engine' cannot score "
+        f"{', '.join(unscorable)} (quantization-only variants, from variants.methods "
+        f"{', '.join(sources)}): a quantized context keeps LMCache's own chunk keys, so no "
+        "answer through the router tells its load from a re-prefill, and every profile would "
+        "fail. Remove those methods (or ratio 1.0, for a composed one), or use evaluator "
+        "'attention' or 'answer'"
+    )
 
 
-def _choice(
-    value: object,
-    allowed: tuple[str, ...],
-    src: _Source,
-    at: tuple[str, ...],
-    required: bool = False,
-) -> str:
-    if value is None and required:
-        raise ConfigError(f"{src.where(at)}: required key; allowed values: {', '.join(allowed)}")
-    if value not in allowed:
-        raise ConfigError(f"{src.where(at)}: {value!r} is not allowed; allowed values: "
-                          f"{', '.join(allowed)}")  # fmt: skip
-    return str(value)
-
-
-def _method(text: str, src: _Source, at: tuple[str, ...]) -> None:
-    """A grid method: a drop method (with options), a quantization, or ``<drop>+<quant>``."""
-    try:
-        parse_grid_method(text)
-    except ValueError as e:
-        raise ConfigError(f"{src.where(at)}: {e}") from e
+def _url(doc: PolicyDocument, at: tuple[str, ...]) -> str:
+    """An optional http(s) URL (``""`` when absent), without a trailing slash."""
+    value = doc.text_value(at, "").strip()
+    parts = urllib.parse.urlsplit(value)
+    if value and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ConfigError(
+            f"{doc.where(at)}: expected an http:// or https:// URL with a host, got {value!r}"
+        )
+    return value.rstrip("/")
 
 
 def check_variant(text: str, where: str = "variant") -> str:

@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import (
-    KNOWN_PLACERS,
-    PLACER_PARAMS_FIELDS,
-    PolicyConfig,
-    default_policy,
-    load_policy,
-    parse_policy,
-)
+from kvtierd.policies import PLACERS
+from kvtierd.policies.loader import default_policy, load_policy, parse_policy
+from kvtierd.policy_config import EVALUATORS, PLACER_PARAMS_FIELDS, PolicyConfig
 from kvtierd.variants import expand_variants, parse_variant
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +26,7 @@ def test_presets_exist() -> None:
 def test_every_preset_loads_and_names_itself_after_its_file(path: Path) -> None:
     policy = load_policy(path)
     assert policy.name == path.stem
-    assert policy.placer in KNOWN_PLACERS
+    assert policy.placer in PLACERS.names()
     assert policy.source == str(path)
     assert policy.text == path.read_text()
     assert policy.variants[0] == "none"
@@ -183,10 +178,38 @@ def test_every_expanded_variant_parses_in_the_kernel_grammar(path: Path) -> None
         assert str(parse_variant(name)) == name
 
 
-def test_registered_placers_are_allowed_in_policies() -> None:
-    from kvtierd.policies import PLACERS
+def test_evaluator_names_are_the_registered_built_ins() -> None:
+    from kvtierd.profiler import EVALUATORS as REGISTRY
 
-    assert set(PLACERS.names()) <= set(KNOWN_PLACERS)
+    assert set(EVALUATORS) == set(REGISTRY.names())
+
+
+def test_each_placer_reads_only_its_own_keys() -> None:
+    """The loader asks the placer: a key another placer reads is refused, naming the keys this
+    placer allows, and a placer registered with its own schema is read by it."""
+    from dataclasses import replace
+
+    from kvtierd.policies.lru import LruPlacer
+    from kvtierd.policy_config import PolicyDocument
+
+    keys = "name, description, placer, alpha, selection, variants, profiling, frequency"
+    with pytest.raises(ConfigError, match=rf"p\.yaml:2: variant: unknown key; keys for placer "
+                       rf"'evicpress': {keys}$"):  # fmt: skip
+        parse_policy("placer: evicpress\nvariant: int8\n", "p.yaml")
+
+    class Tagged(LruPlacer):
+        name = "tagged"
+        policy_keys = ("tag",)
+
+        @classmethod
+        def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+            return replace(policy, description=doc.text_value(("tag",), "none"))
+
+    with PLACERS.registered(Tagged):
+        assert parse_policy("placer: tagged\ntag: x\n", "p.yaml").description == "x"
+        with pytest.raises(ConfigError, match=r"keys for placer 'tagged': name, description, "
+                           r"placer, tag$"):  # fmt: skip
+            parse_policy("placer: tagged\nalpha: 2\n", "p.yaml")
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)

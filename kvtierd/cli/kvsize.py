@@ -19,7 +19,8 @@ from typing import Any
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output, human_bytes
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import DEFAULT_METHODS, check_variant, load_policy
+from kvtierd.policies.loader import load_policy
+from kvtierd.policy_config import DEFAULT_METHODS, check_variant
 from kvtierd.sizes import DTYPE_ALIASES, DTYPE_BYTES, dtype_bytes, variant_kept_tokens
 from kvtierd.sizes import variant_size_bytes as _variant_size_bytes
 from kvtierd.variants import expand_variants

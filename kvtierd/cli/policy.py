@@ -9,13 +9,17 @@ again and swaps it in whole, or keeps the running policy and answers INVALID_ARG
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 from kvtierd.cli.admin import connect
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output, to_dict
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import PolicyConfig, parse_policy
+from kvtierd.policies import placer_class
+from kvtierd.policies.loader import parse_policy
+from kvtierd.policy_config import PolicyConfig
 from kvtierd.rpc import kvtier_pb2 as pb
 
 
@@ -28,38 +32,40 @@ def read_policy(path: str) -> tuple[str, PolicyConfig]:
         policy = parse_policy(text, path)
     except ConfigError as e:
         raise CliError(ExitCode.INVALID, str(e)) from e
-    # The registry is the final word on placer names (policy_config cannot import it).
-    from kvtierd.policies import placer_class
-
-    try:
-        placer_class(policy.placer)
-    except ValueError as e:
-        raise CliError(ExitCode.INVALID, f"{path}: placer: {e}") from e
     return text, policy
 
 
+SHOWN: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "alpha": ("alpha",),
+        "selection": ("selection",),
+        "variants": ("methods", "ratios", "variants"),
+        "profiling": ("reprofile_threshold", "reprofile_interval_s"),
+        "frequency": ("frequency_half_life_s",),
+        "variant": ("fixed_variant",),
+    }
+)
+"""The ``PolicyConfig`` attributes a policy key sets, shown when the placer reads the key."""
+
+
 def summary(policy: PolicyConfig) -> dict[str, object]:
-    """What a policy sets, for tables and ``--json``."""
+    """What a policy sets, for tables and ``--json``: the common keys, then the attributes the
+    keys its placer reads set (``Placer.policy_keys``); the grid as its number of variants."""
     out: dict[str, object] = {
         "name": policy.name,
         "placer": policy.placer,
         "source": policy.source,
         "description": policy.description,
     }
-    if policy.placer == "evicpress":
-        out.update(
-            alpha=policy.alpha,
-            selection=policy.selection,
-            methods=list(policy.methods),
-            ratios=list(policy.ratios),
-            variants=len(policy.variants),
-            reprofile_threshold=policy.reprofile_threshold,
-            reprofile_interval_s=policy.reprofile_interval_s,
-            frequency_half_life_s=policy.frequency_half_life_s,
-        )
-    if policy.fixed_variant:
-        out["fixed_variant"] = policy.fixed_variant
+    for key in placer_class(policy.placer).policy_keys:
+        for attr in SHOWN.get(key, ()):
+            value = getattr(policy, attr)
+            out[attr] = len(value) if attr == "variants" else _plain(value)
     return out
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def run_validate(args: argparse.Namespace, out: Output) -> ExitCode:

@@ -45,7 +45,8 @@ from kvtierd.errors import (
 from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
 from kvtierd.metrics import Metrics
 from kvtierd.policies import Placer, PlacerParams, placer_class
-from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
+from kvtierd.policies.loader import default_policy, load_policy
+from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
 from kvtierd.storage import CpuTier, Tier, create_tier
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.pooled import PooledTier

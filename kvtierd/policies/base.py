@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from kvtierd.policy_config import PolicyConfig, PolicyDocument
 from kvtierd.registry import Registry
 from kvtierd.types import ContextProfile, Placement, Plan, TierModel
 
@@ -42,9 +43,22 @@ class PlacerParams:
 
 
 class Placer(abc.ABC):
-    """Base of every placer; subclasses set ``name`` and are found by it in :data:`PLACERS`."""
+    """Base of every placer; subclasses set ``name`` and are found by it in :data:`PLACERS`.
+
+    A placer declares its own policy schema: the top-level keys of a policy document it reads
+    (``policy_keys``) and how (:meth:`read_policy`); the loader
+    (:mod:`kvtierd.policies.loader`) refuses any other key.
+    """
 
     name: ClassVar[str]
+    policy_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+        """``policy`` (its name and description read) with what this placer's keys of ``doc``
+        set; raises ``ConfigError`` naming the key and what is allowed. This default reads
+        nothing: a placer without knobs."""
+        return policy
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         if not tiers:

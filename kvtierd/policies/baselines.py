@@ -12,17 +12,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import ClassVar
 
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.errors import ConfigError, InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.lru import LruPlacer
-from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
+from kvtierd.policy_config import PolicyConfig, PolicyDocument, check_variant
+from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ContextProfile, Placement, Plan, TierModel
 
 
 class FixedPlacer(LruPlacer):
     """One fixed variant for all contexts + LRU eviction (``params.fixed_variant``)."""
 
     name = "fixed"
+    policy_keys: ClassVar[tuple[str, ...]] = ("variant",)
+
+    @classmethod
+    def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+        """``variant``, required: the one variant every context is stored as."""
+        at = ("variant",)
+        if not doc.has(at):
+            raise ConfigError(f"{doc.where(at)}: placer 'fixed' requires key 'variant'")
+        variant = check_variant(doc.text_value(at, ""), doc.where(at))
+        grid = tuple(dict.fromkeys((ORIGINAL_VARIANT, variant)))
+        return replace(policy, fixed_variant=variant, variants=grid)
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         super().__init__(tiers, params)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from kvtierd.policies.model import Assignment, IntArray, UtilityTable, capacity_
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
+from kvtierd.policy_config import PROFILED_KEYS, PolicyConfig, PolicyDocument, read_profiled
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 INSERT_LIMITS = RefineLimits(time_limit_s=0.1, rounds=1)
@@ -52,6 +54,15 @@ class EvicPressPlacer(Placer):
     """EvicPress's greedy multi-choice-knapsack placer."""
 
     name = "evicpress"
+    policy_keys: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_KEYS)
+
+    @classmethod
+    def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
+        """``alpha`` (1/s), ``selection`` and the sections of a placer that places by profiles
+        (the variant grid, profiling, frequency)."""
+        alpha = doc.number(("alpha",), 1.0, lambda x: x > 0, "> 0 (1/s)")
+        selection = doc.choice(("selection",), tuple(s.value for s in Selection), "per_byte")
+        return read_profiled(doc, replace(policy, alpha=alpha, selection=selection))
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         super().__init__(tiers, params)

@@ -9,7 +9,7 @@ from kvtierd import __version__
 from kvtierd.engine import Engine
 from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import InvalidArgumentError, NotFoundError
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import record_info

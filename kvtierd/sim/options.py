@@ -135,9 +135,8 @@ def placer_choice(args: argparse.Namespace) -> PlacerChoice:
     """The placer of ``--policy`` or ``--placer``, ``--alpha`` applied (CliError if bad)."""
     if args.policy:
         _, policy = read_policy(args.policy)
-        spec = policy.placer
-        if policy.placer == "fixed":
-            spec = f"fixed:{policy.fixed_variant}"
+        # a placer's argument (``fixed:<variant>``) is the policy's fixed variant
+        spec = f"{policy.placer}:{policy.fixed_variant}" if policy.fixed_variant else policy.placer
         choice = PlacerChoice(
             spec, policy.alpha, policy.selection, policy.frequency_half_life_s, policy
         )

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvtierd.config import DaemonConfig, TlsConfig, load_daemon_config
-from kvtierd.policy_config import PolicyConfig, parse_policy
+from kvtierd.policies.loader import parse_policy
+from kvtierd.policy_config import PolicyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "configuration.md").read_text()

@@ -21,7 +21,7 @@ from kvtierd.client import KVClient
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
     ProfileLayout,

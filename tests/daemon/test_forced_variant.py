@@ -15,8 +15,8 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+from kvtierd.policies.loader import parse_policy
 from kvtierd.policies.plan_order import BREAK_CYCLE
-from kvtierd.policy_config import parse_policy
 from kvtierd.types import (
     DROPPED,
     ORIGINAL_VARIANT,

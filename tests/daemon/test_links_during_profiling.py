@@ -15,7 +15,7 @@ from types import MappingProxyType
 import pytest
 
 from kvtierd.engine import Engine
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
     ProfileLayout,

@@ -12,7 +12,7 @@ import pytest
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     CHUNK_BYTES,
     CHUNKS,

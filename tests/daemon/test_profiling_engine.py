@@ -20,7 +20,7 @@ from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
     ProfileLayout,

@@ -19,7 +19,7 @@ import yaml
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
-from kvtierd.policy_config import default_policy, load_policy
+from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.daemon_proc import REPO, DaemonProcess, certificate, free_port, write_config
 
@@ -128,7 +128,7 @@ def test_the_example_config_works_from_any_directory(tmp_path):
     directory it used to point nowhere."""
     code = (
         "from kvtierd.config import load_daemon_config\n"
-        "from kvtierd.policy_config import load_policy\n"
+        "from kvtierd.policies.loader import load_policy\n"
         f"c = load_daemon_config({str(REPO / 'configs' / 'kvtierd.yaml')!r})\n"
         "print(c.policy_file, load_policy(c.policy_file).placer)\n"
     )

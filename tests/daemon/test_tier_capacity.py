@@ -20,7 +20,7 @@ import pytest
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.types import ObjectMeta
 
 CHUNK = 64 << 10

@@ -11,7 +11,7 @@ import pytest
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 
 

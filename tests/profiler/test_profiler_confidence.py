@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     EVALUATORS,
     ContextKV,

@@ -15,7 +15,7 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.errors import ConfigError, InvalidArgumentError, UnavailableError
 from kvtierd.integrations.engine_eval import EngineEvaluator, scorable_variant
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import ContextKV, ProfilingQuery, evaluator_class, make_evaluator
 
 ROOT = Path(__file__).resolve().parents[2]

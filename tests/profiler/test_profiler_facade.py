@@ -11,7 +11,7 @@ import torch
 
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.api import compress_dense
-from kvtierd.policy_config import parse_policy
+from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     EVALUATORS,
     INITIAL_QUERIES,
