@@ -3,7 +3,7 @@
 Starts a 3-master cluster on loopback (tests/storage/redis_cluster.py), then, interleaved per
 repetition, moves the same 64 MiB object through
 
-* the tier (``RemoteTier.put`` / ``read_into``: checksum, staged parts, commit script, manifest),
+* the tier (``RemoteTier.put`` / ``read_into``: checksum, staged parts, commit script, header),
 * raw redis-py, synchronous cluster client, one pipeline of 4 MiB SET/GETs under one hash tag,
 * raw redis-py, asyncio cluster client, the same pipeline.
 

@@ -97,7 +97,7 @@ class DaemonConfig:
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
-    prefill_tokens_per_s: float = 5000.0  # the engine's prefill speed, for the TTFT model
+    prefill_tokens_per_s: float = 5000.0  # vLLM's prefill speed, for the TTFT model
     token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
     log_json: bool = False

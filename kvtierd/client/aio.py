@@ -204,7 +204,7 @@ class AsyncKVClient:
 
     async def report_served(self, sample: Any) -> pb.ReportServedResponse:
         """A served request's timing (``router.timing.ServedSample``): teaches the daemon's
-        TTFT model the serving engine's prefill speed."""
+        TTFT model vLLM's prefill speed."""
         req = pb.ReportServedRequest(
             prompt_tokens=sample.prompt_tokens,
             cached_tokens=sample.cached_tokens,

@@ -26,9 +26,9 @@ the daemon learns the context's tokens and records the prompt as a real query of
 (``prompt_links``).
 
 **Failures never reach LMCache as exceptions.** LMCache 0.5.6 does not catch a plugin's
-exceptions on the load path: one raised from a get reaches vLLM's worker and kills the engine
-(seen with a corrupt chunk). So every failure is logged here at ERROR with its traceback,
-counted in ``stats`` (``errors``, ``last_error``), and answered the way LMCache expects a
+exceptions on the load path: one raised from a get reaches vLLM's worker and kills vLLM's
+engine core (seen with a corrupt chunk). So every failure is logged here at ERROR with its
+traceback, counted in ``stats`` (``errors``, ``last_error``), and answered the way LMCache expects a
 failure: a lookup as a miss, a load as ``None`` for the chunk that failed and every chunk after
 it (LMCache reports those blocks and vLLM's ``kv_load_failure_policy`` decides: ``fail`` fails
 the request), a put as not stored. A lookup of a rewritten placeholder request
@@ -95,7 +95,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.links = ContextLinks()
         self.context_chunks = ContextChunks()
         self.codec_device = codec_device()
-        # Contexts whose plan was only partly applied, logged once each (the most recent).
+        # Contexts whose write plan was only partly applied, logged once each (the most recent).
         self._noted: OrderedDict[str, None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
         self._lock = threading.Lock()
@@ -235,8 +235,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         # A scoped store (profiling) writes only its variant: the put's chunks keep their
         # LMCache keys, which production prompts load (router_protocol: scopes).
         if todo and not tag(keys[0], "kvtierd_scope"):
-            plan = self._plan(keys[0], names, present.index(False), forced, todo)
-            self._store(todo, plan)
+            put_plan = self._put_plan(keys[0], names, present.index(False), forced, todo)
+            self._store(todo, put_plan)
         if forced and parse_variant(forced).drops_tokens and not rewritten:
             from kvtierd.integrations.placeholder_store import store_placeholder_variant
 
@@ -249,7 +249,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 )
             store_placeholder_variant(self, request, names, objs)
 
-    def _plan(
+    def _put_plan(
         self,
         key: Any,
         names: list[str],

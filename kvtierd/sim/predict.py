@@ -3,7 +3,7 @@
 The workload file (:mod:`.given`) says what was sent; the calibration (:mod:`.calibration`)
 what the stack measured one request at a time. The replay runs the placer exactly as for a
 synthetic workload, with the calibrated tiers and prefill line; each measured request's
-predicted TTFT then adds waiting on one engine serving in arrival order, held ``decode_s``
+predicted TTFT then adds waiting on one LLM server serving in arrival order, held ``decode_s``
 after each first token (:func:`kvtierd.sim.timing.queued_ttft_s`), so it is comparable with
 TTFTs taken at the client of an open-loop run. ``benchmarks/sim_e2e.py`` puts it beside
 ``bench_e2e.py``'s measurements.

@@ -5,7 +5,7 @@ Per request for context ``c`` (EvicPress §6.1 metrics):
 * cached at ``(variant, tier)``: TTFT = bytes / tier bandwidth + tier overhead + restore +
   prefill of the query after the kept tokens; quality = the variant's profiled quality. When
   that is slower than recomputing (``recompute_slower_loads``, on by default) the request is
-  **recomputed** instead, as a serving engine that knows both costs would: TTFT = prefill of
+  **recomputed** instead, as an LLM server that knows both costs would: TTFT = prefill of
   context + query, quality 1.0. This applies to every placer alike: without it the LRU family
   loads from tiers slower than prefill (29-39% of its requests in the paper-scale sweep);
 * not cached (first use, evicted, or dropped): TTFT = prefill of context + query, quality 1.0.

@@ -1,17 +1,17 @@
-"""How long a request takes: prefill models and queueing on one serving engine.
+"""How long a request takes: prefill models and queueing on one LLM server (vLLM).
 
 Two prefill models, one interface (seconds to prefill ``new`` tokens after ``past`` ones):
 
 * :class:`RooflinePrefill` — the paper-scale model: ``2 * active_params`` FLOPs per token plus
   attention ``4 * layers * q_heads * head_dim`` FLOPs per token pair, at ``flops`` (default H100
   bf16 dense 989 TFLOP/s x 40% utilisation);
-* :class:`LinearPrefill` — a measured engine (:mod:`kvtierd.sim.calibration`): a fixed
+* :class:`LinearPrefill` — a measured LLM server (:mod:`kvtierd.sim.calibration`): a fixed
   ``overhead_s`` per request plus ``seconds_per_token`` per new token. It charges the overhead
-  to every request, hit or miss (a hit still goes through the engine's scheduler and prefills
+  to every request, hit or miss (a hit still goes through the server's scheduler and prefills
   its query), so a hit's TTFT is ``overhead_s + seconds_per_token * query + tier load``.
 
 The unloaded TTFT of a request is its service time; :func:`queued_ttft_s` adds waiting on one
-engine that serves requests first come, first served (with ``hold_s`` seconds of decoding after
+LLM server that serves requests first come, first served (with ``hold_s`` seconds of decoding after
 each first token before the next request starts).
 """
 
@@ -53,7 +53,7 @@ class RooflinePrefill:
 
 @dataclass(frozen=True, slots=True)
 class LinearPrefill:
-    """A measured engine: ``overhead_s + seconds_per_token * new_tokens`` (module docstring).
+    """A measured LLM server: ``overhead_s + seconds_per_token * new_tokens`` (module docstring).
 
     The attention term's growth with ``past_tokens`` is inside the fitted slope at the
     lengths measured; small models on CPUs are dominated by the linear layers.
@@ -75,8 +75,8 @@ class LinearPrefill:
 
 
 def queued_ttft_s(arrival_s: FloatArray, service_s: FloatArray, hold_s: float = 0.0) -> FloatArray:
-    """Per request: waiting + service on one engine serving in arrival order (``arrival_s``
-    ascending). After its first token a request holds the engine ``hold_s`` more seconds."""
+    """Per request: waiting + service on one LLM server serving in arrival order (``arrival_s``
+    ascending). After its first token a request holds the server ``hold_s`` more seconds."""
     out = np.empty_like(service_s)
     free = -np.inf
     for k, (a, s) in enumerate(zip(arrival_s.tolist(), service_s.tolist(), strict=True)):
@@ -101,7 +101,7 @@ def qps_at_ttft(
     mean = float(service_s.mean())
     if mean >= target_s:
         return 0.0
-    lo, high = 0.0, min(hi, 1.0 / mean)  # at most the engine's saturation
+    lo, high = 0.0, min(hi, 1.0 / mean)  # at most the server's saturation
     for _ in range(40):
         mid = (lo + high) / 2
         if mid > 0 and loaded_ttft_s(arrival_s, service_s, mid) <= target_s:

@@ -1,6 +1,6 @@
 """The remote tier: objects in a shared Redis Cluster (or Valkey), EvicPress's unbounded tier.
 
-An object is split into parts of at most ``value_bytes`` and described by a manifest key set
+An object is split into parts of at most ``value_bytes`` and described by a header key set
 last (key scheme and scripts in :mod:`kvtierd.storage.remote_format`; docs/remote-tier.md).
 Several daemons share one namespace: ``get_meta`` / ``contains`` / ``read_into`` ask Redis, not
 a local cache. Reads never return unchecked bytes: the xxh3_64 of the whole object is verified
@@ -39,7 +39,7 @@ from kvtierd.storage.remote_cluster import (
     make_async_client,
     make_sync_client,
 )
-from kvtierd.storage.remote_format import Manifest, RemoteOptions, new_generation, object_keys
+from kvtierd.storage.remote_format import ObjectHeader, RemoteOptions, new_generation, object_keys
 from kvtierd.storage.remote_reader import ObjectReader
 from kvtierd.storage.remote_writer import ObjectWriter
 from kvtierd.types import ObjectMeta, TierStats
@@ -60,7 +60,7 @@ class RemoteTier(Tier):
 
     kind = "remote"
     # benchmarks/RESULTS.md (remote tier): tier gets of 64 MiB ran 0.48-0.98 GB/s on loopback;
-    # a real network is slower, and a load costs round trips (manifest, then the parts).
+    # a real network is slower, and a load costs round trips (header, then the parts).
     read_prior = TransferFit(1e-3, 0.4e9)
     shared = True  # several daemons store into one cluster (the engine asks it on a miss)
     persistent = True  # objects live in Redis and outlive the daemon (not a Redis restart
@@ -179,7 +179,7 @@ class RemoteTier(Tier):
     # -- writes ------------------------------------------------------------------------------
 
     async def put(self, meta: ObjectMeta, data: memoryview) -> ObjectMeta:
-        """Store the object: parts (with a staging TTL) pipelined, then the manifest atomically.
+        """Store the object: parts (with a staging TTL) pipelined, then the header atomically.
 
         Raises ``AlreadyExistsError``, ``StorageFullError`` (capacity or Redis ``maxmemory``),
         ``UnavailableError`` (cluster unreachable, or ``op_timeout_s`` exceeded).
@@ -217,7 +217,7 @@ class RemoteTier(Tier):
         keys = object_keys(self.options.namespace, tenant, key)
         timeout_s = self.options.op_timeout_s
         try:
-            raw = await asyncio.wait_for(self._reader.manifest(keys.manifest), timeout_s)
+            raw = await asyncio.wait_for(self._reader.header(keys.header), timeout_s)
             dropped = raw is not None and await asyncio.wait_for(
                 self._reader.drop(keys, raw), timeout_s
             )
@@ -266,7 +266,7 @@ class RemoteTier(Tier):
         async callers should prefer :meth:`fetch_meta`). Unreachable or unreadable -> miss."""
         keys = object_keys(self.options.namespace, tenant, key)
         try:
-            raw = self._writer.manifest(keys.manifest)
+            raw = self._writer.header(keys.header)
         except UNREACHABLE as e:
             self._health.failed("get_meta", e)
             raise NotFoundError(f"remote tier {self.name}: {key!r} is a miss: {e!r}") from e
@@ -277,7 +277,7 @@ class RemoteTier(Tier):
         keys = object_keys(self.options.namespace, tenant, key)
         try:
             raw = await asyncio.wait_for(
-                self._reader.manifest(keys.manifest), self.options.op_timeout_s
+                self._reader.header(keys.header), self.options.op_timeout_s
             )
         except UNREACHABLE as e:
             self._health.failed("get_meta", e)
@@ -289,7 +289,7 @@ class RemoteTier(Tier):
             self._forget(tenant, key)
             raise NotFoundError(f"remote tier {self.name}: no object {key!r}")
         try:
-            meta = Manifest.decode(raw).meta
+            meta = ObjectHeader.decode(raw).meta
         except CorruptObjectError as e:  # the next read_into or delete removes it
             raise NotFoundError(f"remote tier {self.name}: {key!r} is unreadable") from e
         if meta.key != key or meta.tenant != tenant:
@@ -305,7 +305,7 @@ class RemoteTier(Tier):
         return True
 
     def metas(self) -> Iterator[ObjectMeta]:
-        """Every object of the namespace, all tenants: SCAN of every primary for manifests plus
+        """Every object of the namespace, all tenants: SCAN of every primary for headers plus
         pipelined GETs — O(keys in the cluster) server work; for start-up and audits only.
         Raises ``UnavailableError`` if a node is unreachable (the listing is then partial)."""
         try:

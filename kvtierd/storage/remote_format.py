@@ -1,14 +1,14 @@
-"""What the remote tier stores in Redis: options, the key scheme, the manifest and two scripts.
+"""What the remote tier stores in Redis: options, the key scheme, the header and two scripts.
 
 Key scheme (docs/remote-tier.md): an object ``(tenant, key)`` lives under the hash tag
 ``h = xxh3_128(namespace, tenant, key)`` (length-prefixed, hex), so no client string reaches a
 Redis key, and every key of one object hashes to one cluster slot (one node, one pipeline, one
 atomic script)::
 
-    <namespace>:{<h>}:m                 manifest (JSON: ObjectMeta + parts + generation)
+    <namespace>:{<h>}:m                 header (JSON: ObjectMeta + parts + generation)
     <namespace>:{<h>}:<gen>:<i>         part i (<= part_bytes), gen = 16 random hex per write
 
-Parts carry a per-write generation so two writers of one key never mix parts, and the manifest
+Parts carry a per-write generation so two writers of one key never mix parts, and the header
 is set last, atomically with the check that every part exists (``COMMIT_SCRIPT``).
 """
 
@@ -28,11 +28,11 @@ from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError, CorruptObjectError
 from kvtierd.types import ObjectMeta
 
-MANIFEST_VERSION = 1
+HEADER_VERSION = 1
 _NAMESPACE_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
-# Atomic commit. KEYS[1] = manifest, KEYS[2..] = parts; ARGV[1] = manifest, ARGV[2] = ttl ms.
-# Returns 1 committed, 0 the manifest already exists, -1 a staged part has expired. On 0 and -1
+# Atomic commit. KEYS[1] = header, KEYS[2..] = parts; ARGV[1] = header, ARGV[2] = ttl ms.
+# Returns 1 committed, 0 the header already exists, -1 a staged part has expired. On 0 and -1
 # the staged parts are removed so a failed write leaves nothing behind.
 COMMIT_SCRIPT = """
 local function drop_parts()
@@ -55,7 +55,7 @@ end
 return 1
 """
 
-# Compare-and-delete. KEYS[1] = manifest, KEYS[2..] = parts; ARGV[1] = the manifest as read.
+# Compare-and-delete. KEYS[1] = header, KEYS[2..] = parts; ARGV[1] = the header as read.
 # Deletes only the generation that was read, never a newer object written meanwhile.
 DROP_SCRIPT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -137,10 +137,10 @@ class ObjectKeys:
     """The Redis key names of one object; ``part(gen, i)`` names part ``i`` of a generation."""
 
     tag: str
-    manifest: str
+    header: str
 
     def part(self, generation: str, index: int) -> str:
-        return f"{self.manifest[:-2]}:{generation}:{index}"
+        return f"{self.header[:-2]}:{generation}:{index}"
 
     def parts(self, generation: str, count: int) -> list[str]:
         return [self.part(generation, i) for i in range(count)]
@@ -155,11 +155,11 @@ def object_keys(namespace: str, tenant: str, key: str) -> ObjectKeys:
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
     tag = h.hexdigest()
-    return ObjectKeys(tag=tag, manifest=f"{namespace}:{{{tag}}}:m")
+    return ObjectKeys(tag=tag, header=f"{namespace}:{{{tag}}}:m")
 
 
-def manifest_pattern(namespace: str) -> str:
-    """SCAN MATCH pattern for every manifest of a namespace (the namespace has no glob chars)."""
+def header_pattern(namespace: str) -> str:
+    """SCAN MATCH pattern for every header of a namespace (the namespace has no glob chars)."""
     return f"{namespace}:{{*}}:m"
 
 
@@ -179,7 +179,7 @@ def part_count(size_bytes: int, part_bytes: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Manifest:
+class ObjectHeader:
     """One committed object: its metadata (``meta.checksum`` = xxh3_64 of all bytes), its
     part size and count, and the generation naming its parts."""
 
@@ -191,7 +191,7 @@ class Manifest:
     def encode(self) -> bytes:
         m = self.meta
         doc = {
-            "v": MANIFEST_VERSION, "key": m.key, "tenant": m.tenant, "size": m.size_bytes,
+            "v": HEADER_VERSION, "key": m.key, "tenant": m.tenant, "size": m.size_bytes,
             "context_id": m.context_id, "variant": m.variant, "dtype": m.dtype,
             "shape": list(m.shape), "layout": m.layout, "token_count": m.token_count,
             "kept_indices": base64.b64encode(m.kept_indices).decode("ascii"),
@@ -203,12 +203,12 @@ class Manifest:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> Manifest:
-        """Parse a stored manifest; anything malformed is a ``CorruptObjectError``."""
+    def decode(cls, raw: bytes) -> ObjectHeader:
+        """Parse a stored header; anything malformed is a ``CorruptObjectError``."""
         try:
             d = json.loads(raw)
-            if d["v"] != MANIFEST_VERSION:
-                raise ValueError(f"manifest version {d['v']}")
+            if d["v"] != HEADER_VERSION:
+                raise ValueError(f"header version {d['v']}")
             meta = ObjectMeta(
                 key=str(d["key"]), size_bytes=int(d["size"]), context_id=str(d["context_id"]),
                 variant=str(d["variant"]), dtype=str(d["dtype"]),
@@ -218,11 +218,9 @@ class Manifest:
                 tenant=str(d["tenant"]), checksum=int(d["checksum"]),
                 durable=d.get("durable", False) is True,
             )  # fmt: skip
-            manifest = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
+            header = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise CorruptObjectError(f"remote tier: unreadable manifest: {e}") from e
-        if manifest.part_bytes < 1 or manifest.parts != part_count(
-            meta.size_bytes, manifest.part_bytes
-        ):
-            raise CorruptObjectError("remote tier: manifest part count does not match its size")
-        return manifest
+            raise CorruptObjectError(f"remote tier: unreadable header: {e}") from e
+        if header.part_bytes < 1 or header.parts != part_count(meta.size_bytes, header.part_bytes):
+            raise CorruptObjectError("remote tier: header part count does not match its size")
+        return header

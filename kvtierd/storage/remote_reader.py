@@ -1,8 +1,8 @@
 """The remote tier's asynchronous half: reads and deletes through the asyncio cluster client.
 
-A read is two round trips to one node: GET the manifest, then pipelined GETs of the parts,
+A read is two round trips to one node: GET the header, then pipelined GETs of the parts,
 copied into the caller's buffer and hashed on the way. Deletes are compare-and-delete scripts on
-the manifest as read, so a newer object written meanwhile is never removed.
+the header as read, so a newer object written meanwhile is never removed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError, NotFoundError
-from kvtierd.storage.remote_format import DROP_SCRIPT, Manifest, ObjectKeys, RemoteOptions, as_bytes
+from kvtierd.storage.remote_format import (
+    DROP_SCRIPT,
+    ObjectHeader,
+    ObjectKeys,
+    RemoteOptions,
+    as_bytes,
+)
 from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
@@ -28,29 +34,29 @@ class ObjectReader:
         self.client = client
         self.opts = opts
 
-    async def manifest(self, name: str) -> bytes | None:
+    async def header(self, name: str) -> bytes | None:
         return as_bytes(await self.client.get(name))
 
     async def read(self, keys: ObjectKeys, key: str, tenant: str, out: memoryview) -> ObjectMeta:
         """Copy the object into ``out`` and verify its xxh3_64.
 
         A missing or short part is a miss (``NotFoundError``, object dropped); a long part, a
-        checksum mismatch or an unreadable manifest is ``CorruptObjectError`` (object dropped).
+        checksum mismatch or an unreadable header is ``CorruptObjectError`` (object dropped).
         """
-        raw = await self.manifest(keys.manifest)
+        raw = await self.header(keys.header)
         if raw is None:
             raise NotFoundError(f"remote tier {self.name}: no object {key!r}")
         try:
-            manifest = Manifest.decode(raw)
+            header = ObjectHeader.decode(raw)
         except CorruptObjectError as e:
             await self.drop(keys, raw)
             raise CorruptObjectError(f"{e}; object {key!r} deleted") from e
-        if manifest.meta.key != key or manifest.meta.tenant != tenant:  # xxh3_128 collision
+        if header.meta.key != key or header.meta.tenant != tenant:  # xxh3_128 collision
             raise NotFoundError(f"remote tier {self.name}: no object {key!r}")
-        size, part_bytes = manifest.meta.size_bytes, manifest.part_bytes
+        size, part_bytes = header.meta.size_bytes, header.part_bytes
         if len(out) < size:
             raise InvalidArgumentError(f"destination holds {len(out)} bytes, object is {size}")
-        names = keys.parts(manifest.generation, manifest.parts)
+        names = keys.parts(header.generation, header.parts)
         hasher = xxhash.xxh3_64()
         batch = max(1, self.opts.pipeline_bytes // part_bytes)
         for first in range(0, len(names), batch):
@@ -67,21 +73,21 @@ class ObjectReader:
                     raise CorruptObjectError(f"remote tier {self.name}: {key!r}: part {i} too long")
                 out[i * part_bytes : i * part_bytes + expected] = value
                 hasher.update(value)
-        if hasher.intdigest() != manifest.meta.checksum:
+        if hasher.intdigest() != header.meta.checksum:
             await self.drop(keys, raw)
             raise CorruptObjectError(
                 f"remote tier {self.name}: {key!r}: checksum mismatch; object deleted"
             )
-        return manifest.meta
+        return header.meta
 
     async def drop(self, keys: ObjectKeys, raw: bytes) -> bool:
-        """Compare-and-delete the manifest ``raw`` and its parts (the manifest alone when it is
+        """Compare-and-delete the header ``raw`` and its parts (the header alone when it is
         unreadable: its parts then expire by TTL, or stay as unreachable garbage without one).
-        Returns False when the manifest was no longer ``raw``."""
+        Returns False when the header was no longer ``raw``."""
         try:
-            manifest = Manifest.decode(raw)
-            names = keys.parts(manifest.generation, manifest.parts)
+            header = ObjectHeader.decode(raw)
+            names = keys.parts(header.generation, header.parts)
         except CorruptObjectError:
             names = []
-        result = await self.client.eval(DROP_SCRIPT, 1 + len(names), keys.manifest, *names, raw)
+        result = await self.client.eval(DROP_SCRIPT, 1 + len(names), keys.header, *names, raw)
         return bool(result)

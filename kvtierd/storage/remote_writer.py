@@ -1,8 +1,8 @@
-"""The remote tier's synchronous half: writes (on worker threads) and manifest listings.
+"""The remote tier's synchronous half: writes (on worker threads) and header listings.
 
 A write stages every part with ``staging_ttl_s`` (pipelined, one node: the parts share a hash
-tag), then commits with ``COMMIT_SCRIPT``, which sets the manifest only if every part still
-exists and no manifest does. The synchronous client is used here because it writes large
+tag), then commits with ``COMMIT_SCRIPT``, which sets the header only if every part still
+exists and no header does. The synchronous client is used here because it writes large
 values several times faster than the asyncio one (module docstring of ``remote_cluster``).
 """
 
@@ -25,10 +25,10 @@ from kvtierd.errors import (
 from kvtierd.storage.remote_cluster import UNREACHABLE, ClusterHealth
 from kvtierd.storage.remote_format import (
     COMMIT_SCRIPT,
-    Manifest,
+    ObjectHeader,
     RemoteOptions,
     as_bytes,
-    manifest_pattern,
+    header_pattern,
     new_generation,
     object_keys,
     part_count,
@@ -42,7 +42,7 @@ _SCAN_BATCH = 512
 
 
 class ObjectWriter:
-    """Writes objects and lists manifests through the synchronous cluster client.
+    """Writes objects and lists headers through the synchronous cluster client.
 
     Raises domain errors only: ``AlreadyExistsError``, ``StorageFullError`` (Redis
     ``maxmemory``), ``UnavailableError`` (unreachable, refused, or cancelled by a timeout).
@@ -67,23 +67,23 @@ class ObjectWriter:
             raise CorruptObjectError(f"{meta.key!r}: data does not match meta.checksum")
         keys = object_keys(self.opts.namespace, meta.tenant, meta.key)
         part_bytes = self.opts.value_bytes
-        manifest = Manifest(
+        header = ObjectHeader(
             dataclasses.replace(meta, checksum=checksum),
             part_bytes,
             part_count(meta.size_bytes, part_bytes),
             new_generation(),
         )
-        part_keys = keys.parts(manifest.generation, manifest.parts)
+        part_keys = keys.parts(header.generation, header.parts)
         try:
-            if self.client.exists(keys.manifest):  # before moving any bytes
+            if self.client.exists(keys.header):  # before moving any bytes
                 raise AlreadyExistsError(f"remote tier {self.name}: {meta.key!r} exists")
             self._stage_parts(part_keys, view)
             if cancelled.is_set():
                 raise UnavailableError(f"remote tier {self.name}: put {meta.key!r} timed out")
             ttl_ms = int(self.opts.ttl_s * 1000)
             status = self.client.eval(
-                COMMIT_SCRIPT, 1 + len(part_keys), keys.manifest, *part_keys,
-                manifest.encode(), ttl_ms,
+                COMMIT_SCRIPT, 1 + len(part_keys), keys.header, *part_keys,
+                header.encode(), ttl_ms,
             )  # fmt: skip
         except redis.exceptions.OutOfMemoryError as e:
             raise StorageFullError(f"remote tier {self.name}: Redis maxmemory reached") from e
@@ -99,7 +99,7 @@ class ObjectWriter:
                 f"remote tier {self.name}: a staged part of {meta.key!r} expired before commit "
                 f"(staging_ttl_s={self.opts.staging_ttl_s})"
             )
-        return manifest.meta
+        return header.meta
 
     def _stage_parts(self, part_keys: list[str], view: memoryview) -> None:
         """SET every part with the staging TTL, pipelined in batches of ``pipeline_bytes``."""
@@ -117,15 +117,15 @@ class ObjectWriter:
         if batched:
             pipe.execute()
 
-    def manifest(self, name: str) -> bytes | None:
-        """GET one manifest (raw); redis errors propagate to the caller, which maps them."""
+    def header(self, name: str) -> bytes | None:
+        """GET one header (raw); redis errors propagate to the caller, which maps them."""
         return as_bytes(self.client.get(name))
 
     def metas(self) -> Iterator[ObjectMeta]:
-        """SCAN every primary for the namespace's manifests and GET them in pipelined batches.
-        Unreadable manifests are skipped (a reader of that key deletes them)."""
+        """SCAN every primary for the namespace's headers and GET them in pipelined batches.
+        Unreadable headers are skipped (a reader of that key deletes them)."""
         batch: list[str] = []
-        for name in self.client.scan_iter(match=manifest_pattern(self.opts.namespace), count=1000):
+        for name in self.client.scan_iter(match=header_pattern(self.opts.namespace), count=1000):
             batch.append(name.decode() if isinstance(name, bytes) else str(name))
             if len(batch) >= _SCAN_BATCH:
                 yield from self._metas_of(batch)
@@ -142,6 +142,6 @@ class ObjectWriter:
             if raw is None:  # expired or deleted since the SCAN saw it
                 continue
             try:
-                yield Manifest.decode(raw).meta
+                yield ObjectHeader.decode(raw).meta
             except CorruptObjectError:
                 continue

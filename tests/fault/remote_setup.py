@@ -95,8 +95,8 @@ def settle(c: KVClient, timeout_s: float = 15.0) -> None:
 
 def port_of(cluster: RedisClusterProcs, namespace: str, key: str, tenant: str = "") -> int:
     """The Redis node holding the object (all its keys share one hash tag, one slot)."""
-    manifest = object_keys(namespace, tenant, key).manifest
-    return cluster.port_of_slot(key_slot(manifest.encode()))
+    header = object_keys(namespace, tenant, key).header
+    return cluster.port_of_slot(key_slot(header.encode()))
 
 
 def wait_health(c: KVClient, serving: bool, timeout_s: float = 20.0) -> str:

@@ -103,7 +103,7 @@ async def test_round_trip_small_and_multipart(remote_tier, raw_redis) -> None:
     await _put(tier, "ctx/1", big)
     assert await _get(tier, "ctx/1", len(big)) == big
     assert tier.contains("ctx/1") and not tier.contains("ctx/2")
-    # 1 manifest + 1 part for the small object, 1 manifest + 10 parts for the 10 MiB one
+    # 1 header + 1 part for the small object, 1 header + 10 parts for the 10 MiB one
     assert len(_keys_of(raw_redis, tier.options.namespace)) == 2 + 11
     await _put(tier, "empty", b"")
     assert await _get(tier, "empty", 0) == b""
@@ -136,7 +136,7 @@ async def test_keys_are_hashed_and_one_slot_per_object(remote_tier, raw_redis) -
     ns = re.escape(tier.options.namespace)
     pattern = re.compile(rf"^{ns}:\{{[0-9a-f]{{32}}\}}:(m|[0-9a-f]{{16}}:[0-9]+)$")
     assert len(names) == len(nasty) * 4 and all(pattern.match(n) for n in names), names
-    for key in nasty:  # manifest and parts in one slot: one node, one pipeline, one script
+    for key in nasty:  # header and parts in one slot: one node, one pipeline, one script
         tag = object_keys(tier.options.namespace, "t{1}", key).tag
         slots = {raw_redis.keyslot(n) for n in names if f"{{{tag}}}" in n}
         assert len(slots) == 1
@@ -145,7 +145,7 @@ async def test_keys_are_hashed_and_one_slot_per_object(remote_tier, raw_redis) -
 async def test_partial_write_is_invisible(remote_tier, raw_redis) -> None:
     tier = await remote_tier(value_bytes="1MiB")
     keys = object_keys(tier.options.namespace, "", "crashed")
-    for i in range(3):  # a writer that died after its parts, before its manifest
+    for i in range(3):  # a writer that died after its parts, before its header
         raw_redis.set(keys.part("00112233aabbccdd", i), b"x" * MiB, px=60_000)
     assert not tier.contains("crashed")
     with pytest.raises(NotFoundError):
@@ -203,14 +203,14 @@ async def test_checksum_mismatch_detected_and_deleted(remote_tier, raw_redis) ->
     assert not tier.contains("k") and tier.used_bytes() == 0
 
 
-async def test_unreadable_manifest_is_corrupt(remote_tier, raw_redis) -> None:
+async def test_unreadable_header_is_corrupt(remote_tier, raw_redis) -> None:
     tier = await remote_tier()
     await _put(tier, "k", _payload(100))
-    raw_redis.set(object_keys(tier.options.namespace, "", "k").manifest, b"{not json")
+    raw_redis.set(object_keys(tier.options.namespace, "", "k").header, b"{not json")
     assert not tier.contains("k")
-    with pytest.raises(CorruptObjectError, match="unreadable manifest"):
+    with pytest.raises(CorruptObjectError, match="unreadable header"):
         await _get(tier, "k", 100)
-    assert raw_redis.get(object_keys(tier.options.namespace, "", "k").manifest) is None
+    assert raw_redis.get(object_keys(tier.options.namespace, "", "k").header) is None
 
 
 async def test_ttl_expiry(remote_tier, raw_redis) -> None:
@@ -293,8 +293,8 @@ def _on_port(tier: RemoteTier, cluster: RedisClusterProcs, port: int, prefix: st
     """A key whose object lives on the master at ``port``."""
     for i in range(10_000):
         key = f"{prefix}-{i}"
-        manifest = object_keys(tier.options.namespace, "", key).manifest
-        if cluster.port_of_slot(redis.cluster.key_slot(manifest.encode())) == port:
+        header = object_keys(tier.options.namespace, "", key).header
+        if cluster.port_of_slot(redis.cluster.key_slot(header.encode())) == port:
             return key
     raise AssertionError(f"no key maps to port {port}")
 

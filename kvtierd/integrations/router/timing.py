@@ -1,6 +1,6 @@
 """Time to first token of streamed requests, reported to the daemon (issue 13.3).
 
-The daemon prices a recompute at the serving engine's prefill speed, which only the serving
+The daemon prices a recompute at vLLM's prefill speed, which only the serving
 path can measure (``kvtierd.profiler.prefill_fit``). Per streamed request the router takes the
 seconds from sending it to vLLM to its first data event, and vLLM's usage: the prompt's tokens
 and how many of them were cached (``prompt_tokens_details.cached_tokens``: vLLM's prefix cache
