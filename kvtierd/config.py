@@ -261,14 +261,19 @@ def _tier(raw: object, src: _Source, at: tuple[str, ...]) -> TierConfig:
     )
 
 
+def read_file(path: str | os.PathLike[str], what: str) -> str:
+    """The text of a ``what`` file (``"config"``, ``"policy"``); ``ConfigError`` naming it and
+    the reason when it cannot be read."""
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} file {path}: {e.strerror}") from e
+
+
 def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     """Read and validate a daemon config file; missing keys take the embedded defaults."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
-    src = _Source(str(p), text)
+    src = _Source(str(p), read_file(p, "config"))
     raw = src.data or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of settings")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvtierd.errors import ConfigError
+from kvtierd.config import read_file
 from kvtierd.policies.base import PLACERS
 from kvtierd.policy_config import PolicyConfig, PolicyDocument
 
@@ -47,11 +47,7 @@ def parse_policy(text: str, source: str) -> PolicyConfig:
 def load_policy(path: str | os.PathLike[str]) -> PolicyConfig:
     """Read and validate a policy file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read policy file {p}: {e.strerror}") from e
-    return parse_policy(text, str(p))
+    return parse_policy(read_file(p, "policy"), str(p))
 
 
 def default_policy() -> PolicyConfig:
