@@ -32,18 +32,18 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.health = health
 
     def _summary(self, ctx: ContextRecord) -> pb.ContextSummary:
-        placement = self.engine.placement_of(ctx)
+        placement = self.engine.index.placement_of(ctx)
         return pb.ContextSummary(
             context_id=ctx.context_id,
             variant=placement.variant,
             tier=placement.tier or "",
             size_bytes=ctx.size_bytes,
             objects=len(ctx.keys),
-            frequency=self.engine.profile(ctx).frequency,
+            frequency=self.engine.placing.profile(ctx).frequency,
             last_access_age_s=max(0.0, time.monotonic() - ctx.last_access_s),
             pinned=ctx.pinned,
             hits=ctx.hits,
-            durable_unread=self.engine.unread_durable(ctx),
+            durable_unread=self.engine.index.unread_durable(ctx),
             durable_held=ctx.durable_held,
         )
 
@@ -53,17 +53,17 @@ class AdminServicer(pb_grpc.AdminServicer):
             version=__version__,
             instance_id=e.instance_id,
             uptime_s=time.monotonic() - e.started_s,
-            placer=e.placer.name,
+            placer=e.placing.name,
             contexts=len(e.contexts),
             objects=len(e.objects),
             leases=len(e.leases),
             allocations=len(e.allocations),
             draining=e.draining,
             health=self.health.describe(),
-            hits=e.hits,
-            misses=e.misses,
+            hits=e.reads.hits,
+            misses=e.reads.misses,
             pending_plans=e.executor.pending,
-            durable_holds=e.durable_holds,
+            durable_holds=e.durable.holds,
             **_prefill_fields(e),
         )
 
@@ -83,7 +83,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     write_bandwidth_bytes_per_s=s.write_bandwidth_bytes_per_s,
                     fragmentation=s.fragmentation,
                     healthy=s.healthy,
-                    hits=self.engine.tier_hits[s.name],
+                    hits=self.engine.reads.tier_hits[s.name],
                     detail=s.detail,
                 )
             )
@@ -103,7 +103,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         ctxs = [
             c
             for c in self.engine.contexts.values()
-            if not request.tier or self.engine.placement_of(c).tier == request.tier
+            if not request.tier or self.engine.index.placement_of(c).tier == request.tier
         ]
         ctxs.sort(key=_ORDERS[order])
         if request.limit:

@@ -204,7 +204,7 @@ async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: P
         await engine.profiling.set_tokens("doc", tuple(range(T)))
         queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
         assert queries.tokens("doc", T)
-        await engine.move_context(engine.contexts["doc"], "ssd")
+        await engine.mover.move_context(engine.contexts["doc"], "ssd")
         ssd = engine.tiers["ssd"]
         path = ssd.layout.object_path("", "doc/0")  # type: ignore[attr-defined]
         with open(path, "r+b") as f:
