@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections import Counter, OrderedDict
@@ -113,6 +114,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         self.profiling = ProfilingService(self)
         self.write_planner = WritePlanner(self)
         self._loads_in_flight = 0
+        self.last_read_s = -math.inf  # monotonic time of the newest Lookup or Get
         self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -495,9 +497,13 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
 
     def loads_busy(self) -> bool:
-        """Loads are being served — a Get in flight, or a client still reading under a lease:
-        background profiling waits (EvicPress §4.3: only with free cycles)."""
-        return self._loads_in_flight > 0 or bool(self.leases)
+        """Requests are being served — a Get in flight, a client still reading under a lease,
+        or a Lookup or Get within ``profile_quiet_s`` (the serving engine computes the rest of
+        the prompt and decodes after its loads): background profiling waits (EvicPress §4.3:
+        only with free cycles; ``profiler/yield_gate.py``)."""
+        if self._loads_in_flight > 0 or self.leases:
+            return True
+        return time.monotonic() - self.last_read_s < self.config.profile_quiet_s
 
     def profile(self, ctx: ContextRecord) -> ContextProfile:
         """What the placer knows of a context: its variants (sizes; quality once profiled),

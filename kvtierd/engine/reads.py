@@ -25,7 +25,7 @@ class Reads:
         self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
     ) -> tuple[list[ObjectRecord | None], int]:
         e = cast("Engine", self)
-        now = time.monotonic()
+        now = e.last_read_s = time.monotonic()
         found: list[ObjectRecord | None] = [e.owned(k, tenant) for k in keys]
         if e._shared:
             await self._verify_unhealthy_shared(keys, found)
@@ -93,6 +93,7 @@ class Reads:
         e._check_open()
         lease_s = lease_s if lease_s > 0 else e.config.lease_s
         leases: list[LeaseRecord] = []
+        e.last_read_s = time.monotonic()
         e._loads_in_flight += 1
         try:
             for key in keys:
