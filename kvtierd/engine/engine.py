@@ -95,7 +95,7 @@ class Engine:
         )
         self.profiling = ProfilingService(
             config=config, index=index, mover=self.mover, policy=self.running, metrics=metrics,
-            model_cards=self.model_cards, loads_busy=lambda: self.reads.busy,
+            model_cards=self.model_cards, loads_busy=self.loads_busy,
         )  # fmt: skip
         self.placing = Placing(
             index=index, profiling=self.profiling, tiers=tiers, cpu=cpu, policy=self.running
@@ -114,7 +114,7 @@ class Engine:
         self.reads = ReadPath(
             index=index, leases=self.lease_table, mover=self.mover, placing=self.placing,
             durable=self.durable, executor=self.executor, profiling=self.profiling,
-            metrics=metrics,
+            metrics=metrics, quiet_s=config.profile_quiet_s,
         )  # fmt: skip
         self.admin = AdminOps(
             index=index, mover=self.mover, executor=self.executor, placing=self.placing,
@@ -231,6 +231,10 @@ class Engine:
 
     def _place_again(self, ctx: ContextRecord) -> None:
         self.executor.submit(self.placing.insert(ctx))
+
+    def loads_busy(self) -> bool:
+        """Requests are being served (``ReadPath.busy``): background profiling waits."""
+        return self.reads.busy
 
     # -- reads and operator actions (ReadPath, AdminOps) ----------------------------------------
 

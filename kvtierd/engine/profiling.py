@@ -43,6 +43,7 @@ from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
 from kvtierd.metrics import Metrics
 from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class ProfilingService:
         self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
+        self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
         self.servable = Servability(model_cards)
         self._variants: list[str] = []
@@ -142,8 +144,10 @@ class ProfilingService:
         ttft = TtftModel(prefill_tokens_per_s=self._config.prefill_tokens_per_s,
                          fit=self.prefill_fit)  # fmt: skip
         directory = Path(self._config.data_dir) / "profiler"
+        evaluator = make_evaluator(policy.evaluator, options)
+        evaluator.yield_gate = self.yield_gate  # its steps wait while requests are served
         self.profiler = Profiler(
-            make_evaluator(policy.evaluator, options),
+            evaluator,
             ttft,
             policy=policy,
             directory=directory,
@@ -530,6 +534,7 @@ class ProfilingService:
                         "kept", ctx.context_id, ctx.variant)  # fmt: skip
             return False
         started = time.perf_counter()
+        waited_before = self.yield_gate.waited_s
         evaluator = self.profiler.evaluator
         try:
             keys, values = await self._mover.context_tensors(ctx)
@@ -543,7 +548,12 @@ class ProfilingService:
             return self._failed(ctx, started, str(e))
         self.runs["ok"] += 1
         self.version += 1
-        self._metrics.observe_profile_run(time.perf_counter() - started, ok=True)
+        elapsed = time.perf_counter() - started
+        self._metrics.observe_profile_run(elapsed, ok=True)
+        waited = self.yield_gate.waited_s - waited_before
+        if waited > 0:
+            logger.info("context %s: profiled in %.1f s, of which %.1f s waiting for requests "
+                        "to be served", ctx.context_id, elapsed, waited)  # fmt: skip
         if ctx.context_id in self._index.contexts and not ctx.durable_held:
             # (a context held for its unread durable objects is placed again once read)
             try:

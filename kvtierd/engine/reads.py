@@ -4,6 +4,7 @@ access recording (what the placer and the profiler learn from reads)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from kvtierd.storage.pooled import PooledTier
 
 
 class ReadPath:
-    """Lookups, gets and touches of the objects in ``index``; counts hits and misses."""
+    """Lookups, gets and touches of the objects in ``index``; counts hits and misses.
+    ``quiet_s``: how long after a Lookup or Get the engine counts as serving (:attr:`busy`)."""
 
     def __init__(
         self,
@@ -35,6 +37,7 @@ class ReadPath:
         executor: Executor,
         profiling: ProfilingService,
         metrics: Metrics,
+        quiet_s: float,
     ) -> None:
         self._index = index
         self._leases = leases
@@ -49,17 +52,23 @@ class ReadPath:
         self.misses = 0
         self.tier_hits: Counter[str] = Counter()
         self.loads_in_flight = 0
+        self.last_read_s = -math.inf  # monotonic time of the newest Lookup or Get
+        self._quiet_s = quiet_s
 
     @property
     def busy(self) -> bool:
-        """Loads are being served — a Get in flight, or a client still reading under a lease:
-        background profiling waits (EvicPress §4.3: only with free cycles)."""
-        return self.loads_in_flight > 0 or self._leases.busy
+        """Requests are being served — a Get in flight, a client still reading under a lease,
+        or a Lookup or Get within ``quiet_s`` (``profile_quiet_s``: the serving engine computes
+        the rest of the prompt and decodes after its loads): background profiling waits
+        (EvicPress §4.3: only with free cycles; ``profiler/yield_gate.py``)."""
+        if self.loads_in_flight > 0 or self._leases.busy:
+            return True
+        return time.monotonic() - self.last_read_s < self._quiet_s
 
     async def lookup(
         self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
     ) -> tuple[list[ObjectRecord | None], int]:
-        now = time.monotonic()
+        now = self.last_read_s = time.monotonic()
         found: list[ObjectRecord | None] = [self._index.owned(k, tenant) for k in keys]
         if self._shared:
             await self._verify_unhealthy_shared(found)
@@ -118,6 +127,7 @@ class ReadPath:
         own block, or a copy staged from a slower tier), or — with ``device_ok``, for an
         object in a gpu tier — its block in that tier's CUDA pool, in place."""
         leases: list[LeaseRecord] = []
+        self.last_read_s = time.monotonic()
         self.loads_in_flight += 1
         try:
             for key in keys:
