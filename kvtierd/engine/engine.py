@@ -12,7 +12,7 @@ Dependencies run one way (each module imports only those above it)::
 
     state, context_kv, validate, tokens, servable
     index -> leases -> mover -> profiling -> placing -> durable, variants -> executor
-    -> reads, admin_ops, write_advice -> engine
+    -> reads, writes, admin_ops, write_advice -> views, engine
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.plans import WritePlanner
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.reads import ReadPath
-from kvtierd.engine.servable import load_cards, save_card
+from kvtierd.engine.servable import load_cards
 from kvtierd.engine.state import (
     AllocationRecord,
     ContextRecord,
@@ -44,21 +43,21 @@ from kvtierd.engine.state import (
     ObjectRecord,
     RunningPolicy,
 )
-from kvtierd.engine.validate import validate_meta
 from kvtierd.engine.variants import VariantWriter, settle_variants
+from kvtierd.engine.views import ContextSummary, EngineCounts
+from kvtierd.engine.write_advice import WriteAdvisor
+from kvtierd.engine.writes import WritePath
 from kvtierd.errors import (
-    AlreadyExistsError,
     ConfigError,
     InvalidArgumentError,
     KvtierError,
     UnavailableError,
 )
-from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
+from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
 from kvtierd.policy_config import PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
-from kvtierd.storage.ssd_format import data_checksum
-from kvtierd.types import ObjectMeta, Operation, OpKind, Placement, Plan
+from kvtierd.types import ObjectMeta, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +119,12 @@ class Engine:
             index=index, mover=self.mover, executor=self.executor, placing=self.placing,
             profiling=self.profiling, policy=self.running,
         )  # fmt: skip
-        self.write_planner = WritePlanner(
+        self.writes = WritePath(
+            config=config, index=index, leases=self.lease_table, mover=self.mover,
+            durable=self.durable, placing=self.placing, executor=self.executor,
+            profiling=self.profiling, metrics=metrics, model_cards=self.model_cards,
+        )  # fmt: skip
+        self.write_advisor = WriteAdvisor(
             index=index, profiling=self.profiling, placing=self.placing, policy=self.running
         )
         # The loops between the parts (a read or a profile changes what the placer should
@@ -151,6 +155,50 @@ class Engine:
     @property
     def policy(self) -> PolicyConfig:
         return self.running.current
+
+    @property
+    def tier_hits(self) -> Mapping[str, int]:
+        return self.reads.tier_hits
+
+    def publish_tier_state(self) -> None:
+        self.mover.publish_tier_state()
+
+    def counts(self) -> EngineCounts:
+        return EngineCounts(
+            instance_id=self.instance_id,
+            uptime_s=time.monotonic() - self.started_s,
+            placer=self.placing.name,
+            contexts=len(self.index.contexts),
+            objects=len(self.index.objects),
+            leases=len(self.lease_table.leases),
+            allocations=len(self.lease_table.allocations),
+            draining=self.draining,
+            hits=self.reads.hits,
+            misses=self.reads.misses,
+            pending_plans=self.executor.pending,
+            durable_holds=self.durable.holds,
+        )
+
+    def summaries(self, tier: str = "") -> list[ContextSummary]:
+        """Every context (only those in ``tier`` when given), unordered."""
+        out = [self.summary(c) for c in self.index.contexts.values()]
+        return [s for s in out if s.tier == tier] if tier else out
+
+    def summary(self, ctx: ContextRecord) -> ContextSummary:
+        placement = self.index.placement_of(ctx)
+        return ContextSummary(
+            context_id=ctx.context_id,
+            variant=placement.variant,
+            tier=placement.tier or "",
+            size_bytes=ctx.size_bytes,
+            objects=len(ctx.keys),
+            frequency=self.placing.profile(ctx).frequency,
+            last_access_s=ctx.last_access_s,
+            pinned=ctx.pinned,
+            hits=ctx.hits,
+            durable_unread=self.index.unread_durable(ctx),
+            durable_held=ctx.durable_held,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -279,16 +327,7 @@ class Engine:
 
     def allocate(self, metas: Sequence[ObjectMeta]) -> list[AllocationRecord]:
         self._check_open()
-        largest = max((t.capacity_bytes or 1 << 62) for t in self.tiers.values())
-        seen: set[str] = set()
-        table = self.lease_table
-        for meta in metas:
-            validate_meta(meta, min(largest, self.config.max_object_bytes))
-            if meta.key in self.index.objects or meta.key in seen or table.allocating(meta.key):
-                raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
-            seen.add(meta.key)
-        self.index.check_quota(metas, table.in_flight_bytes())
-        return table.allocate(metas, self.config.allocation_timeout_s)
+        return self.writes.allocate(metas)
 
     def abort(self, allocation_ids: Sequence[str]) -> None:
         self.lease_table.abort(allocation_ids)
@@ -297,114 +336,21 @@ class Engine:
         self, allocation_ids: Sequence[str], durable: bool = False
     ) -> list[ObjectMeta]:
         self._check_open()
-        recs = self.lease_table.to_commit(allocation_ids)
-        self._verify_checksums(recs)
-        metas = []
-        for rec in recs:
-            self.lease_table.committed(rec)
-            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
-                self.learn_card(rec.meta, bytes(self.cpu.view(rec.block)))
-                self.cpu.free_block(rec.block)
-                metas.append(rec.meta)
-                continue
-            metas.append(self._add_object(self.cpu.adopt(rec.meta, rec.block), self.cpu.name))
-            seconds = time.monotonic() - rec.created_s  # includes the client's copy in
-            self.metrics.observe_store(self.cpu.name, seconds, rec.meta.size_bytes)
-        self.mover.publish_tier_state()
-        if durable:
-            try:
-                await self.durable.write_through(
-                    [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
-                )
-            except BaseException:
-                # Not acknowledged, so not stored: the client may put the same keys again.
-                await self.delete([m.key for m in metas])
-                raise
-        return metas
-
-    def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
-        """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
-        wrote: one that does not is refused before anything of the commit is stored (a wrong
-        one was accepted and served, and failed only when the object was written to SSD)."""
-        for rec in recs:
-            given = rec.meta.checksum
-            if not given:
-                continue
-            actual = data_checksum(self.cpu.view(rec.block))
-            if actual != given:
-                self.abort([r.allocation_id for r in recs])
-                raise InvalidArgumentError(
-                    f"object {rec.meta.key!r}: checksum {given:#x} given, but the bytes written "
-                    f"hash to {actual:#x} (xxh3_64); nothing of this commit was stored: "
-                    "allocate and write again"
-                )
+        return await self.writes.commit(allocation_ids, durable)
 
     async def put_bytes(
         self, meta: ObjectMeta, data: memoryview, durable: bool = False
     ) -> ObjectMeta:
         """Store bytes that arrived by stream (not through the arena)."""
-        (rec,) = self.allocate([meta])
-        try:
-            self.cpu.view(rec.block)[:] = data
-        except BaseException:
-            self.abort([rec.allocation_id])
-            raise
-        (stored,) = await self.commit([rec.allocation_id], durable)
-        return stored
-
-    def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
-        ctx = self.index.add(ObjectRecord(meta, tier))
-        ctx.last_access_s = time.monotonic()
-        ctx.durable_held = False  # the placer places the whole context again
-        self.profiling.note_change(ctx)
-        self.executor.submit(self._joined(ctx, self.placing.insert(ctx), tier))
-        return meta
+        self._check_open()
+        return await self.writes.put_bytes(meta, data, durable)
 
     def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
-        """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
-        memory and in ``data_dir``, never as an object the placer would see): token-dropped
-        variants of its model's contexts can now be written in the servable form."""
-        try:
-            card = ModelCard.from_bytes(data)
-        except InvalidArgumentError as e:
-            logger.warning("model card %r ignored: %s", meta.key, e)
-            return
-        self.model_cards[card.model] = card
-        save_card(self.config.data_dir, card)
-        self.profiling.note_form()
-
-    def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
-        """``plan`` (the placer's answer to a context that grew), plus the operation that
-        brings the new object in ``tier`` to where the context is placed: the placer plans
-        none for a context it leaves where it is, yet the new object is not there yet."""
-        if any(op.context_id == ctx.context_id for op in plan.operations):
-            return plan  # a move or drop of the context takes every object of it along
-        target = self.placing.target(ctx.context_id)
-        if target.tier == tier and target.variant == ctx.variant:
-            return plan
-        kind = OpKind.DROP if target.dropped else OpKind.MOVE
-        source = Placement(ctx.variant, tier)
-        return plan + Plan((Operation(kind, ctx.context_id, source, target, "joins its context"),))
-
-    # -- removal -----------------------------------------------------------------------------
+        self.writes.learn_card(meta, data)
 
     async def delete(self, keys: Sequence[str], tenant: str | None = None) -> int:
         """Delete objects (only ``tenant``'s when given: a client's delete)."""
-        deleted = 0
-        index = self.index
-        for key in keys:
-            obj = index.objects.get(key) if tenant is None else index.owned(key, tenant)
-            if obj is None:
-                continue
-            ctx = index.contexts[obj.meta.context]
-            async with ctx.lock:
-                if key in index.objects:
-                    await self.mover.remove_object_bytes(index.objects[key])
-                    self.mover.forget_object(key)
-                    deleted += 1
-                if ctx.context_id not in index.contexts:
-                    await self.mover.drop_extras(ctx)
-        return deleted
+        return await self.writes.delete(keys, tenant)
 
     # -- background --------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ class HealthMonitor:
         return "; ".join(self.problems()) or "SERVING"
 
     async def update(self) -> None:
-        self.engine.mover.publish_tier_state()
+        self.engine.publish_tier_state()
         state = self.describe()
         self.engine.metrics.set_healthy(state == "SERVING")
         status = (

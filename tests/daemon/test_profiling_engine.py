@@ -184,8 +184,8 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
     await _apply_knorm_policy(engine, "  interval_s: 0.2\n  min_queries: 1\n")
-    planner = engine.write_planner
-    before = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    advisor = engine.write_advisor
+    before = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (before.variant, before.source) == ("none", "default")
     assert "no context is profiled yet" in before.reason
 
@@ -193,17 +193,17 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
-    held = planner.plan("doc", 0, 0)
+    held = advisor.advise("doc", 0, 0)
     assert (held.variant, held.tier, held.source) == ("knorm@0.5", "cpu", "placed")
 
-    new = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    new = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (new.variant, new.tier, new.source) == ("knorm@0.5", "cpu", "prior")
     assert "1 profiled contexts" in new.reason
-    huge = planner.plan("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
+    huge = advisor.advise("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
     assert huge.tier != "cpu"
 
     await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
-    fixed = engine.write_planner.plan("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    fixed = engine.write_advisor.advise("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (fixed.variant, fixed.source) == ("int8", "default")
 
 

@@ -1,4 +1,5 @@
-"""Write plans: the variant a writer should store a context in (``KVStore.Plan``).
+"""Write advice: the variant a writer should store a context in (``KVStore.Plan``; "advice",
+not "plan": a :class:`~kvtierd.types.Plan` is the placer's list of operations).
 
 A writer that holds the KV on its own device (the LMCache plugin beside vLLM) can compress it
 there and ship only the compressed bytes, if it knows what the placer will do with the context:
@@ -26,7 +27,7 @@ from kvtierd.types import ORIGINAL_VARIANT
 
 
 @dataclass(frozen=True, slots=True)
-class WritePlan:
+class WriteAdvice:
     context_id: str
     variant: str
     tier: str  # "" = the placer would not store it
@@ -43,7 +44,7 @@ class VariantPrior:
     restore_s: float
 
 
-class WritePlanner:
+class WriteAdvisor:
     """Answers ``KVStore.Plan`` for the contexts of ``index`` (module docstring)."""
 
     def __init__(
@@ -62,17 +63,17 @@ class WritePlanner:
         self._prior_version = -1  # the profiling version it was computed at
         self._prior_count = 0
 
-    def plan(self, context_id: str, num_tokens: int, size_bytes: int) -> WritePlan:
+    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
         ctx = self._index.contexts.get(context_id)
         if ctx is not None:
             where = self._index.placement_of(ctx)
-            return WritePlan(
+            return WriteAdvice(
                 context_id, where.variant, where.tier or "", "placed",
                 f"{self._placing.name}: the context is stored as {where.variant} in {where.tier}",
             )  # fmt: skip
         policy = self._policy.current
         if policy.fixed_variant:
-            return WritePlan(
+            return WriteAdvice(
                 context_id, policy.fixed_variant, "", "default",
                 f"policy {policy.name!r} stores every context as {policy.fixed_variant}",
             )  # fmt: skip
@@ -83,7 +84,7 @@ class WritePlanner:
                 if len(self._profiling.variants()) > 1
                 else f"placer {self._placing.name!r} does not compress"
             )
-            return WritePlan(
+            return WriteAdvice(
                 context_id, ORIGINAL_VARIANT, "", "default",
                 f"{why}: store the original; it is profiled after it arrives",
             )  # fmt: skip
@@ -91,7 +92,7 @@ class WritePlanner:
 
     def _best(
         self, context_id: str, prior: dict[str, VariantPrior], num_tokens: int, size_bytes: int
-    ) -> WritePlan:
+    ) -> WriteAdvice:
         alpha = self._policy.current.alpha
         prefill = self._profiling.prefill_tokens_s(num_tokens)
         best = (alpha - prefill, ORIGINAL_VARIANT, "")  # dropped: recompute when asked
@@ -104,7 +105,7 @@ class WritePlanner:
                 best = max(best, (alpha * p.quality - ttft, name, tier.name))
         utility, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"
-        return WritePlan(
+        return WriteAdvice(
             context_id, variant, tier_name, "prior",
             f"{self._placing.name}: best utility {utility:.4g} as {variant} {where}, from the mean "
             f"profile of {self._prior_count} profiled contexts",
@@ -113,7 +114,7 @@ class WritePlanner:
     def prior(self) -> dict[str, VariantPrior]:
         """Each variant's quality and size ratio averaged over the profiled contexts;
         recomputed (a pass over every context) only once a profile or a context's form has
-        changed since, not on every ``Plan``."""
+        changed since, not on every ``KVStore.Plan``."""
         profiling = self._profiling
         version = profiling.version
         if version == self._prior_version:
