@@ -47,7 +47,7 @@ def marker_key(context_id: str, variant: str) -> str:
     """The object whose presence marks a daemon-made quantized variant as complete (written
     last); a token-dropped variant's marker is its placeholder manifest
     (``kernels.placeholder.manifest_key`` of its digest), which the router reads."""
-    return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"
+    return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"  # stored keys: kept
 
 
 MARKER_LAYOUT = "kvtierd-variant-manifest"  # stored in objects' metadata: never renamed
