@@ -461,22 +461,36 @@ class ProfilingService:
     # -- work --------------------------------------------------------------------------------
 
     def note_change(self, ctx: ContextRecord) -> None:
-        if ctx.variant == ORIGINAL_VARIANT:
+        """A put changed the context: profile it once it settles, unless a trusted profile of
+        it at this length is kept from before it was dropped (``Profiler.set_aside``)."""
+        if self.profiler is not None and self._running:
+            self._worker.submit(self.profiler.returned, ctx.context_id)
+        if ctx.variant == ORIGINAL_VARIANT and not self._kept_profile(ctx):
             self._changed[ctx.context_id] = time.monotonic()
+
+    def _kept_profile(self, ctx: ContextRecord) -> bool:
+        p = self.profiler
+        record = None if p is None else p.record(ctx.context_id)
+        if p is None or record is None or not p.trusted(ctx.context_id):
+            return False
+        return record.num_tokens == self._geometry_of(ctx)[1]
 
     def note_form(self) -> None:
         """A context was compressed or restored."""
         self.version += 1
 
     def forget(self, context_id: str) -> None:
-        """A context is gone: drop what is kept about it (its profile file too)."""
+        """A context's bytes are gone: drop its token ids; its profile, frequency and queries
+        are set aside for when its prompt is computed and stored again (Profiler.set_aside)."""
         self.version += 1
         self.tokens.forget(context_id)
         self.servable.forget(context_id)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
-            self._worker.submit(self.profiler.forget, context_id)
+            # ids on the thread that registers them, so that a returning prompt's stay
+            self._queries.submit(self.profiler.queries.drop_tokens, context_id)
+            self._worker.submit(self.profiler.set_aside, context_id)
 
     def note_access(self, context_id: str) -> None:
         if self.profiler is not None:
@@ -487,6 +501,9 @@ class ProfilingService:
             for ctx in self._index.contexts.values():
                 count = self.profiler.queries.known_tokens(ctx.context_id)
                 self.tokens.known(ctx.context_id, ctx.tenant, count)
+            for cid in self.profiler.profiled_ids():  # kept from contexts dropped before
+                if cid not in self._index.contexts:
+                    self.profiler.set_aside(cid)
         self._running = True
         self._task = asyncio.create_task(self._run_forever(), name="kvtierd-profiling")
         self._restart_drift_loop()
@@ -551,9 +568,8 @@ class ProfilingService:
         elapsed = time.perf_counter() - started
         self._metrics.observe_profile_run(elapsed, ok=True)
         waited = self.yield_gate.waited_s - waited_before
-        if waited > 0:
-            logger.info("context %s: profiled in %.1f s, of which %.1f s waiting for requests "
-                        "to be served", ctx.context_id, elapsed, waited)  # fmt: skip
+        logger.info("context %s: profiled in %.1f s, of which %.1f s waiting for requests to "
+                    "be served", ctx.context_id, elapsed, waited)  # fmt: skip
         if ctx.context_id in self._index.contexts and not ctx.durable_held:
             # (a context held for its unread durable objects is placed again once read)
             try:
