@@ -10,7 +10,7 @@ utilities by a constant and never changes a decision: it is left out here (the s
 to the TTFT it reports). ``alpha`` is in 1/seconds (the policy's quality weight).
 
 Every place that prices an option — the placers' dense tables (:mod:`kvtierd.policies.model`),
-``DescribeContext``'s table, the write plans, the simulator's replay — calls these functions,
+``DescribeContext``'s table, the write advice, the simulator's replay — calls these functions,
 on floats or on numpy arrays alike (the same IEEE operations in the same order, so a table and
 a single option agree to the bit).
 """

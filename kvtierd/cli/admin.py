@@ -227,7 +227,7 @@ def run_contexts_plan(args: argparse.Namespace, out: Output) -> ExitCode:
         out.json(to_dict(plan))
         return ExitCode.OK
     out.fields(
-        f"write plan for {plan.context_id}",
+        f"write advice for {plan.context_id}",
         [
             ("variant", plan.variant),
             ("tier", plan.tier or "-"),

@@ -235,7 +235,7 @@ class KVClient:
         self.call(self.kv.SetContextTokens, req)
 
     def plan(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.ContextPlan:
-        """The variant to store ``context_id`` in (``docs/daemon.md``, write plans); the
+        """The variant to store ``context_id`` in (``docs/daemon.md``, write advice); the
         sizes matter only for a context the daemon does not hold yet."""
         query = pb.PlanQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
         (plan,) = self.call(self.kv.Plan, pb.PlanRequest(contexts=[query])).plans

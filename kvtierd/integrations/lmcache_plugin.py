@@ -12,9 +12,9 @@ Enable it in the LMCache YAML (``configs/lmcache/kvtierd.yaml``)::
 
 Chunks go through the daemon's shared-memory arena. Lookups with ``pin`` hold the objects in
 the daemon (``kvtierd.hold_s``) until the load. Each put (the chunks one request stores) asks
-the daemon's write plan which form to store them in, unless the request's
+the daemon's write advice which form to store them in, unless the request's
 ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces one; the context the
-chunks join and the form follow ``put_plan.py``. Quantized forms (int8/int4) are encoded chunk
+chunks join and the form follow ``put_decision.py``. Quantized forms (int8/int4) are encoded chunk
 by chunk on :attr:`KvtierdStoragePlugin.codec_device`. A ``kvtierd router`` store request of a
 token-dropping variant also builds the placeholder variant of the request's context, from its
 chunks whether LMCache held them (read back from the daemon) or put them: its lookup reports
@@ -67,7 +67,7 @@ from kvtierd.integrations.plugin_settings import (
     tag,
 )
 from kvtierd.integrations.prompt_links import PromptLinks
-from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
+from kvtierd.integrations.put_decision import ContextLinks, PutDecision, decide
 from kvtierd.integrations.store_request import ContextChunks, StoreRequest
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.variants import parse_variant
@@ -95,7 +95,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.links = ContextLinks()
         self.context_chunks = ContextChunks()
         self.codec_device = codec_device()
-        # Contexts whose write plan was only partly applied, logged once each (the most recent).
+        # Contexts whose write advice was only partly applied, logged once each (the most recent).
         self._noted: OrderedDict[str, None] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvtierd-plugin")
         self._lock = threading.Lock()
@@ -235,8 +235,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         # A scoped store (profiling) writes only its variant: the put's chunks keep their
         # LMCache keys, which production prompts load (router_protocol: scopes).
         if todo and not tag(keys[0], "kvtierd_scope"):
-            put_plan = self._put_plan(keys[0], names, present.index(False), forced, todo)
-            self._store(todo, put_plan)
+            decision = self._decide(keys[0], names, present.index(False), forced, todo)
+            self._store(todo, decision)
         if forced and parse_variant(forced).drops_tokens and not rewritten:
             from kvtierd.integrations.placeholder_store import store_placeholder_variant
 
@@ -249,16 +249,16 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 )
             store_placeholder_variant(self, request, names, objs)
 
-    def _put_plan(
+    def _decide(
         self,
         key: Any,
         names: list[str],
         start: int,
         forced: str,
         chunks: list[tuple[str, torch.Tensor]],
-    ) -> PutPlan:
-        """One Plan call per put: the context and form of its chunks (``put_plan.py``);
-        ``names[start]`` is the first chunk not stored yet."""
+    ) -> PutDecision:
+        """One write advice (a ``KVStore.Plan`` call) per put: the context and form of its
+        chunks (``put_decision.py``); ``names[start]`` is the first chunk not stored yet."""
         # A rewritten request's new chunks follow its placeholder chunks: they continue the
         # placeholder variant's context, not the original one the tag names.
         rewritten = is_rewritten(key)
@@ -268,43 +268,43 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         tokens = sum(int(kv.shape[2]) for _, kv in chunks)
         size = sum(kv.numel() * kv.element_size() for _, kv in chunks)
         answer = self.client.plan(base, num_tokens=tokens, size_bytes=size)
-        plan = decide(base, forced, answer, rewritten=rewritten)
+        decision = decide(base, forced, answer, rewritten=rewritten)
         with self._lock:
             self.stats.continued_puts += bool(continued)
-            self.stats.plans += plan.planned
-            first_note = plan.note and base not in self._noted
+            self.stats.advised_puts += decision.advised
+            first_note = decision.note and base not in self._noted
             if first_note:
                 self._noted[base] = None
                 if len(self._noted) > NOTED_CONTEXTS:
                     self._noted.popitem(last=False)
         if first_note:
-            logger.warning("kvtierd plugin: context %s: %s", base, plan.note)
-        return plan
+            logger.warning("kvtierd plugin: context %s: %s", base, decision.note)
+        return decision
 
-    def _store(self, chunks: list[tuple[str, torch.Tensor]], plan: PutPlan) -> None:
+    def _store(self, chunks: list[tuple[str, torch.Tensor]], decision: PutDecision) -> None:
         items = []
         for name, kv in chunks:
-            fmt = chunk_format(kv, self.num_kv_heads, plan.quant or "none")
+            fmt = chunk_format(kv, self.num_kv_heads, decision.quant or "none")
             data = encode_chunk(kv.to(self.codec_device) if fmt.quant else kv, fmt)
             items.append(
                 PutItem(
                     key=name,
                     data=data,
-                    context_id=plan.context_id,
-                    variant=plan.variant,
+                    context_id=decision.context_id,
+                    variant=decision.variant,
                     layout=fmt.layout(),
                     token_count=fmt.shape[2],
                     shape=tuple(data.shape) if not fmt.quant else (),
                 )
             )
         stored = put_many(self.client, items, durable=self.settings.durable)
-        self.links.touched(chunks[0][0], plan.context_id)  # a prompt's first chunk: its context
-        self.links.touched(chunks[-1][0], plan.context_id)
+        self.links.touched(chunks[0][0], decision.context_id)  # a prompt's first chunk: its context
+        self.links.touched(chunks[-1][0], decision.context_id)
         with self._lock:
             self.stats.put_chunks += len(items)
             self.stats.put_bytes += stored
-            if plan.planned and plan.quant:
-                self.stats.planned_chunks += len(items)
+            if decision.advised and decision.quant:
+                self.stats.advised_chunks += len(items)
 
     # -- gets ---------------------------------------------------------------------------------
 

@@ -24,13 +24,14 @@ prompt with the daemon (``KVStore.SetContextTokens``); the plugin names the cont
 made or read (``prompt_links.py``)."""
 
 PLAN = "plan"
-"""``kvtierd.variant: plan``: ask the daemon's write plan for every put (``put_plan.py``)."""
+"""``kvtierd.variant: plan``: ask the daemon's write advice (``KVStore.Plan``) for every put
+(``put_decision.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
     """``socket_path``: the daemon; ``variant``: the form of stored chunks — ``plan`` (the
-    daemon's write plan per put, the default), or a fixed ``none``, ``int8`` or ``int4`` (a
+    daemon's write advice per put, the default), or a fixed ``none``, ``int8`` or ``int4`` (a
     token-dropping variant is only ever a ``kvtierd router`` store request's, which names it in
     its own tag); ``hold_s``: how long a pinned lookup holds the objects for the load;
     ``durable``: commit to disk-backed tiers before acknowledging a put."""
@@ -84,8 +85,8 @@ class PluginStats:
     hit_chunks: int = 0
     put_chunks: int = 0
     put_bytes: int = 0
-    plans: int = 0  # puts whose form came from the daemon's write plan
-    planned_chunks: int = 0  # chunks quantized on the device because the plan said so
+    advised_puts: int = 0  # puts whose form came from the daemon's write advice
+    advised_chunks: int = 0  # chunks quantized on the device because the advice said so
     continued_puts: int = 0  # puts that joined the context of the prefix they extend
     claimed_chunks: int = 0  # missing placeholder chunks reported as hits (their load fails)
     get_chunks: int = 0

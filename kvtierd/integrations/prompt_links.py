@@ -34,7 +34,7 @@ from kvtierd.integrations.plugin_settings import PROMPT_TAG, is_rewritten, tag
 if TYPE_CHECKING:
     from kvtierd.client import KVClient
     from kvtierd.integrations.plugin_settings import PluginStats
-    from kvtierd.integrations.put_plan import ContextLinks
+    from kvtierd.integrations.put_decision import ContextLinks
 
 logger = logging.getLogger(__name__)
 

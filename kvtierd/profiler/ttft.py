@@ -14,7 +14,7 @@ Restore costs are *measured* on this host (:class:`RestoreCost`) once per kind a
 linearly with bytes. The load terms are the tiers' fits of their real reads
 (``kvtierd.storage.base.TransferMeter``), which change while the daemon runs, so they are not
 copied into profiles: :func:`kvtierd.policies.model.load_ttft_s` adds them over
-``Engine.tier_models()`` whenever a placement is computed (placer, write planner,
+``Engine.tier_models()`` whenever a placement is computed (placer, write advisor,
 ``DescribeContext``).
 """
 

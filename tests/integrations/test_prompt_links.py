@@ -13,7 +13,7 @@ import pytest
 from kvtierd.errors import NotFoundError, UnavailableError
 from kvtierd.integrations.plugin_settings import PluginStats
 from kvtierd.integrations.prompt_links import PromptLinks
-from kvtierd.integrations.put_plan import ContextLinks
+from kvtierd.integrations.put_decision import ContextLinks
 from kvtierd.integrations.router import prompts
 from kvtierd.integrations.router.prompts import REQUEST_TAG, PromptNote
 

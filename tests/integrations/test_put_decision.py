@@ -1,4 +1,4 @@
-"""The plugin's write-plan handling without vLLM: the decision table, the continuation links,
+"""The plugin's write-advice handling without vLLM: the decision table, the continuation links,
 and the plugin itself against a real daemon with LMCache's own key type (no engine)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 from kvtierd.client import KVClient
 from kvtierd.errors import ConfigError
 from kvtierd.integrations.plugin_settings import PLAN, PluginSettings
-from kvtierd.integrations.put_plan import ContextLinks, decide
+from kvtierd.integrations.put_decision import ContextLinks, decide
 from kvtierd.rpc import kvtier_pb2 as pb
 
 L, H, D, T = 2, 2, 64, 16
@@ -51,7 +51,7 @@ def plan(variant: str, source: str = "default") -> pb.ContextPlan:
 @pytest.mark.parametrize(
     ("forced", "answer", "want"),
     [
-        # want: (context id, quantization, planned, a note about what was not applied)
+        # want: (context id, quantization, advised, a note about what was not applied)
         ("", plan("none"), ("c", "", True, False)),
         ("", plan("int8", "prior"), ("c", "int8", True, False)),
         ("", plan("int4", "placed"), ("c", "int4", True, False)),
@@ -66,7 +66,7 @@ def plan(variant: str, source: str = "default") -> pb.ContextPlan:
 )
 def test_decision_table(forced: str, answer: pb.ContextPlan, want: tuple[Any, ...]) -> None:
     p = decide("c", forced, answer)
-    assert (p.context_id, p.quant, p.planned, bool(p.note)) == want
+    assert (p.context_id, p.quant, p.advised, bool(p.note)) == want
     assert p.variant == (p.quant or "none")
     if p.note:
         assert "cannot drop tokens" in p.note and answer.variant in p.note
@@ -160,7 +160,7 @@ def test_plan_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for
     plugin, client = plugin_for("placer: fixed\nvariant: int8\n")
     keys, objs = _keys(1, 5), _chunks(5)
     plugin.batched_submit_put_task(keys[:3], objs[:3])
-    assert (plugin.stats.plans, plugin.stats.planned_chunks) == (1, 3)
+    assert (plugin.stats.advised_puts, plugin.stats.advised_chunks) == (1, 3)
     cid = f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16"  # named by its first chunk
     objects = _objects(client, cid)
     assert [o.spec.variant for o in objects] == ["int8"] * 3
@@ -174,7 +174,7 @@ def test_plan_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for
         assert err < 0.05 * want.tensor.float().abs().max().item()
     plugin.batched_submit_put_task(keys[3:], objs[3:])
     assert plugin.stats.continued_puts == 1
-    assert (plugin.stats.plans, plugin.stats.planned_chunks) == (2, 5)
+    assert (plugin.stats.advised_puts, plugin.stats.advised_chunks) == (2, 5)
     objects = _objects(client, cid)
     assert [o.spec.variant for o in objects] == ["int8"] * 5
     assert plugin.stats.errors == 0, plugin.stats.last_error
@@ -192,7 +192,11 @@ def test_token_dropping_plan_stores_the_original_and_says_why_once(
     notes = [r.getMessage() for r in caplog.records if "cannot drop tokens" in r.getMessage()]
     assert len(notes) == 1, notes
     assert "knorm@0.5" in notes[0] and "stores the original" in notes[0]
-    assert (plugin.stats.plans, plugin.stats.planned_chunks, plugin.stats.put_chunks) == (2, 0, 4)
+    assert (plugin.stats.advised_puts, plugin.stats.advised_chunks, plugin.stats.put_chunks) == (
+        2,
+        0,
+        4,
+    )
     assert plugin.stats.errors == 0, plugin.stats.last_error
 
 
@@ -224,7 +228,7 @@ def test_forced_variant_beside_a_placed_context_gets_its_own_id(plugin_for: Any)
     base = f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16"
     assert contexts[base].variant == "none" and contexts[base].objects == 2
     assert contexts[f"{base}/int8"].variant == "int8" and contexts[f"{base}/int8"].objects == 1
-    assert plugin.stats.plans == 1  # the forced put does not count as planned
+    assert plugin.stats.advised_puts == 1  # the forced put does not count as advised
 
 
 def _corrupt(client: KVClient, key: str) -> None:

@@ -1,4 +1,4 @@
-"""Which context one put's chunks join, and the form they are stored in (the write plan).
+"""Which context one put's chunks join, and the form they are stored in (the put decision).
 
 **Context ids.** A put is the chunks one request stores (LMCache skips the prefix it loaded or
 stored before). Its context is, in this order:
@@ -15,14 +15,14 @@ stored before). Its context is, in this order:
 3. the key of the put's first chunk (a new context).
 
 **Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
-one; otherwise the daemon's write plan for the context (``KVStore.Plan``, docs/daemon.md). The
-plugin applies a write plan's quantization (int8/int4) to every chunk before shipping it. It cannot
+one; otherwise the daemon's write advice for the context (``KVStore.Plan``, docs/daemon.md). The
+plugin applies the advice's quantization (int8/int4) to every chunk before shipping it. It cannot
 drop tokens: that needs the router's placeholder identity and the context's token count, and
-vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So a write plan such as
+vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So advice such as
 ``knorm@0.5+int8`` is applied as ``int8``, ``knorm@0.5`` as the original, with a note the
 plugin logs once per context; the daemon compresses the context itself when it places it.
 
-**One form per context.** When the daemon holds the context (write plan source ``placed``) in a form
+**One form per context.** When the daemon holds the context (advice source ``placed``) in a form
 other than the one the chunks will have (a forced variant, or a token-dropped placement whose
 original chunk keys no longer hit), the chunks go to ``<context>/<form>``: the daemon never
 holds a context whose objects disagree with its variant. A rewritten placeholder request's new
@@ -47,40 +47,40 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class PutPlan:
+class PutDecision:
     """What one put stores: the context its chunks join, the variant the daemon records for
     them, how each chunk is encoded (``quant``, ``""`` = as it is), whether that came from the
-    daemon's write plan, and why a write plan was only partly applied (``note``, ``""`` when
-    whole)."""
+    daemon's write advice (``advised``), and why the advice was only partly applied (``note``,
+    ``""`` when whole)."""
 
     context_id: str
     variant: str
     quant: str
-    planned: bool
+    advised: bool
     note: str = ""
 
 
 def decide(
-    base_context: str, forced: str, write_plan: pb.ContextPlan, *, rewritten: bool = False
-) -> PutPlan:
-    """The put plan of one put (module docstring): ``forced`` is a tag's or the config's variant
-    (``""`` = ask the daemon), ``write_plan`` the daemon's answer for ``base_context``;
+    base_context: str, forced: str, advice: pb.ContextPlan, *, rewritten: bool = False
+) -> PutDecision:
+    """The decision for one put (module docstring): ``forced`` is a tag's or the config's
+    variant (``""`` = ask the daemon), ``advice`` the daemon's write advice for ``base_context``;
     ``rewritten``: the put is a placeholder request's suffix."""
-    wanted = parse_variant(forced or write_plan.variant)
+    wanted = parse_variant(forced or advice.variant)
     note = ""
     if not forced and wanted.drops_tokens:
         applied = wanted.quant or "the original"
-        w = write_plan
+        w = advice
         note = (
-            f"the daemon plans {w.variant} ({w.source}: {w.reason}); the plugin cannot "
+            f"the daemon advises {w.variant} ({w.source}: {w.reason}); the plugin cannot "
             "drop tokens (that needs the router's placeholder identity and the context's token "
             f"count), so it stores {applied} and the daemon compresses the context itself"
         )
     form = str(wanted) if rewritten else wanted.quant or ORIGINAL_VARIANT
     context_id = base_context
-    if write_plan.source == "placed" and str(parse_variant(write_plan.variant)) != form:
+    if advice.source == "placed" and str(parse_variant(advice.variant)) != form:
         context_id = f"{base_context}/{form}"
-    return PutPlan(context_id, form, wanted.quant, planned=not forced, note=note)
+    return PutDecision(context_id, form, wanted.quant, advised=not forced, note=note)
 
 
 class ContextLinks:
