@@ -59,8 +59,11 @@ profiling:
 
 def policy_text(model: Path, variants: Sequence[str]) -> str:
     """An EvicPress policy whose grid is ``variants`` (methods x ratios: give a full grid)."""
-    methods = dict.fromkeys(v.split("@")[0] for v in variants)
-    ratios = dict.fromkeys(v.split("@")[1] for v in variants)
+    from kvtierd.variants import parse_variant
+
+    parsed = [parse_variant(v) for v in variants]
+    methods = dict.fromkeys(v.drop_method for v in parsed)
+    ratios = dict.fromkeys(f"{v.ratio:g}" for v in parsed)
     grid = {f"{m}@{r}" for m in methods for r in ratios}
     if grid != set(variants):
         raise ValueError(f"variants must be a methods x ratios grid, got {sorted(variants)}")

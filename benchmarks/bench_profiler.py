@@ -27,8 +27,8 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-from kvtierd.policy_config import expand_variants
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
+from kvtierd.variants import expand_variants
 from tests.profiler.tiny_models import build_tiny_llama
 
 VARIANTS = [v for v in expand_variants(("knorm", "int8", "knorm+int8"),

@@ -53,9 +53,9 @@ def default_variants() -> list[str]:
 def chunk_tokens_of(variant: str) -> int:
     """Kept counts in whole 16-token chunks as the daemon stores them; page methods keep whole
     pages instead (the kernels refuse a chunk rounding for them)."""
-    from kvtierd.kernels.variants import parse_variant
+    from kvtierd.sizes import count_unit
 
-    return 1 if parse_variant(variant).count_rule.page_tokens else 16
+    return count_unit(variant, 16)
 
 
 def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) -> dict[str, Any]:
@@ -99,8 +99,9 @@ def load_done(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def ratio_of(variant: str) -> float:
-    head = variant.split("+", maxsplit=1)[0]
-    return float(head.split("@")[1]) if "@" in head else 1.0
+    from kvtierd.variants import parse_variant
+
+    return parse_variant(variant).ratio
 
 
 def summarise(rows: list[dict[str, Any]], variants: list[str]) -> str:

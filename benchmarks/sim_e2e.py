@@ -59,11 +59,12 @@ from benchmarks.e2e_calibration import (
 from benchmarks.e2e_workload import Prompt, make_contexts, make_requests, prompts, trace_gaps
 from kvtierd.config import parse_size
 from kvtierd.errors import KvtierError
-from kvtierd.policy_config import expand_variants, parse_policy
+from kvtierd.policy_config import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
 from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
 from kvtierd.sim.predict import Prediction, predict
 from kvtierd.sim.replay import SimulationConfig
+from kvtierd.variants import expand_variants
 
 WITHIN = 0.25  # the goal: the prediction within 25% of the measurement
 

@@ -33,6 +33,9 @@ from wsgiref.simple_server import WSGIServer
 
 import prometheus_client as prom
 
+from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.variants import parse_variant
+
 logger = logging.getLogger(__name__)
 
 DROPPED_TIER = "dropped"
@@ -55,11 +58,11 @@ class VariantLabels:
 
     @classmethod
     def of(cls, variant: str) -> VariantLabels:
-        drop, plus, quant = (variant or "none").partition("+")
-        method, at, ratio = drop.partition("@")
-        if not at:
-            return cls(method=variant or "none", ratio="1")
-        return cls(method=f"{method}+{quant}" if plus else method, ratio=ratio)
+        try:
+            v = parse_variant(variant or ORIGINAL_VARIANT)
+        except ValueError:  # a client's own name for its object: shown as it is
+            return cls(method=variant, ratio="1")
+        return cls(method=v.method_name, ratio=f"{v.ratio:g}")
 
 
 class Metrics:

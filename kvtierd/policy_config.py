@@ -28,8 +28,8 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     variant: knorm@0.5         # fixed: the one variant every context is stored as
 
 This module sits in the bottom import layer (DESIGN.md §3.2): it must not import
-``kvtierd.policies`` or ``kvtierd.kernels``. The method names it accepts are therefore kept here as
-data; ``tests/test_policy_config.py`` holds them equal to ``kvtierd.kernels.variants``. Mapping a
+``kvtierd.policies`` or ``kvtierd.kernels``. Methods and variants are checked by the one variant
+grammar, :mod:`kvtierd.variants`, in the same layer. Mapping a
 policy onto ``kvtierd.policies.PlacerParams`` is the engine's job; :data:`PLACER_PARAMS_FIELDS`
 says which attribute feeds which parameter.
 """
@@ -47,29 +47,16 @@ from typing import Any
 
 from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
+from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.variants import (
+    QUANT_BITS,
+    expand_variants,
+    parse_grid_method,
+    parse_variant,
+)
 
-ORIGINAL = "none"
 KNOWN_PLACERS: tuple[str, ...] = ("evicpress", "fixed", "lfu", "lru", "prefill")
 """Placer names a policy may name (``kvtierd.policies.PLACERS`` must be a subset of these)."""
-DROP_METHODS: tuple[str, ...] = (
-    "keydiff", "knorm", "paged_eviction", "paged_eviction_block", "snapkv", "streamingllm",
-)  # fmt: skip
-"""Token-dropping methods (``kvtierd.kernels.variants.COUNT_RULES``)."""
-DROP_METHOD_OPTIONS: Mapping[str, tuple[tuple[str, int, int, int | None, int], ...]] = (
-    MappingProxyType(
-        {
-            "snapkv": (("window", 64, 1, None, 1), ("pool", 5, 1, None, 2)),
-            "paged_eviction": (("sinks", 0, 0, None, 1),),
-            "paged_eviction_block": (("page", 16, 1, None, 1), ("keep_ends", 0, 0, 1, 1)),
-            "streamingllm": (("sinks", 4, 0, None, 1),),
-        }
-    )
-)
-"""Method options a variant may write as ``<method>-<name>=<integer>``: ``(name, default,
-minimum, maximum or None, step)`` in the order they are written
-(``kvtierd.kernels.variants.METHOD_OPTIONS``; docs/kernels.md)."""
-QUANT_METHODS: tuple[str, ...] = ("int8", "int4")
-"""Quantizations (``kvtierd.kernels.variants.QUANT_BITS``); they keep every token."""
 SELECTIONS: tuple[str, ...] = ("per_byte", "absolute")
 """Greedy rules when a tier overflows: least utility drop per byte freed, or least drop."""
 EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
@@ -116,7 +103,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """A validated policy. ``variants`` is the expanded grid (always starting with ``"none"``)
-    in the variant grammar of ``kvtierd.kernels.variants`` (``knorm@0.5``, ``int8``,
+    in the variant grammar of :mod:`kvtierd.variants` (``knorm@0.5``, ``int8``,
     ``knorm@0.5+int8``); ``fixed_variant`` is set only for the ``fixed`` placer.
     ``text``/``source`` are the document as given, for ``Admin.GetPolicy``."""
 
@@ -127,7 +114,7 @@ class PolicyConfig:
     selection: str = "per_byte"
     methods: tuple[str, ...] = ()
     ratios: tuple[float, ...] = ()
-    variants: tuple[str, ...] = (ORIGINAL,)
+    variants: tuple[str, ...] = (ORIGINAL_VARIANT,)
     fixed_variant: str = ""
     reprofile_threshold: float = 0.05
     reprofile_interval_s: float = 300.0
@@ -188,7 +175,9 @@ def parse_policy(text: str, source: str) -> PolicyConfig:
         if "variant" not in raw:
             raise ConfigError(f"{src.where(at)}: placer 'fixed' requires key 'variant'")
         variant = check_variant(r.text(at, ""), src.where(at))
-        fields.update(fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL, variant))))
+        fields.update(
+            fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL_VARIANT, variant)))
+        )
     return PolicyConfig(**fields)
 
 
@@ -254,11 +243,11 @@ def _scorable_grid(evaluator: str, r: _Reader) -> str:
     daemon grid anyway (the daemon cannot build it)."""
     methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
     ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
-    unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_METHODS]
+    unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_BITS]
     if evaluator != "engine" or not unscorable:
         return evaluator
-    sources = [m if m in QUANT_METHODS else f"{m} at ratio 1.0" for m in methods
-               if set(expand_variants((m,), ratios)) & set(QUANT_METHODS)]  # fmt: skip
+    sources = [m if m in QUANT_BITS else f"{m} at ratio 1.0" for m in methods
+               if set(expand_variants((m,), ratios)) & set(QUANT_BITS)]  # fmt: skip
     raise ConfigError(
         f"{r.src.where(('profiling', 'evaluator'))}: evaluator 'engine' cannot score "
         f"{', '.join(unscorable)} (quantization-only variants, from variants.methods "
@@ -278,26 +267,6 @@ def _url(r: _Reader, at: tuple[str, ...]) -> str:
             f"{r.src.where(at)}: expected an http:// or https:// URL with a host, got {value!r}"
         )
     return value.rstrip("/")
-
-
-def expand_variants(methods: tuple[str, ...], ratios: tuple[float, ...]) -> tuple[str, ...]:
-    """The grid of variant names: ``"none"`` first, then each method at each ratio.
-
-    A token-dropping method at ratio 1.0 is the original (or the bare quantization when composed
-    with one); a quantization alone ignores the ratio grid. Duplicates are removed, order kept.
-    """
-    out: dict[str, None] = {ORIGINAL: None}
-    for m in methods:
-        drop, _, quant = m.partition("+")
-        if drop in QUANT_METHODS:
-            out[drop] = None
-            continue
-        for ratio in ratios:
-            name = f"{drop}@{ratio:g}" if ratio < 1.0 else ""
-            if quant:
-                name = f"{name}+{quant}" if name else quant
-            out[name or ORIGINAL] = None
-    return tuple(out)
 
 
 # -- validation helpers ---------------------------------------------------------------------
@@ -385,70 +354,17 @@ def _choice(
 
 def _method(text: str, src: _Source, at: tuple[str, ...]) -> None:
     """A grid method: a drop method (with options), a quantization, or ``<drop>+<quant>``."""
-    drop, plus, quant = text.partition("+")
-    if (drop in QUANT_METHODS and not plus) or (
-        drop.split("-")[0] in DROP_METHODS and (not plus or quant in QUANT_METHODS)
-    ):
-        if why := drop_method_error(drop) if drop not in QUANT_METHODS else "":
-            raise ConfigError(
-                f"{src.where(at)}: bad method {text!r}: {why} (method options are written "
-                "<method>-<option>=<integer>, e.g. snapkv-window=32; docs/kernels.md)"
-            )
-        return
-    raise ConfigError(
-        f"{src.where(at)}: unknown method {text!r}; allowed values: "
-        f"{', '.join((*DROP_METHODS, *QUANT_METHODS))} or <drop method>+<quantization> "
-        "(e.g. knorm+int8)"
-    )
-
-
-def drop_method_error(text: str) -> str:
-    """``""`` when ``text`` is a drop method with valid options (``snapkv-window=32``), else
-    why not. Options follow ``DROP_METHOD_OPTIONS``: known, in order, each once, integers in
-    range, never at the default (every variant has one spelling, as in the kernels' grammar)."""
-    method, *parts = text.split("-")
-    if method not in DROP_METHODS:
-        return f"unknown method {method!r}"
-    schema = DROP_METHOD_OPTIONS.get(method, ())
-    order = [o[0] for o in schema]
-    seen: list[str] = []
-    for part in parts:
-        name, eq, value = part.partition("=")
-        if name not in order:
-            return f"{method} has no option {name!r}; its options: {', '.join(order) or 'none'}"
-        if not eq or not value.isdigit() or str(int(value)) != value:
-            return f"option {part!r} is not '<name>=<integer>'"
-        _, default, low, high, step = schema[order.index(name)]
-        v = int(value)
-        if v < low or (high is not None and v > high) or (v - low) % step:
-            return f"{name}={v} is not allowed for {method}"
-        if v == default:
-            return f"{name}={v} is the default: leave it out"
-        seen.append(name)
-    if seen != [n for n in order if n in seen]:
-        return f"write {method}'s options once each, in the order {', '.join(order)}"
-    return ""
+    try:
+        parse_grid_method(text)
+    except ValueError as e:
+        raise ConfigError(f"{src.where(at)}: {e}") from e
 
 
 def check_variant(text: str, where: str = "variant") -> str:
     """A single variant: ``none``, ``int8``, ``knorm@0.5``, ``snapkv-window=32@0.5`` or
-    ``knorm@0.5+int8``, normalised (``knorm@0.50`` -> ``knorm@0.5``); raises
-    :class:`ConfigError` naming ``where``."""
-    drop, plus, quant = text.strip().partition("+")
-    method, _, ratio_text = drop.partition("@")
+    ``knorm@0.5+int8``, under its one name (``knorm@0.50`` -> ``knorm@0.5``, ``knorm@1`` ->
+    ``none``); raises :class:`ConfigError` naming ``where``."""
     try:
-        ratio = float(ratio_text) if ratio_text else 1.0
-    except ValueError:
-        ratio = math.nan
-    bad_quant = bool(plus) and quant not in QUANT_METHODS
-    if text.strip() in (ORIGINAL, *QUANT_METHODS):
-        return text.strip()
-    why = drop_method_error(method)
-    if not why and ratio_text and 0.0 < ratio <= 1.0 and not bad_quant:
-        return expand_variants((f"{method}+{quant}" if plus else method,), (ratio,))[-1]
-    raise ConfigError(
-        f"{where}: bad variant {text!r}{f' ({why})' if why else ''}; allowed values: none, "
-        f"{', '.join(QUANT_METHODS)}, <method>@<ratio> or <method>@<ratio>+<quantization> with "
-        f"method in {', '.join(DROP_METHODS)} and 0 < ratio <= 1, method options as "
-        "<method>-<option>=<integer>@<ratio> (e.g. snapkv-window=32@0.5)"
-    )
+        return str(parse_variant(text).canonical())
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from e

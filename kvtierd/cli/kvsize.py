@@ -1,11 +1,10 @@
 """``kv-size MODEL_DIR_OR_PRESET --tokens N``: KV-cache bytes of a context, per variant.
 
 Original bytes per token = ``2 * layers * kv_heads * head_dim * dtype_bytes`` (K and V), read
-from a Hugging Face ``config.json`` or a built-in preset. Variant sizes follow the rules of
-``kvtierd/kernels/variants.py`` (kept-token count per method, KIVI int8/int4 with fp16 scale and
-zero per group of 32). kvtierctl may not import ``kvtierd.kernels`` (the CLI stays
-gRPC-only and torch-free by contract), so the arithmetic is repeated here and
-``tests/cli/test_kv_size.py`` holds it equal to ``variants.variant_size_bytes``.
+from a Hugging Face ``config.json`` or a built-in preset. Variant sizes are the daemon's own
+(:mod:`kvtierd.sizes`: kept-token count per method, KIVI int8/int4 with fp16 scale and zero per
+group of 32), from the bottom layer kvtierctl may import (it may not import
+``kvtierd.kernels``: the CLI stays gRPC-only and torch-free by contract).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,23 +19,13 @@ from typing import Any
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import Output, human_bytes
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import (
-    DEFAULT_METHODS,
-    DROP_METHOD_OPTIONS,
-    check_variant,
-    expand_variants,
-    load_policy,
-)
+from kvtierd.policy_config import DEFAULT_METHODS, check_variant, load_policy
+from kvtierd.sizes import DTYPE_ALIASES, DTYPE_BYTES, dtype_bytes, variant_kept_tokens
+from kvtierd.sizes import variant_size_bytes as _variant_size_bytes
+from kvtierd.variants import expand_variants
 
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
-               "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}  # fmt: skip
 DEFAULT_VARIANTS = (*expand_variants(DEFAULT_METHODS, (1.0, 0.5, 0.2)), "int4")
-
-# Kept-count rules and quantization parameters of kvtierd.kernels.variants (module docstring).
-_PAGE_METHODS = ("paged_eviction_block",)
-_QUANT_BITS = {"int8": 8, "int4": 4}
-_GROUP = 32
-_SCALE_ZERO_BYTES = 4
+DTYPES = (*DTYPE_BYTES, *DTYPE_ALIASES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +40,7 @@ class ModelGeometry:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        return dtype_bytes(self.dtype)
 
     @property
     def bytes_per_token(self) -> int:
@@ -85,10 +73,8 @@ def geometry(model: str, dtype: str | None = None) -> ModelGeometry:
             f"{model!r} is neither a model directory with config.json nor a preset ({known})",
         )
     if dtype:
-        if dtype not in DTYPE_BYTES:
-            raise CliError(
-                ExitCode.INVALID, f"--dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)}"
-            )
+        if dtype not in DTYPES:
+            raise CliError(ExitCode.INVALID, f"--dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
         g = ModelGeometry(g.name, g.num_layers, g.num_kv_heads, g.head_dim, dtype)
     return g
 
@@ -111,48 +97,16 @@ def _from_config(path: Path) -> ModelGeometry:
             f"(num_key_value_heads optional): {e!r}",
         ) from e
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    if dtype not in DTYPE_BYTES:
-        raise CliError(ExitCode.INVALID, f"{path}: dtype {dtype!r} not one of {list(DTYPE_BYTES)}")
+    if dtype not in DTYPES:
+        raise CliError(ExitCode.INVALID, f"{path}: dtype {dtype!r} not one of {list(DTYPES)}")
     return ModelGeometry(path.parent.name, layers, kv_heads, head_dim, dtype)
-
-
-def kept_tokens(num_tokens: int, variant: str) -> int:
-    """Kept count ``M`` of ``variant`` for ``num_tokens`` (kvtierd.kernels.variants, steps 1-4)."""
-    drop = variant.partition("+")[0]
-    method_text, at, ratio_text = drop.partition("@")
-    if not at:
-        return num_tokens
-    n = num_tokens
-    target = math.floor(float(ratio_text) * n + 0.5)
-    method, *parts = method_text.split("-")
-    if method not in _PAGE_METHODS:
-        return max(target, 1)
-    options = {o[0]: o[1] for o in DROP_METHOD_OPTIONS[method]}
-    options |= {k: int(v) for k, _, v in (p.partition("=") for p in parts)}
-    page = options["page"]
-    if options["keep_ends"]:
-        pages = -(-n // page)
-        if pages <= 2:
-            return n
-        fixed, lowest, highest = page + (n - (pages - 1) * page), 0, pages - 2
-    else:
-        fixed, lowest, highest = n % page, (0 if n % page else 1), n // page
-    extra = max(target - fixed, 0)
-    return fixed + page * min(max((2 * extra + page) // (2 * page), lowest), highest)
 
 
 def variant_bytes(g: ModelGeometry, num_tokens: int, variant: str) -> int:
     """Payload bytes of one context of ``num_tokens`` stored as ``variant``."""
-    m = kept_tokens(num_tokens, variant)
-    quant = variant.rpartition("+")[2] if "+" in variant else variant
-    bits = _QUANT_BITS.get(quant, 0)
-    lh = g.num_layers * g.num_kv_heads
-    if not bits:
-        return 2 * lh * m * g.head_dim * g.dtype_bytes
-    codes = 2 * lh * m * (-(-g.head_dim * bits // 8))
-    keys = lh * (-(-m // _GROUP)) * g.head_dim * _SCALE_ZERO_BYTES
-    values = lh * m * (-(-g.head_dim // _GROUP)) * _SCALE_ZERO_BYTES
-    return codes + keys + values
+    return _variant_size_bytes(
+        g.num_layers, g.num_kv_heads, g.head_dim, num_tokens, g.dtype_bytes, variant
+    )
 
 
 def _variants(args: argparse.Namespace) -> tuple[str, ...]:
@@ -179,7 +133,7 @@ def sizes(g: ModelGeometry, num_tokens: int, variants: tuple[str, ...]) -> list[
     out = []
     for v in variants:
         size = variant_bytes(g, num_tokens, v)
-        out.append(VariantSize(v, kept_tokens(num_tokens, v), size, size / original))
+        out.append(VariantSize(v, variant_kept_tokens(num_tokens, v), size, size / original))
     return out
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvtierd.engine.servable import ServableForm
-    from kvtierd.kernels.variants import Variant
+    from kvtierd.variants import Variant
 
 SEPARATOR = "\x00"  # clients cannot use it in keys (validate.py), so derived keys never clash
 
@@ -114,7 +114,7 @@ def encode_variant(
 ) -> EncodedVariant:
     """The objects of ``variant`` for a context given as ``kv`` ``[2, L, N, H*D]``; a
     token-dropping variant needs its servable ``form`` (with its digest)."""
-    from kvtierd.kernels.variants import parse_variant
+    from kvtierd.variants import parse_variant
 
     v = parse_variant(variant)
     heads = formats[0].num_kv_heads
@@ -142,7 +142,7 @@ def _encode_dropped(
     from dataclasses import replace as with_fields
 
     from kvtierd.kernels.api import compress_dense, dense_kv, to_kv_2ltd
-    from kvtierd.kernels.variants import count_unit
+    from kvtierd.sizes import count_unit
 
     n, chunk, heads = form.num_tokens, form.chunk_tokens, form.num_kv_heads
     keys, values = split_kv(kv[:, :, :n], heads)

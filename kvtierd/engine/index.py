@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
-from kvtierd.kernels.variants import parse_variant
 from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ObjectMeta, Placement
+from kvtierd.variants import parse_variant
 
 
 class ContextIndex:

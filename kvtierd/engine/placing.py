@@ -12,7 +12,6 @@ from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import ConfigError
 from kvtierd.policies import Placer, PlacerParams, placer_class
-from kvtierd.policies.model import check_tiers
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
 from kvtierd.storage import CpuTier, Tier
 from kvtierd.types import (
@@ -24,6 +23,7 @@ from kvtierd.types import (
     Plan,
     TierModel,
 )
+from kvtierd.utility import check_tiers
 
 
 def tier_models(tiers: Mapping[str, Tier], cpu: CpuTier) -> list[TierModel]:

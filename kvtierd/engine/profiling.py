@@ -29,7 +29,6 @@ from kvtierd.engine.mover import TierMover
 from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
-from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import (
     CapacityError,
     CorruptObjectError,
@@ -40,11 +39,12 @@ from kvtierd.errors import (
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard
-from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
 from kvtierd.metrics import Metrics
 from kvtierd.profiler.prefill_fit import PrefillFit
 from kvtierd.profiler.yield_gate import YieldGate
+from kvtierd.sizes import DTYPE_BYTES, count_unit, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.profiler import (

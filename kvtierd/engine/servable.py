@@ -37,9 +37,9 @@ import numpy as np
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, kept_tokens, lmcache_model
-from kvtierd.kernels.variants import parse_variant
 from kvtierd.router_protocol import context_digest
 from kvtierd.types import ObjectMeta
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.profiler.queries import QueryStore

@@ -5,14 +5,8 @@ from __future__ import annotations
 import math
 
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.sizes import DTYPE_BYTES
 from kvtierd.types import ObjectMeta
-
-DTYPE_BYTES: dict[str, float] = {
-    "uint8": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "float16": 2, "bfloat16": 2, "int16": 2,
-    "float32": 4, "int32": 4, "uint32": 4,
-    "float64": 8, "int64": 8,
-}  # fmt: skip
 
 MAX_KEY_BYTES = 1024
 

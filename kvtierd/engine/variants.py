@@ -33,9 +33,9 @@ from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.kernels.placeholder import manifest_key
-from kvtierd.kernels.variants import parse_variant
 from kvtierd.storage import CpuTier, Tier
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+from kvtierd.variants import parse_variant
 
 logger = logging.getLogger(__name__)
 

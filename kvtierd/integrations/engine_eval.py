@@ -53,7 +53,6 @@ from typing import Any, TypeVar
 
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError, UnavailableError
-from kvtierd.kernels.variants import ORIGINAL, parse_variant
 from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.quality import (
     DEFAULT_LAYOUT,
@@ -65,6 +64,8 @@ from kvtierd.profiler.quality import (
     register_evaluator,
 )
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, context_digest, loaded_value
+from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.variants import parse_variant
 
 _T = TypeVar("_T")
 
@@ -193,8 +194,8 @@ class EngineEvaluator(QualityEvaluator):
         digest = context_digest(stack.root, context, scope)
         run = _Run(stack, scope, digest, tuple(context), prompts)
         reference = self._reference(run)
-        stored = [v for v in dict.fromkeys(names.values()) if v != ORIGINAL]
-        answers = {ORIGINAL: reference, **self._variant_answers(run, stored)}
+        stored = [v for v in dict.fromkeys(names.values()) if v != ORIGINAL_VARIANT]
+        answers = {ORIGINAL_VARIANT: reference, **self._variant_answers(run, stored)}
         per_query = {
             v: tuple(self.embedder.similarity(reference, answers[names[v]])) for v in variants
         }

@@ -70,7 +70,7 @@ from kvtierd.integrations.prompt_links import PromptLinks
 from kvtierd.integrations.put_plan import ContextLinks, PutPlan, decide
 from kvtierd.integrations.store_request import ContextChunks, StoreRequest
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.variants import parse_variant
 
 logger = logging.getLogger(__name__)
 NOTED_CONTEXTS = 4096

@@ -37,7 +37,8 @@ from kvtierd.kernels.placeholder import (
 )
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import count_unit, parse_variant
+from kvtierd.sizes import count_unit
+from kvtierd.variants import parse_variant
 
 logger = logging.getLogger(__name__)
 

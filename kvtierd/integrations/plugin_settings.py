@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtierd.errors import ConfigError
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.variants import parse_variant
 
 _KNOWN = ("socket_path", "variant", "hold_s", "durable", "timeout_s")
 

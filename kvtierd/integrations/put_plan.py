@@ -39,7 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtierd.kernels.variants import ORIGINAL, parse_variant
+from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.rpc import kvtier_pb2 as pb
@@ -73,7 +74,7 @@ def decide(
             "drop tokens (that needs the router's placeholder identity and the context's token "
             f"count), so it stores {applied} and the daemon compresses the context itself"
         )
-    form = str(wanted) if rewritten else wanted.quant or ORIGINAL
+    form = str(wanted) if rewritten else wanted.quant or ORIGINAL_VARIANT
     context_id = base_context
     if plan.source == "placed" and str(parse_variant(plan.variant)) != form:
         context_id = f"{base_context}/{form}"

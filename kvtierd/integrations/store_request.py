@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtierd.integrations.plugin_settings import is_rewritten, tag
-from kvtierd.kernels.variants import parse_variant
+from kvtierd.variants import parse_variant
 
 
 @dataclass(frozen=True, slots=True)

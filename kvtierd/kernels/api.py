@@ -17,7 +17,8 @@ from kvtierd.kernels.quant import dequantize, quantize_kv
 from kvtierd.kernels.registry import get_method
 from kvtierd.kernels.results import CompressedKV, KVTensor, QuantizedTensor
 from kvtierd.kernels.rope import RopeSpec
-from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, Variant, as_variant
+from kvtierd.sizes import DEFAULT_GROUP_SIZE
+from kvtierd.variants import Variant, as_variant
 
 
 def compress_kv(

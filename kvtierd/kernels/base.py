@@ -23,14 +23,8 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.results import CompressedKV
 from kvtierd.kernels.rope import RopeSpec, rotate_keys
-from kvtierd.kernels.variants import (
-    CountRule,
-    Options,
-    Variant,
-    canonical_options,
-    count_rule,
-    kept_token_count,
-)
+from kvtierd.sizes import kept_token_count
+from kvtierd.variants import CountRule, Options, Variant, canonical_options, count_rule
 
 Backend = Literal["auto", "torch", "triton"]
 ResolvedBackend = Literal["torch", "triton"]

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
-from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, parse_variant
+from kvtierd.sizes import DEFAULT_GROUP_SIZE
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     import torch

@@ -21,7 +21,7 @@ import torch
 from kvtierd.kernels.base import TokenDropMethod
 from kvtierd.kernels.knorm import key_norms
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.variants import canonical_options, option_default
+from kvtierd.variants import canonical_options, option_default
 
 NORM_EPS = 1e-12
 

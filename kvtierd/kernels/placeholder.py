@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.kernels.variants import Variant, count_unit, variant_kept_tokens
+from kvtierd.sizes import count_unit, variant_kept_tokens
+from kvtierd.variants import Variant
 
 if TYPE_CHECKING:
     from kvtierd.kernels.rope import RopeSpec
@@ -66,7 +67,7 @@ def kept_key(digest: str, variant: str = "") -> str:
 def kept_tokens(num_tokens: int, variant: Variant, chunk_tokens: int) -> int:
     """``M``, the entries a store of ``num_tokens`` tokens as ``variant`` keeps, as the plugin
     builds it: ``ratio * N`` rounded to the nearest whole chunk (half up), at least one chunk,
-    at most ``N`` (``kernels.variants.kept_token_count``; knorm@0.25 of 1,536 tokens in chunks
+    at most ``N`` (``kvtierd.sizes.kept_token_count``; knorm@0.25 of 1,536 tokens in chunks
     of 256 keeps 384 -> 1.5 -> 2 chunks = 512). A page method (``paged_eviction_block``) keeps
     whole pages of its own instead, which are whole chunks only by chance: the router refuses
     it then (``router/store.py``)."""

@@ -23,7 +23,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.base import Backend, resolve_backend
 from kvtierd.kernels.layout import SUPPORTED_DTYPES
 from kvtierd.kernels.results import QuantAxis, QuantizedTensor
-from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE
+from kvtierd.sizes import DEFAULT_GROUP_SIZE
 
 
 def check_quant_args(x: torch.Tensor, bits: int, group_size: int, axis: str) -> None:

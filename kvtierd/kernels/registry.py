@@ -14,7 +14,7 @@ from kvtierd.kernels.knorm import KnormMethod
 from kvtierd.kernels.paged_eviction import PagedEvictionBlockMethod, PagedEvictionMethod
 from kvtierd.kernels.snapkv import SnapKVMethod
 from kvtierd.kernels.streamingllm import StreamingLLMMethod
-from kvtierd.kernels.variants import Options, canonical_options
+from kvtierd.variants import Options, canonical_options
 
 
 class MethodRegistry:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.base import TokenDropMethod
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.variants import canonical_options, option_default
+from kvtierd.variants import canonical_options, option_default
 
 WINDOW_SCORE = 2.0  # above any prefix score: a mean of softmax probabilities is <= 1
 

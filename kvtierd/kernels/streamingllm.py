@@ -13,7 +13,7 @@ import torch
 
 from kvtierd.kernels.base import TokenDropMethod
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.variants import canonical_options, option_default
+from kvtierd.variants import canonical_options, option_default
 
 
 def positional_scores(

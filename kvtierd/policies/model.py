@@ -1,15 +1,8 @@
 """The placement problem as dense arrays: TTFT and utility of every (variant, tier) per context.
 
-EvicPress §4.2: ``Util(method, ratio, tier) = (alpha * quality - TTFT) * frequency`` with
-
-* ``TTFT`` of a cached placement = ``size_bytes / load_bandwidth_bytes_per_s + load_overhead_s
-  + restore_s`` of the variant (dequantize, rotate) + the query's prefill;
-* ``TTFT`` of ``dropped`` = prefill of the context (``ContextProfile.prefill_s``) + the query's
-  prefill, at quality 1.0 (recomputed KV is exact).
-
-The query's prefill is the same in every option of a context, so it shifts a context's utilities
-by a constant and never changes a decision; placers leave it out (it is 0 here) and the
-simulator adds it to the TTFT it reports.
+EvicPress §4.2, priced by :mod:`kvtierd.utility` (``(alpha * quality - TTFT) * frequency``; the
+TTFT of a cached placement is its load, of ``dropped`` the context's prefill; the query's own
+prefill is left out, it never changes a decision).
 
 A :class:`UtilityTable` holds ``n`` contexts x ``V`` variant slots x ``T`` tiers. Contexts with
 fewer variants are padded: a padded slot has ``valid == False`` and utility ``-inf``, so no
@@ -26,33 +19,11 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtierd.types import ContextProfile, TierModel
+from kvtierd.utility import check_tiers, dropped_utility, load_ttft_s, utility
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-
-def check_tiers(tiers: Sequence[TierModel]) -> None:
-    """Refuse a tier the TTFT formula cannot price: a load bandwidth that is not a finite
-    number > 0 (an unmeasured 0 made every load of the tier infinitely slow, and a placer
-    dropped what it held), an overhead that is not finite and >= 0, a negative capacity."""
-    for tier in tiers:
-        bw, overhead = tier.load_bandwidth_bytes_per_s, tier.load_overhead_s
-        if not (math.isfinite(bw) and bw > 0):
-            raise ValueError(
-                f"tier {tier.name!r}: load_bandwidth_bytes_per_s must be a finite number > 0, "
-                f"got {bw!r}"
-            )
-        if not (math.isfinite(overhead) and overhead >= 0):
-            raise ValueError(
-                f"tier {tier.name!r}: load_overhead_s must be a finite number >= 0, "
-                f"got {overhead!r}"
-            )
-        if tier.capacity_bytes is not None and tier.capacity_bytes < 0:
-            raise ValueError(
-                f"tier {tier.name!r}: capacity_bytes must be >= 0 or None (unbounded), "
-                f"got {tier.capacity_bytes!r}"
-            )
 
 
 def _check_array(name: str, values: FloatArray, low: float, *, low_ok: bool = True) -> None:
@@ -66,21 +37,6 @@ def _check_array(name: str, values: FloatArray, low: float, *, low_ok: bool = Tr
             f"{name} must be finite and {rule} {low:g}; {name}[{', '.join(map(str, at))}] is "
             f"{values[at]!r}"
         )
-
-
-def load_ttft_s(size_bytes: FloatArray, restore_s: FloatArray, tier: TierModel) -> FloatArray:
-    """Seconds to make a stored variant usable: transfer + per-load overhead + restore (§4.2).
-
-    Raises ``ValueError`` for a tier whose bandwidth or overhead cannot be priced
-    (:func:`check_tiers`) instead of dividing by zero."""
-    check_tiers((tier,))
-    return size_bytes / tier.load_bandwidth_bytes_per_s + tier.load_overhead_s + restore_s
-
-
-def option_ttft_s(size_bytes: float, restore_s: float, tier: TierModel) -> float:
-    """:func:`load_ttft_s` of one variant in one tier (the daemon's utility table and write
-    plans price options with the placer's formula)."""
-    return float(load_ttft_s(np.asarray(size_bytes, np.float64), np.asarray(restore_s), tier))
 
 
 def capacity_array(capacity_bytes: Sequence[int | None]) -> FloatArray:
@@ -168,11 +124,10 @@ class UtilityTable:
         _check_inputs(alpha, tiers, size=size[ok], quality=qual[ok], restore_s=rest[ok],
                       frequency=freq, prefill_s=prefill_s)  # fmt: skip
         util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
-        gain = alpha * qual
         for t, tier in enumerate(tiers):
-            util[:, :, t] = (gain - load_ttft_s(size, rest, tier)) * freq[:, None]
+            util[:, :, t] = utility(alpha, qual, load_ttft_s(size, rest, tier), freq[:, None])
         util[~ok] = -np.inf
-        drop = (alpha - np.asarray(prefill_s, dtype=np.float64)) * freq
+        drop = dropped_utility(alpha, np.asarray(prefill_s, dtype=np.float64), freq)
         ids = tuple(context_ids) if context_ids is not None else tuple(str(i) for i in range(n))
         names = (
             tuple(tuple(v) for v in variant_names)

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtierd.kernels.variants import count_unit, variant_size_bytes
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.profiler.quality import (
@@ -43,6 +42,7 @@ from kvtierd.profiler.reprofile import (
 )
 from kvtierd.profiler.store import ProfileRecord, ProfileStore
 from kvtierd.profiler.ttft import TtftModel
+from kvtierd.sizes import count_unit, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, VariantProfile
 
 if TYPE_CHECKING:

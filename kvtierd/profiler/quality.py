@@ -17,8 +17,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE
 from kvtierd.profiler.yield_gate import YieldGate
+from kvtierd.sizes import DEFAULT_GROUP_SIZE
 
 if TYPE_CHECKING:
     import torch

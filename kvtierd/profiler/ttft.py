@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE, as_variant
 from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.sizes import DEFAULT_GROUP_SIZE
+from kvtierd.variants import as_variant
 
 
 class RestoreCost:
@@ -70,7 +71,7 @@ class RestoreCost:
         from kvtierd.kernels.quant import quantize_kv
         from kvtierd.kernels.results import CompressedKV
         from kvtierd.kernels.rope import RopeSpec, rotate_keys
-        from kvtierd.kernels.variants import QUANT_BITS
+        from kvtierd.variants import QUANT_BITS
 
         n = self.reference_tokens
         gen = torch.Generator().manual_seed(0)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from kvtierd.kernels.api import compress_dense, dense_kv
-from kvtierd.kernels.variants import count_unit
 from kvtierd.profiler.quality import DEFAULT_LAYOUT, ContextKV, ProfileLayout
+from kvtierd.sizes import count_unit
 
 
 @dataclass(frozen=True, slots=True, eq=False)

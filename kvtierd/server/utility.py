@@ -1,5 +1,5 @@
 """The utility table ``DescribeContext`` shows: every (variant, tier) option of a context and
-``dropped``, with EvicPress's utility ``(alpha * quality - ttft_s) * frequency`` (§4.2)."""
+``dropped``, priced by EvicPress's utility (:mod:`kvtierd.utility`, §4.2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from kvtierd.engine import Engine
 from kvtierd.engine.state import ContextRecord
-from kvtierd.policies.model import option_ttft_s
+from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.utility import dropped_utility, load_ttft_s, utility
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +31,11 @@ def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
         for v in profile.variants:
             if tier.capacity_bytes is not None and v.size_bytes > tier.capacity_bytes:
                 continue
-            ttft = option_ttft_s(v.size_bytes, v.restore_s, tier)
-            utility = (alpha * v.quality - ttft) * profile.frequency
-            options.append(Option(v.variant, tier.name, v.size_bytes, v.quality, ttft, utility))
-    drop_ttft = profile.prefill_s
-    options.append(Option("none", "", 0, 1.0, drop_ttft, (alpha - drop_ttft) * profile.frequency))
+            ttft = load_ttft_s(float(v.size_bytes), v.restore_s, tier)
+            value = utility(alpha, v.quality, ttft, profile.frequency)
+            options.append(Option(v.variant, tier.name, v.size_bytes, v.quality, ttft, value))
+    drop = dropped_utility(alpha, profile.prefill_s, profile.frequency)
+    options.append(Option(ORIGINAL_VARIANT, "", 0, 1.0, profile.prefill_s, drop))
     return sorted(options, key=lambda o: -o.utility)
 
 

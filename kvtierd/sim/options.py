@@ -20,12 +20,13 @@ from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.policy import read_policy
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError
-from kvtierd.policy_config import PolicyConfig, expand_variants
+from kvtierd.policy_config import PolicyConfig
 from kvtierd.sim.frontier import DEFAULT_ALPHAS
 from kvtierd.sim.replay import FREQUENCIES, PAPER_TIERS, SimulationConfig
-from kvtierd.sim.variants import METHOD_MEDIAN, QUANT_BITS, VariantSpace
+from kvtierd.sim.variants import METHOD_MEDIAN, VariantSpace
 from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import TierModel
+from kvtierd.variants import QUANT_BITS, expand_variants, parse_grid_method
 
 
 def add_placer_args(p: argparse.ArgumentParser) -> None:
@@ -208,13 +209,13 @@ def variant_space(policy: PolicyConfig) -> VariantSpace:
     quantization on top of every modelled drop method (the simulator's grid is a product)."""
     drops, quants, composed = [], [], []
     for m in policy.methods:
-        drop, _, quant = m.partition("+")
-        if drop in QUANT_BITS and not quant:
-            quants.append(drop)
-        elif drop in METHOD_MEDIAN and (not quant or quant in QUANT_BITS):
-            drops.append(drop)
-            if quant:
-                composed.append(quant)
+        v = parse_grid_method(m)  # the policy checked it
+        if not v.drops_tokens:
+            quants.append(v.quant)
+        elif v.drop_method in METHOD_MEDIAN:
+            drops.append(v.drop_method)
+            if v.quant:
+                composed.append(v.quant)
         else:
             modelled = ", ".join([*METHOD_MEDIAN, *QUANT_BITS])
             raise CliError(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtierd.sim.replay import SimulationConfig, prepare, replay
+from kvtierd.variants import parse_variant
 
 DROPPED = "dropped"
 
@@ -62,9 +63,8 @@ class PlacementSummary:
 def split_variant(name: str) -> tuple[str, float]:
     """``knorm@0.5`` -> (knorm, 0.5); ``int8`` -> (int8, 1.0); ``knorm@0.5+int8`` ->
     (knorm+int8, 0.5); ``none`` -> (none, 1.0)."""
-    drop, _, quant = name.partition("+")
-    method, _, ratio = drop.partition("@")
-    return (f"{method}+{quant}" if quant else method), float(ratio) if ratio else 1.0
+    v = parse_variant(name)
+    return v.method_name, v.ratio
 
 
 def final_placements(cfg: SimulationConfig) -> PlacementSummary:

@@ -38,6 +38,7 @@ from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
+from kvtierd.utility import load_seconds
 
 GB = 1e9
 
@@ -223,7 +224,7 @@ def _measure(
     c, v, t = ctx[hit], variant[hit], tier_hit[hit]
     bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])
     overhead = np.array([tier.load_overhead_s for tier in cfg.tiers])
-    load = vt.size_bytes[c, v] / bw[t] + overhead[t] + vt.restore_s[c, v]
+    load = load_seconds(vt.size_bytes[c, v], vt.restore_s[c, v], bw[t], overhead[t])
     loaded = load + prep.prefill.seconds(query[hit], vt.kept_tokens[c, v])
     if cfg.recompute_slower_loads:
         slower = loaded > service[hit]

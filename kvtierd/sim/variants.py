@@ -16,9 +16,10 @@ Calibration (documented in ``docs/policies.md``):
   spread of 0.25, so every method is best for a sizeable share of contexts (Fig. 4: 40/40/20%).
 * **Quantization** (not profiled in the paper): int8 costs ``0.02 * sigma``, int4
   ``0.15 * sigma`` of quality; composed variants multiply qualities.
-* **Sizes** (own formula; kvtierd.kernels has the exact one but policies may not import it):
-  token dropping keeps ``round(r * N)`` tokens; int8/int4 store ``b / 8`` bytes per element plus
-  4 bytes (fp16 scale + zero) per group of 32 elements, i.e. 0.5625 / 0.3125 of fp16.
+* **Sizes** (a vectorised estimate over many contexts; :mod:`kvtierd.sizes` has the exact
+  per-context formula): token dropping keeps ``round(r * N)`` tokens; int8/int4 store
+  ``b / 8`` bytes per element plus 4 bytes (fp16 scale + zero) per group of 32 elements, i.e.
+  0.5625 / 0.3125 of fp16.
 * **Restore:** dequantization at 300 GB/s and the RoPE re-rotation of kept keys at 500 GB/s of
   the restored fp16 bytes (GPU kernels; small next to loading, as in §2.2).
 """
@@ -33,13 +34,12 @@ import numpy as np
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.model import FloatArray
 from kvtierd.sim.workload import DATASETS, Workload
+from kvtierd.sizes import DEFAULT_GROUP_SIZE, SCALE_ZERO_BYTES
 from kvtierd.types import ORIGINAL_VARIANT
+from kvtierd.variants import QUANT_BITS, parse_variant
 
 METHOD_MEDIAN = {"keydiff": 1.0, "snapkv": 1.1, "knorm": 1.2}
-QUANT_BITS = {"int8": 8, "int4": 4}
 QUANT_COST = {"int8": 0.02, "int4": 0.15}
-QUANT_GROUP = 32
-SCALE_ZERO_BYTES = 4
 DEQUANT_BYTES_PER_S = 300e9
 ROTATE_BYTES_PER_S = 500e9
 CURVE_EXPONENT = 1.6
@@ -62,7 +62,7 @@ class VariantSpace:
 
 def quant_ratio(quant: str, dtype_bytes: int = 2) -> float:
     """Stored bytes / original bytes of a quantized KV (codes + scale/zero per group)."""
-    return (QUANT_BITS[quant] / 8 + SCALE_ZERO_BYTES / QUANT_GROUP) / dtype_bytes
+    return (QUANT_BITS[quant] / 8 + SCALE_ZERO_BYTES / DEFAULT_GROUP_SIZE) / dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,24 +78,16 @@ class Form:
     def of(cls, name: str) -> Form:
         """``none``, ``int8``, ``knorm@0.5``, ``knorm@0.5+int8`` (method options such as
         ``snapkv-window=32@0.5`` are part of the method)."""
-        drop, plus, quant = name.partition("+")
-        if drop in QUANT_BITS and not plus:
-            return cls("", 1.0, drop)
-        method, at, ratio = drop.partition("@")
         try:
-            kept = float(ratio) if at else 1.0
-        except ValueError:
-            kept = -1.0
-        if (
-            (drop != ORIGINAL_VARIANT and not (at and method and 0 < kept < 1))
-            or (plus and quant not in QUANT_BITS)
-            or (drop == ORIGINAL_VARIANT and plus)
-        ):
+            v = parse_variant(name)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from e
+        if v.drops_tokens and v.ratio >= 1.0:
             raise InvalidArgumentError(
-                f"variant {name!r}: expected none, int8, int4, <method>@<ratio in (0, 1)> or "
-                "<method>@<ratio>+<int8|int4>"
+                f"variant {name!r}: the simulator drops tokens at ratios in (0, 1); at ratio 1 "
+                f"name it {str(v.canonical())!r}"
             )
-        return cls("" if drop == ORIGINAL_VARIANT else method, kept, quant)
+        return cls(v.drop_method, v.ratio, v.quant)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

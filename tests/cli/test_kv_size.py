@@ -1,4 +1,4 @@
-"""``kv-size``: exact bytes from presets and config.json; held equal to kernels.variants."""
+"""``kv-size``: exact bytes from presets and config.json, the daemon's own size formulas."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtierd.cli.kvsize import PRESETS, geometry, kept_tokens, variant_bytes
-from kvtierd.kernels import variants
-from kvtierd.policy_config import load_policy
+from kvtierd import sizes
+from kvtierd.cli.kvsize import PRESETS, geometry
+from kvtierd.variants import COUNT_RULES
 from tests.cli.conftest import Ctl
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies"
@@ -49,9 +49,9 @@ def test_model_dir_config_json(ctl: Callable, tmp_path: Path) -> None:
     doc = r.json()
     # 2 (K, V) * 2 layers * 2 kv heads * head_dim 16 * 4 bytes
     assert (doc["model"], doc["head_dim"], doc["bytes_per_token"]) == ("tiny-llama", 16, 512)
-    sizes = {v["variant"]: v["size_bytes"] for v in doc["variants"]}
-    assert sizes["knorm@0.5"] == 50 * 512
-    assert sizes["int8"] == variants.variant_size_bytes(2, 2, 16, 100, 4, "int8")
+    got = {v["variant"]: v["size_bytes"] for v in doc["variants"]}
+    assert got["knorm@0.5"] == 50 * 512
+    assert got["int8"] == sizes.variant_size_bytes(2, 2, 16, 100, 4, "int8")
     human = run("kv-size", str(model), "--tokens", "100")
     assert human.code == 0 and "512 B per token" in human.out
     nested = tmp_path / "vlm"
@@ -76,23 +76,34 @@ def test_bad_inputs_exit_5(ctl: Callable, tmp_path: Path) -> None:
     assert r.code == 5 and "num_hidden_layers" in r.err
 
 
-@pytest.mark.parametrize("tokens", [1, 7, 16, 33, 64, 65, 100, 257, 1000, 4097])
-def test_sizes_equal_the_kernel_arithmetic(tokens: int) -> None:
-    """kvsize repeats kernels.variants' arithmetic (the CLI may not import kernels)."""
+@pytest.mark.parametrize("tokens", [1, 7, 65, 1000, 4097])
+def test_every_row_is_the_daemons_size(ctl: Callable, tokens: int) -> None:
+    """The table shows what the daemon stores: :mod:`kvtierd.sizes` for every variant asked,
+    method options and page methods included (kvsize once kept a copy of this arithmetic)."""
     g = PRESETS["qwen3-30b-a3b"]
-    names = set(load_policy(POLICIES / "evicpress.yaml").variants)
-    names |= {f"{m}@{r}" for m in variants.COUNT_RULES for r in (0.05, 0.3, 0.77)}
-    names |= {"streamingllm@0.01+int4", "paged_eviction_block@0.5+int8"}
-    names |= {f"{m}@{r}" for r in (0.05, 0.3, 0.77) for m in (
-        "paged_eviction_block-page=8", "paged_eviction_block-keep_ends=1",
-        "paged_eviction_block-page=32-keep_ends=1", "snapkv-window=8-pool=3",
-        "streamingllm-sinks=0")}  # fmt: skip
-    for v in sorted(names):
-        want = variants.variant_size_bytes(
+    names = {f"{m}@{r}" for m in COUNT_RULES for r in (0.05, 0.77)}
+    names |= {"streamingllm@0.01+int4", "paged_eviction_block@0.5+int8", "int8", "none"}
+    names |= {"paged_eviction_block-page=8@0.3", "paged_eviction_block-page=32-keep_ends=1@0.3",
+              "snapkv-window=8-pool=3@0.3", "streamingllm-sinks=0@0.3"}  # fmt: skip
+    args = [a for v in sorted(names) for a in ("--variant", v)]
+    r = ctl(None)("kv-size", g.name, "--tokens", str(tokens), "--json", *args)
+    assert r.code == 0, r.err
+    for row in r.json()["variants"]:
+        v = row["variant"]
+        want = sizes.variant_size_bytes(
             g.num_layers, g.num_kv_heads, g.head_dim, tokens, g.dtype_bytes, v
         )
-        assert variant_bytes(g, tokens, v) == want, v
-        assert kept_tokens(tokens, v) == variants.variant_kept_tokens(tokens, v), v
+        assert (row["size_bytes"], row["kept_tokens"]) == (
+            want,
+            sizes.variant_kept_tokens(tokens, v),
+        ), v
+    assert len(r.json()["variants"]) == len(names)
+
+
+def test_dtype_aliases(ctl: Callable) -> None:
+    r = ctl(None)("kv-size", "Mistral-7B", "--tokens", "1", "--json", "--dtype", "fp8")
+    assert r.code == 0, r.err
+    assert r.json()["dtype_bytes"] == 1
 
 
 def test_policy_grid(ctl: Callable) -> None:

@@ -6,15 +6,10 @@ import pytest
 import torch
 from _kernel_helpers import make_kv
 
-from kvtierd.kernels import COUNT_RULES, Variant, kept_token_count, parse_variant
 from kvtierd.kernels.api import compress_dense
 from kvtierd.kernels.registry import default_registry, get_method
-from kvtierd.kernels.variants import (
-    METHOD_OPTIONS,
-    CountRule,
-    variant_kept_tokens,
-    variant_size_bytes,
-)
+from kvtierd.sizes import kept_token_count, variant_kept_tokens, variant_size_bytes
+from kvtierd.variants import COUNT_RULES, METHOD_OPTIONS, CountRule, Variant, parse_variant
 
 
 @pytest.mark.parametrize(

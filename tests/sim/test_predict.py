@@ -170,7 +170,7 @@ def test_calibration_from_samples() -> None:
          "tiers[0].samples: needs samples at two or more different lengths"),
         ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\n"
          "tiers: [{name: cpu, overhead_s: 0, bandwidth_bytes_per_s: 1}]\nquality: {knorm: 0.5}",
-         "quality.knorm: variant 'knorm': expected none"),
+         "quality.knorm: bad variant 'knorm': method 'knorm' needs a ratio"),
         ("prefill: {overhead_s: 0, seconds_per_token: 0.001}\n"
          "tiers: [{name: cpu, overhead_s: 0, bandwidth_bytes_per_s: 1}]\nquality: {int8: 2}",
          "quality.int8: a quality is in [0, 1], got 2.0"),

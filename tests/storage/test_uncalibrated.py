@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 
 from kvtierd.config import TierConfig
-from kvtierd.policies.model import UtilityTable, check_tiers, load_ttft_s
+from kvtierd.policies.model import UtilityTable
 from kvtierd.storage import create_tier
 from kvtierd.storage.base import TransferFit
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
+from kvtierd.utility import check_tiers, load_ttft_s
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -19,8 +19,8 @@ from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
 from kvtierd.integrations.router.rewrite import read_manifest
 from kvtierd.kernels.placeholder import kept_tokens, manifest_key
-from kvtierd.kernels.variants import Variant, option_default, parse_variant
 from kvtierd.router_protocol import ContextRequest, context_digest, loaded_value
+from kvtierd.variants import Variant, option_default, parse_variant
 
 KEPT_HEADER = "x-kvtierd-kept-tokens"
 """On a stored token-dropping variant's answer: the entries it keeps, ``M``."""
