@@ -4,9 +4,9 @@ their sizes, and — once the profiler has run — their quality.
 Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
 ``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
 thread (it is not thread-safe; its query store is, and routed prompts' tokens and queries are
-recorded on a thread of their own) and its results reach the placer as a new profile. Variants the
-daemon cannot produce are left out of the grid: ``snapkv`` needs the queries of the context's
-last tokens, which a stored KV cache does not have.
+recorded on a thread of their own) and its results reach the placer as a new profile. ``snapkv``
+variants are scored and built with window queries recomputed from the policy's
+``profiling.model_dir`` (``window.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtierd.engine import window
 from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
@@ -36,7 +37,7 @@ from kvtierd.errors import (
     UnavailableError,
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.kernels.variants import count_unit, parse_variant, variant_size_bytes
+from kvtierd.kernels.variants import count_unit, variant_size_bytes
 from kvtierd.profiler.prefill_fit import PrefillFit
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 NO_TOKEN_IDS = (
@@ -77,7 +77,7 @@ class ProfilingService:
         self._changed: dict[str, float] = {}
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
         self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
-        self.servable = Servability(engine.model_cards)
+        self.servable = Servability(engine.model_cards, lambda: engine.policy.evaluator_model_dir)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -146,7 +146,8 @@ class ProfilingService:
             keys, values = await self.engine.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
-        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant,
+        check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
+                        model_dir=self.engine.policy.evaluator_model_dir, variants=self.variants(),
                         layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
@@ -333,13 +334,11 @@ class ProfilingService:
         return [*(m for m, _ in ctx.reference or ()), *added]
 
     def variants(self) -> list[str]:
-        """The running policy's grid less what the daemon cannot produce (cached per policy)."""
+        """The running policy's grid (cached per policy)."""
         policy = self.engine.policy
         if self._variants_of is not policy:
             names = dict.fromkeys([*policy.variants, policy.fixed_variant])
-            self._variants = [
-                n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES
-            ]
+            self._variants = [n for n in names if n]
             self._variants_of = policy
         return self._variants
 
@@ -509,8 +508,9 @@ class ProfilingService:
             n = int(keys.shape[2])
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
-            run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
-                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
+            run = partial(window.profile, self.profiler, self.engine.policy.evaluator_model_dir,
+                          ctx.context_id, keys, values, queries=queries, variants=self.variants(),
+                          layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
