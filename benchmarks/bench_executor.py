@@ -96,7 +96,7 @@ async def direct_compress(engine: Engine, cid: str, variant: str) -> float:
     ctx = engine.contexts[cid]
     ssd, cpu = engine.tiers["ssd"], engine.tiers["cpu"]
     t0 = time.perf_counter()
-    metas, payloads = await engine.read_context_bytes(ctx)
+    metas, payloads = await engine.mover.read_context_bytes(ctx)
     formats = chunk_formats(metas)
     kv = await asyncio.to_thread(decode_context, payloads, formats)
     form = engine.profiling.servable_form(ctx, variant) if "@" in variant else None
@@ -134,7 +134,7 @@ def _renamed(meta: ObjectMeta, tag: str) -> ObjectMeta:
 
 async def direct_copy(engine: Engine, cid: str, to_ssd: bool) -> float:
     """A demote/promote's bytes through the tier interface alone."""
-    metas, payloads = await engine.read_context_bytes(engine.contexts[cid])
+    metas, payloads = await engine.mover.read_context_bytes(engine.contexts[cid])
     ssd = engine.tiers["ssd"]
     keys = [_renamed(m, "mv") for m in metas]
     bufs = [_aligned(len(p)) for p in payloads]

@@ -98,6 +98,7 @@ class DaemonConfig:
     allocation_timeout_s: float = 60.0
     max_object_bytes: int = 4 << 30
     prefill_tokens_per_s: float = 5000.0  # the engine's prefill speed, for the TTFT model
+    profile_quiet_s: float = 2.0  # background profiling waits this long after the last read
     token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
     log_json: bool = False
@@ -405,6 +406,11 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: lease_s must be > 0 and at most {MAX_LEASE_S:g} seconds")
     if not 0 < config.allocation_timeout_s < math.inf:
         raise ConfigError(f"{origin}: allocation_timeout_s must be a finite number > 0")
+    if not 0 <= config.profile_quiet_s <= MAX_LEASE_S:
+        raise ConfigError(
+            f"{origin}: profile_quiet_s must be between 0 and {MAX_LEASE_S:g} seconds, got "
+            f"{config.profile_quiet_s}"
+        )
     if config.token_bytes_per_tenant <= 0:
         raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")
     if not config.tiers:

@@ -44,14 +44,14 @@ def client_key(storage_key: str) -> str:
     return parts[0] if len(parts) == 2 else storage_key
 
 
-def manifest_key(context_id: str, variant: str) -> str:
+def marker_key(context_id: str, variant: str) -> str:
     """The object whose presence marks a daemon-made quantized variant as complete (written
     last); a token-dropped variant's marker is its placeholder manifest
     (``kernels.placeholder.manifest_key`` of its digest), which the router reads."""
-    return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"
+    return f"{context_id}{SEPARATOR}{variant}{SEPARATOR}manifest"  # stored keys: kept
 
 
-MANIFEST_LAYOUT = "kvtierd-variant-manifest"
+MARKER_LAYOUT = "kvtierd-variant-manifest"  # stored in objects' metadata: never renamed
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,97 +14,110 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Mapping, Sequence
 
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.mover import TierMover
+from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import CapacityError, InvalidArgumentError
-from kvtierd.storage import Tier
-from kvtierd.types import ObjectMeta
-
-if TYPE_CHECKING:
-    from kvtierd.engine.engine import Engine
+from kvtierd.metrics import Metrics
+from kvtierd.storage import CpuTier, Tier
+from kvtierd.types import ObjectMeta, Plan
 
 logger = logging.getLogger(__name__)
 
 
-class DurableOps:
-    """Mixed into :class:`~kvtierd.engine.Engine`; every method runs on the event loop."""
+class DurableGuard:
+    """Keeps the promise of ``durable`` (module docstring); every method runs on the loop."""
 
-    def unread_durable(self, ctx: ContextRecord) -> int:
-        """How many of the context's objects are durable and not read yet."""
-        e = cast("Engine", self)
-        return sum(1 for k in ctx.keys if e.objects[k].unread)
+    def __init__(
+        self,
+        *,
+        index: ContextIndex,
+        mover: TierMover,
+        placing: Placing,
+        tiers: Mapping[str, Tier],
+        cpu: CpuTier,
+        metrics: Metrics,
+    ) -> None:
+        self._index = index
+        self._mover = mover
+        self._placing = placing
+        self._tiers = tiers
+        self._cpu = cpu
+        self._metrics = metrics
+        self.holds = 0  # placer drops refused for unread durable objects
 
-    async def hold_durable(self, ctx: ContextRecord, planned: str) -> None:
+    async def hold(self, ctx: ContextRecord, planned: str) -> None:
         """Refuse the placer's ``planned`` drop or compression of a context with unread
         durable objects: keep those (each on its persistent copy only), delete the context's
         other objects as the placer wanted, and take the context out of the placer's view."""
-        e = cast("Engine", self)
+        index, mover = self._index, self._mover
         async with ctx.lock:
             for key in list(ctx.keys):
-                obj = e.objects[key]
+                obj = index.objects[key]
                 if not obj.unread:
-                    await e._remove_object_bytes(e.objects.pop(key))
+                    await mover.remove_object_bytes(index.objects.pop(key))
                     del ctx.keys[key]
                     ctx.size_bytes -= obj.meta.size_bytes
-                elif obj.shadow and not e.tiers[obj.tier].persistent:
-                    await e._remove_from_tier(obj.meta, obj.tier)
+                elif obj.shadow and not self._tiers[obj.tier].persistent:
+                    await mover.remove_from_tier(obj.meta, obj.tier)
                     obj.tier, obj.shadow = obj.shadow, ""
-                    e.account(obj.meta, obj.tier, +1)  # the persistent copy is now the charged one
+                    index.account(obj.meta, obj.tier, +1)  # the persistent copy is now charged
             if not ctx.keys:  # its unread objects were deleted while the lock was awaited
-                await e.drop_extras(ctx)
-                e.contexts.pop(ctx.context_id, None)
-        e.placer.remove(ctx.context_id)
+                await mover.drop_extras(ctx)
+                index.contexts.pop(ctx.context_id, None)
+        self._placing.remove(ctx.context_id)
         if not ctx.keys:
             return
         ctx.durable_held = True
-        e.durable_holds += 1
-        e.metrics.record_durable_hold()
+        self.holds += 1
+        self._metrics.record_durable_hold()
         logger.info(
             "context %r: the placer planned to %s it, but %d durable objects were not read yet: "
             "kept on tier %s until read, deleted or evicted",
-            ctx.context_id, planned, len(ctx.keys), e.placement_of(ctx).tier,
+            ctx.context_id, planned, len(ctx.keys), index.placement_of(ctx).tier,
         )  # fmt: skip
 
-    def note_read(self, ctx: ContextRecord) -> None:
+    def note_read(self, ctx: ContextRecord) -> Plan:
         """A lease on one of the context's objects was granted. Once a held context has no
         unread durable object left, the placer takes it back and places it afresh (as a
-        context whose profile changed: it may move, be compressed or be dropped now)."""
-        e = cast("Engine", self)
-        if ctx.durable_held and not self.unread_durable(ctx):
+        context whose profile changed: it may move, be compressed or be dropped now): the
+        plan to submit."""
+        if ctx.durable_held and not self._index.unread_durable(ctx):
             ctx.durable_held = False
-            e.executor.submit(e.placer.insert(e.profile(ctx)))
+            return self._placing.insert(ctx)
+        return Plan()
 
     async def write_through(self, metas: Sequence[ObjectMeta]) -> None:
         """Give each object a copy on the first persistent tier before acknowledging. The copy
         is not charged to the tenant's quota again: it is the same object, kept safe."""
-        e = cast("Engine", self)
-        target = next((t for t in e.tiers.values() if t.persistent), None)
+        target = next((t for t in self._tiers.values() if t.persistent), None)
         if target is None:
             raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
-        self._check_durable_room(target, sum(m.size_bytes for m in metas))
+        self._check_room(target, sum(m.size_bytes for m in metas))
+        cpu = self._cpu
         for meta in metas:
-            async with e.contexts[meta.context].lock:
-                obj = e.objects.get(meta.key)
+            async with self._index.contexts[meta.context].lock:
+                obj = self._index.objects.get(meta.key)
                 if obj is None:
                     continue  # deleted meanwhile
                 obj.durable = obj.unread = True
                 obj.meta = dataclasses.replace(obj.meta, durable=True)
-                if obj.tier == e.cpu.name and not obj.shadow:
-                    await target.put(obj.meta, e.cpu.view(e.cpu.block_of(meta.key)))
+                if obj.tier == cpu.name and not obj.shadow:
+                    await target.put(obj.meta, cpu.view(cpu.block_of(meta.key)))
                     obj.shadow = target.name
 
-    def _check_durable_room(self, target: Tier, nbytes: int) -> None:
+    def _check_room(self, target: Tier, nbytes: int) -> None:
         """Unread durable objects cannot be dropped to make room, so they may fill at most the
         persistent tier's capacity; a durable commit beyond that is refused."""
-        e = cast("Engine", self)
         capacity = target.capacity_bytes
         if not capacity or target.used_bytes() + nbytes <= capacity:
             return  # the common case, without a walk over the index
         kept = sum(
             o.meta.size_bytes
-            for o in e.objects.values()
+            for o in self._index.objects.values()
             if o.unread and target.name in (o.tier, o.shadow)
         )
         if kept + nbytes > capacity:

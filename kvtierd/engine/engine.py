@@ -1,71 +1,71 @@
-"""The engine: the single owner of index state (context -> objects -> tier), leases and
-access statistics. Servicers translate gRPC to calls on it; placement decisions come from a
-:class:`~kvtierd.policies.Placer`; the :class:`~kvtierd.engine.executor.Executor` carries
-plans out in the background.
+"""The engine: wires the index of contexts and objects, the lease table, the tier mover, the
+variant writer, the profiling service, the placer and the plan executor, and serves the put path
+(allocate, commit, delete) itself. Servicers translate gRPC to calls on it; placement decisions
+come from a :class:`~kvtierd.policies.Placer`; the :class:`~kvtierd.engine.executor.Executor`
+carries plans out in the background.
 
 Everything here runs on the daemon's event loop, so index updates need no locks; byte copies
 and file I/O run on worker threads inside the tiers. A context's ``lock`` serialises the
 moves of its objects against reads that stage them.
+
+Dependencies run one way (each module imports only those above it)::
+
+    state, context_kv, validate, tokens, servable
+    index -> leases -> mover -> profiling -> placing -> durable, variants -> executor
+    -> reads, writes, admin_ops, write_advice -> views, engine
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import itertools
 import logging
 import secrets
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kvtierd.config import DaemonConfig
 from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.context_kv import client_key
-from kvtierd.engine.durable import DurableOps
+from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
-from kvtierd.engine.moves import Moves
-from kvtierd.engine.plans import WritePlanner
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.leases import LeaseTable
+from kvtierd.engine.mover import TierMover
+from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
-from kvtierd.engine.reads import Reads
-from kvtierd.engine.servable import load_cards, save_card
-from kvtierd.engine.state import AllocationRecord, ContextRecord, LeaseRecord, ObjectRecord
-from kvtierd.engine.validate import validate_meta
-from kvtierd.engine.variants import VariantOps
+from kvtierd.engine.reads import ReadPath
+from kvtierd.engine.servable import load_cards
+from kvtierd.engine.state import (
+    AllocationRecord,
+    ContextRecord,
+    LeaseRecord,
+    ObjectRecord,
+    RunningPolicy,
+)
+from kvtierd.engine.variants import VariantWriter, settle_variants
+from kvtierd.engine.views import ContextSummary, EngineCounts
+from kvtierd.engine.write_advice import WriteAdvisor
+from kvtierd.engine.writes import WritePath
 from kvtierd.errors import (
-    AlreadyExistsError,
-    CapacityError,
     ConfigError,
     InvalidArgumentError,
     KvtierError,
-    NotFoundError,
     UnavailableError,
 )
-from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
+from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.policies import Placer, PlacerParams, placer_class
-from kvtierd.policies.model import check_tiers
-from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig, default_policy, load_policy
+from kvtierd.policy_config import PolicyConfig, default_policy, load_policy
 from kvtierd.storage import CpuTier, Tier, create_tier
-from kvtierd.storage.allocator import Block
-from kvtierd.storage.pooled import PooledTier
-from kvtierd.storage.ssd_format import data_checksum
-from kvtierd.types import (
-    DROPPED,
-    ContextProfile,
-    ObjectMeta,
-    Operation,
-    OpKind,
-    Placement,
-    Plan,
-    TierModel,
-)
+from kvtierd.types import ObjectMeta, Plan
 
 logger = logging.getLogger(__name__)
 
 
-class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
+class Engine:
+    """One daemon's engine. Its parts are attributes; servicers read through the read-only
+    properties (``contexts``, ``objects``, ``leases``, ...) and act through the methods."""
+
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.instance_id = secrets.token_hex(6)
@@ -79,69 +79,128 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
             )
         self.cpu: CpuTier = cpus[0]
         self.tier_index = {name: i for i, name in enumerate(self.tiers)}
-        self._shared = [t for t in self.tiers.values() if t.shared]
-        self.objects: dict[str, ObjectRecord] = {}
-        self.contexts: dict[str, ContextRecord] = {}
-        self.allocations: dict[str, AllocationRecord] = {}
-        self.leases: dict[str, LeaseRecord] = {}
-        self._committed: OrderedDict[str, None] = OrderedDict()  # recent ids: double commits
-        # (pool tier, offset) -> leases on that block; blocks no tier owns any more, freed by
-        # their last release. The pool is the CPU tier's arena, or a gpu tier (device leases).
-        self._block_refs: dict[tuple[str, int], int] = {}
-        self._orphans: dict[tuple[str, int], Block] = {}
-        self._ids = itertools.count(1)
-        self.hits = 0
-        self.misses = 0
-        self.tier_hits: Counter[str] = Counter()
-        # (tenant, tier) -> bytes charged: each object once, in the tier it is placed in
-        # (a durable object's persistent copy under a faster tier is not charged again).
-        self.usage: Counter[tuple[str, str]] = Counter()
-        self.durable_holds = 0  # placer drops refused for unread durable objects (durable.py)
-        self.quotas = {t.name: dict(t.quota_bytes) for t in config.tenants}
-        self.variant_manifests: dict[str, tuple[ObjectMeta, str]] = {}
-        # A daemon-made variant's manifest key -> its context (the manifest is no object of
-        # the context's, but a client reads it: the router, by the digest of its tokens).
-        self.manifest_owner: dict[str, str] = {}
-        # LMCache model name -> the card its plugin registered (kernels/placeholder.py).
-        self.model_cards: dict[str, ModelCard] = {}
-        self.references: dict[str, list[tuple[ObjectMeta, str]]] = {}
         self.metrics = Metrics()
         self.draining = False
-        self.policy = load_policy(config.policy_file) if config.policy_file else default_policy()
-        self.placer = self._make_placer(self.policy)
-        self.executor = Executor(self)
-        self.profiling = ProfilingService(self)
-        self.write_planner = WritePlanner(self)
-        self._loads_in_flight = 0
+        # LMCache model name -> the card its plugin registered (kernels/placeholder.py).
+        self.model_cards: dict[str, ModelCard] = {}
+        self.running = RunningPolicy(
+            load_policy(config.policy_file) if config.policy_file else default_policy()
+        )
+        self.index = ContextIndex({t.name: t.quota_bytes for t in config.tenants})
+        self.lease_table = LeaseTable(self.instance_id, self.cpu, self.tiers)
+        tiers, cpu, index, metrics = self.tiers, self.cpu, self.index, self.metrics
+        self.mover = TierMover(
+            tiers=tiers, cpu=cpu, index=index, leases=self.lease_table, metrics=metrics
+        )
+        self.profiling = ProfilingService(
+            config=config, index=index, mover=self.mover, policy=self.running, metrics=metrics,
+            model_cards=self.model_cards, loads_busy=self.loads_busy,
+        )  # fmt: skip
+        self.placing = Placing(
+            index=index, profiling=self.profiling, tiers=tiers, cpu=cpu, policy=self.running
+        )
+        self.durable = DurableGuard(
+            index=index, mover=self.mover, placing=self.placing, tiers=tiers, cpu=cpu,
+            metrics=metrics,
+        )  # fmt: skip
+        self.variants = VariantWriter(
+            index=index, mover=self.mover, profiling=self.profiling, tiers=tiers, cpu=cpu
+        )
+        self.executor = Executor(
+            index=index, mover=self.mover, variants=self.variants, durable=self.durable,
+            placing=self.placing, metrics=metrics,
+        )  # fmt: skip
+        self.reads = ReadPath(
+            index=index, leases=self.lease_table, mover=self.mover, placing=self.placing,
+            durable=self.durable, executor=self.executor, profiling=self.profiling,
+            metrics=metrics, quiet_s=config.profile_quiet_s,
+        )  # fmt: skip
+        self.admin = AdminOps(
+            index=index, mover=self.mover, executor=self.executor, placing=self.placing,
+            profiling=self.profiling, policy=self.running,
+        )  # fmt: skip
+        self.writes = WritePath(
+            config=config, index=index, leases=self.lease_table, mover=self.mover,
+            durable=self.durable, placing=self.placing, executor=self.executor,
+            profiling=self.profiling, metrics=metrics, model_cards=self.model_cards,
+        )  # fmt: skip
+        self.write_advisor = WriteAdvisor(
+            index=index, profiling=self.profiling, placing=self.placing, policy=self.running
+        )
+        # The loops between the parts (a read or a profile changes what the placer should
+        # do; a forgotten object changes where its context is) close here.
+        self.mover.on_forgotten = self._keep_placer_in_step
+        self.mover.on_context_gone = self.profiling.forget
+        self.profiling.on_profiled = self._place_again
         self._reaper: asyncio.Task[None] | None = None
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    # -- read-only views for the servicers -----------------------------------------------------
 
-    def _make_placer(self, policy: PolicyConfig) -> Placer:
-        try:
-            cls = placer_class(policy.placer)
-        except ValueError as e:
-            raise ConfigError(f"{policy.source}: {e}") from e
-        known = {f.name for f in dataclasses.fields(PlacerParams)}
-        params = PlacerParams(
-            **{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items() if f in known}
+    @property
+    def contexts(self) -> Mapping[str, ContextRecord]:
+        return self.index.contexts
+
+    @property
+    def objects(self) -> Mapping[str, ObjectRecord]:
+        return self.index.objects
+
+    @property
+    def leases(self) -> Mapping[str, LeaseRecord]:
+        return self.lease_table.leases
+
+    @property
+    def allocations(self) -> Mapping[str, AllocationRecord]:
+        return self.lease_table.allocations
+
+    @property
+    def policy(self) -> PolicyConfig:
+        return self.running.current
+
+    @property
+    def tier_hits(self) -> Mapping[str, int]:
+        return self.reads.tier_hits
+
+    def publish_tier_state(self) -> None:
+        self.mover.publish_tier_state()
+
+    def counts(self) -> EngineCounts:
+        return EngineCounts(
+            instance_id=self.instance_id,
+            uptime_s=time.monotonic() - self.started_s,
+            placer=self.placing.name,
+            contexts=len(self.index.contexts),
+            objects=len(self.index.objects),
+            leases=len(self.lease_table.leases),
+            allocations=len(self.lease_table.allocations),
+            draining=self.draining,
+            hits=self.reads.hits,
+            misses=self.reads.misses,
+            pending_plans=self.executor.pending,
+            durable_holds=self.durable.holds,
         )
-        return cls(self.tier_models(), params)
 
-    def tier_models(self) -> list[TierModel]:
-        """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads;
-        a tier that has timed no read yet gives its kind's prior, never 0). A host reader
-        copies every load out of the arena (the CPU tier's read fit); an object in another
-        tier is first read into the arena (that tier's fit)."""
-        arena = self.cpu.load_fit()
-        models = []
-        for t in self.tiers.values():
-            load = arena if t is self.cpu else t.load_fit().then(arena)
-            models.append(
-                TierModel(t.name, t.capacity_bytes or None, load.bytes_per_s, load.overhead_s)
-            )
-        check_tiers(models)
-        return models
+    def summaries(self, tier: str = "") -> list[ContextSummary]:
+        """Every context (only those in ``tier`` when given), unordered."""
+        out = [self.summary(c) for c in self.index.contexts.values()]
+        return [s for s in out if s.tier == tier] if tier else out
+
+    def summary(self, ctx: ContextRecord) -> ContextSummary:
+        placement = self.index.placement_of(ctx)
+        return ContextSummary(
+            context_id=ctx.context_id,
+            variant=placement.variant,
+            tier=placement.tier or "",
+            size_bytes=ctx.size_bytes,
+            objects=len(ctx.keys),
+            frequency=self.placing.profile(ctx).frequency,
+            last_access_s=ctx.last_access_s,
+            pinned=ctx.pinned,
+            hits=ctx.hits,
+            durable_unread=self.index.unread_durable(ctx),
+            durable_held=ctx.durable_held,
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         started: list[Tier] = []
@@ -157,7 +216,7 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
                 await tier.close()
             raise
         # Bandwidths are known now: give the placer the calibrated figures.
-        self.placer = self._make_placer(self.policy)
+        self.placing.placer = self.placing.make_placer(self.running.current)
         self.profiling.configure()
         self.model_cards.update(load_cards(self.config.data_dir))
         await self._rebuild_index()
@@ -173,31 +232,31 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
                 found.extend((meta, tier.name) for meta in tier.metas())
             except KvtierError as e:
                 # A shared tier that is down at start is not fatal: its objects are found
-                # on demand (``_fetch_shared``) once it is back.
+                # on demand (``ReadPath._fetch_shared``) once it is back.
                 logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
-        for meta, tier_name in await self.settle_variants(found):
+        settled = await settle_variants(found, self.tiers, self.mover.reference_tier())
+        index = self.index
+        for meta, tier_name in settled.objects:
             key = client_key(meta.key)
-            if key in self.objects:
+            if key in index.objects:
                 logger.warning("object %r found in two tiers; keeping one copy", key)
                 continue
             # Found on persistent storage: keep it persistent; one committed durable is
             # protected again until read (the daemon does not know whether it was before).
-            self.objects[key] = ObjectRecord(meta, tier_name, durable=True, unread=meta.durable)
-            self.account(meta, tier_name, +1)
-            self._context_add(meta, key)
-        for ctx in self.contexts.values():
-            ctx.manifest = self.variant_manifests.get(ctx.context_id)
-            if ctx.manifest is not None:
-                self.manifest_owner[ctx.manifest[0].key] = ctx.context_id
-            ctx.reference = self.references.get(ctx.context_id)
+            index.add(ObjectRecord(meta, tier_name, durable=True, unread=meta.durable), key)
+        for ctx in index.contexts.values():
+            ctx.marker = settled.markers.get(ctx.context_id)
+            if ctx.marker is not None:
+                index.marker_owner[ctx.marker[0].key] = ctx.context_id
+            ctx.reference = settled.references.get(ctx.context_id)
             for meta, where in ctx.reference or ():
-                self.account(meta, where, +1)
-            if ctx.manifest is not None:
-                self.account(ctx.manifest[0], ctx.manifest[1], +1)
-            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
-        if self.objects:
-            logger.info("rebuilt index: %d objects in %d contexts", len(self.objects),
-                        len(self.contexts))  # fmt: skip
+                index.account(meta, where, +1)
+            if ctx.marker is not None:
+                index.account(ctx.marker[0], ctx.marker[1], +1)
+            self.executor.submit(self.placing.adopt_where_it_is(ctx))
+        if index.objects:
+            logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
+                        len(index.contexts))  # fmt: skip
 
     async def close(self) -> None:
         self.draining = True
@@ -210,13 +269,55 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
         for tier in self.tiers.values():
             await tier.close()
 
-    def adopt_placement(self, ctx: ContextRecord, placement: Placement) -> Plan:
-        """Tell the placer where the context is. A context held for its unread durable
-        objects stays outside the placer's view until they are read (durable.py)."""
-        if ctx.durable_held and self.unread_durable(ctx):
-            return Plan()
-        ctx.durable_held = False
-        return self.placer.adopt(self.profile(ctx), placement)
+    def _keep_placer_in_step(self, ctx: ContextRecord) -> None:
+        """An object left the index outside a plan: the placer forgets a context left empty,
+        and learns where a context that still has objects is."""
+        if not ctx.keys:
+            self.placing.remove(ctx.context_id)
+        else:
+            self.executor.submit(self.placing.adopt_where_it_is(ctx))
+
+    def _place_again(self, ctx: ContextRecord) -> None:
+        self.executor.submit(self.placing.insert(ctx))
+
+    def loads_busy(self) -> bool:
+        """Requests are being served (``ReadPath.busy``): background profiling waits."""
+        return self.reads.busy
+
+    # -- reads and operator actions (ReadPath, AdminOps) ----------------------------------------
+
+    async def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
+    ) -> tuple[list[ObjectRecord | None], int]:
+        return await self.reads.lookup(keys, hold_s, tenant)
+
+    async def get(
+        self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = "", device_ok: bool = False
+    ) -> list[LeaseRecord]:
+        self._check_open()
+        lease_s = lease_s if lease_s > 0 else self.config.lease_s
+        return await self.reads.get(keys, lease_s, tenant, device_ok)
+
+    def release(self, lease_ids: Sequence[str]) -> None:
+        self.lease_table.release(lease_ids)
+
+    def touch(self, keys: Sequence[str], tenant: str = "") -> int:
+        return self.reads.touch(keys, tenant)
+
+    async def evict(self, context_ids: Sequence[str]) -> int:
+        return await self.admin.evict(context_ids)
+
+    def set_pinned(self, context_ids: Sequence[str], pinned: bool) -> int:
+        return self.admin.set_pinned(context_ids, pinned)
+
+    async def drain(self, tier_name: str) -> tuple[int, int]:
+        return await self.admin.drain(tier_name)
+
+    async def rebalance(self) -> Plan:
+        return await self.admin.rebalance()
+
+    async def apply_policy(self, policy: PolicyConfig) -> Plan:
+        return await self.admin.apply_policy(policy)
 
     # -- puts through the arena ----------------------------------------------------------------
 
@@ -226,308 +327,34 @@ class Engine(Reads, AdminOps, Moves, VariantOps, DurableOps):
 
     def allocate(self, metas: Sequence[ObjectMeta]) -> list[AllocationRecord]:
         self._check_open()
-        largest = max((t.capacity_bytes or 1 << 62) for t in self.tiers.values())
-        seen: set[str] = set()
-        for meta in metas:
-            validate_meta(meta, min(largest, self.config.max_object_bytes))
-            if meta.key in self.objects or meta.key in seen or self._allocating(meta.key):
-                raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
-            seen.add(meta.key)
-        self._check_quota(metas)
-        records: list[AllocationRecord] = []
-        try:
-            for meta in metas:
-                block = self.cpu.stage(meta.size_bytes)
-                now = time.monotonic()
-                rec = AllocationRecord(
-                    allocation_id=f"{self.instance_id}:a{next(self._ids)}",
-                    meta=meta,
-                    block=block,
-                    deadline_s=now + self.config.allocation_timeout_s,
-                    created_s=now,
-                )
-                self.allocations[rec.allocation_id] = rec
-                records.append(rec)
-        except BaseException:
-            for rec in records:
-                self.abort([rec.allocation_id])
-            raise
-        return records
-
-    def _check_quota(self, metas: Sequence[ObjectMeta]) -> None:
-        """A tenant's objects (stored and in flight) stay within the sum of its tier quotas."""
-        asked: Counter[str] = Counter()
-        for meta in metas:
-            asked[meta.tenant] += meta.size_bytes
-        for tenant, nbytes in asked.items():
-            quota = self.quotas.get(tenant)
-            if not quota:
-                continue
-            total = sum(quota.values())
-            held = sum(v for (t, _), v in self.usage.items() if t == tenant)
-            held += sum(
-                a.meta.size_bytes for a in self.allocations.values() if a.meta.tenant == tenant
-            )
-            if held + nbytes > total:
-                raise CapacityError(
-                    f"tenant {tenant!r} quota exceeded: {held} bytes stored or being put, "
-                    f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
-                )
-
-    def quota_tier(self, ctx: ContextRecord, wanted: str) -> str | None:
-        """The first tier from ``wanted`` down where the context fits the tenant's quota
-        (``None``: nowhere, drop it). Tiers without a quota for the tenant are unlimited."""
-        quota = self.quotas.get(ctx.tenant)
-        names = list(self.tiers)
-        for name in names[names.index(wanted) :]:
-            limit = quota.get(name) if quota else None
-            if limit is None:
-                return name
-            here = sum(
-                self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == name
-            )
-            if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
-                return name
-        return None
-
-    def _allocating(self, key: str) -> bool:
-        return any(a.meta.key == key for a in self.allocations.values())
+        return self.writes.allocate(metas)
 
     def abort(self, allocation_ids: Sequence[str]) -> None:
-        for aid in allocation_ids:
-            rec = self.allocations.pop(aid, None)
-            if rec is not None:
-                self.cpu.free_block(rec.block)
+        self.lease_table.abort(allocation_ids)
 
     async def commit(
         self, allocation_ids: Sequence[str], durable: bool = False
     ) -> list[ObjectMeta]:
         self._check_open()
-        if len(set(allocation_ids)) < len(allocation_ids):
-            twice = next(aid for aid, n in Counter(allocation_ids).items() if n > 1)
-            raise InvalidArgumentError(f"allocation {twice!r} is listed twice; list each once")
-        recs: list[AllocationRecord] = []
-        for aid in allocation_ids:
-            if aid in self._committed:
-                raise AlreadyExistsError(f"allocation {aid!r} was already committed")
-            if aid not in self.allocations:
-                raise NotFoundError(f"unknown or expired allocation {aid!r}; allocate again")
-            recs.append(self.allocations[aid])
-        self._verify_checksums(recs)
-        metas = []
-        for rec in recs:
-            del self.allocations[rec.allocation_id]
-            self._committed[rec.allocation_id] = None
-            if len(self._committed) > 100_000:
-                self._committed.popitem(last=False)
-            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
-                self.learn_card(rec.meta, bytes(self.cpu.view(rec.block)))
-                self.cpu.free_block(rec.block)
-                metas.append(rec.meta)
-                continue
-            metas.append(self._add_object(self.cpu.adopt(rec.meta, rec.block), self.cpu.name))
-            seconds = time.monotonic() - rec.created_s  # includes the client's copy in
-            self.metrics.observe_store(self.cpu.name, seconds, rec.meta.size_bytes)
-        self.publish_tier_state()
-        if durable:
-            try:
-                await self.write_through([m for m in metas if m.layout != MODEL_CARD_LAYOUT])
-            except BaseException:
-                # Not acknowledged, so not stored: the client may put the same keys again.
-                await self.delete([m.key for m in metas])
-                raise
-        return metas
-
-    def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
-        """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
-        wrote: one that does not is refused before anything of the commit is stored (a wrong
-        one was accepted and served, and failed only when the object was written to SSD)."""
-        for rec in recs:
-            given = rec.meta.checksum
-            if not given:
-                continue
-            actual = data_checksum(self.cpu.view(rec.block))
-            if actual != given:
-                self.abort([r.allocation_id for r in recs])
-                raise InvalidArgumentError(
-                    f"object {rec.meta.key!r}: checksum {given:#x} given, but the bytes written "
-                    f"hash to {actual:#x} (xxh3_64); nothing of this commit was stored: "
-                    "allocate and write again"
-                )
+        return await self.writes.commit(allocation_ids, durable)
 
     async def put_bytes(
         self, meta: ObjectMeta, data: memoryview, durable: bool = False
     ) -> ObjectMeta:
         """Store bytes that arrived by stream (not through the arena)."""
-        (rec,) = self.allocate([meta])
-        try:
-            self.cpu.view(rec.block)[:] = data
-        except BaseException:
-            self.abort([rec.allocation_id])
-            raise
-        (stored,) = await self.commit([rec.allocation_id], durable)
-        return stored
-
-    def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
-        self.objects[meta.key] = ObjectRecord(meta, tier)
-        self.account(meta, tier, +1)
-        ctx = self._context_add(meta)
-        ctx.last_access_s = time.monotonic()
-        ctx.durable_held = False  # the placer places the whole context again
-        self.profiling.note_change(ctx)
-        self.executor.submit(self._joined(ctx, self.placer.insert(self.profile(ctx)), tier))
-        return meta
+        self._check_open()
+        return await self.writes.put_bytes(meta, data, durable)
 
     def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
-        """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
-        memory and in ``data_dir``, never as an object the placer would see): token-dropped
-        variants of its model's contexts can now be written in the servable form."""
-        try:
-            card = ModelCard.from_bytes(data)
-        except InvalidArgumentError as e:
-            logger.warning("model card %r ignored: %s", meta.key, e)
-            return
-        self.model_cards[card.model] = card
-        save_card(self.config.data_dir, card)
-        self.profiling.note_form()
-
-    def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
-        """``plan`` (the placer's answer to a context that grew), plus the operation that
-        brings the new object in ``tier`` to where the context is placed: the placer plans
-        none for a context it leaves where it is, yet the new object is not there yet."""
-        if any(op.context_id == ctx.context_id for op in plan.operations):
-            return plan  # a move or drop of the context takes every object of it along
-        target = self.placer_target(ctx.context_id)
-        if target.tier == tier and target.variant == ctx.variant:
-            return plan
-        kind = OpKind.DROP if target.dropped else OpKind.MOVE
-        source = Placement(ctx.variant, tier)
-        return plan + Plan((Operation(kind, ctx.context_id, source, target, "joins its context"),))
-
-    def placer_target(self, context_id: str) -> Placement:
-        """Where the placer has a context now (``DROPPED`` for one it does not keep)."""
-        try:
-            return self.placer.placement(context_id)
-        except KeyError:
-            return DROPPED
-
-    def _context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
-        ctx = self.contexts.get(meta.context)
-        if ctx is None:
-            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
-            self.contexts[meta.context] = ctx
-        ctx.keys[key or meta.key] = None
-        ctx.size_bytes += meta.size_bytes
-        return ctx
-
-    # -- removal -----------------------------------------------------------------------------
+        self.writes.learn_card(meta, data)
 
     async def delete(self, keys: Sequence[str], tenant: str | None = None) -> int:
         """Delete objects (only ``tenant``'s when given: a client's delete)."""
-        deleted = 0
-        for key in keys:
-            obj = self.objects.get(key) if tenant is None else self.owned(key, tenant)
-            if obj is None:
-                continue
-            ctx = self.contexts[obj.meta.context]
-            async with ctx.lock:
-                if key in self.objects:
-                    await self._remove_object_bytes(self.objects[key])
-                    self._forget_object(key)
-                    deleted += 1
-                if ctx.context_id not in self.contexts:
-                    await self.drop_extras(ctx)
-        return deleted
-
-    async def _remove_object_bytes(self, obj: ObjectRecord) -> None:
-        await self._remove_from_tier(obj.meta, obj.tier)
-        if obj.shadow:
-            await self._remove_from_tier(obj.meta, obj.shadow, charged=False)
-
-    def account(self, meta: ObjectMeta, tier: str, sign: int) -> None:
-        """Keep per-tenant bytes per tier (quotas) in step with where objects are charged:
-        their placement, a variant's manifest, the reference copy of an original."""
-        self.usage[meta.tenant, tier] += sign * meta.size_bytes
-
-    async def _remove_from_tier(
-        self, meta: ObjectMeta, tier_name: str, *, charged: bool = True
-    ) -> None:
-        """Delete one copy; ``charged=False`` for a copy the tenant is not charged for (the
-        persistent copy of a durable object under a faster tier)."""
-        key = meta.key
-        if charged:
-            self.account(meta, tier_name, -1)
-        tier = self.tiers[tier_name]
-        if isinstance(tier, PooledTier):
-            block = tier.detach(key)
-            if self._block_refs.get((tier_name, block.offset)):
-                self._orphans[tier_name, block.offset] = block  # freed by the last release
-            else:
-                tier.free_block(block)
-        else:
-            with contextlib.suppress(NotFoundError):
-                await self.tiers[tier_name].delete(key, tenant=meta.tenant)
-
-    def publish_tier_state(self) -> None:
-        """Tier occupancy into the metrics (after each change, and from the health loop)."""
-        for tier in self.tiers.values():
-            st = tier.stats()
-            self.metrics.set_tier_state(
-                st.name, st.used_bytes, st.object_count, st.capacity_bytes, st.healthy
-            )
-
-    def _forget_object(self, key: str) -> None:
-        """Drop the object from the index; keep the placer in step with its context."""
-        obj = self.objects.pop(key)
-        ctx = self.contexts[obj.meta.context]
-        del ctx.keys[key]
-        ctx.size_bytes -= obj.meta.size_bytes
-        if not ctx.keys:
-            del self.contexts[ctx.context_id]
-            self.placer.remove(ctx.context_id)
-        else:
-            self.executor.submit(self.adopt_placement(ctx, self.placement_of(ctx)))
-
-    def placement_of(self, ctx: ContextRecord) -> Placement:
-        """Where the context's bytes are (its first object's tier; moves keep them together)."""
-        if not ctx.keys:
-            return DROPPED
-        return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
-
-    def loads_busy(self) -> bool:
-        """Loads are being served — a Get in flight, or a client still reading under a lease:
-        background profiling waits (EvicPress §4.3: only with free cycles)."""
-        return self._loads_in_flight > 0 or bool(self.leases)
-
-    def profile(self, ctx: ContextRecord) -> ContextProfile:
-        """What the placer knows of a context: its variants (sizes; quality once profiled),
-        decayed frequency, recency, protection."""
-        decayed = self.profiling.frequency(ctx.context_id)
-        prefill = self.profiling.prefill_s(ctx)
-        return ContextProfile(
-            context_id=ctx.context_id,
-            variants=self.profiling.grid(ctx),
-            frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
-            prefill_s=prefill,
-            last_access_s=ctx.last_access_s,
-            # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
-            # context pinned after it (the executor defers what a hold forbids, executor.py).
-            pinned=ctx.pinned,
-        )
+        return await self.writes.delete(keys, tenant)
 
     # -- background --------------------------------------------------------------------------
 
     async def _reap_forever(self, period_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(period_s)
-            self.reap(time.monotonic())
-
-    def reap(self, now_s: float) -> None:
-        """Expire leases and abandoned allocations (a client that died mid-put)."""
-        for lid in [lid for lid, lease in self.leases.items() if lease.deadline_s < now_s]:
-            logger.warning("lease %s on %r expired unreleased", lid, self.leases[lid].meta.key)
-            self.release([lid])
-        for aid in [a for a, rec in self.allocations.items() if rec.deadline_s < now_s]:
-            logger.warning("allocation %s for %r expired uncommitted", aid,
-                           self.allocations[aid].meta.key)  # fmt: skip
-            self.abort([aid])
+            self.lease_table.reap(time.monotonic())

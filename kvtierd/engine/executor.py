@@ -19,22 +19,42 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
+from kvtierd.engine.durable import DurableGuard
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.mover import TierMover
+from kvtierd.engine.placing import Placing
+from kvtierd.engine.state import ContextRecord
+from kvtierd.engine.variants import VariantWriter
 from kvtierd.errors import KvtierError
+from kvtierd.metrics import Metrics
 from kvtierd.policies.plan_order import BREAK_CYCLE
 from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
-
-if TYPE_CHECKING:
-    from kvtierd.engine.engine import Engine
-    from kvtierd.engine.state import ContextRecord
 
 logger = logging.getLogger(__name__)
 
 
 class Executor:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    """Carries out the placer's plans over the tier mover and the variant writer."""
+
+    def __init__(
+        self,
+        *,
+        index: ContextIndex,
+        mover: TierMover,
+        variants: VariantWriter,
+        durable: DurableGuard,
+        placing: Placing,
+        metrics: Metrics,
+    ) -> None:
+        self._index = index
+        self._mover = mover
+        self._variants = variants
+        self._durable = durable
+        self._placing = placing
+        self._metrics = metrics
+        self._tier_names: Sequence[str] = list(mover.tiers)
         self._queue: asyncio.Queue[Plan] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._running = 0  # plans taken off the queue and not yet finished (0 or 1)
@@ -95,11 +115,11 @@ class Executor:
         try:
             await self._run_ops((*current, *plan.operations))
         finally:
-            self.engine.publish_tier_state()
+            self._mover.publish_tier_state()
 
     def _still_planned(self, op: Operation) -> bool:
         """Whether a deferred operation is still what the placer wants for its context."""
-        return self.engine.placer_target(op.context_id) == op.target
+        return self._placing.target(op.context_id) == op.target
 
     def _defer(self, op: Operation, until_s: float) -> None:
         """Run ``op`` again once the hold ends at ``until_s`` (monotonic clock, the loop's)."""
@@ -133,11 +153,11 @@ class Executor:
                                  op.context_id)  # fmt: skip
             else:
                 self.done[op.kind.value] += 1
-                self.engine.metrics.record_operation(op.kind.value)
-                self.engine.metrics.record_placement(op.target.variant, op.target.tier)
+                self._metrics.record_operation(op.kind.value)
+                self._metrics.record_placement(op.target.variant, op.target.tier)
 
     async def apply(self, op: Operation) -> None:
-        ctx = self.engine.contexts.get(op.context_id)
+        ctx = self._index.contexts.get(op.context_id)
         if ctx is None or ctx.durable_held:
             return  # deleted since the plan was made, or out of the placer's view (durable)
         if op.kind is OpKind.DROP and op.reason == BREAK_CYCLE:
@@ -149,26 +169,26 @@ class Executor:
         if op.kind is OpKind.DROP:
             await self._drop(ctx, "drop", forget=False)  # the placer keeps it as dropped
         elif op.kind is OpKind.COMPRESS or op.target.variant != ctx.variant:
-            if self.engine.unread_durable(ctx):
-                await self.engine.hold_durable(ctx, f"compress ({op.target.variant})")
+            if self._index.unread_durable(ctx):
+                await self._durable.hold(ctx, f"compress ({op.target.variant})")
                 return
-            tier = op.target.tier or self.engine.placement_of(ctx).tier
+            tier = op.target.tier or self._index.placement_of(ctx).tier
             assert tier is not None
             if ctx.variant != ORIGINAL_VARIANT and not ctx.reference:
                 await self._keep_form(ctx, op, tier)
                 return
-            await self.engine.compress_context(ctx, op.target.variant, tier)
+            await self._variants.compress_context(ctx, op.target.variant, tier)
         elif op.target.tier is not None:
-            tier = self.engine.quota_tier(ctx, op.target.tier)
+            tier = self._index.quota_tier(ctx, op.target.tier, self._tier_names)
             if tier is None:
                 logger.info("context %r dropped: tenant %r quota full in every tier from %s",
                             ctx.context_id, ctx.tenant, op.target.tier)  # fmt: skip
                 await self._drop(ctx, "drop (tenant quota full)", forget=True)
                 return
-            await self.engine.move_context(ctx, tier)
+            await self._mover.move_context(ctx, tier)
             if tier != op.target.tier:
                 # The tenant's quota overrode the placer: tell it where the context went.
-                self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))
+                self.submit(self._placing.adopt(ctx, Placement(ctx.variant, tier)))
 
     async def _keep_form(self, ctx: ContextRecord, op: Operation, tier: str) -> None:
         """A plan made before the context took the form it has (plans queue behind each other:
@@ -179,16 +199,16 @@ class Executor:
         so EvicPress never used the SSD tier)."""
         logger.info("context %r: planned as %s, but only its %s form is kept; moved as that",
                     ctx.context_id, op.target.variant, ctx.variant)  # fmt: skip
-        await self.engine.move_context(ctx, tier)
-        self.submit(self.engine.adopt_placement(ctx, Placement(ctx.variant, tier)))
+        await self._mover.move_context(ctx, tier)
+        self.submit(self._placing.adopt(ctx, Placement(ctx.variant, tier)))
 
     async def _drop(self, ctx: ContextRecord, planned: str, *, forget: bool) -> None:
         """Drop a context as planned (``forget``: the placer did not plan it, so it forgets
         the context too), unless it holds durable objects not read yet: those are kept
         (docs/daemon.md, durable) and the context leaves the placer's view."""
-        if self.engine.unread_durable(ctx):
-            await self.engine.hold_durable(ctx, planned)
+        if self._index.unread_durable(ctx):
+            await self._durable.hold(ctx, planned)
             return
-        await self.engine.drop_context(ctx)
+        await self._mover.drop_context(ctx)
         if forget:
-            self.engine.placer.remove(ctx.context_id)
+            self._placing.remove(ctx.context_id)

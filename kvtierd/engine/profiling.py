@@ -17,15 +17,18 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtierd.config import DaemonConfig
 from kvtierd.engine import window
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.mover import TierMover
 from kvtierd.engine.servable import Servability, ServableForm
-from kvtierd.engine.state import ContextRecord
+from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS, MAX_QUERY_TOKENS, TokenBudget, packed
 from kvtierd.engine.validate import DTYPE_BYTES
 from kvtierd.errors import (
@@ -37,12 +40,14 @@ from kvtierd.errors import (
     UnavailableError,
 )
 from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.kernels.variants import count_unit, variant_size_bytes
+from kvtierd.metrics import Metrics
 from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
-    from kvtierd.engine.engine import Engine
     from kvtierd.profiler import (
         DriftSample,
         ProfileLayout,
@@ -65,9 +70,36 @@ NO_TOKEN_IDS = (
 )
 
 
+def _ignore(_: ContextRecord) -> None:
+    return None
+
+
 class ProfilingService:
-    def __init__(self, engine: Engine, settle_s: float = 0.5) -> None:
-        self.engine = engine
+    """Profiles the contexts of ``index`` (their bytes read through ``mover``) under the running
+    ``policy``. ``loads_busy`` says whether loads are being served (profiling then waits);
+    ``on_profiled(ctx)`` is told when a context's options changed (a new profile, or a
+    token-dropped variant became servable): whoever wires the service has the placer place
+    it again."""
+
+    def __init__(
+        self,
+        *,
+        config: DaemonConfig,
+        index: ContextIndex,
+        mover: TierMover,
+        policy: RunningPolicy,
+        metrics: Metrics,
+        model_cards: Mapping[str, ModelCard],
+        loads_busy: Callable[[], bool],
+        settle_s: float = 0.5,
+    ) -> None:
+        self._config = config
+        self._index = index
+        self._mover = mover
+        self._policy = policy
+        self._metrics = metrics
+        self._loads_busy = loads_busy
+        self.on_profiled: Callable[[ContextRecord], None] = _ignore
         self.settle_s = settle_s
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
@@ -76,8 +108,9 @@ class ProfilingService:
         self._queries = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
         self._changed: dict[str, float] = {}
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
-        self.tokens = TokenBudget(engine.config.token_bytes_per_tenant)
-        self.servable = Servability(engine.model_cards, lambda: engine.policy.evaluator_model_dir)
+        self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
+        self.tokens = TokenBudget(config.token_bytes_per_tenant)
+        self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -100,23 +133,25 @@ class ProfilingService:
         """(Re)build the profiler for the running policy (at start and on hot reload)."""
         from kvtierd.profiler import Profiler, TtftModel, make_evaluator
 
-        policy = self.engine.policy
+        policy = self._policy.current
         options = {
             "answer": {"model_path": policy.evaluator_model_dir},
             "engine": {"router_url": policy.evaluator_router_url,
                        "vllm_url": policy.evaluator_vllm_url,
-                       "daemon_socket": self.engine.config.socket_path},
+                       "daemon_socket": self._config.socket_path},
         }.get(policy.evaluator, {})  # fmt: skip
         # Restore and prefill times; the load times are the tiers' own (``tier_models``).
-        ttft = TtftModel(prefill_tokens_per_s=self.engine.config.prefill_tokens_per_s,
+        ttft = TtftModel(prefill_tokens_per_s=self._config.prefill_tokens_per_s,
                          fit=self.prefill_fit)  # fmt: skip
-        directory = Path(self.engine.config.data_dir) / "profiler"
+        directory = Path(self._config.data_dir) / "profiler"
+        evaluator = make_evaluator(policy.evaluator, options)
+        evaluator.yield_gate = self.yield_gate  # its steps wait while requests are served
         self.profiler = Profiler(
-            make_evaluator(policy.evaluator, options),
+            evaluator,
             ttft,
             policy=policy,
             directory=directory,
-            is_busy=self.engine.loads_busy,
+            is_busy=self._loads_busy,
         )
         self.profiler.load()
         self.version += 1
@@ -133,26 +168,27 @@ class ProfilingService:
         if self._drift is not None:
             self._drift.cancel()
             self._drift = None
-        if self.profiler is None or self.engine.policy.placer != "evicpress" or not self._running:
+        if self.profiler is None or self._policy.current.placer != "evicpress" or not self._running:
             return
         self._loop = self.profiler.reprofile_loop(self._measure, self._reprofile)
         self._drift = asyncio.create_task(self._loop.run_forever(), name="kvtierd-reprofile")
 
     async def _measure(self, context_id: str) -> DriftSample | None:
-        ctx = self.engine.contexts.get(context_id)
+        ctx = self._index.contexts.get(context_id)
         if ctx is None or self.profiler is None:
             return None
         try:
-            keys, values = await self.engine.context_tensors(ctx)
+            keys, values = await self._mover.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
+        model_dir = self._policy.current.evaluator_model_dir
         check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
-                        model_dir=self.engine.policy.evaluator_model_dir, variants=self.variants(),
+                        model_dir=model_dir, variants=self.variants(),
                         layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
     async def _reprofile(self, context_id: str) -> None:
-        ctx = self.engine.contexts.get(context_id)
+        ctx = self._index.contexts.get(context_id)
         if ctx is not None:
             self.reprofiled += 1
             await self.profile_context(ctx)
@@ -218,13 +254,13 @@ class ProfilingService:
     def _tokens_known(self, ctx: ContextRecord) -> None:
         """Token ids arrived: when they made a token-dropped variant servable, the placer sees
         the context's options again (not on every routed request: most change nothing)."""
-        if ctx.context_id not in self.engine.contexts or ctx.durable_held:
+        if ctx.context_id not in self._index.contexts or ctx.durable_held:
             return
         before = self.servable.why.get(ctx.context_id)
         self._servable(ctx, self.variants())  # refreshes why
         if before and before != self.servable.why.get(ctx.context_id):
             self.version += 1
-            self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+            self.on_profiled(ctx)
 
     def servable_form(self, ctx: ContextRecord, variant: str) -> ServableForm:
         """The servable form of ``variant`` with its digest, or ``InvalidArgumentError`` with
@@ -240,11 +276,11 @@ class ProfilingService:
         p = self.profiler
         if p is None or p.record(context_id) is None or p.trusted(context_id):
             return
-        if len(p.queries.profiling_set(context_id)[1]) >= self.engine.policy.min_queries:
+        if len(p.queries.profiling_set(context_id)[1]) >= self._policy.current.min_queries:
             self._changed[context_id] = time.monotonic()
 
     def _held(self, context_id: str) -> ContextRecord:
-        ctx = self.engine.contexts.get(context_id)
+        ctx = self._index.contexts.get(context_id)
         if ctx is None:
             raise NotFoundError(
                 f"context {context_id!r} not found: token ids are kept only for a context the "
@@ -256,7 +292,7 @@ class ProfilingService:
         """The ids a context can use: its first ``n`` tokens when its length is known."""
         _, n, _ = self._geometry_of(ctx)
         if not n:
-            n = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
+            n = sum(self._index.objects[k].meta.token_count for k in ctx.keys)
         return tokens[:n] if 0 < n < len(tokens) else tokens
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
@@ -327,15 +363,11 @@ class ProfilingService:
     def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
         """The chunks a variant is made from: the stored original, or the reference copy plus
         the chunks a client added later in the compressed form (they have no original)."""
-        e = self.engine
-        if ctx.variant == ORIGINAL_VARIANT:
-            return [e.objects[k].meta for k in ctx.keys]
-        added = [e.objects[k].meta for k in e.added_in_form(ctx)] if ctx.reference else []
-        return [*(m for m, _ in ctx.reference or ()), *added]
+        return self._index.originals(ctx)
 
     def variants(self) -> list[str]:
         """The running policy's grid (cached per policy)."""
-        policy = self.engine.policy
+        policy = self._policy.current
         if self._variants_of is not policy:
             names = dict.fromkeys([*policy.variants, policy.fixed_variant])
             self._variants = [n for n in names if n]
@@ -397,7 +429,7 @@ class ProfilingService:
             return UNKNOWN_PREFILL_S
         _, tokens, _ = self._geometry_of(ctx)
         if not tokens:
-            tokens = sum(self.engine.objects[k].meta.token_count for k in ctx.keys)
+            tokens = sum(self._index.objects[k].meta.token_count for k in ctx.keys)
         if tokens:  # at today's prefill speed, which served requests may have taught since
             return self.profiler.ttft.prefill_s(tokens)
         with contextlib.suppress(KeyError):
@@ -412,7 +444,7 @@ class ProfilingService:
     def prefill_tokens_per_s(self) -> float:
         """The prefill speed recomputes are priced at: learned, else configured."""
         learned = self.prefill_fit.estimate()
-        return learned.tokens_per_s if learned else self.engine.config.prefill_tokens_per_s
+        return learned.tokens_per_s if learned else self._config.prefill_tokens_per_s
 
     def prefill_tokens_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` tokens (:data:`UNKNOWN_PREFILL_S` when not known)."""
@@ -429,22 +461,36 @@ class ProfilingService:
     # -- work --------------------------------------------------------------------------------
 
     def note_change(self, ctx: ContextRecord) -> None:
-        if ctx.variant == ORIGINAL_VARIANT:
+        """A put changed the context: profile it once it settles, unless a trusted profile of
+        it at this length is kept from before it was dropped (``Profiler.set_aside``)."""
+        if self.profiler is not None and self._running:
+            self._worker.submit(self.profiler.returned, ctx.context_id)
+        if ctx.variant == ORIGINAL_VARIANT and not self._kept_profile(ctx):
             self._changed[ctx.context_id] = time.monotonic()
+
+    def _kept_profile(self, ctx: ContextRecord) -> bool:
+        p = self.profiler
+        record = None if p is None else p.record(ctx.context_id)
+        if p is None or record is None or not p.trusted(ctx.context_id):
+            return False
+        return record.num_tokens == self._geometry_of(ctx)[1]
 
     def note_form(self) -> None:
         """A context was compressed or restored."""
         self.version += 1
 
     def forget(self, context_id: str) -> None:
-        """A context is gone: drop what is kept about it (its profile file too)."""
+        """A context's bytes are gone: drop its token ids; its profile, frequency and queries
+        are set aside for when its prompt is computed and stored again (Profiler.set_aside)."""
         self.version += 1
         self.tokens.forget(context_id)
         self.servable.forget(context_id)
         self._geometry_cache.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
-            self._worker.submit(self.profiler.forget, context_id)
+            # ids on the thread that registers them, so that a returning prompt's stay
+            self._queries.submit(self.profiler.queries.drop_tokens, context_id)
+            self._worker.submit(self.profiler.set_aside, context_id)
 
     def note_access(self, context_id: str) -> None:
         if self.profiler is not None:
@@ -452,9 +498,12 @@ class ProfilingService:
 
     def start(self) -> None:
         if self.profiler is not None:  # ids an earlier run kept count against their tenant
-            for ctx in self.engine.contexts.values():
+            for ctx in self._index.contexts.values():
                 count = self.profiler.queries.known_tokens(ctx.context_id)
                 self.tokens.known(ctx.context_id, ctx.tenant, count)
+            for cid in self.profiler.profiled_ids():  # kept from contexts dropped before
+                if cid not in self._index.contexts:
+                    self.profiler.set_aside(cid)
         self._running = True
         self._task = asyncio.create_task(self._run_forever(), name="kvtierd-profiling")
         self._restart_drift_loop()
@@ -480,14 +529,14 @@ class ProfilingService:
             await asyncio.sleep(period_s)
             now = time.monotonic()
             ready = [c for c, t in self._changed.items() if now - t >= self.settle_s]
-            if self.engine.policy.placer != "evicpress":
+            if self._policy.current.placer != "evicpress":
                 self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
                 continue
             for cid in ready:
-                if self.engine.loads_busy():
+                if self._loads_busy():
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
-                ctx = self.engine.contexts.get(cid)
+                ctx = self._index.contexts.get(cid)
                 if ctx is not None:
                     await self.profile_context(ctx)
 
@@ -502,25 +551,30 @@ class ProfilingService:
                         "kept", ctx.context_id, ctx.variant)  # fmt: skip
             return False
         started = time.perf_counter()
+        waited_before = self.yield_gate.waited_s
         evaluator = self.profiler.evaluator
         try:
-            keys, values = await self.engine.context_tensors(ctx)
+            keys, values = await self._mover.context_tensors(ctx)
             n = int(keys.shape[2])
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
-            run = partial(window.profile, self.profiler, self.engine.policy.evaluator_model_dir,
-                          ctx.context_id, keys, values, queries=queries, variants=self.variants(),
-                          layout=self.layout_of(ctx))  # fmt: skip
+            run = partial(window.profile, self.profiler, self._policy.current.evaluator_model_dir,
+                          ctx.context_id, keys, values, queries=queries,
+                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
         self.runs["ok"] += 1
         self.version += 1
-        self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=True)
-        if ctx.context_id in self.engine.contexts and not ctx.durable_held:
+        elapsed = time.perf_counter() - started
+        self._metrics.observe_profile_run(elapsed, ok=True)
+        waited = self.yield_gate.waited_s - waited_before
+        logger.info("context %s: profiled in %.1f s, of which %.1f s waiting for requests to "
+                    "be served", ctx.context_id, elapsed, waited)  # fmt: skip
+        if ctx.context_id in self._index.contexts and not ctx.durable_held:
             # (a context held for its unread durable objects is placed again once read)
             try:
-                self.engine.executor.submit(self.engine.placer.insert(self.engine.profile(ctx)))
+                self.on_profiled(ctx)
             except CapacityError as e:  # its best place is full of pinned or held contexts
                 logger.warning("context %s: profiled, and stays where it is: %s",
                                ctx.context_id, e)  # fmt: skip
@@ -529,7 +583,7 @@ class ProfilingService:
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
         self.runs["failed"] += 1
         self.last_error = f"{ctx.context_id}: {reason}"
-        self.engine.metrics.observe_profile_run(time.perf_counter() - started, ok=False)
+        self._metrics.observe_profile_run(time.perf_counter() - started, ok=False)
         logger.error("profiling %r failed: %s", ctx.context_id, reason)
         return False
 

@@ -1,4 +1,4 @@
-"""The engine's records: objects, contexts, allocations and leases.
+"""The engine's records: objects, contexts, allocations, leases, and the running policy.
 
 These are mutable and private to the engine (the one owner of index state); the rest of the
 system sees frozen :mod:`kvtierd.types` values.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from kvtierd.policy_config import PolicyConfig
 from kvtierd.storage.allocator import Block
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
@@ -39,7 +40,8 @@ class ContextRecord:
     pinned: bool = False
     hold_until_s: float = 0.0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    manifest: tuple[ObjectMeta, str] | None = None  # a daemon-made variant's marker, its tier
+    # The object that marks a daemon-made variant complete (written last), and its tier.
+    marker: tuple[ObjectMeta, str] | None = None
     # The original's objects (meta, tier) kept in an unbounded tier while the context is
     # stored compressed (EvicPress keeps every original on its remote disk, §4).
     reference: list[tuple[ObjectMeta, str]] | None = None
@@ -73,3 +75,11 @@ class LeaseRecord:
     block: Block
     deadline_s: float
     pool: str
+
+
+@dataclass(slots=True)
+class RunningPolicy:
+    """The policy the daemon runs, shared by the parts that read it (placing, profiling, write
+    advice); a hot reload swaps ``current`` (``AdminOps.apply_policy``)."""
+
+    current: PolicyConfig

@@ -165,6 +165,7 @@ class AnswerEvaluator(QualityEvaluator):
                 context_tokens=kv.num_tokens,
                 max_new_tokens=self.max_new_tokens,
                 eos_token_ids=eos_ids,
+                pause=self.pause,
             )
         return out
 

@@ -72,6 +72,7 @@ class AttentionEvaluator(QualityEvaluator):
         items = variant_kvs(kv, variants, layout)
         sums = torch.zeros(len(items), dtype=torch.float64)
         for layer in range(kv.keys.shape[0]):
+            self.pause()
             sums += self._layer(kv, items, probes, layer)
         quality = (sums / kv.keys.shape[0]).clamp(0.0, 1.0).tolist()
         return QualityResult(

@@ -10,6 +10,7 @@ and the padding is masked out with a 2-D attention mask; Hugging Face derives th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,8 +27,10 @@ def greedy_decode(
     context_tokens: int,
     max_new_tokens: int,
     eos_token_ids: frozenset[int],
+    pause: Callable[[], object] = lambda: None,
 ) -> list[list[int]]:
-    """Greedy answers, one token list per batch row, each cut before its first EOS."""
+    """Greedy answers, one token list per batch row, each cut before its first EOS; ``pause``
+    runs before every forward step (the daemon's yield to serving, ``yield_gate.py``)."""
     from transformers import DynamicCache
 
     b = int(batch.keys.shape[0])
@@ -43,6 +46,7 @@ def greedy_decode(
     answers: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
     for step in range(max_new_tokens):
+        pause()
         out = model(
             input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask
         )

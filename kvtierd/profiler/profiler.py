@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
+
+GONE_KEPT = 4096
+"""Contexts whose profile and frequency outlive their bytes (:meth:`Profiler.set_aside`)."""
 
 
 class Profiler:
@@ -95,6 +99,8 @@ class Profiler:
         )
         self._records: dict[str, ProfileRecord] = {}
         self._last_access: dict[str, float] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()  # set aside, oldest first
+        self.gone_kept = GONE_KEPT
 
     # -- profiles ----------------------------------------------------------------------------
 
@@ -184,8 +190,28 @@ class Profiler:
     def record(self, context_id: str) -> ProfileRecord | None:
         return self._records.get(context_id)
 
+    def profiled_ids(self) -> list[str]:
+        return list(self._records)
+
+    def set_aside(self, context_id: str) -> None:
+        """The context's bytes left the daemon (dropped for recompute, evicted, deleted, lost):
+        its KV is the same when its prompt is computed again, so its profile, frequency and
+        queries are kept for when it returns (EvicPress weighs every context's frequency,
+        dropped ones too). Its token ids should go (``queries.drop_tokens``, on the thread
+        that registers them): they are the heavy part and come back with the prompt. Only the
+        newest ``gone_kept`` such contexts are kept; older ones are forgotten."""
+        self._gone[context_id] = None
+        self._gone.move_to_end(context_id)
+        while len(self._gone) > self.gone_kept:
+            oldest, _ = self._gone.popitem(last=False)
+            self.forget(oldest)
+
+    def returned(self, context_id: str) -> None:
+        """A context set aside is stored again: its profile is live, never pruned."""
+        self._gone.pop(context_id, None)
+
     def forget(self, context_id: str) -> None:
-        """The context left the daemon: drop its profile, queries and counts (files too)."""
+        """Drop everything kept about a context: profile, queries and counts (files too)."""
         self._records.pop(context_id, None)
         self._last_access.pop(context_id, None)
         self.frequency.forget(context_id)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.variants import DEFAULT_GROUP_SIZE
+from kvtierd.profiler.yield_gate import YieldGate
 
 if TYPE_CHECKING:
     import torch
@@ -127,6 +128,8 @@ class QualityEvaluator(ABC):
     """Scores variants of one context. Subclasses set ``name`` and implement :meth:`evaluate`."""
 
     name: ClassVar[str]
+    yield_gate: YieldGate | None = None
+    """Set by the daemon: :meth:`pause` then waits while it serves (``yield_gate.py``)."""
     needs_token_ids: ClassVar[bool] = False
     """True when :meth:`evaluate` needs ``ContextKV.token_ids``; a caller that cannot supply
     them (the daemon: LMCache hands it chunk hashes, never tokens) refuses the evaluator."""
@@ -141,7 +144,14 @@ class QualityEvaluator(ABC):
         layout: ProfileLayout = DEFAULT_LAYOUT,
     ) -> QualityResult:
         """Quality of every variant in ``[0, 1]`` (``"none"``, if asked, scores 1.0 through the
-        metric itself, not by special-casing). Raises rather than returning partial results."""
+        metric itself, not by special-casing). Raises rather than returning partial results.
+        Calls :meth:`pause` before each step."""
+
+    def pause(self) -> None:
+        """Before each step of :meth:`evaluate` (a decode step, a layer): wait while the
+        daemon serves, if it set a :attr:`yield_gate`."""
+        if self.yield_gate is not None:
+            self.yield_gate.wait()
 
 
 EVALUATORS: dict[str, type[QualityEvaluator]] = {}

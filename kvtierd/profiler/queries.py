@@ -141,6 +141,14 @@ class QueryStore:
             self._entry(context_id).new_since_profile = 0
             self._save(context_id)
 
+    def drop_tokens(self, context_id: str) -> None:
+        """Forget the context's token ids only (its queries stay)."""
+        with self._lock:
+            e = self._entries.get(context_id)
+            if e is not None and len(e.tokens):
+                e.tokens = array("I")
+                self._save(context_id)
+
     def forget(self, context_id: str) -> None:
         with self._lock:
             self._entries.pop(context_id, None)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvtierd import __version__
 from kvtierd.engine import Engine
-from kvtierd.engine.state import ContextRecord
+from kvtierd.engine.views import ContextSummary
 from kvtierd.errors import InvalidArgumentError, NotFoundError
 from kvtierd.policy_config import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -18,7 +19,7 @@ from kvtierd.server.identity import Caller
 from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import OpKind
 
-_ORDERS = {
+_ORDERS: dict[str, Callable[[ContextSummary], Any]] = {
     "recency": lambda c: -c.last_access_s,
     "frequency": lambda c: -c.hits,
     "size": lambda c: -c.size_bytes,
@@ -31,40 +32,39 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.engine = engine
         self.health = health
 
-    def _summary(self, ctx: ContextRecord) -> pb.ContextSummary:
-        placement = self.engine.placement_of(ctx)
+    def _summary(self, s: ContextSummary) -> pb.ContextSummary:
         return pb.ContextSummary(
-            context_id=ctx.context_id,
-            variant=placement.variant,
-            tier=placement.tier or "",
-            size_bytes=ctx.size_bytes,
-            objects=len(ctx.keys),
-            frequency=self.engine.profile(ctx).frequency,
-            last_access_age_s=max(0.0, time.monotonic() - ctx.last_access_s),
-            pinned=ctx.pinned,
-            hits=ctx.hits,
-            durable_unread=self.engine.unread_durable(ctx),
-            durable_held=ctx.durable_held,
+            context_id=s.context_id,
+            variant=s.variant,
+            tier=s.tier,
+            size_bytes=s.size_bytes,
+            objects=s.objects,
+            frequency=s.frequency,
+            last_access_age_s=max(0.0, time.monotonic() - s.last_access_s),
+            pinned=s.pinned,
+            hits=s.hits,
+            durable_unread=s.durable_unread,
+            durable_held=s.durable_held,
         )
 
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
-        e = self.engine
+        c = self.engine.counts()
         return pb.StatusResponse(
             version=__version__,
-            instance_id=e.instance_id,
-            uptime_s=time.monotonic() - e.started_s,
-            placer=e.placer.name,
-            contexts=len(e.contexts),
-            objects=len(e.objects),
-            leases=len(e.leases),
-            allocations=len(e.allocations),
-            draining=e.draining,
+            instance_id=c.instance_id,
+            uptime_s=c.uptime_s,
+            placer=c.placer,
+            contexts=c.contexts,
+            objects=c.objects,
+            leases=c.leases,
+            allocations=c.allocations,
+            draining=c.draining,
             health=self.health.describe(),
-            hits=e.hits,
-            misses=e.misses,
-            pending_plans=e.executor.pending,
-            durable_holds=e.durable_holds,
-            **_prefill_fields(e),
+            hits=c.hits,
+            misses=c.misses,
+            pending_plans=c.pending_plans,
+            durable_holds=c.durable_holds,
+            **_prefill_fields(self.engine),
         )
 
     async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:
@@ -83,7 +83,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                     write_bandwidth_bytes_per_s=s.write_bandwidth_bytes_per_s,
                     fragmentation=s.fragmentation,
                     healthy=s.healthy,
-                    hits=self.engine.tier_hits[s.name],
+                    hits=self.engine.tier_hits.get(s.name, 0),
                     detail=s.detail,
                 )
             )
@@ -100,11 +100,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if request.tier and request.tier not in self.engine.tiers:
             known = ", ".join(self.engine.tiers)
             raise NotFoundError(f"no tier {request.tier!r}; tiers: {known}")
-        ctxs = [
-            c
-            for c in self.engine.contexts.values()
-            if not request.tier or self.engine.placement_of(c).tier == request.tier
-        ]
+        ctxs = self.engine.summaries(request.tier)
         ctxs.sort(key=_ORDERS[order])
         if request.limit:
             ctxs = ctxs[: request.limit]
@@ -119,7 +115,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
         table = utility_table(self.engine, ctx)
         return pb.DescribeContextResponse(
-            summary=self._summary(ctx),
+            summary=self._summary(self.engine.summary(ctx)),
             objects=objects,
             options=[
                 pb.PlacementOption(

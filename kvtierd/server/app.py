@@ -138,7 +138,7 @@ class Daemon:
         logger.info("kvtierd %s serving on unix:%s%s (placer %s, tiers: %s)",
                     self.engine.instance_id, self.socket_path,
                     f" and tcp {self.config.tcp_address}" if self.config.tcp_address else "",
-                    self.engine.placer.name, ", ".join(self.engine.tiers))  # fmt: skip
+                    self.engine.placing.name, ", ".join(self.engine.tiers))  # fmt: skip
 
     async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
         _prepare_socket(self.socket_path)

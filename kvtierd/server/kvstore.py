@@ -206,7 +206,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         for q in request.contexts:
             if not q.context_id:
                 raise InvalidArgumentError("Plan: every query needs a context_id")
-            plan = self.engine.write_planner.plan(
+            plan = self.engine.write_advisor.advise(
                 caller.scoped(q.context_id), q.num_tokens, q.size_bytes
             )
             plans.append(

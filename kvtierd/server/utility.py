@@ -23,10 +23,10 @@ class Option:
 def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
     """Best first. TTFT of a stored option = bytes / the tier's measured load bandwidth + its
     per-load overhead + the variant's restore cost; of ``dropped`` = the context's prefill."""
-    profile = engine.profile(ctx)
+    profile = engine.placing.profile(ctx)
     alpha = engine.policy.alpha
     options = []
-    for tier in engine.tier_models():
+    for tier in engine.placing.tier_models():
         for v in profile.variants:
             if tier.capacity_bytes is not None and v.size_bytes > tier.capacity_bytes:
                 continue
@@ -39,11 +39,11 @@ def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
 
 
 def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) -> str:
-    where = engine.placement_of(ctx)
+    where = engine.index.placement_of(ctx)
     chosen = next(
         (o for o in table if o.variant == where.variant and o.tier == (where.tier or "")), None
     )
-    name = engine.placer.name
+    name = engine.placing.name
     if chosen is None:
         return f"{name}: stored as {where.variant} in {where.tier}"
     best = table[0]

@@ -189,8 +189,9 @@ def _status_request(context_id: str) -> object:
 
 
 async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: Path) -> None:
-    """A context whose last object turns out corrupt is gone like a deleted one: its tokens
-    and queries are forgotten, not left behind for a context that no longer exists."""
+    """A context whose last object turns out corrupt is gone like a deleted one: its token
+    ids are forgotten, not left behind for a context that no longer exists (its profile and
+    queries are set aside for when its prompt is stored again: test_profile_kept.py)."""
     tiers = (
         TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),
         TierConfig("ssd", "ssd", 64 << 20, str(tmp_path / "ssd")),
@@ -204,7 +205,7 @@ async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: P
         await engine.profiling.set_tokens("doc", tuple(range(T)))
         queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
         assert queries.tokens("doc", T)
-        await engine.move_context(engine.contexts["doc"], "ssd")
+        await engine.mover.move_context(engine.contexts["doc"], "ssd")
         ssd = engine.tiers["ssd"]
         path = ssd.layout.object_path("", "doc/0")  # type: ignore[attr-defined]
         with open(path, "r+b") as f:

@@ -57,7 +57,7 @@ async def test_a_context_stored_compressed_is_placed_in_its_own_form(
         await _put_int4_context(engine, "forced")
         await engine.executor.idle()
         ctx = engine.contexts["forced"]
-        assert [v.variant for v in engine.profile(ctx).variants] == ["int4"]
+        assert [v.variant for v in engine.placing.profile(ctx).variants] == ["int4"]
         assert ctx.variant == "int4" != ORIGINAL_VARIANT
         assert not await engine.profiling.profile_context(ctx)  # nothing to choose between
         await engine.executor.idle()
@@ -92,8 +92,8 @@ async def test_a_stale_plan_for_a_form_that_can_no_longer_be_made_moves_the_form
         stale = Operation(OpKind.MOVE, "c", Placement("int8", "cpu"), Placement("none", "ssd"))
         engine.executor.submit(Plan((stale,)))
         await engine.executor.idle()
-        assert ctx.variant == "int8" and engine.placement_of(ctx).tier == "ssd"
-        assert engine.placer.placement("c") == Placement("int8", "ssd")
+        assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "ssd"
+        assert engine.placing.placer.placement("c") == Placement("int8", "ssd")
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         await engine.close()
@@ -110,12 +110,12 @@ async def test_a_context_taken_out_to_break_a_cycle_keeps_its_bytes(tmp_path: Pa
         await engine.apply_policy(parse_policy("placer: lru\n", "p.yaml"))
         await _put_context(engine, "c")
         await engine.executor.idle()
-        source = engine.placer.placement("c")
+        source = engine.placing.placer.placement("c")
         out = Operation(OpKind.DROP, "c", source, DROPPED, BREAK_CYCLE)
         back = Operation(OpKind.PLACE, "c", DROPPED, Placement(source.variant, "ssd"))
         engine.executor.submit(Plan((out, back)))
         await engine.executor.idle()
         ctx = engine.contexts["c"]
-        assert engine.placement_of(ctx).tier == "ssd" and len(ctx.keys) == CHUNKS
+        assert engine.index.placement_of(ctx).tier == "ssd" and len(ctx.keys) == CHUNKS
     finally:
         await engine.close()

@@ -35,17 +35,17 @@ async def test_a_profile_that_cannot_be_placed_leaves_the_context_and_the_loop(
         await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
         await _put_context(engine, "a")  # the CPU tier's only context
         await engine.executor.idle()
-        assert engine.placement_of(engine.contexts["a"]).tier == "cpu"
+        assert engine.index.placement_of(engine.contexts["a"]).tier == "cpu"
         engine.set_pinned(["a"], True)
         await _put_context(engine, "b")  # does not fit beside a: one tier down
         await engine.executor.idle()
         b = engine.contexts["b"]
-        assert engine.placement_of(b).tier == "ssd"
+        assert engine.index.placement_of(b).tier == "ssd"
         engine.set_pinned(["b"], True)  # e.g. held by a lookup that is about to load it
         # knorm@0.5 of b would fit in the CPU tier only if a moved, and neither may move
         assert await engine.profiling.profile_context(b)
         await engine.executor.idle()
-        assert engine.placement_of(b).tier == "ssd"
+        assert engine.index.placement_of(b).tier == "ssd"
         assert "profiled, and stays where it is" in caplog.text
         assert engine.profiling.healthy
     finally:

@@ -37,7 +37,7 @@ async def test_a_profile_moves_the_context_only_from_min_queries_on(tmp_path: Pa
         assert (status.profiled, status.num_queries, status.min_queries) == (True, 1, 3)
         assert not status.trusted
         assert {v.variant: v.quality for v in status.variants}["knorm@0.5"] > 0.9  # shown
-        assert engine.placement_of(ctx).variant == "none"  # but it moved nothing
+        assert engine.index.placement_of(ctx).variant == "none"  # but it moved nothing
         described = await admin.DescribeContext(pb.DescribeContextRequest(context_id="doc"), None)
         assert "profile is from 1 queries, below profiling.min_queries 3" in described.reason
         assert {o.variant: o.quality for o in described.options}["knorm@0.5"] == 0.0
@@ -45,7 +45,7 @@ async def test_a_profile_moves_the_context_only_from_min_queries_on(tmp_path: Pa
         # Two more real queries: the daemon profiles it again by itself, and now acts.
         await engine.profiling.add_queries("doc", ["head 2", "head 3"], from_traffic=True)
         await _until(lambda: engine.profiling.runs["ok"] >= 2)
-        await _until(lambda: engine.placement_of(ctx).variant == "knorm@0.5")
+        await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
         status = await admin.ProfileStatus(pb.ProfileStatusRequest(context_id="doc"), None)
         assert (status.num_queries, status.trusted) == (3, True)
         described = await admin.DescribeContext(pb.DescribeContextRequest(context_id="doc"), None)

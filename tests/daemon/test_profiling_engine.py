@@ -135,7 +135,7 @@ async def _apply_knorm_policy(engine: Engine, profiling: str) -> None:
     """EvicPress over knorm@{1.0, 0.5} with alpha from the measured tiers: keeping the original
     on SSD must cost more TTFT than a 5% quality loss is worth, and less than a 50% loss (see
     the module docstring)."""
-    cpu, ssd = engine.tier_models()
+    cpu, ssd = engine.placing.tier_models()
     dt = (
         2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
         + ssd.load_overhead_s
@@ -158,8 +158,8 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
-    await _until(lambda: engine.placement_of(ctx).variant == "knorm@0.5")
-    assert engine.placement_of(ctx).tier == "cpu"
+    await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
+    assert engine.index.placement_of(ctx).tier == "cpu"
     table = utility_table(engine, ctx)
     assert (table[0].variant, table[0].tier) == ("knorm@0.5", "cpu")
     assert "stored as knorm@0.5 in cpu" in placement_reason(engine, ctx, table)
@@ -170,12 +170,13 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     await engine.profiling.add_queries("doc", [f"a tail question {i}" for i in range(3)], True)
     await asyncio.sleep(1.0)  # several drift-loop passes while a client holds a lease
     assert engine.profiling.reprofiled == 0, "re-profiling must wait while loads run"
-    assert engine.placement_of(ctx).variant == "knorm@0.5"
+    assert engine.index.placement_of(ctx).variant == "knorm@0.5"
     engine.release([lease.lease_id])
     await _until(lambda: engine.profiling.reprofiled >= 1)
-    await _until(lambda: engine.placement_of(ctx).variant == "none" and not engine.executor.pending)
-    assert engine.placement_of(ctx).tier == "ssd"
-    keys, _ = await engine.context_tensors(ctx)
+    placed = engine.index.placement_of
+    await _until(lambda: placed(ctx).variant == "none" and not engine.executor.pending)
+    assert engine.index.placement_of(ctx).tier == "ssd"
+    keys, _ = await engine.mover.context_tensors(ctx)
     assert keys.shape == (L, H, CHUNKS * T, D)  # the original is back, whole
 
 
@@ -183,26 +184,26 @@ async def test_write_plan_follows_the_placer(engine: Engine) -> None:
     """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
     await _apply_knorm_policy(engine, "  interval_s: 0.2\n  min_queries: 1\n")
-    planner = engine.write_planner
-    before = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    advisor = engine.write_advisor
+    before = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (before.variant, before.source) == ("none", "default")
     assert "no context is profiled yet" in before.reason
 
     await _put_context(engine, "doc")
     await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
-    await _until(lambda: engine.placement_of(ctx).variant == "knorm@0.5")
-    held = planner.plan("doc", 0, 0)
+    await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
+    held = advisor.advise("doc", 0, 0)
     assert (held.variant, held.tier, held.source) == ("knorm@0.5", "cpu", "placed")
 
-    new = planner.plan("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    new = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (new.variant, new.tier, new.source) == ("knorm@0.5", "cpu", "prior")
     assert "1 profiled contexts" in new.reason
-    huge = planner.plan("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
+    huge = advisor.advise("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
     assert huge.tier != "cpu"
 
     await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
-    fixed = engine.write_planner.plan("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    fixed = engine.write_advisor.advise("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (fixed.variant, fixed.source) == ("int8", "default")
 
 
@@ -219,7 +220,7 @@ async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> No
     await _put_context(engine, "doc")
     ctx = engine.contexts["doc"]
     await engine.executor.idle()
-    await engine.compress_context(ctx, "int8", "cpu")
+    await engine.variants.compress_context(ctx, "int8", "cpu")
     assert ctx.variant == "int8"
     g = torch.Generator().manual_seed(1)
     for i in range(CHUNKS, CHUNKS + 2):

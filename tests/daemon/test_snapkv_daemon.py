@@ -147,7 +147,7 @@ async def test_snapkv_is_profiled_with_recomputed_queries_and_left_out_without_i
     }
     assert set(profiled["known"]) == {"none", "knorm@0.5", "snapkv@0.5"}
     assert set(profiled["unknown"]) == {"none", "knorm@0.5"}
-    stored = ContextKV(*await engine.context_tensors(engine.contexts["known"]),
+    stored = ContextKV(*await engine.mover.context_tensors(engine.contexts["known"]),
                        window_queries=kv.window_queries)  # fmt: skip
     direct = make_evaluator("attention").evaluate(stored, ["snapkv@0.5"], question)
     assert profiled["known"]["snapkv@0.5"] == pytest.approx(direct["snapkv@0.5"], abs=1e-3)
@@ -179,7 +179,7 @@ async def test_a_daemon_with_the_real_model_profiles_snapkv(
 
     split = split_prompt(tokenizer, case)
     captured = prefill(real_model, list(split.context))
-    keys, values = await engine.context_tensors(engine.contexts[case.name])
+    keys, values = await engine.mover.context_tensors(engine.contexts[case.name])
     tokens = profiler.queries.tokens(case.name, int(keys.shape[2]))
     again = context_queries(str(real_model), ["snapkv@0.5"], keys, values, tokens)
     want: Any = captured.window_queries

@@ -84,7 +84,7 @@ def _check(engine: Engine, step: str) -> None:
         if ctx.context_id in pending:
             continue  # evicted, kept while held
         try:
-            target = engine.placer.placement(ctx.context_id).tier
+            target = engine.placing.placer.placement(ctx.context_id).tier
         except KeyError:
             target = None  # the lru placer forgets what it drops
         assert tier == target, f"{step}: {ctx.context_id} is in {tier}, the placer says {target}"

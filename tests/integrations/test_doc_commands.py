@@ -5,6 +5,7 @@ directory ``/tmp/kvtierd-example`` are swapped for free ones, in the blocks and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -63,13 +64,32 @@ class Part:
         raise AssertionError(f"{self.name} did not answer in {timeout_s} s:\n{self.text()[-4000:]}")
 
     def stop(self) -> None:
+        """SIGTERM to the block's command, as a user stopping it would: not to the whole
+        group, where vLLM's engine core would die beside its API server and the server log
+        EngineDeadError as an ERROR while shutting down (a race seen in a loaded CI run)."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            for pid in self._command_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             try:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):  # what the command left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def _command_pids(self) -> list[int]:
+        """The block's command: bash itself when it exec'd a single command, else its
+        children."""
+        pid = self.proc.pid
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "bash":
+                return [pid]
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return [pid]
+        return [int(c) for c in children] or [pid]
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

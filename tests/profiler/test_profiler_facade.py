@@ -107,6 +107,32 @@ def test_profiles_survive_a_restart(tmp_path: Path) -> None:
     assert make(tmp_path, clock).load() == 0
 
 
+def test_a_dropped_context_keeps_its_profile_frequency_and_queries(
+    tmp_path: Path,
+) -> None:
+    """EvicPress weighs dropped contexts too: when the prompt comes back (the same KV), its
+    profile and access count are still there; the newest ``gone_kept`` are kept."""
+    p = make(tmp_path, Clock())
+    keys, values = kv()
+    p.queries.set_tokens("a", range(96))
+    before = p.profile("a", keys, values, queries=[ProfilingQuery(text="who?")])
+    p.record_access("a")
+    p.set_aside("a")
+    p.queries.drop_tokens("a")  # ids come back with the prompt
+    assert p.queries.tokens("a", 96) == ()
+    assert p.queries.profiling_set("a")[1] == (ProfilingQuery(text="who?"),)
+    assert p.profile_of("a").variants == before.variants
+    assert p.profile_of("a").frequency == pytest.approx(2.0)
+    p.returned("a")  # stored again: a live context is never pruned
+    p.gone_kept = 1
+    for cid in ("b", "c"):
+        p.profile(cid, keys, values)
+        p.set_aside(cid)
+    assert p.record("a") is not None and p.record("c") is not None
+    assert p.record("b") is None  # the oldest set aside beyond gone_kept is forgotten
+    assert p.frequency.frequency("b", 1000.0) == 0.0
+
+
 def test_a_corrupt_profile_file_is_an_error_not_a_silent_skip(tmp_path: Path) -> None:
     p = make(tmp_path, Clock())
     p.profile("ctx", *kv())

@@ -1,4 +1,5 @@
-"""Write plans: the variant a writer should store a context in (``KVStore.Plan``).
+"""Write advice: the variant a writer should store a context in (``KVStore.Plan``; "advice",
+not "plan": a :class:`~kvtierd.types.Plan` is the placer's list of operations).
 
 A writer that holds the KV on its own device (the LMCache plugin beside vLLM) can compress it
 there and ship only the compressed bytes, if it knows what the placer will do with the context:
@@ -16,17 +17,17 @@ there and ship only the compressed bytes, if it knows what the placer will do wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.placing import Placing
+from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.state import RunningPolicy
 from kvtierd.policies.model import option_ttft_s
 from kvtierd.types import ORIGINAL_VARIANT
 
-if TYPE_CHECKING:
-    from kvtierd.engine.engine import Engine
-
 
 @dataclass(frozen=True, slots=True)
-class WritePlan:
+class WriteAdvice:
     context_id: str
     variant: str
     tier: str  # "" = the placer would not store it
@@ -43,27 +44,36 @@ class VariantPrior:
     restore_s: float
 
 
-class WritePlanner:
-    """Answers ``KVStore.Plan`` for one engine (module docstring)."""
+class WriteAdvisor:
+    """Answers ``KVStore.Plan`` for the contexts of ``index`` (module docstring)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        *,
+        index: ContextIndex,
+        profiling: ProfilingService,
+        placing: Placing,
+        policy: RunningPolicy,
+    ) -> None:
+        self._index = index
+        self._profiling = profiling
+        self._placing = placing
+        self._policy = policy
         self._prior: dict[str, VariantPrior] = {}
         self._prior_version = -1  # the profiling version it was computed at
         self._prior_count = 0
 
-    def plan(self, context_id: str, num_tokens: int, size_bytes: int) -> WritePlan:
-        e = self.engine
-        ctx = e.contexts.get(context_id)
+    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
+        ctx = self._index.contexts.get(context_id)
         if ctx is not None:
-            where = e.placement_of(ctx)
-            return WritePlan(
+            where = self._index.placement_of(ctx)
+            return WriteAdvice(
                 context_id, where.variant, where.tier or "", "placed",
-                f"{e.placer.name}: the context is stored as {where.variant} in {where.tier}",
+                f"{self._placing.name}: the context is stored as {where.variant} in {where.tier}",
             )  # fmt: skip
-        policy = e.policy
+        policy = self._policy.current
         if policy.fixed_variant:
-            return WritePlan(
+            return WriteAdvice(
                 context_id, policy.fixed_variant, "", "default",
                 f"policy {policy.name!r} stores every context as {policy.fixed_variant}",
             )  # fmt: skip
@@ -71,10 +81,10 @@ class WritePlanner:
         if len(prior) <= 1 or size_bytes <= 0:
             why = (
                 "no context is profiled yet"
-                if len(e.profiling.variants()) > 1
-                else f"placer {e.placer.name!r} does not compress"
+                if len(self._profiling.variants()) > 1
+                else f"placer {self._placing.name!r} does not compress"
             )
-            return WritePlan(
+            return WriteAdvice(
                 context_id, ORIGINAL_VARIANT, "", "default",
                 f"{why}: store the original; it is profiled after it arrives",
             )  # fmt: skip
@@ -82,12 +92,11 @@ class WritePlanner:
 
     def _best(
         self, context_id: str, prior: dict[str, VariantPrior], num_tokens: int, size_bytes: int
-    ) -> WritePlan:
-        e = self.engine
-        alpha = e.policy.alpha
-        prefill = e.profiling.prefill_tokens_s(num_tokens)
+    ) -> WriteAdvice:
+        alpha = self._policy.current.alpha
+        prefill = self._profiling.prefill_tokens_s(num_tokens)
         best = (alpha - prefill, ORIGINAL_VARIANT, "")  # dropped: recompute when asked
-        for tier in e.tier_models():
+        for tier in self._placing.tier_models():
             for name, p in prior.items():
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
@@ -96,27 +105,27 @@ class WritePlanner:
                 best = max(best, (alpha * p.quality - ttft, name, tier.name))
         utility, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"
-        return WritePlan(
+        return WriteAdvice(
             context_id, variant, tier_name, "prior",
-            f"{e.placer.name}: best utility {utility:.4g} as {variant} {where}, from the mean "
+            f"{self._placing.name}: best utility {utility:.4g} as {variant} {where}, from the mean "
             f"profile of {self._prior_count} profiled contexts",
         )  # fmt: skip
 
     def prior(self) -> dict[str, VariantPrior]:
         """Each variant's quality and size ratio averaged over the profiled contexts;
         recomputed (a pass over every context) only once a profile or a context's form has
-        changed since, not on every ``Plan``."""
-        e = self.engine
-        version = e.profiling.version
+        changed since, not on every ``KVStore.Plan``."""
+        profiling = self._profiling
+        version = profiling.version
         if version == self._prior_version:
             return self._prior
         sums: dict[str, list[float]] = {}
         count = 0
-        for ctx in e.contexts.values():
-            profiled = e.profiling.profiled(ctx.context_id)
+        for ctx in self._index.contexts.values():
+            profiled = profiling.profiled(ctx.context_id)
             if not profiled:
                 continue
-            grid = {v.variant: v for v in e.profiling.grid(ctx)}
+            grid = {v.variant: v for v in profiling.grid(ctx)}
             original = grid.get(ORIGINAL_VARIANT)
             if original is None or original.size_bytes <= 0:
                 continue

@@ -1,0 +1,153 @@
+"""The index of contexts and objects: which objects a context has, in which tier each is, and
+the bytes each tenant is charged per tier. No I/O: the tier mover changes the bytes, then the
+index. Everything here runs on the daemon's event loop."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from kvtierd.engine.context_kv import SEPARATOR
+from kvtierd.engine.state import ContextRecord, ObjectRecord
+from kvtierd.errors import CapacityError
+from kvtierd.kernels.variants import parse_variant
+from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ObjectMeta, Placement
+
+
+class ContextIndex:
+    """Objects by key, contexts by id, and who is charged for what (quotas)."""
+
+    def __init__(self, quotas: Mapping[str, Mapping[str, int]] | None = None) -> None:
+        self.objects: dict[str, ObjectRecord] = {}
+        self.contexts: dict[str, ContextRecord] = {}
+        # A daemon-made variant's marker key -> its context (the marker is no object of the
+        # context's, but a client reads it: the router, by the digest of its tokens).
+        self.marker_owner: dict[str, str] = {}
+        # (tenant, tier) -> bytes charged: each object once, in the tier it is placed in
+        # (a durable object's persistent copy under a faster tier is not charged again).
+        self.usage: Counter[tuple[str, str]] = Counter()
+        self.quotas = {tenant: dict(q) for tenant, q in (quotas or {}).items()}
+
+    # -- adding and removing -------------------------------------------------------------------
+
+    def add(self, record: ObjectRecord, key: str = "") -> ContextRecord:
+        """Index an object (under ``key``, else its own key), charge it where it is, and add
+        it to its context (made on its first object)."""
+        self.objects[key or record.meta.key] = record
+        self.account(record.meta, record.tier, +1)
+        return self.context_add(record.meta, key)
+
+    def context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
+        ctx = self.contexts.get(meta.context)
+        if ctx is None:
+            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
+            self.contexts[meta.context] = ctx
+        ctx.keys[key or meta.key] = None
+        ctx.size_bytes += meta.size_bytes
+        return ctx
+
+    def remove(self, key: str) -> ContextRecord:
+        """Drop an object from the index (its bytes are already gone, or going) and from its
+        context; a context left without objects leaves the index (the caller checks
+        ``ctx.keys``)."""
+        obj = self.objects.pop(key)
+        ctx = self.contexts[obj.meta.context]
+        del ctx.keys[key]
+        ctx.size_bytes -= obj.meta.size_bytes
+        if not ctx.keys:
+            del self.contexts[ctx.context_id]
+        return ctx
+
+    def account(self, meta: ObjectMeta, tier: str, sign: int) -> None:
+        """Keep per-tenant bytes per tier (quotas) in step with where objects are charged:
+        their placement, a variant's marker, the reference copy of an original."""
+        self.usage[meta.tenant, tier] += sign * meta.size_bytes
+
+    # -- questions -----------------------------------------------------------------------------
+
+    def owned(self, key: str, tenant: str) -> ObjectRecord | None:
+        """The object under ``key`` if it belongs to ``tenant``: keys are scoped by tenant,
+        but a default-tenant object stored as ``A/...`` before tenant ``A`` was configured
+        must not become tenant ``A``'s."""
+        obj = self.record_of(key)
+        return obj if obj is not None and obj.meta.tenant == tenant else None
+
+    def record_of(self, key: str) -> ObjectRecord | None:
+        """The object under ``key``: a context's, or a daemon-made variant's marker (no
+        object of its context, but the router reads it)."""
+        obj = self.objects.get(key)
+        if obj is not None or key not in self.marker_owner:
+            return obj
+        ctx = self.contexts.get(self.marker_owner[key])
+        if ctx is None or ctx.marker is None or ctx.marker[0].key != key:
+            return None
+        return ObjectRecord(*ctx.marker)
+
+    def placement_of(self, ctx: ContextRecord) -> Placement:
+        """Where the context's bytes are (its first object's tier; moves keep them together)."""
+        if not ctx.keys:
+            return DROPPED
+        return Placement(ctx.variant, self.objects[next(iter(ctx.keys))].tier)
+
+    def unread_durable(self, ctx: ContextRecord) -> int:
+        """How many of the context's objects are durable and not read yet (durable.py)."""
+        return sum(1 for k in ctx.keys if self.objects[k].unread)
+
+    def added_in_form(self, ctx: ContextRecord) -> list[str]:
+        """Keys of the objects a client added to a compressed context in its compressed form
+        (the LMCache plugin quantizes a longer prompt's new chunks on its device when the
+        write advice says int8). They have no original in the reference copy, so they are read
+        as they are stored (decoded by their layout): a re-compression re-encodes them with
+        the rest, and restoring the original drops them (LMCache recomputes them). Not the
+        suffix chunks of requests served from a token-dropped variant: their KV follows the
+        placeholders, not the original, so nothing can be built from them."""
+        ref = {m.key for m, _ in ctx.reference or ()}
+        metas = {k: self.objects[k].meta for k in ctx.keys if k not in ref}
+        unusable = [SEPARATOR in m.key or parse_variant(m.variant).drops_tokens
+                    for m in metas.values()]  # fmt: skip
+        return [k for k, skip in zip(metas, unusable, strict=True) if not skip]
+
+    def originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
+        """The chunks a variant is made from: the stored original, or the reference copy plus
+        the chunks a client added later in the compressed form (they have no original)."""
+        if ctx.variant == ORIGINAL_VARIANT:
+            return [self.objects[k].meta for k in ctx.keys]
+        added = [self.objects[k].meta for k in self.added_in_form(ctx)] if ctx.reference else []
+        return [*(m for m, _ in ctx.reference or ()), *added]
+
+    # -- quotas --------------------------------------------------------------------------------
+
+    def check_quota(self, metas: Sequence[ObjectMeta], in_flight: Mapping[str, int]) -> None:
+        """A tenant's objects (stored, ``in_flight`` bytes being put, and ``metas``) stay
+        within the sum of its tier quotas."""
+        asked: Counter[str] = Counter()
+        for meta in metas:
+            asked[meta.tenant] += meta.size_bytes
+        for tenant, nbytes in asked.items():
+            quota = self.quotas.get(tenant)
+            if not quota:
+                continue
+            total = sum(quota.values())
+            held = sum(v for (t, _), v in self.usage.items() if t == tenant)
+            held += in_flight.get(tenant, 0)
+            if held + nbytes > total:
+                raise CapacityError(
+                    f"tenant {tenant!r} quota exceeded: {held} bytes stored or being put, "
+                    f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
+                )
+
+    def quota_tier(self, ctx: ContextRecord, wanted: str, tiers: Sequence[str]) -> str | None:
+        """The first tier of ``tiers`` from ``wanted`` down where the context fits the tenant's
+        quota (``None``: nowhere, drop it). Tiers without a quota for the tenant are
+        unlimited."""
+        quota = self.quotas.get(ctx.tenant)
+        for name in tiers[tiers.index(wanted) :]:
+            limit = quota.get(name) if quota else None
+            if limit is None:
+                return name
+            here = sum(
+                self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == name
+            )
+            if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
+                return name
+        return None

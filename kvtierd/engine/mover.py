@@ -1,0 +1,257 @@
+"""The tier mover: copies a context's bytes between tiers, deletes them, and reads them back
+(what plan operations and the profiler do with bytes), keeping the index in step.
+
+A context's lock is held for the whole move, so a reader never stages an object the move is
+about to delete. Byte copies and file I/O run on worker threads inside the tiers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from kvtierd.engine.context_kv import EncodedObject, chunk_formats, decode_context, split_kv
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.leases import LeaseTable
+from kvtierd.engine.state import ContextRecord, ObjectRecord
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError, NotFoundError
+from kvtierd.metrics import Metrics
+from kvtierd.storage import CpuTier, Tier
+from kvtierd.storage.allocator import Block
+from kvtierd.storage.pooled import PooledTier
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _ignore(_: object) -> None:
+    return None
+
+
+class TierMover:
+    """Bytes of indexed objects in ``tiers`` (``cpu``: the arena every copy goes through).
+
+    ``on_forgotten(ctx)`` is called after an object left the index outside a plan (a client's
+    delete, a corrupt object): the placer is kept in step by whoever wires the mover;
+    ``on_context_gone(context_id)`` once a context and everything it had are gone.
+    """
+
+    def __init__(
+        self,
+        *,
+        tiers: Mapping[str, Tier],
+        cpu: CpuTier,
+        index: ContextIndex,
+        leases: LeaseTable,
+        metrics: Metrics,
+    ) -> None:
+        self.tiers = tiers
+        self.cpu = cpu
+        self._index = index
+        self._leases = leases
+        self._metrics = metrics
+        self.on_forgotten: Callable[[ContextRecord], None] = _ignore
+        self.on_context_gone: Callable[[str], None] = _ignore
+
+    def reference_tier(self) -> str:
+        """An unbounded persistent tier (EvicPress's remote disk, which keeps every context's
+        original, §4); ``""`` when the configuration has none."""
+        for t in self.tiers.values():
+            if t.persistent and not t.capacity_bytes:
+                return t.name
+        return ""
+
+    def publish_tier_state(self) -> None:
+        """Tier occupancy into the metrics (after each change, and from the health loop)."""
+        for tier in self.tiers.values():
+            st = tier.stats()
+            self._metrics.set_tier_state(
+                st.name, st.used_bytes, st.object_count, st.capacity_bytes, st.healthy
+            )
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def stage_from(self, obj: ObjectRecord) -> Block:
+        """A copy of the object's bytes in an arena block the caller owns. A corrupt object
+        leaves the index (and its context's extras, if it was the last object)."""
+        block = self.cpu.stage(obj.meta.size_bytes)
+        try:
+            view = self.cpu.view(block, padded=True)
+            await self.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
+        except CorruptObjectError:
+            self.cpu.free_block(block)
+            ctx = self.forget_object(obj.meta.key)
+            if not ctx.keys:  # its last object: drop the rest, as delete does
+                await self.drop_extras(ctx)
+            raise
+        except BaseException:
+            self.cpu.free_block(block)
+            raise
+        return block
+
+    async def copy_out(self, obj: ObjectRecord) -> bytes:
+        if obj.tier == self.cpu.name:
+            return bytes(self.cpu.view(self.cpu.block_of(obj.meta.key)))
+        block = await self.stage_from(obj)
+        try:
+            return bytes(self.cpu.view(block))
+        finally:
+            self.cpu.free_block(block)
+
+    async def read_context_bytes(self, ctx: ContextRecord) -> tuple[list[ObjectMeta], list[bytes]]:
+        """The context's original objects, in order, copied out: its own objects while it is
+        stored uncompressed, else its reference copy (``None`` reference: not available)."""
+        objects = self._index.objects
+        if ctx.variant == ORIGINAL_VARIANT:
+            records = [objects[k] for k in ctx.keys]
+        elif ctx.reference:
+            records = [ObjectRecord(m, t) for m, t in ctx.reference]
+            records += [objects[k] for k in self._index.added_in_form(ctx)]
+        else:
+            raise InvalidArgumentError(
+                f"context {ctx.context_id!r} is stored as {ctx.variant!r} and its original is "
+                "not kept (no unbounded tier to hold a reference copy)"
+            )
+        metas, payloads = [], []
+        async with ctx.lock:
+            for obj in records:
+                payloads.append(await self.copy_out(obj))
+                metas.append(obj.meta)
+        return metas, payloads
+
+    async def context_tensors(self, ctx: ContextRecord) -> tuple[torch.Tensor, torch.Tensor]:
+        """The context's original keys and values ``[L, H, N, D]``."""
+        metas, payloads = await self.read_context_bytes(ctx)
+        formats = chunk_formats(metas)
+        kv = await asyncio.to_thread(decode_context, payloads, formats)
+        return split_kv(kv, formats[0].num_kv_heads)
+
+    # -- removing ------------------------------------------------------------------------------
+
+    def forget_object(self, key: str) -> ContextRecord:
+        """Drop the object from the index (its bytes are gone); tell ``on_forgotten``."""
+        ctx = self._index.remove(key)
+        self.on_forgotten(ctx)
+        return ctx
+
+    async def remove_from_tier(
+        self, meta: ObjectMeta, tier_name: str, *, charged: bool = True
+    ) -> None:
+        """Delete one copy; ``charged=False`` for a copy the tenant is not charged for (the
+        persistent copy of a durable object under a faster tier)."""
+        if charged:
+            self._index.account(meta, tier_name, -1)
+        tier = self.tiers[tier_name]
+        if isinstance(tier, PooledTier):
+            self._leases.discard(tier_name, tier.detach(meta.key))  # freed by the last release
+        else:
+            with contextlib.suppress(NotFoundError):
+                await tier.delete(meta.key, tenant=meta.tenant)
+
+    async def remove_object_bytes(self, obj: ObjectRecord) -> None:
+        await self.remove_from_tier(obj.meta, obj.tier)
+        if obj.shadow:
+            await self.remove_from_tier(obj.meta, obj.shadow, charged=False)
+
+    async def drop_context(self, ctx: ContextRecord) -> None:
+        """Delete every object of a context (leased arena blocks are freed on release)."""
+        async with ctx.lock:
+            for key in list(ctx.keys):
+                await self.remove_object_bytes(self._index.objects.pop(key))
+            ctx.keys.clear()
+            ctx.size_bytes = 0
+            await self.drop_extras(ctx)
+            self._index.contexts.pop(ctx.context_id, None)
+
+    async def drop_extras(self, ctx: ContextRecord) -> None:
+        """Delete what belongs to a context besides its objects: a variant's marker and the
+        reference copy of its original."""
+        if ctx.marker is not None:
+            await self.remove_from_tier(*ctx.marker)
+            self._index.marker_owner.pop(ctx.marker[0].key, None)
+            ctx.marker = None
+        for meta, where in ctx.reference or ():
+            await self.remove_from_tier(meta, where)
+        ctx.reference = None
+        if ctx.context_id not in self._index.contexts or not ctx.keys:
+            self.on_context_gone(ctx.context_id)
+
+    # -- moving --------------------------------------------------------------------------------
+
+    async def move_context(self, ctx: ContextRecord, target: str) -> int:
+        """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""
+        moved = 0
+        async with ctx.lock:
+            for key in list(ctx.keys):
+                obj = self._index.objects.get(key)
+                if obj is None or obj.tier == target:
+                    continue
+                moved += await self._move_object(obj, target)
+        return moved
+
+    async def _move_object(self, obj: ObjectRecord, target: str) -> int:
+        meta, source = obj.meta, obj.tier
+        if obj.shadow == target:
+            # A durable copy is already there: dropping the faster copy is the whole move.
+            await self.remove_from_tier(meta, source)
+            obj.tier, obj.shadow = target, ""
+            self._index.account(meta, target, +1)  # the copy there is now the one charged
+            return meta.size_bytes
+        started = time.perf_counter()
+        await self.copy_object(obj, target)
+        self._metrics.observe_store(target, time.perf_counter() - started, meta.size_bytes)
+        # A durable object keeps its persistent copy when promoted to a volatile tier, so a
+        # crash after the promotion cannot lose it.
+        keep = (
+            obj.durable
+            and not obj.shadow
+            and self.tiers[source].persistent
+            and not self.tiers[target].persistent
+        )
+        if keep:
+            obj.shadow = source
+            self._index.account(meta, source, -1)  # the object is charged where it is placed
+        else:
+            await self.remove_from_tier(meta, source)
+        obj.tier = target
+        return meta.size_bytes
+
+    async def copy_object(self, obj: ObjectRecord, target: str) -> None:
+        """Put a copy of the object in ``target``, charged there."""
+        meta, source = obj.meta, obj.tier
+        if target == self.cpu.name:
+            self.cpu.adopt(meta, await self.stage_from(obj))
+        elif source == self.cpu.name:
+            await self.tiers[target].put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
+        else:
+            block = await self.stage_from(obj)
+            try:
+                await self.tiers[target].put(meta, self.cpu.view(block))
+            finally:
+                self.cpu.free_block(block)
+        self._index.account(meta, target, +1)
+
+    async def store_encoded(
+        self, obj: EncodedObject, tier: str, *, charged: bool = True
+    ) -> ObjectMeta:
+        """Write bytes the daemon made (a variant's object) to ``tier`` through the arena."""
+        cpu = self.cpu
+        block = cpu.stage(obj.meta.size_bytes)
+        try:
+            cpu.view(block)[:] = obj.data
+            if tier == cpu.name:
+                meta = cpu.adopt(obj.meta, block)
+            else:
+                meta = await self.tiers[tier].put(obj.meta, cpu.view(block))
+                cpu.free_block(block)
+        except BaseException:
+            if not cpu.contains(obj.meta.key):
+                cpu.free_block(block)
+            raise
+        if charged:
+            self._index.account(meta, tier, +1)
+        return meta

@@ -1,0 +1,152 @@
+"""The running placer and what it is told: the profile of a context (from the profiling
+service), where a context is, and the plans it answers with (the caller submits them to the
+executor). A hot policy reload swaps the placer (``AdminOps.apply_policy``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.state import ContextRecord, RunningPolicy
+from kvtierd.errors import ConfigError
+from kvtierd.policies import Placer, PlacerParams, placer_class
+from kvtierd.policies.model import check_tiers
+from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
+from kvtierd.storage import CpuTier, Tier
+from kvtierd.types import (
+    DROPPED,
+    ContextProfile,
+    Operation,
+    OpKind,
+    Placement,
+    Plan,
+    TierModel,
+)
+
+
+def tier_models(tiers: Mapping[str, Tier], cpu: CpuTier) -> list[TierModel]:
+    """Load time per tier, from the tiers' read fits (overhead + bandwidth of real reads;
+    a tier that has timed no read yet gives its kind's prior, never 0). A host reader
+    copies every load out of the arena (the CPU tier's read fit); an object in another
+    tier is first read into the arena (that tier's fit)."""
+    arena = cpu.load_fit()
+    models = []
+    for t in tiers.values():
+        load = arena if t is cpu else t.load_fit().then(arena)
+        capacity = t.capacity_bytes or None
+        models.append(TierModel(t.name, capacity, load.bytes_per_s, load.overhead_s))
+    check_tiers(models)
+    return models
+
+
+class Placing:
+    """The placer of the running policy, over the contexts of ``index``."""
+
+    def __init__(
+        self,
+        *,
+        index: ContextIndex,
+        profiling: ProfilingService,
+        tiers: Mapping[str, Tier],
+        cpu: CpuTier,
+        policy: RunningPolicy,
+    ) -> None:
+        self._index = index
+        self._profiling = profiling
+        self._tiers = tiers
+        self._cpu = cpu
+        self._policy = policy
+        self.placer = self.make_placer(policy.current)
+
+    @property
+    def name(self) -> str:
+        return self.placer.name
+
+    def tier_models(self) -> list[TierModel]:
+        return tier_models(self._tiers, self._cpu)
+
+    def make_placer(self, policy: PolicyConfig) -> Placer:
+        """A placer for ``policy`` over the tiers as measured now."""
+        try:
+            cls = placer_class(policy.placer)
+        except ValueError as e:
+            raise ConfigError(f"{policy.source}: {e}") from e
+        known = {f.name for f in dataclasses.fields(PlacerParams)}
+        params = PlacerParams(
+            **{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items() if f in known}
+        )
+        return cls(self.tier_models(), params)
+
+    def profile(self, ctx: ContextRecord) -> ContextProfile:
+        """What the placer knows of a context: its variants (sizes; quality once profiled),
+        decayed frequency, recency, protection."""
+        profiling = self._profiling
+        decayed = profiling.frequency(ctx.context_id)
+        return ContextProfile(
+            context_id=ctx.context_id,
+            variants=profiling.grid(ctx),
+            frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
+            prefill_s=profiling.prefill_s(ctx),
+            last_access_s=ctx.last_access_s,
+            # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
+            # context pinned after it (the executor defers what a hold forbids, executor.py).
+            pinned=ctx.pinned,
+        )
+
+    def placed_profiles(self) -> list[ContextProfile]:
+        """Profiles of every context the placer decides on (not those held for their unread
+        durable objects, durable.py)."""
+        return [self.profile(c) for c in self._index.contexts.values() if not c.durable_held]
+
+    # -- telling the placer --------------------------------------------------------------------
+
+    def target(self, context_id: str) -> Placement:
+        """Where the placer has a context now (``DROPPED`` for one it does not keep)."""
+        try:
+            return self.placer.placement(context_id)
+        except KeyError:
+            return DROPPED
+
+    def adopt(self, ctx: ContextRecord, placement: Placement) -> Plan:
+        """Tell the placer where the context is. A context held for its unread durable
+        objects stays outside the placer's view until they are read (durable.py)."""
+        if ctx.durable_held and self._index.unread_durable(ctx):
+            return Plan()
+        ctx.durable_held = False
+        return self.placer.adopt(self.profile(ctx), placement)
+
+    def adopt_where_it_is(self, ctx: ContextRecord) -> Plan:
+        return self.adopt(ctx, self._index.placement_of(ctx))
+
+    def insert(self, ctx: ContextRecord) -> Plan:
+        """Place the context afresh (new, grown, profiled, or back in the placer's view)."""
+        return self.placer.insert(self.profile(ctx))
+
+    def access(self, context_id: str, now_s: float) -> Plan:
+        return self.placer.access(context_id, now_s)
+
+    def remove(self, context_id: str) -> None:
+        self.placer.remove(context_id)
+
+    def reconcile(self, reason: str) -> Plan:
+        """Operations that bring every context to where the placer now wants it. Built from
+        the placer's state, not its plan: a fresh placer's plan is relative to its own empty
+        view, while this is relative to where the bytes really are."""
+        ops = []
+        for ctx in self._index.contexts.values():
+            if ctx.durable_held:
+                continue  # outside the placer's view until its durable objects are read
+            source = self._index.placement_of(ctx)
+            target = self.target(ctx.context_id)
+            if target == source:
+                continue
+            if target.dropped:
+                kind = OpKind.DROP
+            elif target.variant != source.variant:
+                kind = OpKind.COMPRESS
+            else:
+                kind = OpKind.MOVE
+            ops.append(Operation(kind, ctx.context_id, source, target, reason))
+        return Plan(tuple(ops))

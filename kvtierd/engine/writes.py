@@ -1,0 +1,181 @@
+"""The put path: allocations through the arena, commits (checksums, durable write-through),
+puts by stream, model cards, and deletes; what the placer is told of each new object."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from kvtierd.config import DaemonConfig
+from kvtierd.engine.durable import DurableGuard
+from kvtierd.engine.executor import Executor
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.leases import LeaseTable
+from kvtierd.engine.mover import TierMover
+from kvtierd.engine.placing import Placing
+from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.servable import save_card
+from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
+from kvtierd.engine.validate import validate_meta
+from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
+from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
+from kvtierd.metrics import Metrics
+from kvtierd.storage.ssd_format import data_checksum
+from kvtierd.types import ObjectMeta, Operation, OpKind, Placement, Plan
+
+logger = logging.getLogger(__name__)
+
+
+class WritePath:
+    """Puts and deletes of objects in ``index`` (the engine checks it is open first)."""
+
+    def __init__(
+        self,
+        *,
+        config: DaemonConfig,
+        index: ContextIndex,
+        leases: LeaseTable,
+        mover: TierMover,
+        durable: DurableGuard,
+        placing: Placing,
+        executor: Executor,
+        profiling: ProfilingService,
+        metrics: Metrics,
+        model_cards: dict[str, ModelCard],
+    ) -> None:
+        self._config = config
+        self._index = index
+        self._leases = leases
+        self._mover = mover
+        self._cpu = mover.cpu  # the arena every put goes through
+        self._durable = durable
+        self._placing = placing
+        self._executor = executor
+        self._profiling = profiling
+        self._metrics = metrics
+        self._model_cards = model_cards
+
+    def allocate(self, metas: Sequence[ObjectMeta]) -> list[AllocationRecord]:
+        largest = max((t.capacity_bytes or 1 << 62) for t in self._mover.tiers.values())
+        seen: set[str] = set()
+        table = self._leases
+        for meta in metas:
+            validate_meta(meta, min(largest, self._config.max_object_bytes))
+            if meta.key in self._index.objects or meta.key in seen or table.allocating(meta.key):
+                raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
+            seen.add(meta.key)
+        self._index.check_quota(metas, table.in_flight_bytes())
+        return table.allocate(metas, self._config.allocation_timeout_s)
+
+    async def commit(
+        self, allocation_ids: Sequence[str], durable: bool = False
+    ) -> list[ObjectMeta]:
+        recs = self._leases.to_commit(allocation_ids)
+        self._verify_checksums(recs)
+        metas = []
+        for rec in recs:
+            self._leases.committed(rec)
+            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
+                self.learn_card(rec.meta, bytes(self._cpu.view(rec.block)))
+                self._cpu.free_block(rec.block)
+                metas.append(rec.meta)
+                continue
+            metas.append(self._add_object(self._cpu.adopt(rec.meta, rec.block), self._cpu.name))
+            seconds = time.monotonic() - rec.created_s  # includes the client's copy in
+            self._metrics.observe_store(self._cpu.name, seconds, rec.meta.size_bytes)
+        self._mover.publish_tier_state()
+        if durable:
+            try:
+                await self._durable.write_through(
+                    [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
+                )
+            except BaseException:
+                # Not acknowledged, so not stored: the client may put the same keys again.
+                await self.delete([m.key for m in metas])
+                raise
+        return metas
+
+    def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
+        """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
+        wrote: one that does not is refused before anything of the commit is stored (a wrong
+        one was accepted and served, and failed only when the object was written to SSD)."""
+        for rec in recs:
+            given = rec.meta.checksum
+            if not given:
+                continue
+            actual = data_checksum(self._cpu.view(rec.block))
+            if actual != given:
+                self._leases.abort([r.allocation_id for r in recs])
+                raise InvalidArgumentError(
+                    f"object {rec.meta.key!r}: checksum {given:#x} given, but the bytes written "
+                    f"hash to {actual:#x} (xxh3_64); nothing of this commit was stored: "
+                    "allocate and write again"
+                )
+
+    async def put_bytes(
+        self, meta: ObjectMeta, data: memoryview, durable: bool = False
+    ) -> ObjectMeta:
+        """Store bytes that arrived by stream (not through the arena)."""
+        (rec,) = self.allocate([meta])
+        try:
+            self._cpu.view(rec.block)[:] = data
+        except BaseException:
+            self._leases.abort([rec.allocation_id])
+            raise
+        (stored,) = await self.commit([rec.allocation_id], durable)
+        return stored
+
+    def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
+        ctx = self._index.add(ObjectRecord(meta, tier))
+        ctx.last_access_s = time.monotonic()
+        ctx.durable_held = False  # the placer places the whole context again
+        self._profiling.note_change(ctx)
+        self._executor.submit(self._joined(ctx, self._placing.insert(ctx), tier))
+        return meta
+
+    def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
+        """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
+        memory and in ``data_dir``, never as an object the placer would see): token-dropped
+        variants of its model's contexts can now be written in the servable form."""
+        try:
+            card = ModelCard.from_bytes(data)
+        except InvalidArgumentError as e:
+            logger.warning("model card %r ignored: %s", meta.key, e)
+            return
+        self._model_cards[card.model] = card
+        save_card(self._config.data_dir, card)
+        self._profiling.note_form()
+
+    def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
+        """``plan`` (the placer's answer to a context that grew), plus the operation that
+        brings the new object in ``tier`` to where the context is placed: the placer plans
+        none for a context it leaves where it is, yet the new object is not there yet."""
+        if any(op.context_id == ctx.context_id for op in plan.operations):
+            return plan  # a move or drop of the context takes every object of it along
+        target = self._placing.target(ctx.context_id)
+        if target.tier == tier and target.variant == ctx.variant:
+            return plan
+        kind = OpKind.DROP if target.dropped else OpKind.MOVE
+        source = Placement(ctx.variant, tier)
+        return plan + Plan((Operation(kind, ctx.context_id, source, target, "joins its context"),))
+
+    # -- removal -----------------------------------------------------------------------------
+
+    async def delete(self, keys: Sequence[str], tenant: str | None = None) -> int:
+        """Delete objects (only ``tenant``'s when given: a client's delete)."""
+        deleted = 0
+        index = self._index
+        for key in keys:
+            obj = index.objects.get(key) if tenant is None else index.owned(key, tenant)
+            if obj is None:
+                continue
+            ctx = index.contexts[obj.meta.context]
+            async with ctx.lock:
+                if key in index.objects:
+                    await self._mover.remove_object_bytes(index.objects[key])
+                    self._mover.forget_object(key)
+                    deleted += 1
+                if ctx.context_id not in index.contexts:
+                    await self._mover.drop_extras(ctx)
+        return deleted

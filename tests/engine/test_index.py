@@ -1,0 +1,92 @@
+"""The index of contexts and objects, in process (no daemon, no tiers, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.state import ObjectRecord
+from kvtierd.errors import CapacityError
+from kvtierd.types import DROPPED, ObjectMeta, Placement
+
+
+def _meta(key: str, ctx: str = "c", size: int = 100, tenant: str = "", variant: str = "none"):
+    return ObjectMeta(key=key, size_bytes=size, context_id=ctx, tenant=tenant, variant=variant)
+
+
+def test_objects_join_their_context_in_put_order_and_are_charged_where_they_are() -> None:
+    index = ContextIndex()
+    index.add(ObjectRecord(_meta("k1"), "cpu"))
+    ctx = index.add(ObjectRecord(_meta("k2", size=50), "ssd"))
+    assert list(ctx.keys) == ["k1", "k2"]
+    assert ctx.size_bytes == 150
+    assert index.usage["", "cpu"] == 100 and index.usage["", "ssd"] == 50
+    assert index.placement_of(ctx) == Placement("none", "cpu")  # its first object's tier
+
+
+def test_removing_the_last_object_removes_its_context() -> None:
+    index = ContextIndex()
+    index.add(ObjectRecord(_meta("k1"), "cpu"))
+    index.add(ObjectRecord(_meta("k2"), "cpu"))
+    ctx = index.remove("k1")
+    assert list(ctx.keys) == ["k2"] and ctx.size_bytes == 100 and "c" in index.contexts
+    ctx = index.remove("k2")
+    assert not ctx.keys and "c" not in index.contexts
+    assert index.placement_of(ctx) == DROPPED
+
+
+def test_an_object_is_found_only_by_its_tenant() -> None:
+    index = ContextIndex()
+    index.add(ObjectRecord(_meta("A/k", tenant=""), "cpu"))
+    assert index.owned("A/k", "") is not None
+    assert index.owned("A/k", "A") is None  # stored before tenant A existed: not A's
+
+
+def test_a_variant_marker_is_read_as_an_object_of_no_context() -> None:
+    index = ContextIndex()
+    ctx = index.add(ObjectRecord(_meta("k1"), "cpu"))
+    marker = _meta("m", variant="knorm@0.5")
+    ctx.marker = (marker, "ssd")
+    index.marker_owner["m"] = "c"
+    found = index.record_of("m")
+    assert found is not None and found.tier == "ssd" and found.meta == marker
+    assert "m" not in ctx.keys
+    ctx.marker = None  # replaced by another variant's marker meanwhile
+    assert index.record_of("m") is None
+
+
+def test_unread_durable_objects_are_counted() -> None:
+    index = ContextIndex()
+    ctx = index.add(ObjectRecord(_meta("k1"), "ssd", durable=True, unread=True))
+    index.add(ObjectRecord(_meta("k2"), "ssd", durable=True))
+    assert index.unread_durable(ctx) == 1
+
+
+def test_objects_added_in_a_compressed_form_are_told_from_the_reference_copy() -> None:
+    index = ContextIndex()
+    original = _meta("k1")
+    ctx = index.add(ObjectRecord(_meta("k1", variant="int8"), "cpu"))
+    index.add(ObjectRecord(_meta("k2", variant="int8"), "cpu"))  # added compressed
+    index.add(ObjectRecord(_meta("c\x00knorm@0.5\x000", variant="knorm@0.5"), "cpu"))
+    ctx.variant, ctx.reference = "int8", [(original, "remote")]
+    assert index.added_in_form(ctx) == ["k2"]  # not the derived key, not the reference
+    assert [m.key for m in index.originals(ctx)] == ["k1", "k2"]
+
+
+def test_a_quota_counts_stored_and_in_flight_bytes() -> None:
+    index = ContextIndex({"t": {"cpu": 250}})
+    index.add(ObjectRecord(_meta("k1", tenant="t"), "cpu"))
+    index.check_quota([_meta("k2", tenant="t")], {"t": 50})  # 100 + 50 + 100 <= 250
+    with pytest.raises(CapacityError, match="tenant 't' quota exceeded: 200 bytes"):
+        index.check_quota([_meta("k2", tenant="t")], {"t": 100})
+    index.check_quota([_meta("k3", size=10**9)], {})  # the default tenant has no quota
+
+
+def test_quota_tier_is_the_first_tier_down_where_the_context_fits() -> None:
+    index = ContextIndex({"t": {"cpu": 150, "ssd": 1000}})
+    ctx = index.add(ObjectRecord(_meta("k1", ctx="big", tenant="t", size=200), "ssd"))
+    tiers = ["cpu", "ssd", "remote"]
+    assert index.quota_tier(ctx, "cpu", tiers) == "ssd"
+    index.quotas["t"]["ssd"] = 100
+    assert index.quota_tier(ctx, "cpu", tiers) == "remote"  # no quota there: unlimited
+    assert index.quota_tier(ctx, "cpu", tiers[:2]) is None
