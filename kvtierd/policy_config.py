@@ -13,19 +13,21 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     alpha: 1.0                 # evicpress: quality weight in 1/s (utility = (alpha*q - ttft)*freq)
     selection: per_byte        # evicpress: per_byte | absolute (greedy rule on overflow)
     variants:                  # evicpress: the configuration grid profiled per context
-      methods: [knorm, snapkv, int8, knorm+int8, snapkv-window=32-pool=7]
+      methods: [knorm, snapkv, int8, knorm+int8, snapkv-window=32-pool=7]  # snapkv: model_dir
       ratios: [1.0, 0.9, ..., 0.1]
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
       evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
       min_queries: 3           # a profile from fewer queries moves no context
-      model_dir: ""            # answer: a local Hugging Face causal LM directory
+      model_dir: ""            # the served model's local checkpoint: answer decodes with it,
+                               # snapkv's window queries are recomputed with it (required)
       router_url: ""           # engine: the kvtierd router in front of vLLM (required)
       vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
     frequency:                 # evicpress: exponentially decayed access frequency
       half_life_s: 3600
     variant: knorm@0.5         # fixed: the one variant every context is stored as
+    profiling: {model_dir: ""} # fixed: only model_dir (required for a snapkv variant)
 
 This module sits in the bottom import layer (DESIGN.md §3.2): it must not import
 ``kvtierd.policies`` or ``kvtierd.kernels``. Methods and variants are checked by the one variant
@@ -64,7 +66,16 @@ EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``engine`` ``profiling.router_url``
 (the daemon itself refuses ``engine`` per context: it has no token ids, docs/profiler.md)."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
+DEFAULT_METHODS: tuple[str, ...] = ("knorm", "int8", "knorm+int8")
+"""The default grid's methods. No ``snapkv``: it needs ``profiling.model_dir``
+(:data:`SNAPKV_NEEDS_MODEL`), which has no default."""
+SNAPKV_NEEDS_MODEL = (
+    "snapkv scores tokens by the attention of the context's last window of queries, which a "
+    "stored KV cache does not keep: the daemon recomputes them from the served model's weights "
+    "(its local Hugging Face checkpoint) and the context's token ids, as the LMCache plugin does "
+    "for a router store request. Set profiling.model_dir to that checkpoint, or remove snapkv "
+    "(docs/kernels.md, 'snapkv in the daemon')"
+)
 
 PLACER_PARAMS_FIELDS: Mapping[str, str] = MappingProxyType(
     {"alpha": "alpha", "fixed_variant": "fixed_variant", "selection": "selection"}
@@ -77,7 +88,7 @@ _COMMON_KEYS = ("name", "description", "placer")
 _PLACER_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "evicpress": ("alpha", "selection", "variants", "profiling", "frequency"),
-        "fixed": ("variant",),
+        "fixed": ("variant", "profiling"),
         "lfu": (),
         "lru": (),
         "prefill": (),
@@ -178,6 +189,7 @@ def parse_policy(text: str, source: str) -> PolicyConfig:
         fields.update(
             fixed_variant=variant, variants=tuple(dict.fromkeys((ORIGINAL_VARIANT, variant)))
         )
+        fields.update(evaluator_model_dir=_fixed_model_dir(r, variant))
     return PolicyConfig(**fields)
 
 
@@ -227,9 +239,14 @@ def _evaluator_fields(r: _Reader) -> dict[str, Any]:
             f"{r.src.where(at)}: evaluator 'engine' requires profiling.router_url (the kvtierd "
             "router in front of vLLM, e.g. http://127.0.0.1:8100)"
         )
+    model_dir = r.text(("profiling", "model_dir"), "")
+    scorable = _scorable_grid(evaluator, r)
+    methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
+    if r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS) != (1.0,):  # ratio 1.0 keeps all
+        _snapkv_model(r, ("variants", "methods"), methods, model_dir)
     return {
-        "evaluator": _scorable_grid(evaluator, r),
-        "evaluator_model_dir": r.text(("profiling", "model_dir"), ""),
+        "evaluator": scorable,
+        "evaluator_model_dir": model_dir,
         "evaluator_router_url": router_url,
         "evaluator_vllm_url": _url(r, ("profiling", "vllm_url")),
     }
@@ -239,8 +256,7 @@ def _scorable_grid(evaluator: str, r: _Reader) -> str:
     """``evaluator`` if it can score every variant of the grid. ``engine`` cannot score a
     quantization-only variant (``kvtierd.integrations.engine_eval.QUANT_ONLY_REFUSED``; a test
     holds the two together): a grid with one would fail every profile, so it is refused here,
-    at ``policy validate``, ``policy apply`` and daemon start. ``snapkv`` is left out of every
-    daemon grid anyway (the daemon cannot build it)."""
+    at ``policy validate``, ``policy apply`` and daemon start."""
     methods = r.str_list(("variants", "methods"), DEFAULT_METHODS)
     ratios = r.ratio_list(("variants", "ratios"), DEFAULT_RATIOS)
     unscorable = [v for v in expand_variants(methods, ratios) if v in QUANT_BITS]
@@ -256,6 +272,30 @@ def _scorable_grid(evaluator: str, r: _Reader) -> str:
         "fail. Remove those methods (or ratio 1.0, for a composed one), or use evaluator "
         "'attention' or 'answer'"
     )
+
+
+def _snapkv_model(r: _Reader, at: tuple[str, ...], names: tuple[str, ...], model_dir: str) -> None:
+    """``names`` (methods or a variant) with a snapkv one need ``model_dir``
+    (:data:`SNAPKV_NEEDS_MODEL`); ``at`` names the key they come from. A snapkv method at ratio
+    1.0 alone is the original: it needs nothing."""
+    snapkv = [n for n in names if n.partition("+")[0].split("-")[0].split("@")[0] == "snapkv"]
+    if snapkv and not model_dir.strip():
+        raise ConfigError(f"{r.src.where(at)}: {', '.join(snapkv)} without profiling.model_dir: "
+                          f"{SNAPKV_NEEDS_MODEL}")  # fmt: skip
+
+
+def _fixed_model_dir(r: _Reader, variant: str) -> str:
+    """The ``fixed`` placer's ``profiling`` section: only ``model_dir``, which a snapkv variant
+    needs (the daemon builds it)."""
+    section = r.raw.get("profiling")
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ConfigError(f"{r.src.where(('profiling',))}: must be a mapping")
+        _check_keys(section, ("model_dir",), r.src, ("profiling",), "allowed keys for placer "
+                    "'fixed'")  # fmt: skip
+    model_dir = r.text(("profiling", "model_dir"), "")
+    _snapkv_model(r, ("variant",), (variant,), model_dir)  # snapkv@1 was normalised to none
+    return model_dir
 
 
 def _url(r: _Reader, at: tuple[str, ...]) -> str:
