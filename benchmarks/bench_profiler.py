@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.bench_profiler [--quick]
 
 ``attention``: KV of 4 layers x 8 KV heads x 128 dims (32 query heads, 64 window probes), fp16
-(cast to fp32 inside), the default policy grid minus snapkv (knorm, int8, knorm+int8 x 10 ratios
+(cast to fp32 inside), the default policy grid (knorm, int8, knorm+int8 x 10 ratios
 = 19 variants, ``none`` excluded). ``answer``: the tiny local Llama of the tests (2 layers,
 2 KV heads x 16 dims), 8 variants, 2 queries, 8 new tokens each — its cost is dominated by
 MiniLM and the decode loop, not the model, so it shows the evaluator's overhead. Attention is

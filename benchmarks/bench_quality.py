@@ -290,6 +290,7 @@ def main() -> None:
         help="token-dropping variants to also measure through the serving path",
     )
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the stack's daemon reads paths relative to its own config
     if bad := [v for v in args.served if v not in args.variants]:
         parser.error(f"--served variants must be among --variants: {bad}")
 

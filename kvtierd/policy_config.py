@@ -17,19 +17,21 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     alpha: 1.0                 # evicpress: quality weight in 1/s (utility = (alpha*q - ttft)*freq)
     selection: per_byte        # evicpress: per_byte | absolute (greedy rule on overflow)
     variants:                  # evicpress: the configuration grid profiled per context
-      methods: [knorm, snapkv, int8, knorm+int8, snapkv-window=32-pool=7]
+      methods: [knorm, snapkv, int8, knorm+int8, snapkv-window=32-pool=7]  # snapkv: model_dir
       ratios: [1.0, 0.9, ..., 0.1]
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
       evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
       min_queries: 3           # a profile from fewer queries moves no context
-      model_dir: ""            # answer: a local Hugging Face causal LM directory
+      model_dir: ""            # the served model's local checkpoint: answer decodes with it,
+                               # snapkv's window queries are recomputed with it (required)
       router_url: ""           # engine: the kvtierd router in front of vLLM (required)
       vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
     frequency:                 # evicpress: exponentially decayed access frequency
       half_life_s: 3600
     variant: knorm@0.5         # fixed: the one variant every context is stored as
+    profiling: {model_dir: ""} # fixed: only model_dir (required for a snapkv variant)
 
 This module sits in the bottom import layer (DESIGN.md §3.2): it must not import
 ``kvtierd.policies``, ``kvtierd.profiler`` or ``kvtierd.kernels``. Methods and variants are
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import math
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -51,16 +53,37 @@ from typing import Any
 from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
 from kvtierd.types import ORIGINAL_VARIANT
-from kvtierd.variants import QUANT_BITS, expand_variants, parse_grid_method, parse_variant
+from kvtierd.variants import (
+    QUANT_BITS,
+    Variant,
+    expand_variants,
+    parse_grid_method,
+    parse_variant,
+)
 
 EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``engine`` ``profiling.router_url``
 (the daemon itself refuses ``engine`` per context: it has no token ids, docs/profiler.md)."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
-DEFAULT_METHODS: tuple[str, ...] = ("knorm", "snapkv", "int8", "knorm+int8")
+DEFAULT_METHODS: tuple[str, ...] = ("knorm", "int8", "knorm+int8")
+"""The default grid's methods. No ``snapkv``: it needs ``profiling.model_dir``
+(:data:`SNAPKV_NEEDS_MODEL`), which has no default."""
+SNAPKV_NEEDS_MODEL = (
+    "snapkv scores tokens by the attention of the context's last window of queries, which a "
+    "stored KV cache does not keep: the daemon recomputes them from the served model's weights "
+    "(its local Hugging Face checkpoint) and the context's token ids, as the LMCache plugin does "
+    "for a router store request. Set profiling.model_dir to that checkpoint, or remove snapkv "
+    "(docs/kernels.md, 'snapkv in the daemon')"
+)
 PROFILED_KEYS: tuple[str, ...] = ("variants", "profiling", "frequency")
 """The sections :func:`read_profiled` reads, for a placer that places by profiles."""
+PROFILED_FIELDS: tuple[str, ...] = (
+    "methods", "ratios", "variants", "reprofile_threshold", "reprofile_interval_s", "evaluator",
+    "evaluator_model_dir", "evaluator_router_url", "evaluator_vllm_url", "min_queries",
+    "frequency_half_life_s",
+)  # fmt: skip
+"""The ``PolicyConfig`` attributes :func:`read_profiled` sets."""
 
 PLACER_PARAMS_FIELDS: Mapping[str, str] = MappingProxyType(
     {"alpha": "alpha", "fixed_variant": "fixed_variant", "selection": "selection"}
@@ -246,13 +269,32 @@ def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
         )
     if evaluator == "engine":
         _scorable_by_engine(doc, policy.methods, policy.ratios)
+    model_dir = doc.text_value(("profiling", "model_dir"), "")
+    if policy.ratios != (1.0,):  # at ratio 1.0 alone a method keeps every token
+        grid = [parse_grid_method(m) for m in policy.methods]
+        check_snapkv_model(doc, ("variants", "methods"), policy.methods, grid, model_dir)
     return replace(
         policy,
         evaluator=evaluator,
-        evaluator_model_dir=doc.text_value(("profiling", "model_dir"), ""),
+        evaluator_model_dir=model_dir,
         evaluator_router_url=router_url,
         evaluator_vllm_url=_url(doc, ("profiling", "vllm_url")),
     )
+
+
+def check_snapkv_model(
+    doc: PolicyDocument,
+    at: tuple[str, ...],
+    names: Sequence[str],
+    forms: Sequence[Variant],
+    model_dir: str,
+) -> None:
+    """``names`` (grid methods or a variant, parsed as ``forms``) that drop tokens with
+    ``snapkv`` need ``model_dir`` (:data:`SNAPKV_NEEDS_MODEL`); ``at`` names their key."""
+    snapkv = [n for n, v in zip(names, forms, strict=True) if v.method == "snapkv"]
+    if snapkv and not model_dir.strip():
+        raise ConfigError(f"{doc.where(at)}: {', '.join(snapkv)} without profiling.model_dir: "
+                          f"{SNAPKV_NEEDS_MODEL}")  # fmt: skip
 
 
 def _scorable_by_engine(

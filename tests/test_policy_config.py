@@ -41,8 +41,9 @@ def test_evicpress_preset_values() -> None:
     assert "knorm+int8" in p.methods
     assert p.reprofile_threshold == 0.05
     assert p.frequency_half_life_s == 3600.0
-    # 3 drop methods x 9 ratios + int8 + int4 + knorm+int8 at 9 ratios + none
-    assert len(p.variants) == 1 + 27 + 2 + 9
+    # 2 drop methods x 9 ratios + int8 + int4 + knorm+int8 at 9 ratios + none (no snapkv:
+    # it needs profiling.model_dir, a path no preset can know)
+    assert len(p.variants) == 1 + 18 + 2 + 9
     assert {"knorm@0.5", "int8", "int4", "knorm@0.1+int8"} <= set(p.variants)
 
 
@@ -107,6 +108,19 @@ BAD = [
         "pool=4 is not allowed; pool must be an integer >= 1, odd",
     ),
     ("placer: fixed\nvariant: snapkv-window=64@0.5\n", 2, "variant", "window at the default"),
+    (
+        "placer: evicpress\nvariants:\n  methods: [knorm, snapkv-window=32+int8]\n",
+        3,
+        "variants.methods",
+        "snapkv-window=32+int8 without profiling.model_dir: snapkv scores tokens by the attention",
+    ),
+    ("placer: fixed\nvariant: snapkv@0.5\n", 2, "variant", "Set profiling.model_dir to that"),
+    (
+        "placer: fixed\nvariant: knorm@0.5\nprofiling:\n  evaluator: answer\n",
+        4,
+        "profiling.evaluator",
+        "allowed keys for placer 'fixed': model_dir",
+    ),
 ]
 
 
@@ -134,6 +148,21 @@ def test_load_policy_missing_file(tmp_path: Path) -> None:
         load_policy(tmp_path / "nope.yaml")
 
 
+def test_snapkv_needs_the_model_that_recomputes_its_window_queries() -> None:
+    """The daemon builds and profiles snapkv with window queries recomputed from
+    ``profiling.model_dir``: a grid or fixed variant with snapkv names it, or is refused
+    (BAD above); snapkv at ratio 1.0 alone is the original and needs nothing."""
+    grid = "variants:\n  methods: [knorm, snapkv]\n  ratios: [1.0, 0.5]\n"
+    p = parse_policy(f"placer: evicpress\n{grid}profiling:\n  model_dir: /m\n", "p.yaml")
+    assert "snapkv@0.5" in p.variants and p.evaluator_model_dir == "/m"
+    fixed = "placer: fixed\nvariant: snapkv@0.5\nprofiling:\n  model_dir: /m\n"
+    assert parse_policy(fixed, "p.yaml").evaluator_model_dir == "/m"
+    only_original = "placer: evicpress\nvariants:\n  methods: [knorm, snapkv]\n  ratios: [1.0]\n"
+    assert parse_policy(only_original, "p.yaml").variants == ("none",)
+    assert parse_policy("placer: fixed\nvariant: snapkv@1\n", "p.yaml").variants == ("none",)
+    assert not any(v.startswith("snapkv") for v in default_policy().variants)
+
+
 def test_fixed_variant_is_normalised() -> None:
     p = parse_policy("placer: fixed\nvariant: ' knorm@0.50+int8'\n", "p.yaml")
     assert p.fixed_variant == "knorm@0.5+int8"
@@ -153,7 +182,8 @@ OPTION_TEXTS = [
 
 @pytest.mark.parametrize("method", OPTION_TEXTS)
 def test_method_options_accepted_exactly_where_the_kernels_accept_them(method: str) -> None:
-    text = f"placer: evicpress\nvariants:\n  methods: [{method}]\n  ratios: [0.5]\n"
+    model = "profiling:\n  model_dir: /m\n"  # snapkv needs it (test above)
+    text = f"placer: evicpress\nvariants:\n  methods: [{method}]\n  ratios: [0.5]\n{model}"
     try:
         kernel_ok = str(parse_variant(f"{method}@0.5")) == f"{method}@0.5"
     except ValueError:
@@ -164,7 +194,7 @@ def test_method_options_accepted_exactly_where_the_kernels_accept_them(method: s
         assert not kernel_ok, method
     else:
         assert kernel_ok and variants == ("none", f"{method}@0.5"), method
-    fixed = f"placer: fixed\nvariant: {method}@0.5\n"
+    fixed = f"placer: fixed\nvariant: {method}@0.5\n{model}"
     if kernel_ok:
         assert parse_policy(fixed, "p.yaml").fixed_variant == f"{method}@0.5"
     else:
@@ -223,3 +253,15 @@ def test_mapping_onto_placer_params(path: Path) -> None:
     assert params.alpha == policy.alpha
     assert params.fixed_variant == policy.fixed_variant
     assert isinstance(policy, PolicyConfig)
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_a_placer_declares_every_attribute_its_schema_sets(path: Path) -> None:
+    """``Placer.policy_fields`` (what ``kvtierctl policy validate`` shows) covers every
+    attribute a policy of that placer sets beyond the common ones."""
+    policy = load_policy(path)
+    bare = PolicyConfig(policy.name, policy.placer, policy.description, source=policy.source,
+                        text=policy.text)  # fmt: skip
+    changed = {f.name for f in dataclasses.fields(PolicyConfig)
+               if getattr(policy, f.name) != getattr(bare, f.name)}  # fmt: skip
+    assert changed <= set(PLACERS.get(policy.placer).policy_fields)

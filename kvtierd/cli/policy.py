@@ -9,9 +9,7 @@ again and swaps it in whole, or keeps the running policy and answers INVALID_ARG
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
 
 from kvtierd.cli.admin import connect
 from kvtierd.cli.exit_codes import CliError, ExitCode
@@ -35,32 +33,18 @@ def read_policy(path: str) -> tuple[str, PolicyConfig]:
     return text, policy
 
 
-SHOWN: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "alpha": ("alpha",),
-        "selection": ("selection",),
-        "variants": ("methods", "ratios", "variants"),
-        "profiling": ("reprofile_threshold", "reprofile_interval_s"),
-        "frequency": ("frequency_half_life_s",),
-        "variant": ("fixed_variant",),
-    }
-)
-"""The ``PolicyConfig`` attributes a policy key sets, shown when the placer reads the key."""
-
-
 def summary(policy: PolicyConfig) -> dict[str, object]:
-    """What a policy sets, for tables and ``--json``: the common keys, then the attributes the
-    keys its placer reads set (``Placer.policy_keys``); the grid as its number of variants."""
+    """What a policy sets, for tables and ``--json``: the common keys, then the attributes its
+    placer reads (``Placer.policy_fields``); the grid as its number of variants."""
     out: dict[str, object] = {
         "name": policy.name,
         "placer": policy.placer,
         "source": policy.source,
         "description": policy.description,
     }
-    for key in placer_class(policy.placer).policy_keys:
-        for attr in SHOWN.get(key, ()):
-            value = getattr(policy, attr)
-            out[attr] = len(value) if attr == "variants" else _plain(value)
+    for attr in placer_class(policy.placer).policy_fields:
+        value = getattr(policy, attr)
+        out[attr] = len(value) if attr == "variants" else _plain(value)
     return out
 
 

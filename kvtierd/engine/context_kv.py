@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from kvtierd.engine.window import form_queries, window_of
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.placeholder import Manifest, placeholder_ids
@@ -146,8 +147,11 @@ def _encode_dropped(
 
     n, chunk, heads = form.num_tokens, form.chunk_tokens, form.num_kv_heads
     keys, values = split_kv(kv[:, :, :n], heads)
+    queries = None
+    if window_of(v):  # snapkv: the queries of the N tokens' last window (window.py)
+        queries = form_queries(form.model_dir, form.window_ids, keys, values)
     c = compress_dense(keys, values, with_fields(v, quant=""), rope=form.card.rope(),
-                       chunk_tokens=count_unit(v, chunk))  # fmt: skip
+                       queries=queries, chunk_tokens=count_unit(v, chunk))  # fmt: skip
     if c.num_kept != form.num_kept:
         raise InvalidArgumentError(f"{v} kept {c.num_kept} of {n} tokens, not {form.num_kept}")
     dense_keys, dense_values = dense_kv(c)  # dense already: nothing was quantized

@@ -4,9 +4,9 @@ their sizes, and — once the profiler has run — their quality.
 Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
 ``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
 thread (it is not thread-safe; its query store is, and routed prompts' tokens and queries are
-recorded on a thread of their own) and its results reach the placer as a new profile. Variants the
-daemon cannot produce are left out of the grid: ``snapkv`` needs the queries of the context's
-last tokens, which a stored KV cache does not have.
+recorded on a thread of their own) and its results reach the placer as a new profile. ``snapkv``
+variants are scored and built with window queries recomputed from the policy's
+``profiling.model_dir`` (``window.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtierd.config import DaemonConfig
+from kvtierd.engine import window
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.servable import Servability, ServableForm
@@ -44,7 +45,6 @@ from kvtierd.profiler.prefill_fit import PrefillFit
 from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.sizes import DTYPE_BYTES, count_unit, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
-from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.profiler import (
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NEEDS_QUERIES = ("snapkv",)
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
 NO_TOKEN_IDS = (
@@ -110,7 +109,7 @@ class ProfilingService:
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes the engine
         self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
-        self.servable = Servability(model_cards)
+        self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
         self._variants: list[str] = []
         self._variants_of: object = None
         self._geometry_cache: dict[
@@ -181,7 +180,9 @@ class ProfilingService:
             keys, values = await self._mover.context_tensors(ctx)
         except KvtierError:
             return None  # the original is not kept: drift cannot be measured
-        check = partial(self.profiler.check_drift, context_id, keys, values, ctx.variant,
+        model_dir = self._policy.current.evaluator_model_dir
+        check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
+                        model_dir=model_dir, variants=self.variants(),
                         layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
@@ -364,13 +365,11 @@ class ProfilingService:
         return self._index.originals(ctx)
 
     def variants(self) -> list[str]:
-        """The running policy's grid less what the daemon cannot produce (cached per policy)."""
+        """The running policy's grid (cached per policy)."""
         policy = self._policy.current
         if self._variants_of is not policy:
             names = dict.fromkeys([*policy.variants, policy.fixed_variant])
-            self._variants = [
-                n for n in names if n and parse_variant(n).method not in NEEDS_QUERIES
-            ]
+            self._variants = [n for n in names if n]
             self._variants_of = policy
         return self._variants
 
@@ -558,7 +557,8 @@ class ProfilingService:
             n = int(keys.shape[2])
             if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
-            run = partial(self.profiler.profile, ctx.context_id, keys, values, queries=queries,
+            run = partial(window.profile, self.profiler, self._policy.current.evaluator_model_dir,
+                          ctx.context_id, keys, values, queries=queries,
                           variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:

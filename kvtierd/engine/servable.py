@@ -17,7 +17,9 @@ write such a variant only when it knows
   fix ``N`` from the second one on: a document asked two questions covers the document. Ids
   given as the context's own (``SetContextTokens`` with a context id) fix it at once;
 * a kept count ``M`` of whole chunks (a page method keeps whole pages, which are whole chunks
-  only by chance).
+  only by chance);
+* for snapkv, the checkpoint in the policy's ``profiling.model_dir``, whose weights recompute
+  the queries of the ``N`` tokens' last window (``window.py``).
 
 Until then the placer is not offered the variant (``ProfilingService.grid``).
 """
@@ -27,16 +29,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvtierd.engine.window import window_of
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, kept_tokens, lmcache_model
+from kvtierd.policy_config import SNAPKV_NEEDS_MODEL
 from kvtierd.router_protocol import context_digest
 from kvtierd.types import ObjectMeta
 from kvtierd.variants import parse_variant
@@ -51,7 +55,9 @@ logger = logging.getLogger(__name__)
 class ServableForm:
     """A token-dropped variant's servable form: the first ``num_tokens`` tokens of the context
     (``num_chunks`` whole chunks of ``chunk_tokens``, ``num_kv_heads`` KV heads), kept
-    ``num_kept``, named ``digest`` (set once the tokens are read)."""
+    ``num_kept``, named ``digest`` (set once the tokens are read). snapkv: the checkpoint
+    that recomputes its window queries (``model_dir``) and the window's token ids, the last
+    of the ``num_tokens`` (``window_ids``, set with the digest)."""
 
     model: str
     num_tokens: int
@@ -61,6 +67,8 @@ class ServableForm:
     num_kept: int
     card: ModelCard
     digest: str = ""
+    model_dir: str = ""
+    window_ids: tuple[int, ...] = ()
 
 
 def leading_chunks(originals: Sequence[ObjectMeta]) -> tuple[ChunkFormat | None, int]:
@@ -84,10 +92,12 @@ def plan_form(
     originals: Sequence[ObjectMeta],
     agreed_tokens: int,
     cards: Mapping[str, ModelCard],
+    model_dir: str = "",
 ) -> ServableForm | str:
     """The servable form of ``variant`` for a context whose original objects are
     ``originals`` and whose registered prompts agree on their first ``agreed_tokens`` tokens,
-    or why there is none (module docstring); without its digest, which needs the token ids."""
+    or why there is none (module docstring); without its digest, which needs the token ids.
+    ``model_dir``: the policy's, which snapkv needs."""
     model = lmcache_model(originals[0].key) if originals else ""
     if not model:
         return "its objects are not LMCache chunks (keys model@world@worker@hash@dtype)"
@@ -98,6 +108,8 @@ def plan_form(
         )
     if card.refused:
         return card.refused
+    if window_of(variant) and not model_dir:
+        return SNAPKV_NEEDS_MODEL
     fmt, count = leading_chunks(originals)
     if fmt is None:
         return "its first object is not a KV_2LTD chunk"
@@ -113,7 +125,7 @@ def plan_form(
     m = kept_tokens(n, parse_variant(variant), chunk)
     if m % chunk:
         return f"{variant} keeps {m} of {n} tokens, not whole chunks of {chunk}"
-    return ServableForm(model, n, chunks, chunk, fmt.num_kv_heads, m, card)
+    return ServableForm(model, n, chunks, chunk, fmt.num_kv_heads, m, card, model_dir=model_dir)
 
 
 def agreed_prefix(known: Sequence[int], new: Sequence[int]) -> int:
@@ -132,8 +144,13 @@ class Servability:
     token-dropped variants are left out of its options (for DescribeContext). ``agree`` runs on
     the profiling service's queries thread, the rest on the event loop (one dict item each)."""
 
-    def __init__(self, cards: Mapping[str, ModelCard]) -> None:
+    def __init__(
+        self, cards: Mapping[str, ModelCard], model_dir: Callable[[], str] = lambda: ""
+    ) -> None:
         self.cards = cards  # the engine's: model name -> the card its plugin registered
+        # the running policy's profiling.model_dir (snapkv's window queries), read at each
+        # call: a policy being applied is weighed before the profiler is rebuilt for it
+        self.model_dir = model_dir
         self._agreed: dict[str, int] = {}
         self._prompts: dict[str, int] = {}  # prompts agreed so far; -1: ids given as context's
         self.why: dict[str, str] = {}
@@ -171,7 +188,8 @@ class Servability:
         out, why = [], ""
         for name in lossy:
             if name != stored_as and parse_variant(name).drops_tokens:
-                form = plan_form(name, originals, self.agreed(context_id, queries), self.cards)
+                agreed = self.agreed(context_id, queries)
+                form = plan_form(name, originals, agreed, self.cards, self.model_dir())
                 if isinstance(form, str):
                     why = why or f"{name}: {form}"
                     continue
@@ -190,7 +208,8 @@ class Servability:
         queries: QueryStore,
     ) -> ServableForm:
         """The servable form of ``variant`` with its digest, or ``InvalidArgumentError``."""
-        form = plan_form(variant, originals, self.agreed(context_id, queries), self.cards)
+        agreed = self.agreed(context_id, queries)
+        form = plan_form(variant, originals, agreed, self.cards, self.model_dir())
         if isinstance(form, str):
             raise InvalidArgumentError(
                 f"context {context_id!r}: {variant} cannot be served: {form}"
@@ -198,7 +217,9 @@ class Servability:
         tokens = queries.tokens(context_id, form.num_tokens)
         if len(tokens) != form.num_tokens:
             raise InvalidArgumentError(f"context {context_id!r}: its token ids are gone")
-        return replace(form, digest=context_digest(form.model, tokens))
+        window = min(window_of(variant), form.num_tokens)
+        ids = tuple(tokens[form.num_tokens - window :]) if window else ()
+        return replace(form, digest=context_digest(form.model, tokens), window_ids=ids)
 
     def forget(self, context_id: str) -> None:
         self._agreed.pop(context_id, None)

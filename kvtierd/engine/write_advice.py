@@ -23,7 +23,7 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.types import ORIGINAL_VARIANT
-from kvtierd.utility import load_ttft_s as option_ttft_s
+from kvtierd.utility import load_ttft_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class WriteAdvisor:
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
                     continue
-                ttft = option_ttft_s(size, p.restore_s, tier)
+                ttft = load_ttft_s(size, p.restore_s, tier)
                 best = max(best, (alpha * p.quality - ttft, name, tier.name))
         utility, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"

@@ -52,6 +52,9 @@ class Placer(abc.ABC):
 
     name: ClassVar[str]
     policy_keys: ClassVar[tuple[str, ...]] = ()
+    policy_fields: ClassVar[tuple[str, ...]] = ()
+    """The ``PolicyConfig`` attributes :meth:`read_policy` sets (``kvtierctl policy validate``
+    shows them)."""
 
     @classmethod
     def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:

@@ -18,25 +18,32 @@ from typing import ClassVar
 from kvtierd.errors import ConfigError, InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.lru import LruPlacer
-from kvtierd.policy_config import PolicyConfig, PolicyDocument, check_variant
+from kvtierd.policy_config import PolicyConfig, PolicyDocument, check_snapkv_model, check_variant
 from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ContextProfile, Placement, Plan, TierModel
+from kvtierd.variants import parse_variant
 
 
 class FixedPlacer(LruPlacer):
     """One fixed variant for all contexts + LRU eviction (``params.fixed_variant``)."""
 
     name = "fixed"
-    policy_keys: ClassVar[tuple[str, ...]] = ("variant",)
+    policy_keys: ClassVar[tuple[str, ...]] = ("variant", "profiling")
+    policy_fields: ClassVar[tuple[str, ...]] = ("fixed_variant", "variants", "evaluator_model_dir")
 
     @classmethod
     def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
-        """``variant``, required: the one variant every context is stored as."""
+        """``variant``, required: the one variant every context is stored as; ``profiling``:
+        only ``model_dir``, which a snapkv variant needs (the daemon builds it)."""
         at = ("variant",)
         if not doc.has(at):
             raise ConfigError(f"{doc.where(at)}: placer 'fixed' requires key 'variant'")
         variant = check_variant(doc.text_value(at, ""), doc.where(at))
+        doc.check_keys(("profiling",), ("model_dir",), "allowed keys for placer 'fixed'")
+        model_dir = doc.text_value(("profiling", "model_dir"), "")
+        # snapkv@1 was named none by check_variant: it keeps every token and needs nothing
+        check_snapkv_model(doc, at, (variant,), (parse_variant(variant),), model_dir)
         grid = tuple(dict.fromkeys((ORIGINAL_VARIANT, variant)))
-        return replace(policy, fixed_variant=variant, variants=grid)
+        return replace(policy, fixed_variant=variant, variants=grid, evaluator_model_dir=model_dir)
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         super().__init__(tiers, params)

@@ -34,7 +34,13 @@ from kvtierd.policies.model import Assignment, IntArray, UtilityTable, capacity_
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
-from kvtierd.policy_config import PROFILED_KEYS, PolicyConfig, PolicyDocument, read_profiled
+from kvtierd.policy_config import (
+    PROFILED_FIELDS,
+    PROFILED_KEYS,
+    PolicyConfig,
+    PolicyDocument,
+    read_profiled,
+)
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 INSERT_LIMITS = RefineLimits(time_limit_s=0.1, rounds=1)
@@ -55,6 +61,7 @@ class EvicPressPlacer(Placer):
 
     name = "evicpress"
     policy_keys: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_KEYS)
+    policy_fields: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_FIELDS)
 
     @classmethod
     def read_policy(cls, doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:

@@ -132,6 +132,7 @@ def window_queries_after_prefix(
 
 
 _load_lock = threading.Lock()
+_run_lock = threading.Lock()
 
 
 @functools.cache
@@ -154,23 +155,60 @@ def window_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> An
         return _cached_model(model_dir, dtype, device)
 
 
+def queries_for_context(
+    model_dir: str,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    token_ids: Sequence[int],
+    window: int,
+) -> torch.Tensor:
+    """The window queries ``[L, Hq, W, D]`` of a context whose stored KV is ``keys``/``values``
+    ``[L, H, N, D]`` (RoPE applied) and whose last ``W = min(window, N)`` token ids are the last
+    of ``token_ids``: the model in ``model_dir`` runs them after the stored KV of the first
+    ``N - W`` tokens (:func:`window_queries_after_prefix`), in the KV's dtype and device."""
+    if keys.dim() != 4 or keys.shape != values.shape:
+        raise InvalidArgumentError(
+            f"keys and values must be equal [L, H, N, D], got {tuple(keys.shape)} and "
+            f"{tuple(values.shape)}"
+        )
+    n = int(keys.shape[2])
+    w = min(window, n)
+    if w < 1 or len(token_ids) < w:
+        raise InvalidArgumentError(f"{len(token_ids)} token ids for a window of {w} tokens")
+    model = window_model(model_dir, keys.dtype, keys.device)
+    _check_geometry(model, model_dir, keys)
+    ids = torch.tensor([list(token_ids[len(token_ids) - w :])], dtype=torch.long)
+    # One pass at a time: a capture switches the shared model's attention function, and a
+    # second thread's pass ending first would switch it back under the first (the daemon
+    # profiles on one thread and builds variants on another)
+    with _run_lock:
+        return window_queries_after_prefix(model, keys[:, :, : n - w], values[:, :, : n - w], ids)
+
+
+def _check_geometry(model: Any, model_dir: str, keys: torch.Tensor) -> None:
+    """The KV must come from this model: a checkpoint of another geometry would fail deep in
+    its attention, or give queries of another model."""
+    cfg = model.config.get_text_config()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    want = (cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim)
+    have = (int(keys.shape[0]), int(keys.shape[1]), int(keys.shape[3]))
+    if want != have:
+        raise InvalidArgumentError(
+            f"the KV has (layers, kv heads, head dim) {have}, the model in {model_dir!r} "
+            f"{want}: window queries must come from the model that computed the KV"
+        )
+
+
 def queries_for_kv_2ltd(
     model_dir: str, kv: torch.Tensor, num_kv_heads: int, token_ids: Sequence[int], window: int
 ) -> torch.Tensor:
-    """The window queries ``[L, Hq, W, D]`` of a context stored as LMCache's ``KV_2LTD``
-    ``[2, L, N, H*D]`` (what a KV connector sees) whose last ``W = min(window, N)`` token ids
-    are the last of ``token_ids``: the model in ``model_dir`` runs them after the stored KV of
-    the first ``N - W`` tokens (:func:`window_queries_after_prefix`)."""
+    """:func:`queries_for_context` of a context stored as LMCache's ``KV_2LTD``
+    ``[2, L, N, H*D]`` (what a KV connector sees)."""
     if kv.dim() != 4 or kv.shape[0] != 2 or kv.shape[3] % num_kv_heads:
         raise InvalidArgumentError(
             f"kv must be KV_2LTD [2, L, N, H*D] with H={num_kv_heads}, got {tuple(kv.shape)}"
         )
     _, layers, n, width = (int(s) for s in kv.shape)
-    w = min(window, n)
-    if len(token_ids) < w:
-        raise InvalidArgumentError(f"{len(token_ids)} token ids for a window of {w} tokens")
-    prefix = kv[:, :, : n - w].reshape(2, layers, n - w, num_kv_heads, width // num_kv_heads)
-    keys, values = prefix.permute(0, 1, 3, 2, 4).unbind(0)
-    model = window_model(model_dir, kv.dtype, kv.device)
-    ids = torch.tensor([list(token_ids[len(token_ids) - w :])], dtype=torch.long)
-    return window_queries_after_prefix(model, keys, values, ids)
+    split = kv.reshape(2, layers, n, num_kv_heads, width // num_kv_heads).permute(0, 1, 3, 2, 4)
+    keys, values = split.unbind(0)
+    return queries_for_context(model_dir, keys, values, token_ids, window)

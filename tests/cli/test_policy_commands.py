@@ -29,7 +29,7 @@ def test_validate_needs_no_daemon(ctl: Callable, tmp_path: Path) -> None:
     assert r.code == 0, r.err
     doc = r.json()
     assert (doc["valid"], doc["placer"], doc["alpha"], doc["variants"]) == (
-        True, "evicpress", 1.0, 39,
+        True, "evicpress", 1.0, 30,
     )  # fmt: skip
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD)
@@ -104,7 +104,7 @@ ENGINE_ON_SHIPPED_GRID = """\
 name: engine-everything
 placer: evicpress
 variants:
-  methods: [knorm, keydiff, snapkv, int8, int4, knorm+int8]
+  methods: [knorm, keydiff, int8, int4, knorm+int8]
 profiling:
   evaluator: engine
   router_url: http://127.0.0.1:8100

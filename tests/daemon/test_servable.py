@@ -66,6 +66,8 @@ def test_cards_are_kept_in_the_data_dir(tmp_path: Path) -> None:
         (chunks(4), 15, {MODEL: CARD}, "knorm@0.5", "no token ids agreed for its first chunk"),
         # pages of 5: 64 tokens keep the 4 trailing ones + 6 pages = 34, not whole chunks
         (chunks(4), 64, {MODEL: CARD}, "paged_eviction_block-page=5@0.5", "not whole chunks"),
+        # no profiling.model_dir (a policy naming snapkv without one is refused at parse)
+        (chunks(4), 64, {MODEL: CARD}, "snapkv@0.5", "Set profiling.model_dir"),
     ],
 )
 def test_reasons_a_variant_cannot_be_served_yet(
@@ -118,3 +120,17 @@ def test_the_card_of_a_model_the_plugin_refuses_says_why() -> None:
               "vocab_size": 100}  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="ALiBi"):
         model_rope(config)
+
+
+def test_a_snapkv_form_names_the_model_and_its_window_of_ids() -> None:
+    """snapkv's form carries the policy's model_dir and the last ``window`` ids of the ``N``
+    tokens it covers (not of the prompt), whose queries the daemon recomputes (window.py)."""
+    queries, s = QueryStore(None), Servability({MODEL: CARD}, lambda: "/m/checkpoint")
+    ids = list(range(100, 100 + 3 * T + 5))  # the prompt runs 5 tokens past 3 chunks
+    s.agree("c", queries, ids, prompt=False)
+    queries.set_tokens("c", ids)
+    for variant, window in (("snapkv@0.5", 3 * T), ("snapkv-window=8@0.5", 8)):
+        form = s.form("c", variant, chunks(4), queries)
+        assert (form.num_tokens, form.model_dir) == (3 * T, "/m/checkpoint")
+        assert form.window_ids == tuple(ids[3 * T - window : 3 * T])  # window 64 > N = 48
+    assert s.form("c", "knorm@0.5", chunks(4), queries).window_ids == ()

@@ -49,13 +49,14 @@ def stack(real_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield stack
 
 
-def chat_ids(model: Path) -> tuple[list[int], int]:
-    """The needle prompt's token ids and its context length (the document, whole chunks)."""
+def chat_ids(model: Path, needle_at: int = 12, start: int = 0) -> tuple[list[int], int]:
+    """The needle prompt's token ids and its context length (the document, whole chunks):
+    24 filler sentences from ``FILLER[start]`` on, the needle before the ``needle_at``-th."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    sentences = [FILLER[i % len(FILLER)] for i in range(24)]
-    sentences.insert(12, NEEDLE)
+    sentences = [FILLER[(start + i) % len(FILLER)] for i in range(24)]
+    sentences.insert(needle_at, NEEDLE)
     document = " ".join(sentences)
 
     def ids(content: str) -> list[int]:

@@ -194,16 +194,15 @@ def test_policy_validation_refuses_exactly_what_the_engine_evaluator_cannot_scor
     methods: list[str], ratios: list[float]
 ) -> None:
     """``policy_config`` (bottom layer: it cannot import this module) refuses an ``engine``
-    policy whose grid holds a variant :func:`scorable_variant` refuses, and only such a one;
-    snapkv is out of every daemon grid (``engine.profiling.NEEDS_QUERIES``)."""
+    policy whose grid holds a variant :func:`scorable_variant` refuses, and only such a one
+    (snapkv needs ``model_dir``, which the daemon builds it with)."""
 
     text = (f"placer: evicpress\nvariants: {{methods: {methods}, ratios: {ratios}}}\n"
-            "profiling: {evaluator: engine, router_url: 'http://127.0.0.1:1'}\n")  # fmt: skip
+            "profiling: {evaluator: engine, router_url: 'http://127.0.0.1:1',\n"
+            "            model_dir: /m}\n")  # fmt: skip
     grid = parse_policy(text.replace("engine", "attention"), "p.yaml").variants
     refused = []
     for v in grid:
-        if v.startswith("snapkv"):
-            continue
         try:
             scorable_variant(v)
         except InvalidArgumentError:

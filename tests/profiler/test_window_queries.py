@@ -11,6 +11,7 @@ import torch
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.window_queries import (
     prefill_with_window_queries,
+    window_model,
     window_queries_after_prefix,
 )
 
@@ -160,3 +161,37 @@ def test_queries_for_a_stored_context_as_a_connector_sees_it(real_model: Path) -
         queries_for_kv_2ltd(str(real_model), kv, int(keys.shape[1]), [1, 2], 64)
     with pytest.raises(InvalidArgumentError, match="cannot load a causal LM"):
         queries_for_kv_2ltd("/nonexistent", kv, int(keys.shape[1]), ids[0].tolist(), 64)
+
+
+def test_threads_sharing_the_window_model_each_get_their_queries(tiny_llama_dir: Path) -> None:
+    """The daemon profiles on one thread and builds variants on another, both through the one
+    model ``window_model`` loads: a capture switches that model's attention function, so two
+    passes at once would switch it back under each other (layers captured by neither)."""
+    import threading
+
+    from kvtierd.profiler.window_queries import queries_for_context
+
+    model = window_model(str(tiny_llama_dir), torch.float32, torch.device("cpu"))
+    ids = torch.randint(5, 500, (1, 96), generator=torch.Generator().manual_seed(5))
+    cache, _ = prefill_with_window_queries(model, ids, 16)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    want = queries_for_context(str(tiny_llama_dir), keys, values, ids[0].tolist(), 16)
+    start, failures = threading.Barrier(2), []
+
+    def run() -> None:
+        start.wait()
+        for _ in range(30):
+            try:
+                got = queries_for_context(str(tiny_llama_dir), keys, values, ids[0].tolist(), 16)
+                assert torch.equal(got, want)
+            except (InvalidArgumentError, AssertionError) as e:
+                failures.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[:2]
+    assert model.config._attn_implementation == "sdpa"
