@@ -49,8 +49,6 @@ from benchmarks.e2e_workload import (
 )
 from benchmarks.quality_tasks import accuracy
 
-HOLD_S = 30.0  # the plugin's default kvtierd.hold_s: a lookup holds its objects this long
-
 
 @dataclass(frozen=True, slots=True)
 class System:
@@ -127,8 +125,10 @@ def run_system(
         model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
         stored = _stored_bytes(work)
         after_holds = None
-        if system.backend == "kvtierd":  # lookups hold objects for the plugin's hold_s (30 s)
-            time.sleep(HOLD_S + 5)
+        if system.backend == "kvtierd":  # lookups hold objects for the plugin's hold_s
+            from kvtierd.integrations.plugin_settings import PluginSettings
+
+            time.sleep(PluginSettings().hold_s + 5)
             _settle(stack.socket_path, 120, profiles=False)
             after_holds = _stored_bytes(work)
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,

@@ -462,8 +462,9 @@ class ProfilingService:
     def note_change(self, ctx: ContextRecord) -> None:
         """A put changed the context: profile it once it settles, unless a trusted profile of
         it at this length is kept from before it was dropped (``Profiler.set_aside``)."""
-        if self.profiler is not None and self._running:
-            self._worker.submit(self.profiler.returned, ctx.context_id)
+        p = self.profiler
+        if p is not None and self._running and p.is_set_aside(ctx.context_id):
+            self._worker.submit(p.returned, ctx.context_id)  # not per put: a put is hot
         if ctx.variant == ORIGINAL_VARIANT and not self._kept_profile(ctx):
             self._changed[ctx.context_id] = time.monotonic()
 

@@ -206,6 +206,9 @@ class Profiler:
             oldest, _ = self._gone.popitem(last=False)
             self.forget(oldest)
 
+    def is_set_aside(self, context_id: str) -> bool:
+        return context_id in self._gone
+
     def returned(self, context_id: str) -> None:
         """A context set aside is stored again: its profile is live, never pruned."""
         self._gone.pop(context_id, None)
