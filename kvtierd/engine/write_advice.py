@@ -23,7 +23,7 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.types import ORIGINAL_VARIANT
-from kvtierd.utility import load_ttft_s
+from kvtierd.utility import dropped_utility, load_ttft_s, utility
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,19 +95,20 @@ class WriteAdvisor:
     ) -> WriteAdvice:
         alpha = self._policy.current.alpha
         prefill = self._profiling.prefill_tokens_s(num_tokens)
-        best = (alpha - prefill, ORIGINAL_VARIANT, "")  # dropped: recompute when asked
+        # Frequency is the context's own in every option here, so 1.0 ranks them the same.
+        best = (dropped_utility(alpha, prefill, 1.0), ORIGINAL_VARIANT, "")  # recompute when asked
         for tier in self._placing.tier_models():
             for name, p in prior.items():
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
                     continue
                 ttft = load_ttft_s(size, p.restore_s, tier)
-                best = max(best, (alpha * p.quality - ttft, name, tier.name))
-        utility, variant, tier_name = best
+                best = max(best, (utility(alpha, p.quality, ttft, 1.0), name, tier.name))
+        value, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"
         return WriteAdvice(
             context_id, variant, tier_name, "prior",
-            f"{self._placing.name}: best utility {utility:.4g} as {variant} {where}, from the mean "
+            f"{self._placing.name}: best utility {value:.4g} as {variant} {where}, from the mean "
             f"profile of {self._prior_count} profiled contexts",
         )  # fmt: skip
 
