@@ -127,9 +127,8 @@ def encode_variant(
     for meta, fmt in zip(metas, formats, strict=True):
         chunk = kv[:, :, start : start + fmt.shape[2]]
         start += fmt.shape[2]
-        out.append(
-            _encoded(meta.key, variant_key(meta.key, variant), meta, chunk, heads=heads, v=v)
-        )
+        key = client_key(meta.key)  # (a daemon-made int8 chunk is stored as key\0int8)
+        out.append(_encoded(key, variant_key(key, variant), meta, chunk, heads=heads, v=v))
     return EncodedVariant(out)
 
 

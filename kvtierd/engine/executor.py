@@ -30,7 +30,7 @@ from kvtierd.engine.variants import VariantWriter
 from kvtierd.errors import KvtierError
 from kvtierd.metrics import Metrics
 from kvtierd.policies.plan_order import BREAK_CYCLE
-from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
+from kvtierd.types import Operation, OpKind, Placement, Plan
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Executor:
                 return
             tier = op.target.tier or self._index.placement_of(ctx).tier
             assert tier is not None
-            if ctx.variant != ORIGINAL_VARIANT and not ctx.reference:
+            if not self._index.can_make(ctx, op.target.variant):
                 await self._keep_form(ctx, op, tier)
                 return
             await self._variants.compress_context(ctx, op.target.variant, tier)
@@ -193,10 +193,11 @@ class Executor:
     async def _keep_form(self, ctx: ContextRecord, op: Operation, tier: str) -> None:
         """A plan made before the context took the form it has (plans queue behind each other:
         a put's insert can follow the compression another planned) asks for a form that can no
-        longer be made: its original is gone (no unbounded tier keeps a reference copy). The
-        context goes where the plan says in the form it has, and the placer learns that form
-        (in the e2e run each such plan failed with an ERROR and left the context where it was,
-        so EvicPress never used the SSD tier)."""
+        longer be made from what the context keeps (``ContextIndex.can_make``): its original is
+        gone (no unbounded tier keeps a reference copy), and the form it has drops tokens or is
+        quantized coarser than the one planned. The context goes where the plan says in the
+        form it has, and the placer learns that form (in the e2e run each such plan failed with
+        an ERROR and left the context where it was, so EvicPress never used the SSD tier)."""
         logger.info("context %r: planned as %s, but only its %s form is kept; moved as that",
                     ctx.context_id, op.target.variant, ctx.variant)  # fmt: skip
         await self._mover.move_context(ctx, tier)

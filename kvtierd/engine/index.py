@@ -11,7 +11,7 @@ from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
 from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ObjectMeta, Placement
-from kvtierd.variants import parse_variant
+from kvtierd.variants import QUANT_BITS, parse_variant
 
 
 class ContextIndex:
@@ -107,13 +107,36 @@ class ContextIndex:
                     for m in metas.values()]  # fmt: skip
         return [k for k, skip in zip(metas, unusable, strict=True) if not skip]
 
-    def originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
-        """The chunks a variant is made from: the stored original, or the reference copy plus
-        the chunks a client added later in the compressed form (they have no original)."""
-        if ctx.variant == ORIGINAL_VARIANT:
-            return [self.objects[k].meta for k in ctx.keys]
-        added = [self.objects[k].meta for k in self.added_in_form(ctx)] if ctx.reference else []
-        return [*(m for m, _ in ctx.reference or ()), *added]
+    def sources(self, ctx: ContextRecord) -> list[ObjectRecord]:
+        """The objects the context's variants are made from, in order (none: it has no
+        source, and keeps the form it has): its own objects while it is stored as the
+        original; else the reference copy of its original plus the chunks a client added later
+        in the compressed form (they have no original); else, stored only quantized (int8,
+        int4: every token kept), its own objects, which dequantize to a full-length KV — for
+        the variants :func:`derivable` from that form (:meth:`can_make`)."""
+        if ctx.variant == ORIGINAL_VARIANT or self.self_sourced(ctx):
+            return [self.objects[k] for k in ctx.keys]
+        if not ctx.reference:
+            return []  # a token-dropped form: the tokens it dropped are gone
+        added = [self.objects[k] for k in self.added_in_form(ctx)]
+        return [*(ObjectRecord(m, t) for m, t in ctx.reference), *added]
+
+    def self_sourced(self, ctx: ContextRecord) -> bool:
+        """Whether the context is its own source though it is not the original: stored only
+        quantized, with no reference copy of its original (no unbounded tier)."""
+        return (
+            ctx.variant != ORIGINAL_VARIANT
+            and not ctx.reference
+            and not parse_variant(ctx.variant).drops_tokens
+        )
+
+    def can_make(self, ctx: ContextRecord, variant: str) -> bool:
+        """Whether the executor can store the context as ``variant`` from what it keeps: any
+        variant from its original (stored or a reference copy); from its own quantized
+        chunks only those :func:`derivable` from them; nothing else from a token-dropped form."""
+        if ctx.variant in (variant, ORIGINAL_VARIANT) or ctx.reference:
+            return True
+        return self.self_sourced(ctx) and derivable(ctx.variant, variant)
 
     # -- quotas --------------------------------------------------------------------------------
 
@@ -151,3 +174,13 @@ class ContextIndex:
             if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
                 return name
         return None
+
+
+def derivable(source: str, target: str) -> bool:
+    """Whether ``target`` is made from a context stored only as the quantization-only
+    ``source`` (``int8``): a variant quantized the same or coarser (``int4``,
+    ``keydiff@0.5+int8``). Not the original, which the quantization lost, nor a finer form
+    (``knorm@0.5``): it would spend bytes on precision the source no longer has."""
+    have = QUANT_BITS.get(parse_variant(source).quant)
+    want = QUANT_BITS.get(parse_variant(target).quant)
+    return have is not None and want is not None and want <= have

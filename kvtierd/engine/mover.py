@@ -22,7 +22,7 @@ from kvtierd.metrics import Metrics
 from kvtierd.storage import CpuTier, Tier
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.pooled import PooledTier
-from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
     import torch
@@ -103,15 +103,10 @@ class TierMover:
             self.cpu.free_block(block)
 
     async def read_context_bytes(self, ctx: ContextRecord) -> tuple[list[ObjectMeta], list[bytes]]:
-        """The context's original objects, in order, copied out: its own objects while it is
-        stored uncompressed, else its reference copy (``None`` reference: not available)."""
-        objects = self._index.objects
-        if ctx.variant == ORIGINAL_VARIANT:
-            records = [objects[k] for k in ctx.keys]
-        elif ctx.reference:
-            records = [ObjectRecord(m, t) for m, t in ctx.reference]
-            records += [objects[k] for k in self._index.added_in_form(ctx)]
-        else:
+        """The objects the context's variants are made from (``ContextIndex.sources``: its
+        original, or its own quantized chunks when they are all it keeps), copied out."""
+        records = self._index.sources(ctx)
+        if not records:
             raise InvalidArgumentError(
                 f"context {ctx.context_id!r} is stored as {ctx.variant!r} and its original is "
                 "not kept (no unbounded tier to hold a reference copy)"
@@ -124,7 +119,8 @@ class TierMover:
         return metas, payloads
 
     async def context_tensors(self, ctx: ContextRecord) -> tuple[torch.Tensor, torch.Tensor]:
-        """The context's original keys and values ``[L, H, N, D]``."""
+        """The context's keys and values ``[L, H, N, D]`` as its sources decode: the original,
+        or a quantized form's dequantized KV when that is all it keeps."""
         metas, payloads = await self.read_context_bytes(ctx)
         formats = chunk_formats(metas)
         kv = await asyncio.to_thread(decode_context, payloads, formats)

@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 class VariantWriter:
-    """Writes a context's variants (from its original) over the tier mover; the profiling
-    service says which token-dropped forms can be served."""
+    """Writes a context's variants (from its sources, ``ContextIndex.sources``) over the tier
+    mover; the profiling service says which token-dropped forms can be served."""
 
     def __init__(
         self,
@@ -60,10 +60,11 @@ class VariantWriter:
         self._cpu = cpu
 
     async def compress_context(self, ctx: ContextRecord, variant: str, tier: str) -> None:
-        """Store the context as ``variant`` in ``tier`` (from its original), replacing the form
-        it has; ``"none"`` restores the original from the reference copy. A token-dropping
-        variant is written in the servable form (``servable.py``), or refused with the reason
-        when the daemon cannot write that form yet."""
+        """Store the context as ``variant`` in ``tier`` (from its original, or from its own
+        quantized chunks when they are all it keeps), replacing the form it has; ``"none"``
+        restores the original from the reference copy. A token-dropping variant is written in
+        the servable form (``servable.py``), or refused with the reason when the daemon cannot
+        write that form yet."""
         if variant == ORIGINAL_VARIANT:
             await self._restore_original(ctx, tier)
             return
@@ -229,14 +230,13 @@ async def settle_variants(
             continue
         made_by_daemon = SEPARATOR in meta.key
         complete = (meta.context, meta.variant) in markers
-        # A client's original of a compressed context was superseded; a client's object
-        # stored in a compressed form (added after the compression) was not.
-        superseded = (
-            not made_by_daemon
-            and meta.variant == ORIGINAL_VARIANT
-            and any(c == meta.context for c, _ in markers)
+        # A client's object of a context the daemon made another form of was superseded: its
+        # original, or its quantized chunks a variant was made from (ContextIndex.sources); a
+        # client's object stored in the compressed form (added after the compression) was not.
+        superseded = not made_by_daemon and any(
+            c == meta.context and v != meta.variant for c, v in markers
         )
-        if superseded and tier == reference_tier:
+        if superseded and meta.variant == ORIGINAL_VARIANT and tier == reference_tier:
             out.references.setdefault(meta.context, []).append((meta, tier))
             continue
         if (made_by_daemon and not complete) or superseded:

@@ -70,7 +70,34 @@ def test_objects_added_in_a_compressed_form_are_told_from_the_reference_copy() -
     index.add(ObjectRecord(_meta("c\x00knorm@0.5\x000", variant="knorm@0.5"), "cpu"))
     ctx.variant, ctx.reference = "int8", [(original, "remote")]
     assert index.added_in_form(ctx) == ["k2"]  # not the derived key, not the reference
-    assert [m.key for m in index.originals(ctx)] == ["k1", "k2"]
+    sources = index.sources(ctx)
+    assert [(r.meta.key, r.tier) for r in sources] == [("k1", "remote"), ("k2", "cpu")]
+    assert sources[0].meta == original
+    assert index.can_make(ctx, "none") and index.can_make(ctx, "knorm@0.5")
+
+
+def test_a_context_kept_only_quantized_is_its_own_source() -> None:
+    """No reference copy: int8 chunks dequantize to every token's KV, so the variants quantized
+    the same or coarser are made from them; the original and finer forms are not."""
+    index = ContextIndex()
+    ctx = index.add(ObjectRecord(_meta("k1", variant="int8"), "cpu"))
+    index.add(ObjectRecord(_meta("k2", variant="int8"), "ssd"))
+    assert index.self_sourced(ctx)
+    assert [r.meta.key for r in index.sources(ctx)] == ["k1", "k2"]
+    made = [v for v in ("int8", "int4", "keydiff@0.5+int8", "knorm@0.5+int4", "none",
+                        "knorm@0.5") if index.can_make(ctx, v)]  # fmt: skip
+    assert made == ["int8", "int4", "keydiff@0.5+int8", "knorm@0.5+int4"]
+    ctx.variant = "int4"
+    assert not index.can_make(ctx, "int8") and index.can_make(ctx, "keydiff@0.5+int4")
+
+
+def test_a_token_dropped_form_without_its_original_has_no_source() -> None:
+    index = ContextIndex()
+    ctx = index.add(
+        ObjectRecord(_meta("c\x00knorm@0.5+int8\x000", variant="knorm@0.5+int8"), "cpu")
+    )
+    assert not index.self_sourced(ctx) and index.sources(ctx) == []
+    assert not index.can_make(ctx, "knorm@0.5+int4") and index.can_make(ctx, "knorm@0.5+int8")
 
 
 def test_a_quota_counts_stored_and_in_flight_bytes() -> None:
