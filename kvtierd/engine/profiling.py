@@ -182,7 +182,7 @@ class ProfilingService:
             return None  # the original is not kept: drift cannot be measured
         model_dir = self._policy.current.evaluator_model_dir
         check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
-                        model_dir=model_dir, variants=self.variants(),
+                        model_dir=model_dir, variants=self._profiled_variants(ctx),
                         layout=self.layout_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
@@ -267,7 +267,7 @@ class ProfilingService:
         if self.profiler is None:
             raise InvalidArgumentError("the profiler, which keeps token ids, is not configured")
         queries = self.profiler.queries
-        return self.servable.form(ctx.context_id, variant, self._originals(ctx), queries)
+        return self.servable.form(ctx.context_id, variant, self._sources(ctx), queries)
 
     def _recheck(self, context_id: str) -> None:
         """A query arrived for a context whose profile is below ``min_queries`` (the
@@ -327,9 +327,15 @@ class ProfilingService:
         return source, len(texts), queries.known_tokens(context_id)
 
     def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
-        """The context's variants with exact sizes and, once profiled, quality and restore.
-        The whole grid while the original is at hand (stored, or kept as a reference copy);
-        otherwise only the form the context has."""
+        """The context's variants with exact sizes and, once profiled, quality and restore:
+        what the executor can make from its sources (``ContextIndex.sources``). The whole grid
+        while the original is at hand (stored, or kept as a reference copy). A context kept
+        only quantized (int8, no reference copy) is its own source: its form first, then the
+        variants quantized the same or coarser (``index.derivable``), never the original,
+        which cannot be restored. Its profile measures quality against its dequantized KV, so
+        the quantization's own loss is not in it (measured lossless-equivalent for int8 on
+        SmolLM2, benchmarks/RESULTS.md). A token-dropped form without a reference copy has
+        only itself."""
         variants = self.variants()
         if len(variants) <= 1:  # eviction-only policy: nothing to size (the put path is hot)
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
@@ -337,7 +343,8 @@ class ProfilingService:
         if fmt is None:
             return (VariantProfile(ctx.variant, ctx.size_bytes),)
         profiled = self.profiled(ctx.context_id)
-        out = [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
+        own = self._index.self_sourced(ctx)
+        out = [] if own else [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
         for name in self._servable(ctx, variants):
             layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
             size = variant_size_bytes(
@@ -346,23 +353,28 @@ class ProfilingService:
             )  # fmt: skip
             known = profiled.get(name)
             # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
-            # a fixed-variant placer ignores quality.
-            quality, restore = (known.quality, known.restore_s) if known else (0.0, 0.0)
+            # a fixed-variant placer ignores quality. A self-sourced form is what its profile
+            # is measured against: 1, as the original of any other context.
+            unknown = 1.0 if own and name == ctx.variant else 0.0
+            quality, restore = (known.quality, known.restore_s) if known else (unknown, 0.0)
             out.append(VariantProfile(name, size, quality, restore))
         return tuple(out)
 
     def _servable(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
-        """The lossy ``variants`` the context can be stored as (servable.py)."""
+        """The lossy ``variants`` the context can be stored as (servable.py); for a
+        self-sourced context its own form first and those it can make (:meth:`grid`)."""
         lossy = [v for v in variants if v != ORIGINAL_VARIANT]
+        if self._index.self_sourced(ctx):
+            made = (v for v in lossy if self._index.can_make(ctx, v))
+            lossy = list(dict.fromkeys((ctx.variant, *made)))
         if self.profiler is None:
             return lossy
-        return self.servable.options(ctx.context_id, ctx.variant, lossy, self._originals(ctx),
+        return self.servable.options(ctx.context_id, ctx.variant, lossy, self._sources(ctx),
                                      self.profiler.queries)  # fmt: skip
 
-    def _originals(self, ctx: ContextRecord) -> list[ObjectMeta]:
-        """The chunks a variant is made from: the stored original, or the reference copy plus
-        the chunks a client added later in the compressed form (they have no original)."""
-        return self._index.originals(ctx)
+    def _sources(self, ctx: ContextRecord) -> list[ObjectMeta]:
+        """The chunks the context's variants are made from (``ContextIndex.sources``)."""
+        return [obj.meta for obj in self._index.sources(ctx)]
 
     def variants(self) -> list[str]:
         """The running policy's grid (cached per policy)."""
@@ -373,6 +385,12 @@ class ProfilingService:
             self._variants_of = policy
         return self._variants
 
+    def _profiled_variants(self, ctx: ContextRecord) -> list[str]:
+        """The grid a profile scores: the policy's, and a self-sourced context's own form (an
+        option of its, which the policy's grid may not name: its quality and restore cost)."""
+        own = [ctx.variant] if self._index.self_sourced(ctx) else []
+        return list(dict.fromkeys([*self.variants(), *own]))
+
     def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
         """How the context's variants are stored: in chunks of its objects' size, so the
         quality the profiler measures is that of the variant the executor will write."""
@@ -382,15 +400,16 @@ class ProfilingService:
         return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
 
     def _geometry_of(self, ctx: ContextRecord) -> tuple[ChunkFormat | None, int, int]:
-        """Chunk format, token count and bytes of the context's original; cached until the
+        """Chunk format, token count and bytes of the context's original (of its sources:
+        quantized chunks count as the original they dequantize to); cached until the
         context gains objects or changes form (a put of chunk k would otherwise re-parse the
-        k layouts before it). The stamp is read off the record, not off :meth:`_originals`:
-        listing the originals to check the cache is itself a pass over the context's keys."""
+        k layouts before it). The stamp is read off the record, not off :meth:`_sources`:
+        listing the sources to check the cache is itself a pass over the context's keys."""
         stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()))
         cached = self._geometry_cache.get(ctx.context_id)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        value = self._geometry(self._originals(ctx))
+        value = self._geometry(self._sources(ctx))
         self._geometry_cache[ctx.context_id] = (stamp, value)
         return value
 
@@ -465,8 +484,21 @@ class ProfilingService:
         p = self.profiler
         if p is not None and self._running and p.is_set_aside(ctx.context_id):
             self._worker.submit(p.returned, ctx.context_id)  # not per put: a put is hot
-        if ctx.variant == ORIGINAL_VARIANT and not self._kept_profile(ctx):
+        sourced = ctx.variant == ORIGINAL_VARIANT or self._index.self_sourced(ctx)
+        if sourced and not self._unchoosable(ctx) and not self._kept_profile(ctx):
             self._changed[ctx.context_id] = time.monotonic()
+
+    def _unchoosable(self, ctx: ContextRecord) -> str:
+        """Why a profile of the context would have nothing to choose between (``""``: it
+        would). A self-sourced form (int8 only) is profiled against its dequantized KV
+        (:meth:`grid`) when the policy names a variant that can be made from it."""
+        if self._geometry_of(ctx)[0] is None:  # a token-dropped form, no reference copy
+            return "its original is not kept"
+        own = self._index.self_sourced(ctx)
+        if own and not any(v != ctx.variant and self._index.can_make(ctx, v)
+                           for v in self.variants()):  # fmt: skip
+            return "its original is not kept, and the policy names no variant made from it"
+        return ""
 
     def _kept_profile(self, ctx: ContextRecord) -> bool:
         p = self.profiler
@@ -546,9 +578,10 @@ class ProfilingService:
         """Profile now; a failure is counted, logged and reported, never raised to the loop."""
         if self.profiler is None:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
-        if self._geometry_of(ctx)[0] is None:  # e.g. a store request's int4: nothing to choose
-            logger.info("context %s: not profiled: it is stored only as %r, its original is not "
-                        "kept", ctx.context_id, ctx.variant)  # fmt: skip
+        why = self._unchoosable(ctx)
+        if why:
+            logger.info("context %s: not profiled: it is stored only as %r, %s", ctx.context_id,
+                        ctx.variant, why)  # fmt: skip
             return False
         started = time.perf_counter()
         waited_before = self.yield_gate.waited_s
@@ -560,7 +593,8 @@ class ProfilingService:
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             run = partial(window.profile, self.profiler, self._policy.current.evaluator_model_dir,
                           ctx.context_id, keys, values, queries=queries,
-                          variants=self.variants(), layout=self.layout_of(ctx))  # fmt: skip
+                          variants=self._profiled_variants(ctx),
+                          layout=self.layout_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

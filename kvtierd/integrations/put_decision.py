@@ -20,7 +20,8 @@ plugin applies the advice's quantization (int8/int4) to every chunk before shipp
 drop tokens: that needs the router's placeholder identity and the context's token count, and
 vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So advice such as
 ``knorm@0.5+int8`` is applied as ``int8``, ``knorm@0.5`` as the original, with a note the
-plugin logs once per context; the daemon compresses the context itself when it places it.
+plugin logs once per context; the daemon compresses the context itself when it places it
+(from the int8 chunks when it keeps no copy of the original: docs/daemon.md, "its own source").
 
 **One form per context.** When the daemon holds the context (advice source ``placed``) in a form
 other than the one the chunks will have (a forced variant, or a token-dropped placement whose
