@@ -8,11 +8,16 @@ their TTFTs are service times). A timed request's service time is estimated from
 taking the requests in the order of their first tokens, its first token minus the later of its
 sending and the previous request's first token. That is exact for a request that ran alone and,
 under load, splits the engine's busy time between the requests it served (when vLLM prefills
-two prompts in one step, one of them gets almost all of it; a least-squares line averages that
-out). From those:
+two prompts in one step, one of them gets almost all of it). An overloaded run splits it badly:
+the 16-context run's ``prefill`` system (61 s mean TTFT, every request queued) gave 768-token
+prompts from 0.0001 s to 16.6 s, and a line through those predicted misses 2-4 times slower than
+measured. So a fit takes only the requests that **ran alone** (:func:`ran_alone`: no other
+request in flight, sent and not finished, between its sending and its first token), and falls
+back to the estimates only when those cover fewer than two lengths. From those:
 
-* **the prefill line**: the ``prefill`` system (vLLM alone, every prompt prefilled), warm-up
-  and timed requests;
+* **the prefill line**: the ``prefill`` system's warm-up and timed requests, and the misses of
+  every other measured system (nothing of the context cached: vLLM computed the whole prompt,
+  through the same router and plugin);
 * **the tiers' load model**: the timed requests of a system that loaded their whole context:
   vLLM's usage says how many prompt tokens were cached (``cached_tokens`` in the outcome, which
   ``bench_e2e`` records since issue 13.3); for a run without it, LMCache's log line per request
@@ -29,6 +34,7 @@ sim predict``.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,12 +101,52 @@ class Lengths:
         return Service(self.context[c], int(self.query[c, q]), service_s)
 
 
-def prefill_samples(measured: dict[str, Any], lengths: Lengths) -> list[Service]:
-    """The ``prefill`` system's warm-up (as measured) and timed requests (estimated)."""
+def ran_alone(outcomes: list[dict[str, Any]]) -> set[int]:
+    """The requests (``index``) that had the engine to themselves from their sending to their
+    first token: no other request was in flight then (sent, and its answer not finished)."""
+    ok = [o for o in outcomes if not o["error"]]
+    alone = set()
+    for o in ok:
+        start, first = o["sent_s"], o["sent_s"] + o["ttft_s"]
+        if not any(p is not o and p["sent_s"] < first and p["sent_s"] + p["total_s"] > start
+                   for p in ok):  # fmt: skip
+            alone.add(o["index"])
+    return alone
+
+
+def _fit_samples(
+    runs: list[tuple[list[dict[str, Any]], set[int]]], lengths: Lengths
+) -> list[Service]:
+    """Per run (its outcomes and the requests to take): those that ran alone, as measured;
+    when they cover fewer than two context lengths, every taken request's estimated service
+    time instead (module docstring)."""
+    alone = []
+    for outcomes, taken in runs:
+        solo = ran_alone(outcomes) & taken
+        alone += [lengths.service(o, o["ttft_s"]) for o in outcomes if o["index"] in solo]
+    if len({s.context_tokens for s in alone}) >= 2:
+        return alone
+    estimated = []
+    for outcomes, taken in runs:
+        timed = service_times(outcomes)
+        estimated += [lengths.service(o, timed[o["index"]]) for o in outcomes
+                      if o["index"] in timed and o["index"] in taken]  # fmt: skip
+    return estimated
+
+
+def prefill_samples(
+    measured: dict[str, Any], lengths: Lengths, others: Sequence[dict[str, Any]] = ()
+) -> list[Service]:
+    """The ``prefill`` system's warm-up (as measured) and timed requests, and the full misses
+    of the ``others`` (measured runs with vLLM's usage per outcome), as :func:`_fit_samples`
+    takes them."""
     warm = [lengths.service(o, o["ttft_s"]) for o in measured.get("warmup", []) if not o["error"]]
-    timed = service_times(measured["outcomes"])
-    return warm + [lengths.service(o, timed[o["index"]]) for o in measured["outcomes"]
-                   if o["index"] in timed]  # fmt: skip
+    runs = [(measured["outcomes"], {o["index"] for o in measured["outcomes"]})]
+    for run in others:
+        misses = {o["index"] for o in run["outcomes"]
+                  if o.get("cached_tokens", -1) == 0 and not o["served_from"]}  # fmt: skip
+        runs.append((run["outcomes"], misses))
+    return warm + _fit_samples(runs, lengths)
 
 
 def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict[int, bool] | None:
@@ -132,10 +178,10 @@ def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict
 
 
 def hit_samples(measured: dict[str, Any], lengths: Lengths, hits: dict[int, bool]) -> list[Service]:
-    """A system's timed requests that loaded their whole context (``hits``, vLLM's log)."""
-    timed = service_times(measured["outcomes"])
-    return [lengths.service(o, timed[o["index"]]) for o in measured["outcomes"]
-            if o["index"] in timed and hits[o["index"]]]  # fmt: skip
+    """A system's timed requests that loaded their whole context (``hits``, vLLM's log), as
+    :func:`_fit_samples` takes them."""
+    loaded = {i for i, hit in hits.items() if hit}
+    return _fit_samples([(measured["outcomes"], loaded)], lengths)
 
 
 def calibration_yaml(
@@ -154,9 +200,10 @@ def calibration_yaml(
     doc |= {"quality": {}}
     head = (
         f"# Fitted by benchmarks/sim_e2e.py from {source} (benchmarks/e2e_calibration.py):\n"
-        f"# prefill: {len(prefill)} requests of the prefill system; tiers: {len(hits)} hits "
-        "(vLLM's usage or LMCache's log),\n# the same samples for every tier (neither "
-        "says which). Samples: [context tokens, service s, query tokens].\n"
+        f"# prefill: {len(prefill)} requests (the prefill system's, other systems' misses); "
+        f"tiers: {len(hits)} hits\n# (vLLM's usage or LMCache's log), the same samples for "
+        "every tier (neither says which).\n# Each as measured where it ran alone, else as "
+        "estimated. Samples: [context tokens, service s, query tokens].\n"
         "# decode_s 0: vLLM interleaves decoding with the next prefill.\n"
     )
     return head + yaml.safe_dump(doc, default_flow_style=None, sort_keys=False, width=100)

@@ -265,7 +265,12 @@ def calibrations(
         raise SystemExit(f"no {runs['prefill']}: run bench_e2e first (at least --systems "
                          "prefill lru), or give --calibration")  # fmt: skip
     lengths = Lengths(doc)
-    prefill = prefill_samples(json.loads(runs["prefill"].read_text()), lengths)
+    # every other measured system's misses time the prefill too (e2e_calibration.py)
+    docs = (
+        json.loads(p.read_text()) for p in sorted(args.out.glob("*.json")) if p != runs["prefill"]
+    )
+    measured = [d for d in docs if isinstance(d, dict) and "outcomes" in d]
+    prefill = prefill_samples(json.loads(runs["prefill"].read_text()), lengths, measured)
     tiers = [t["name"] for t in doc["tiers"]]
     out = {}
     for backend, system in TIER_SOURCE.items():

@@ -125,6 +125,16 @@ def write_config(
     return path
 
 
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the Unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 @dataclass
 class DaemonProcess:
     config: Path
@@ -158,7 +168,9 @@ class DaemonProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kvtierd exited with {self.proc.returncode}:\n{self.logs()}")
-            if os.path.exists(self.socket_path):
+            # A gRPC channel per poll against a socket nobody listens on yet (or a killed
+            # daemon's stale one) churns grpc's pollers; a plain connect asks first.
+            if _listening(self.socket_path):
                 try:
                     with KVClient(self.socket_path, timeout_s=2) as c:
                         c.status()

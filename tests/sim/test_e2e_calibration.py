@@ -16,6 +16,7 @@ from benchmarks.e2e_calibration import (
     logged_hits,
     measured_hits,
     prefill_samples,
+    ran_alone,
     service_times,
 )
 from kvtierd.sim.calibration import parse_calibration
@@ -71,6 +72,22 @@ def test_prefill_samples_take_the_warm_up_as_measured() -> None:
     got = prefill_samples(RUN | warm, Lengths(DOC))
     assert got == [Service(1792, 20, 2.5), Service(768, 30, 1.0), Service(1792, 20, 3.0),
                    Service(768, 20, 0.5)]  # fmt: skip
+
+
+def test_a_fit_takes_the_requests_that_ran_alone_as_measured() -> None:
+    # 0 and 1 ran alone (nothing else in flight from sending to first token); 2 was sent while
+    # 1 was decoding its answer: an overloaded run's estimate of its service is unreliable.
+    alone = {"outcomes": [outcome(0, 0, 1, 0.0, 1.0), outcome(1, 1, 0, 10.0, 3.0),
+                          outcome(2, 0, 0, 14.0, 9.0)]}  # fmt: skip
+    assert ran_alone(alone["outcomes"]) == {0, 1}
+    assert prefill_samples(alone, Lengths(DOC)) == [Service(768, 30, 1.0), Service(1792, 20, 3.0)]
+    # Another system's misses time the prefill too; its hits (context cached) do not.
+    other = {"outcomes": [outcome(0, 0, 1, 0.0, 1.2) | {"cached_tokens": 0},
+                          outcome(1, 1, 0, 10.0, 0.4) | {"cached_tokens": 1792}]}  # fmt: skip
+    got = prefill_samples(alone, Lengths(DOC), [other])
+    assert got == [Service(768, 30, 1.0), Service(1792, 20, 3.0), Service(768, 30, 1.2)]
+    loaded = hit_samples(other, Lengths(DOC), {0: False, 1: True})
+    assert [s.row() for s in loaded] == [[1792, 0.4, 20]]  # one length: the estimate (as run)
 
 
 def test_hits_come_from_lmcache_lines_matched_by_prompt_length(tmp_path: Path) -> None:
