@@ -122,10 +122,12 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     assert workload["tiers"] == [{"name": "cpu", "capacity_bytes": 12976128},  # as the daemon
                                  {"name": "ssd", "capacity_bytes": 51904512}]  # fmt: skip
     cal = yaml.safe_load((out / "calibration-kvtierd.yaml").read_text())
-    # every timed request of the prefill system is a prefill sample; the hits are the 11 timed
-    # requests LMCache's log shows loading their whole context (the 6 warm-ups all miss)
+    # Only 1 of the prefill system's requests ran alone (one length), and this run predates
+    # vLLM's usage in the outcomes (no lru miss counts): every timed request's estimate is a
+    # prefill sample. LMCache's log shows 11 timed requests loading their whole context (the 6
+    # warm-ups all miss); 2 of them, at two lengths, ran alone: those are the tiers' samples.
     assert len(cal["prefill"]["samples"]) == 16
-    assert [len(t["samples"]) for t in cal["tiers"]] == [11, 11]
+    assert [len(t["samples"]) for t in cal["tiers"]] == [2, 2]
     assert not (out / "calibration-lmcache.yaml").exists()  # no lmcache.json measured
     doc = json.loads((out / "simulated.json").read_text())
     prefill, lru = doc["systems"]["prefill"], doc["systems"]["lru"]
