@@ -484,8 +484,11 @@ class ProfilingService:
         p = self.profiler
         if p is not None and self._running and p.is_set_aside(ctx.context_id):
             self._worker.submit(p.returned, ctx.context_id)  # not per put: a put is hot
-        sourced = ctx.variant == ORIGINAL_VARIANT or self._index.self_sourced(ctx)
-        if sourced and not self._unchoosable(ctx) and not self._kept_profile(ctx):
+        # (the original is not asked _unchoosable here: that parses its layouts, on every put)
+        sourced = ctx.variant == ORIGINAL_VARIANT or (
+            self._index.self_sourced(ctx) and not self._unchoosable(ctx)
+        )
+        if sourced and not self._kept_profile(ctx):
             self._changed[ctx.context_id] = time.monotonic()
 
     def _unchoosable(self, ctx: ContextRecord) -> str:

@@ -224,6 +224,9 @@ async def settle_variants(
 ) -> Settled:
     """Drop the leftovers of compressions a crash cut short (module docstring)."""
     markers = {(m.context, m.variant): (m, t) for m, t in found if m.layout == MARKER_LAYOUT}
+    made: dict[str, set[str]] = {}  # context -> the forms the daemon completed of it
+    for c, v in markers:
+        made.setdefault(c, set()).add(v)
     out = Settled()
     for meta, tier in found:
         if meta.layout == MARKER_LAYOUT:
@@ -233,9 +236,7 @@ async def settle_variants(
         # A client's object of a context the daemon made another form of was superseded: its
         # original, or its quantized chunks a variant was made from (ContextIndex.sources); a
         # client's object stored in the compressed form (added after the compression) was not.
-        superseded = not made_by_daemon and any(
-            c == meta.context and v != meta.variant for c, v in markers
-        )
+        superseded = not made_by_daemon and bool(made.get(meta.context, set()) - {meta.variant})
         if superseded and meta.variant == ORIGINAL_VARIANT and tier == reference_tier:
             out.references.setdefault(meta.context, []).append((meta, tier))
             continue
