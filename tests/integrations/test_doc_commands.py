@@ -46,6 +46,7 @@ class Part:
 
     def __init__(self, name: str, script: str, cwd: Path, env: dict[str, str]) -> None:
         self.name, self.log = name, cwd / f"{name}.log"
+        self.served: int | None = None  # the log's length, in whole lines, at the stop signal
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 ["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, stdout=out,
@@ -65,8 +66,9 @@ class Part:
 
     def stop(self) -> None:
         """SIGTERM to the block's command, as a user stopping it would: not to the whole
-        group, where vLLM's engine core would die beside its API server and the server log
-        EngineDeadError as an ERROR while shutting down (a race seen in a loaded CI run)."""
+        group, where vLLM's engine core would die beside its API server. The log's length
+        when the signal went is kept: what follows is the shutdown."""
+        self.served = self.text().rfind("\n") + 1
         if self.proc.poll() is None:
             for pid in self._command_pids():
                 with contextlib.suppress(ProcessLookupError):
@@ -93,6 +95,38 @@ class Part:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def errors(self) -> list[str]:
+        """Error lines of the log. While serving, every one counts. After the stop signal,
+        vLLM's own shutdown race is let through: ``AsyncLLM.shutdown`` stops the engine core
+        before it cancels the output handler, which can then log ``EngineDeadError`` with its
+        traceback (seen once in a loaded CI run, vllm 0.32 CPU build)."""
+        text = self.text()
+        cut = len(text) if self.served is None else self.served
+        served, shutdown = text[:cut], text[cut:].splitlines()
+        if any("EngineDeadError" in ln for ln in shutdown):
+            shutdown = [ln for ln in shutdown if "[async_llm.py:" not in ln]
+        return [ln for ln in served.splitlines() + shutdown
+                if "Traceback" in ln or re.search(r"\bERROR\b", ln)]  # fmt: skip
+
+
+def test_only_vllms_shutdown_race_is_let_through_and_only_after_the_stop(
+    tmp_path: Path,
+) -> None:
+    tag = "(APIServer pid=1) ERROR 11-23 20:10:14 [async_llm.py:906]"
+    race = [f"{tag} AsyncLLM output_handler failed.", f"{tag} Traceback (most recent call last):",
+            f"{tag} vllm.v1.engine.exceptions.EngineDeadError: EngineCore died."]  # fmt: skip
+    part = Part("vllm", "printf 'INFO serving\\n'", tmp_path, dict(os.environ))
+    part.proc.wait(10)
+    part.stop()
+    with part.log.open("a") as log:
+        log.write("\n".join(race) + "\n")
+    assert part.errors() == []
+    with part.log.open("a") as log:
+        log.write("(APIServer pid=1) ERROR 11-23 20:10:15 [launcher.py:12] port in use\n")
+    assert len(part.errors()) == 1
+    part.served = None  # had it all come while serving, every line counts
+    assert len(part.errors()) == 4
 
 
 @pytest.fixture
@@ -154,9 +188,7 @@ def test_the_documented_commands_serve_hits_on_vllm_cpu(
         for part in reversed(parts):
             part.stop()
     for part in parts:
-        noise = [ln for ln in part.text().splitlines()
-                 if "Traceback" in ln or re.search(r"\bERROR\b", ln)]  # fmt: skip
-        assert noise == [], f"{part.name}:\n" + "\n".join(noise)
+        assert part.errors() == [], f"{part.name}:\n" + "\n".join(part.errors())
 
 
 SHIM = """#!/usr/bin/env bash
