@@ -171,15 +171,18 @@ def _first_asks(table: list[list[Prompt]], questions: int) -> list[Any]:
 def _settle(socket_path: str, limit_s: float, profiles: bool) -> float:
     """Wait (at most ``limit_s``) until every context has a profile (when ``profiles``: the
     EvicPress daemon profiles after a quiet period) and no plan is pending; the seconds
-    waited. A context already stored only compressed is not waited for: the daemon profiles
-    from the original, which it no longer has (docs/profiler.md)."""
+    waited. The daemon profiles a context from its original, or from its only form when that
+    is quantized (int8: it dequantizes to every token); a context already stored token-dropped
+    is not waited for, it has nothing to profile from (docs/profiler.md)."""
     from kvtierd.client import KVClient
     from kvtierd.rpc import kvtier_pb2 as pb
+    from kvtierd.variants import parse_variant
 
     t0 = time.monotonic()
     with KVClient(socket_path, timeout_s=30) as client:
         while time.monotonic() - t0 < limit_s:
-            ids = [c.context_id for c in client.contexts() if c.variant == "none"]
+            listed = client.contexts()
+            ids = [c.context_id for c in listed if not parse_variant(c.variant).drops_tokens]
             ids = ids if profiles else []
             asks = [pb.ProfileStatusRequest(context_id=cid) for cid in ids]
             todo = [a for a in asks if not client.call(client.admin.ProfileStatus, a).profiled]
