@@ -124,16 +124,17 @@ def run_system(
         wall = time.perf_counter() - t0
         model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
         stored = _stored_bytes(work)
-        after_holds = None
+        after_holds, daemon_view = None, None
         if system.backend == "kvtierd":  # lookups hold objects for the plugin's hold_s
             from kvtierd.integrations.plugin_settings import PluginSettings
 
             time.sleep(PluginSettings().hold_s + 5)
             _settle(stack.socket_path, 120, profiles=False)
             after_holds = _stored_bytes(work)
+            daemon_view = _daemon_view(stack.socket_path)
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
-            "stored_bytes_after_holds": after_holds,
+            "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
             "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
 
 
@@ -146,6 +147,26 @@ def _stored_bytes(work: Path) -> dict[str, int]:
         if root.exists():
             out[name] = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     return out
+
+
+def _daemon_view(socket_path: str) -> dict[str, Any]:
+    """What the daemon holds at the end, as it accounts it: each tier's used bytes against its
+    capacity, and each context's form, tier and the placer's reason for it (to say where a
+    system's misses come from, and to hold it to its tier sizes)."""
+    from kvtierd.client import KVClient
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    with KVClient(socket_path, timeout_s=30) as client:
+        tiers = {t.name: {"used": t.used_bytes, "capacity": t.capacity_bytes,
+                          "objects": t.object_count} for t in client.tiers()}  # fmt: skip
+        contexts = []
+        for c in client.contexts():
+            ask = pb.DescribeContextRequest(context_id=c.context_id)
+            reason = client.call(client.admin.DescribeContext, ask).reason
+            contexts.append({"context": c.context_id, "variant": c.variant, "tier": c.tier,
+                             "size_bytes": c.size_bytes, "hits": c.hits,
+                             "reason": reason})  # fmt: skip
+    return {"tiers": tiers, "contexts": contexts}
 
 
 def _prefill_model(socket_path: str) -> dict[str, Any]:
