@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -93,6 +94,8 @@ def run_system(
     from tests.daemon_proc import free_port, write_config
 
     work = args.out / "work" / system.name
+    # a run starts empty: a daemon would adopt an earlier run's SSD objects, LMCache its disk
+    shutil.rmtree(work, ignore_errors=True)
     daemon_config = None
     if system.backend == "kvtierd":
         policy = work / "policy.yaml"
