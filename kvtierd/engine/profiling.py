@@ -135,7 +135,7 @@ class ProfilingService:
         policy = self._policy.current
         options = {
             "answer": {"model_path": policy.evaluator_model_dir},
-            "engine": {"router_url": policy.evaluator_router_url,
+            "served": {"router_url": policy.evaluator_router_url,
                        "vllm_url": policy.evaluator_vllm_url,
                        "daemon_socket": self._config.socket_path},
         }.get(policy.evaluator, {})  # fmt: skip

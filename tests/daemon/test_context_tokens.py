@@ -37,7 +37,7 @@ T = 16
 
 
 class TokenEcho(QualityEvaluator):
-    """Needs token ids, like ``engine``; remembers the ones it was given."""
+    """Needs token ids, like ``served``; remembers the ones it was given."""
 
     name = "test-token-echo"
     needs_token_ids = True
