@@ -122,8 +122,8 @@ async def profile_case(engine: Any, evaluator: Any, tokenizer: Any, case: Case) 
         if prompt.context != split.context:
             raise ValueError(f"{case.name}: question {i} changes the context")
         request = f"{case.name}#{i}"
-        engine.profiling.note_prompt("", request, prompt.ids)
-        await engine.profiling.link_prompt(case.name, request)
+        engine.profiling.inputs.note_prompt("", request, prompt.ids)
+        await engine.profiling.inputs.link_prompt(case.name, request)
     if not await engine.profiling.profile_context(engine.contexts[case.name]):
         raise RuntimeError(f"{case.name}: profiling failed: {engine.profiling.last_error}")
     record = engine.profiling.record(case.name)

@@ -21,7 +21,7 @@ write such a variant only when it knows
 * for snapkv, the checkpoint in the policy's ``profiling.model_dir``, whose weights recompute
   the queries of the ``N`` tokens' last window (``window.py``).
 
-Until then the placer is not offered the variant (``ProfilingService.grid``).
+Until then the placer is not offered the variant (``ContextOptions.grid``).
 """
 
 from __future__ import annotations
