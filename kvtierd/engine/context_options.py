@@ -51,7 +51,7 @@ class ContextOptions:
         self._variants_of: object = None
         self._geometry_cache: dict[str, tuple[tuple[str, int, int], Geometry]] = {}
         # Bumped when a profile appears, goes, or a context changes form (its grid may
-        # shrink to the form it has): what derived figures (the write plan's prior) key on.
+        # shrink to the form it has): what derived figures (the write advice's prior) key on.
         self.version = 0
 
     def changed(self) -> None:
