@@ -36,9 +36,10 @@ def _context(index: ContextIndex, variant: str, chunks: int = 2) -> ContextRecor
     return ctx
 
 
-def _sized(name: str, tokens: int = 2 * T) -> VariantProfile:
-    size = variant_size_bytes(L, H, D, tokens, 2, name, chunk_tokens=count_unit(name, T))
-    return VariantProfile(name, size, 1.0 if name == "int8" else 0.0)
+def _sized(name: str, quality: float = 0.0) -> VariantProfile:
+    """``name`` of the two-chunk context, unprofiled (``quality``: what it is assumed)."""
+    size = variant_size_bytes(L, H, D, 2 * T, 2, name, chunk_tokens=count_unit(name, T))
+    return VariantProfile(name, size, quality)
 
 
 def test_an_original_is_offered_first_then_the_grid_unprofiled() -> None:
@@ -59,7 +60,7 @@ def test_a_context_kept_only_quantized_has_no_original_among_its_options() -> No
     ctx = _context(index, "int8")
     assert index.self_sourced(ctx)
     grid = options.grid(ctx)
-    assert grid == (_sized("int8"), _sized("int4"), _sized("knorm@0.5+int8"))
+    assert grid == (_sized("int8", quality=1.0), _sized("int4"), _sized("knorm@0.5+int8"))
     assert options.unchoosable(ctx) == ""  # int4 can be made from it: worth profiling
 
 
