@@ -64,9 +64,9 @@ async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Pat
         await _until(lambda: engine.profiling.profiler is not None and not profiling.done())
         await asyncio.sleep(0.2)  # the profile is on the profiler's thread, held
         prompt = tuple(range(CHUNKS * T + 3))
-        engine.profiling.note_prompt(engine.contexts["doc"].tenant, "req-1", prompt)
-        await asyncio.wait_for(engine.profiling.link_prompt("doc", "req-1"), 5)
-        await asyncio.wait_for(engine.profiling.add_queries("doc", ["more"], True), 5)
+        engine.profiling.inputs.note_prompt(engine.contexts["doc"].tenant, "req-1", prompt)
+        await asyncio.wait_for(engine.profiling.inputs.link_prompt("doc", "req-1"), 5)
+        await asyncio.wait_for(engine.profiling.inputs.add_queries("doc", ["more"], True), 5)
         assert not profiling.done()  # both were recorded while it ran
         profiler = engine.profiling.profiler
         assert (

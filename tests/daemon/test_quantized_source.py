@@ -68,7 +68,7 @@ async def _put_int8_context(engine: Engine, cid: str) -> torch.Tensor:
         await engine.put_bytes(meta, memoryview(data))
     card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
     engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
-    await engine.profiling.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
+    await engine.profiling.inputs.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
     return torch.cat(chunks, dim=2)
 
 
@@ -128,10 +128,10 @@ async def test_evicpress_profiles_an_int8_only_context(engine: Engine) -> None:
     ctx = engine.contexts["doc"]
     options = [v.variant for v in engine.placing.profile(ctx).variants]
     assert options == ["int8", "knorm@0.5+int8", "int4"]  # not none, not knorm@0.5
-    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
     assert engine.profiling.runs["failed"] == 0
-    profiled = engine.profiling.profiled("doc")
+    profiled = engine.profiling.options.profiled("doc")
     assert profiled["knorm@0.5+int8"].quality == pytest.approx(0.95)
     assert profiled["int8"].quality == 1.0  # its own form, scored against itself
     assert profiled["int8"].restore_s > 0  # dequantizing it is timed like any int8
