@@ -20,7 +20,7 @@ from kvtierd.kernels.placeholder import ModelCard, manifest_key, model_card_key
 from kvtierd.kernels.rope import RopeSpec, rotate_keys
 from kvtierd.policies.loader import parse_policy
 from kvtierd.router_protocol import context_digest
-from kvtierd.types import ObjectMeta
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, Operation, OpKind, Placement
 from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     CHUNKS,
     MODEL,
@@ -29,6 +29,7 @@ from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fix
     L,
     T,
     TailTopicEvaluator,
+    _put_context,
     _until,
     registered_evaluators,  # noqa: F401
 )
@@ -175,3 +176,25 @@ async def test_a_crash_before_the_int8_chunks_went_leaves_the_variant(tmp_path: 
         assert {m.key for m in engine.tiers["ssd"].metas()} & {m.key for m, _ in left} == set()
     finally:
         await engine.close()
+
+
+async def test_a_compression_to_the_form_it_has_is_a_move(engine: Engine) -> None:
+    """A plan queued before the context took its form asks to compress it to that form in
+    another tier (e2e EvicPress run: "object '<ctx>\\0int8' is already in tier 'cpu'", or an
+    int8 context quantized twice). The executor moves it, bytes unchanged."""
+    await _put_context(engine, "doc")
+    await engine.executor.idle()
+    ctx = engine.contexts["doc"]
+    where = engine.index.placement_of(ctx)
+    other = "ssd" if where.tier == "cpu" else "cpu"
+    original = Placement(ORIGINAL_VARIANT, where.tier)
+    await engine.executor.apply(Operation(OpKind.COMPRESS, "doc", original,
+                                          Placement("int8", where.tier)))  # fmt: skip
+    assert ctx.variant == "int8" and not engine.executor.failed
+    before = {k: bytes(await engine.mover.copy_out(engine.index.objects[k])) for k in ctx.keys}
+    for tier in (where.tier, other):  # where it is (the error), and elsewhere (quantized again)
+        stale = Operation(OpKind.COMPRESS, "doc", original, Placement("int8", tier))
+        await engine.executor.apply(stale)
+        assert engine.index.placement_of(ctx) == Placement("int8", tier)
+        got = {k: bytes(await engine.mover.copy_out(engine.index.objects[k])) for k in ctx.keys}
+        assert got == before and not engine.executor.failed
