@@ -108,7 +108,7 @@ class ProfileInputs:
 
         await asyncio.get_running_loop().run_in_executor(self._thread, store)
         self._tokens_known(ctx)
-        self._recheck(context_id)
+        self.recheck(context_id)
 
     def _tokens_known(self, ctx: ContextRecord) -> None:
         """Token ids arrived: when they made a token-dropped variant servable, the placer sees
@@ -121,9 +121,10 @@ class ProfileInputs:
             self._options.changed()
             self._place_again(ctx)
 
-    def _recheck(self, context_id: str) -> None:
+    def recheck(self, context_id: str) -> None:
         """A query arrived for a context whose profile is below ``min_queries`` (the
-        confidence rule, ``Profiler.trusted``): profile it again once it has enough."""
+        confidence rule, ``Profiler.trusted``), or such a profile just finished while queries
+        arrived: profile it again once it has enough."""
         p = self._profiler()
         if p is None or p.record(context_id) is None or p.trusted(context_id):
             return
@@ -163,7 +164,7 @@ class ProfileInputs:
                 profiler.queries.add_user(context_id, queries)
 
         await asyncio.get_running_loop().run_in_executor(self._thread, store)
-        self._recheck(context_id)
+        self.recheck(context_id)
         return len(queries)
 
     def upcoming(self, context_id: str) -> tuple[str, int, int] | None:

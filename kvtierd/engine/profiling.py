@@ -298,6 +298,8 @@ class ProfilingService:
             except CapacityError as e:  # its best place is full of pinned or held contexts
                 logger.warning("context %s: profiled, and stays where it is: %s",
                                ctx.context_id, e)  # fmt: skip
+        # queries that arrived while it ran found no finished profile to compare against
+        self.inputs.recheck(ctx.context_id)
         return True
 
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
