@@ -134,9 +134,9 @@ class VariantWriter:
             raise
         await self._drop_current_form(ctx)
         for obj, meta in zip(objects, metas_new, strict=True):
-            index.objects[obj.client_key] = ObjectRecord(
-                meta, tier, shadow=shadow, durable=durable or tiers[tier].persistent
-            )
+            # durable only by the client's promise: an object that is merely on a persistent
+            # tier moves up without leaving a copy there (an uncharged copy filled the SSD)
+            index.objects[obj.client_key] = ObjectRecord(meta, tier, shadow=shadow, durable=durable)
             ctx.keys[obj.client_key] = None
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
         ctx.variant = variant

@@ -1,4 +1,5 @@
-"""The index never names an object it no longer holds, at any await. Deleting a context's
+"""The index and the tiers agree. The index never names an object it no longer holds, at any
+await. Deleting a context's
 objects awaits each tier's delete; a context whose keys still listed objects already taken out
 of the index made every reader on the event loop that walks them fail with ``KeyError`` while
 it waited (seen in bench_e2e: a routed prompt's link, ``SetContextTokens``, failed as an
@@ -16,6 +17,7 @@ import pytest
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.policies.loader import parse_policy
+from kvtierd.types import Operation, OpKind, Placement
 from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     _put_context,
     _until,
@@ -85,3 +87,26 @@ async def test_dropping_a_context_never_leaves_dangling_keys(engine: Engine) -> 
     ctx = engine.contexts["doc"]
     assert await _dangling_while(engine, engine.mover.drop_context(ctx)) == []
     assert "doc" not in engine.contexts and not ctx.keys
+
+
+async def test_a_variant_moved_up_from_ssd_leaves_no_copy_there(engine: Engine) -> None:
+    """A variant the daemon wrote to the SSD tier, then moved to the CPU tier, is not kept on
+    SSD: only a client's durable commit keeps a persistent copy (docs/daemon.md). Before, every
+    variant written to SSD counted as durable, so each move up left a copy the placer does not
+    charge, and the SSD tier filled past its capacity (e2e EvicPress run: 69.7 MB in a 58 MB
+    tier, 21 of its objects such copies)."""
+    await _put_context(engine, "doc")
+    ctx = engine.contexts["doc"]
+    original = engine.index.placement_of(ctx)
+    await engine.executor.apply(
+        Operation(OpKind.COMPRESS, "doc", original, Placement("int8", "ssd"))
+    )
+    assert engine.index.placement_of(ctx) == Placement("int8", "ssd")
+    ssd, stored = engine.tiers["ssd"], {engine.index.objects[k].meta.key for k in ctx.keys}
+    assert {m.key for m in ssd.metas()} >= stored
+    await engine.executor.apply(
+        Operation(OpKind.MOVE, "doc", Placement("int8", "ssd"), Placement("int8", "cpu"))
+    )
+    assert engine.index.placement_of(ctx) == Placement("int8", "cpu")
+    assert not {m.key for m in ssd.metas()} & stored
+    assert not engine.executor.failed
