@@ -58,6 +58,15 @@ class ContextIndex:
             del self.contexts[ctx.context_id]
         return ctx
 
+    def take_objects(self, ctx: ContextRecord) -> list[ObjectRecord]:
+        """Take every object of a context out of the index, before their bytes are deleted: a
+        reader on the event loop must never meet a key whose object is gone while the caller
+        awaits the tiers' deletes (tests/daemon/test_index_consistency.py)."""
+        gone = [self.objects.pop(key) for key in ctx.keys]
+        ctx.keys.clear()
+        ctx.size_bytes = 0
+        return gone
+
     def account(self, meta: ObjectMeta, tier: str, sign: int) -> None:
         """Keep per-tenant bytes per tier (quotas) in step with where objects are charged:
         their placement, a variant's marker, the reference copy of an original."""

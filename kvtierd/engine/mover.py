@@ -156,11 +156,7 @@ class TierMover:
     async def drop_context(self, ctx: ContextRecord) -> None:
         """Delete every object of a context (leased arena blocks are freed on release)."""
         async with ctx.lock:
-            # out of the index before any await: a reader must never meet a key whose
-            # object is gone (tests/daemon/test_index_consistency.py)
-            gone = [self._index.objects.pop(key) for key in ctx.keys]
-            ctx.keys.clear()
-            ctx.size_bytes = 0
+            gone = self._index.take_objects(ctx)
             if self._index.contexts.get(ctx.context_id) is ctx:
                 del self._index.contexts[ctx.context_id]
             for obj in gone:

@@ -147,9 +147,7 @@ class VariantWriter:
     async def _drop_current_form(self, ctx: ContextRecord) -> None:
         """Delete the objects of the context's current form (never its reference copy)."""
         reference = {(m.key, t) for m, t in ctx.reference or ()}
-        gone = [self._index.objects.pop(key) for key in ctx.keys]  # before any await
-        ctx.keys.clear()
-        for obj in gone:
+        for obj in self._index.take_objects(ctx):
             for where in filter(None, (obj.tier, obj.shadow)):
                 if (obj.meta.key, where) not in reference:
                     await self._mover.remove_from_tier(obj.meta, where, charged=where == obj.tier)
