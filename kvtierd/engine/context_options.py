@@ -17,7 +17,7 @@ from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.sizes import DTYPE_BYTES, count_unit, variant_size_bytes
+from kvtierd.sizes import count_unit, dtype_bytes, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
@@ -232,4 +232,8 @@ def _geometry(metas: list[ObjectMeta]) -> Geometry:
 
 
 def _dtype_bytes(name: str) -> int:
-    return int(DTYPE_BYTES.get(name, 2))  # a layout's dtype is not validated: 16-bit if unknown
+    """``sizes.dtype_bytes``, lenient: a layout's dtype is not validated, 16-bit if unknown."""
+    try:
+        return dtype_bytes(name)
+    except ValueError:
+        return 2
