@@ -123,7 +123,7 @@ class ProfilingService:
         self.runs: Counter[str] = Counter()
         self.last_error = ""
         # Bumped when a profile appears, goes, or a context changes form (its grid may
-        # shrink to the form it has): what derived figures (the write plan's prior) key on.
+        # shrink to the form it has): what derived figures (the write advice's prior) key on.
         self.version = 0
 
     # -- configuration -----------------------------------------------------------------------
