@@ -58,7 +58,7 @@ from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
 from kvtierd.integrations.plugin_settings import (
-    PLAN,
+    ADVISED,
     PluginSettings,
     PluginStats,
     is_rewritten,
@@ -229,7 +229,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         todo = [(n, o.tensor) for n, o, found in zip(names, objs, present, strict=True)
                 if not found]  # fmt: skip
         forced = tag(keys[0], "kvtierd_variant") or (
-            "" if self.settings.variant == PLAN else self.settings.variant
+            "" if self.settings.variant == ADVISED else self.settings.variant
         )
         rewritten = is_rewritten(keys[0])
         # A scoped store (profiling) writes only its variant: the put's chunks keep their
