@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -93,6 +94,8 @@ def run_system(
     from tests.daemon_proc import free_port, write_config
 
     work = args.out / "work" / system.name
+    # a run starts empty: a daemon would adopt an earlier run's SSD objects, LMCache its disk
+    shutil.rmtree(work, ignore_errors=True)
     daemon_config = None
     if system.backend == "kvtierd":
         policy = work / "policy.yaml"
@@ -124,16 +127,17 @@ def run_system(
         wall = time.perf_counter() - t0
         model_now = _prefill_model(stack.socket_path) if system.backend == "kvtierd" else None
         stored = _stored_bytes(work)
-        after_holds = None
+        after_holds, daemon_view = None, None
         if system.backend == "kvtierd":  # lookups hold objects for the plugin's hold_s
             from kvtierd.integrations.plugin_settings import PluginSettings
 
             time.sleep(PluginSettings().hold_s + 5)
             _settle(stack.socket_path, 120, profiles=False)
             after_holds = _stored_bytes(work)
+            daemon_view = _daemon_view(stack.socket_path)
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
-            "stored_bytes_after_holds": after_holds,
+            "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
             "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
 
 
@@ -146,6 +150,26 @@ def _stored_bytes(work: Path) -> dict[str, int]:
         if root.exists():
             out[name] = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     return out
+
+
+def _daemon_view(socket_path: str) -> dict[str, Any]:
+    """What the daemon holds at the end, as it accounts it: each tier's used bytes against its
+    capacity, and each context's form, tier and the placer's reason for it (to say where a
+    system's misses come from, and to hold it to its tier sizes)."""
+    from kvtierd.client import KVClient
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    with KVClient(socket_path, timeout_s=30) as client:
+        tiers = {t.name: {"used": t.used_bytes, "capacity": t.capacity_bytes,
+                          "objects": t.object_count} for t in client.tiers()}  # fmt: skip
+        contexts = []
+        for c in client.contexts():
+            ask = pb.DescribeContextRequest(context_id=c.context_id)
+            reason = client.call(client.admin.DescribeContext, ask).reason
+            contexts.append({"context": c.context_id, "variant": c.variant, "tier": c.tier,
+                             "size_bytes": c.size_bytes, "hits": c.hits,
+                             "reason": reason})  # fmt: skip
+    return {"tiers": tiers, "contexts": contexts}
 
 
 def _prefill_model(socket_path: str) -> dict[str, Any]:
@@ -169,24 +193,37 @@ def _first_asks(table: list[list[Prompt]], questions: int) -> list[Any]:
 
 
 def _settle(socket_path: str, limit_s: float, profiles: bool) -> float:
-    """Wait (at most ``limit_s``) until every context has a profile (when ``profiles``: the
-    EvicPress daemon profiles after a quiet period) and no plan is pending; the seconds
-    waited. A context already stored only compressed is not waited for: the daemon profiles
-    from the original, which it no longer has (docs/profiler.md)."""
+    """Wait (at most ``limit_s``) until no profile is due (when ``profiles``: the EvicPress
+    daemon profiles after a quiet period, :func:`_profile_due`) and no plan is pending; the seconds
+    waited. The daemon profiles a context from its original, or from its only form when that
+    is quantized (int8: it dequantizes to every token); a context already stored token-dropped
+    is not waited for, it has nothing to profile from (docs/profiler.md)."""
     from kvtierd.client import KVClient
     from kvtierd.rpc import kvtier_pb2 as pb
+    from kvtierd.variants import parse_variant
 
     t0 = time.monotonic()
     with KVClient(socket_path, timeout_s=30) as client:
         while time.monotonic() - t0 < limit_s:
-            ids = [c.context_id for c in client.contexts() if c.variant == "none"]
+            listed = client.contexts()
+            ids = [c.context_id for c in listed if not parse_variant(c.variant).drops_tokens]
             ids = ids if profiles else []
             asks = [pb.ProfileStatusRequest(context_id=cid) for cid in ids]
-            todo = [a for a in asks if not client.call(client.admin.ProfileStatus, a).profiled]
+            todo = [a for a in asks if _profile_due(client.call(client.admin.ProfileStatus, a))]
             if not todo and client.status().pending_plans == 0:
                 break
             time.sleep(2)
     return time.monotonic() - t0
+
+
+def _profile_due(status: Any) -> bool:
+    """Whether the daemon will profile a context (again) on what it has now: it has no
+    profile, or one from fewer queries than ``profiling.min_queries`` while the warm-up has
+    brought that many (the confidence rule re-profiles it then). Profiles are the offline part
+    of EvicPress: the timed run starts once none is due, so it times serving, not profiling."""
+    if not status.profiled:
+        return True
+    return not status.trusted and status.next_num_queries >= status.min_queries
 
 
 def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> dict[str, Any]:

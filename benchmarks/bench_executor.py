@@ -70,7 +70,7 @@ async def put_context(engine: Engine, cid: str, seed: int) -> None:
                           context_id=cid, dtype="bfloat16", shape=tuple(x.shape), layout=layout,
                           token_count=T)  # fmt: skip
         await engine.put_bytes(meta, data)
-    await engine.profiling.set_tokens(cid, [seed % 1000 + j for j in range(CHUNKS * T)])
+    await engine.profiling.inputs.set_tokens(cid, [seed % 1000 + j for j in range(CHUNKS * T)])
 
 
 def register_card(engine: Engine) -> None:
@@ -99,7 +99,7 @@ async def direct_compress(engine: Engine, cid: str, variant: str) -> float:
     metas, payloads = await engine.mover.read_context_bytes(ctx)
     formats = chunk_formats(metas)
     kv = await asyncio.to_thread(decode_context, payloads, formats)
-    form = engine.profiling.servable_form(ctx, variant) if "@" in variant else None
+    form = engine.profiling.options.servable_form(ctx, variant) if "@" in variant else None
     encoded = await asyncio.to_thread(
         partial(encode_variant, cid, metas, kv, formats, variant, form=form)
     )

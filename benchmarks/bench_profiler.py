@@ -9,7 +9,7 @@
 MiniLM and the decode loop, not the model, so it shows the evaluator's overhead. Attention is
 also given as a ratio to one attention pass over the full KV (same process).
 
-``--engine`` (needs the vllm extra; run under ``flock /tmp/kvtierd-heavy.lock``): ``engine``
+``--served`` (needs the vllm extra; run under ``flock /tmp/kvtierd-heavy.lock``): ``served``
 against ``answer`` on one model — the vLLM tests' tiny Llama (2 layers, 2 KV heads x 64 dims,
 bf16) served by a real daemon + ``vllm serve`` (CPU) + ``kvtierd router`` — 4 token-dropping
 variants, 2 queries, 8 new tokens; seconds per variant and both evaluators' qualities.
@@ -69,21 +69,21 @@ def answer_row(model_dir: Path, n: int) -> None:
           f"{len(names) / dt:.1f} | - |")  # fmt: skip
 
 
-ENGINE_VARIANTS = ["knorm@0.5", "keydiff@0.5", "knorm@0.25", "streamingllm@0.25"]
+SERVED_VARIANTS = ["knorm@0.5", "keydiff@0.5", "knorm@0.25", "streamingllm@0.25"]
 
 
-def engine_vs_answer(lengths: tuple[int, ...]) -> None:
+def served_vs_answer(lengths: tuple[int, ...]) -> None:
     from tests.integrations.servers import router_stack
     from tests.integrations.tiny_model import build_tiny_llama as build_vllm_llama
 
-    print("| context tokens | variants | engine s/variant | answer s/variant | engine / answer | "
-          "quality engine | quality answer |")  # fmt: skip
+    print("| context tokens | variants | served s/variant | answer s/variant | served / answer | "
+          "quality served | quality answer |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = build_vllm_llama(work / "model")
         with router_stack(work, model) as stack:
-            engine = make_evaluator("engine", {"router_url": stack["router"],
+            served = make_evaluator("served", {"router_url": stack["router"],
                                                "daemon_socket": stack["socket"],
                                                "max_new_tokens": 8})  # fmt: skip
             answer = make_evaluator("answer", {"model_path": str(model), "max_new_tokens": 8})
@@ -92,28 +92,28 @@ def engine_vs_answer(lengths: tuple[int, ...]) -> None:
                 g = torch.Generator().manual_seed(n)
                 ids = [int(i) for i in torch.randint(3, 1024, (n,), generator=g)]
                 kv = answer.encode_context(ids)  # type: ignore[attr-defined]
-                answer.evaluate(kv, ENGINE_VARIANTS[:1], qs[:1])  # warm-up (model, MiniLM)
-                engine.evaluate(kv, ENGINE_VARIANTS[:1], qs[:1])
+                answer.evaluate(kv, SERVED_VARIANTS[:1], qs[:1])  # warm-up (model, MiniLM)
+                served.evaluate(kv, SERVED_VARIANTS[:1], qs[:1])
                 t0 = time.perf_counter()
-                qa = answer.evaluate(kv, ENGINE_VARIANTS, qs)
-                ta = (time.perf_counter() - t0) / len(ENGINE_VARIANTS)
+                qa = answer.evaluate(kv, SERVED_VARIANTS, qs)
+                ta = (time.perf_counter() - t0) / len(SERVED_VARIANTS)
                 t0 = time.perf_counter()
-                qe = engine.evaluate(kv, ENGINE_VARIANTS, qs)
-                te = (time.perf_counter() - t0) / len(ENGINE_VARIANTS)
-                fmt = " ".join(f"{qe[v]:.3f}" for v in ENGINE_VARIANTS)
-                fma = " ".join(f"{qa[v]:.3f}" for v in ENGINE_VARIANTS)
-                print(f"| {n} | {len(ENGINE_VARIANTS)} | {te:.3f} | {ta:.3f} | {te / ta:.1f} | "
+                qe = served.evaluate(kv, SERVED_VARIANTS, qs)
+                te = (time.perf_counter() - t0) / len(SERVED_VARIANTS)
+                fmt = " ".join(f"{qe[v]:.3f}" for v in SERVED_VARIANTS)
+                fma = " ".join(f"{qa[v]:.3f}" for v in SERVED_VARIANTS)
+                print(f"| {n} | {len(SERVED_VARIANTS)} | {te:.3f} | {ta:.3f} | {te / ta:.1f} | "
                       f"{fmt} | {fma} |")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--engine", action="store_true", help="engine vs answer (real vLLM)")
+    ap.add_argument("--served", action="store_true", help="served vs answer (real vLLM)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    if args.engine:
-        engine_vs_answer((256, 1024) if args.quick else (256, 1024, 1792))
+    if args.served:
+        served_vs_answer((256, 1024) if args.quick else (256, 1024, 1792))
         return
     lengths = (512, 2048) if args.quick else (512, 2048, 8192)
     print("| evaluator | context tokens | variants | seconds | variants/s | "

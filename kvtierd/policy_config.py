@@ -22,12 +22,12 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
-      evaluator: attention     # attention (model-free) | answer (needs model_dir) | engine
+      evaluator: attention     # attention (model-free) | answer (needs model_dir) | served
       min_queries: 3           # a profile from fewer queries moves no context
       model_dir: ""            # the served model's local checkpoint: answer decodes with it,
                                # snapkv's window queries are recomputed with it (required)
-      router_url: ""           # engine: the kvtierd router in front of vLLM (required)
-      vllm_url: ""             # engine: vLLM itself, to tokenize text-only queries
+      router_url: ""           # served: the kvtierd router in front of vLLM (required)
+      vllm_url: ""             # served: vLLM itself, to tokenize text-only queries
     frequency:                 # evicpress: exponentially decayed access frequency
       half_life_s: 3600
     variant: knorm@0.5         # fixed: the one variant every context is stored as
@@ -61,10 +61,14 @@ from kvtierd.variants import (
     parse_variant,
 )
 
-EVALUATORS: tuple[str, ...] = ("attention", "answer", "engine")
+EVALUATORS: tuple[str, ...] = ("attention", "answer", "served")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
-``profiling.model_dir`` (a local Hugging Face causal LM), ``engine`` ``profiling.router_url``
-(the daemon itself refuses ``engine`` per context: it has no token ids, docs/profiler.md)."""
+``profiling.model_dir`` (a local Hugging Face causal LM), ``served`` ``profiling.router_url``
+(the daemon refuses ``served`` for a context whose token ids it was not given,
+docs/profiler.md)."""
+RENAMED_EVALUATORS: Mapping[str, str] = MappingProxyType({"engine": "served"})
+"""Old evaluator names a policy may still carry, refused with the new name (issue 17: "engine"
+is only kvtierd's ``Engine``); never read as an alias."""
 DEFAULT_RATIOS: tuple[float, ...] = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 DEFAULT_METHODS: tuple[str, ...] = ("knorm", "int8", "knorm+int8")
 """The default grid's methods. No ``snapkv``: it needs ``profiling.model_dir``
@@ -179,12 +183,22 @@ class PolicyDocument:
             raise ConfigError(f"{self.where(at)}: must be {rule}, got {value!r}")
         return float(value)
 
-    def choice(self, at: tuple[str, ...], allowed: tuple[str, ...], default: str = "") -> str:
-        """One of ``allowed``; without a ``default`` the key is required."""
+    def choice(
+        self,
+        at: tuple[str, ...],
+        allowed: tuple[str, ...],
+        default: str = "",
+        renamed: Mapping[str, str] = MappingProxyType({}),
+    ) -> str:
+        """One of ``allowed``; without a ``default`` the key is required. A value in
+        ``renamed`` (old name -> new) is refused with its new name."""
         value = self.get(at, default or None)
         if value is None:
             raise ConfigError(f"{self.where(at)}: required key; allowed values: "
                               f"{', '.join(allowed)}")  # fmt: skip
+        if isinstance(value, str) and value in renamed:
+            raise ConfigError(f"{self.where(at)}: {value!r} was renamed to {renamed[value]!r}; "
+                              f"allowed values: {', '.join(allowed)}")  # fmt: skip
         if value not in allowed:
             raise ConfigError(f"{self.where(at)}: {value!r} is not allowed; allowed values: "
                               f"{', '.join(allowed)}")  # fmt: skip
@@ -260,15 +274,15 @@ def read_profiled(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
 
 def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
     at = ("profiling", "evaluator")
-    evaluator = doc.choice(at, EVALUATORS, "attention")
+    evaluator = doc.choice(at, EVALUATORS, "attention", RENAMED_EVALUATORS)
     router_url = _url(doc, ("profiling", "router_url"))
-    if evaluator == "engine" and not router_url:
+    if evaluator == "served" and not router_url:
         raise ConfigError(
-            f"{doc.where(at)}: evaluator 'engine' requires profiling.router_url (the kvtierd "
+            f"{doc.where(at)}: evaluator 'served' requires profiling.router_url (the kvtierd "
             "router in front of vLLM, e.g. http://127.0.0.1:8100)"
         )
-    if evaluator == "engine":
-        _scorable_by_engine(doc, policy.methods, policy.ratios)
+    if evaluator == "served":
+        _scorable_when_served(doc, policy.methods, policy.ratios)
     model_dir = doc.text_value(("profiling", "model_dir"), "")
     if policy.ratios != (1.0,):  # at ratio 1.0 alone a method keeps every token
         grid = [parse_grid_method(m) for m in policy.methods]
@@ -297,11 +311,11 @@ def check_snapkv_model(
                           f"{SNAPKV_NEEDS_MODEL}")  # fmt: skip
 
 
-def _scorable_by_engine(
+def _scorable_when_served(
     doc: PolicyDocument, methods: tuple[str, ...], ratios: tuple[float, ...]
 ) -> None:
-    """``engine`` cannot score a quantization-only variant
-    (``kvtierd.integrations.engine_eval.QUANT_ONLY_REFUSED``; a test holds the two together): a
+    """``served`` cannot score a quantization-only variant
+    (``kvtierd.integrations.served_eval.QUANT_ONLY_REFUSED``; a test holds the two together): a
     grid with one would fail every profile, so it is refused here, at ``policy validate``,
     ``policy apply`` and daemon start. ``snapkv`` is left out of every daemon grid anyway (the
     daemon cannot build it)."""
@@ -311,7 +325,7 @@ def _scorable_by_engine(
     sources = [m if m in QUANT_BITS else f"{m} at ratio 1.0" for m in methods
                if set(expand_variants((m,), ratios)) & set(QUANT_BITS)]  # fmt: skip
     raise ConfigError(
-        f"{doc.where(('profiling', 'evaluator'))}: evaluator 'engine' cannot score "
+        f"{doc.where(('profiling', 'evaluator'))}: evaluator 'served' cannot score "
         f"{', '.join(unscorable)} (quantization-only variants, from variants.methods "
         f"{', '.join(sources)}): a quantized context keeps LMCache's own chunk keys, so no "
         "answer through the router tells its load from a re-prefill, and every profile would "

@@ -15,7 +15,7 @@ prompt is ever rewritten to it, nor shares vLLM's prefix cache with it. Within a
 context may be stored in several variants at once (one manifest each), and a request loads the
 one it names.
 
-It sits at the bottom layer so that the router and the ``engine`` quality evaluator
+It sits at the bottom layer so that the router and the ``served`` quality evaluator
 (``kvtierd.integrations``) and the daemon, which writes the servable form of the variants it
 builds (``kvtierd.engine``, which may not import integrations), share one definition.
 """

@@ -88,8 +88,16 @@ class VariantProfile:
 class ContextProfile:
     """Everything a placer needs about a context (EvicPress §4.1: quality, size, frequency).
 
-    ``variants`` always includes the original. ``prefill_s`` is the time to recompute the
-    context when dropped; ``last_access_s`` is a monotonic timestamp for recency-based placers.
+    ``variants`` are the forms the placer may store the context as, never empty. Under an
+    eviction-only policy that is the one form the context has. Otherwise the original comes
+    first whenever it can be had (stored, or kept as a reference copy), then the policy's
+    variants the context can be stored and served as. A context the daemon keeps only
+    quantized (``int8``, no reference copy: ``self_sourced`` in ``engine/index.py``) has no
+    original among them: its own form comes first, then the variants ``derivable`` from it;
+    one kept only token-dropped has just its own form. (A profiler's record always lists
+    ``none``: the KV it measured against, for a quantized-only context its dequantized form.)
+    ``prefill_s`` is the time to recompute the context when dropped; ``last_access_s`` is a
+    monotonic timestamp for recency-based placers.
     """
 
     context_id: str

@@ -152,7 +152,7 @@ def test_importing_a_package_registers_nothing_and_loads_no_implementation() -> 
         for r in (METHODS, PLACERS, EVALUATORS, TIERS):
             r.names()
         loaded = [m for m in ("kvtierd.kernels.knorm", "kvtierd.policies.evicpress",
-                              "kvtierd.profiler.answer", "kvtierd.integrations.engine_eval",
+                              "kvtierd.profiler.answer", "kvtierd.integrations.served_eval",
                               "kvtierd.storage.remote", "kvtierd.storage.gpu") if m in sys.modules]
         print(loaded)
     """)

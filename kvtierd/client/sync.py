@@ -223,7 +223,7 @@ class KVClient:
         return self.call(self.kv.Touch, pb.TouchRequest(keys=list(keys))).touched
 
     def set_context_tokens(self, context_id: str, token_ids: Sequence[int]) -> None:
-        """Tell the daemon the token ids ``context_id`` was computed from (the ``engine``
+        """Tell the daemon the token ids ``context_id`` was computed from (the ``served``
         evaluator needs them)."""
         req = pb.SetContextTokensRequest(context_id=context_id, token_ids=list(token_ids))
         self.call(self.kv.SetContextTokens, req)

@@ -58,9 +58,9 @@ class DurableGuard:
             for key in list(ctx.keys):
                 obj = index.objects[key]
                 if not obj.unread:
-                    await mover.remove_object_bytes(index.objects.pop(key))
-                    del ctx.keys[key]
+                    del index.objects[key], ctx.keys[key]  # out of the index before the await
                     ctx.size_bytes -= obj.meta.size_bytes
+                    await mover.remove_object_bytes(obj)
                 elif obj.shadow and not self._tiers[obj.tier].persistent:
                     await mover.remove_from_tier(obj.meta, obj.tier)
                     obj.tier, obj.shadow = obj.shadow, ""

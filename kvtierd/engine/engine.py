@@ -97,15 +97,16 @@ class Engine:
             config=config, index=index, mover=self.mover, policy=self.running, metrics=metrics,
             model_cards=self.model_cards, loads_busy=self.loads_busy,
         )  # fmt: skip
+        options = self.profiling.options
         self.placing = Placing(
-            index=index, profiling=self.profiling, tiers=tiers, cpu=cpu, policy=self.running
+            index=index, options=options, tiers=tiers, cpu=cpu, policy=self.running
         )
         self.durable = DurableGuard(
             index=index, mover=self.mover, placing=self.placing, tiers=tiers, cpu=cpu,
             metrics=metrics,
         )  # fmt: skip
         self.variants = VariantWriter(
-            index=index, mover=self.mover, profiling=self.profiling, tiers=tiers, cpu=cpu
+            index=index, mover=self.mover, options=options, tiers=tiers, cpu=cpu
         )
         self.executor = Executor(
             index=index, mover=self.mover, variants=self.variants, durable=self.durable,
@@ -126,7 +127,7 @@ class Engine:
             profiling=self.profiling, metrics=metrics, model_cards=self.model_cards,
         )  # fmt: skip
         self.write_advisor = WriteAdvisor(
-            index=index, profiling=self.profiling, placing=self.placing, policy=self.running
+            index=index, options=options, placing=self.placing, policy=self.running
         )
         # The loops between the parts (a read or a profile changes what the placer should
         # do; a forgotten object changes where its context is) close here.

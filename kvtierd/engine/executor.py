@@ -168,7 +168,10 @@ class Executor:
             return
         if op.kind is OpKind.DROP:
             await self._drop(ctx, "drop", forget=False)  # the placer keeps it as dropped
-        elif op.kind is OpKind.COMPRESS or op.target.variant != ctx.variant:
+        elif op.target.variant != ctx.variant:
+            # (a compression to the form the context already has, planned before an earlier
+            # operation or the writer gave it that form, is a move: re-encoding it would
+            # quantize twice, or find its own objects in the way)
             if self._index.unread_durable(ctx):
                 await self._durable.hold(ctx, f"compress ({op.target.variant})")
                 return

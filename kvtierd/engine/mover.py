@@ -156,12 +156,16 @@ class TierMover:
     async def drop_context(self, ctx: ContextRecord) -> None:
         """Delete every object of a context (leased arena blocks are freed on release)."""
         async with ctx.lock:
-            for key in list(ctx.keys):
-                await self.remove_object_bytes(self._index.objects.pop(key))
+            # out of the index before any await: a reader must never meet a key whose
+            # object is gone (tests/daemon/test_index_consistency.py)
+            gone = [self._index.objects.pop(key) for key in ctx.keys]
             ctx.keys.clear()
             ctx.size_bytes = 0
+            if self._index.contexts.get(ctx.context_id) is ctx:
+                del self._index.contexts[ctx.context_id]
+            for obj in gone:
+                await self.remove_object_bytes(obj)
             await self.drop_extras(ctx)
-            self._index.contexts.pop(ctx.context_id, None)
 
     async def drop_extras(self, ctx: ContextRecord) -> None:
         """Delete what belongs to a context besides its objects: a variant's marker and the

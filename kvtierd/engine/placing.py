@@ -1,14 +1,14 @@
-"""The running placer and what it is told: the profile of a context (from the profiling
-service), where a context is, and the plans it answers with (the caller submits them to the
-executor). A hot policy reload swaps the placer (``AdminOps.apply_policy``)."""
+"""The running placer and what it is told: the profile of a context (from its options,
+``context_options.py``), where a context is, and the plans it answers with (the caller submits
+them to the executor). A hot policy reload swaps the placer (``AdminOps.apply_policy``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
 
+from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
-from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import ConfigError
 from kvtierd.policies import Placer, PlacerParams, placer_class
@@ -48,13 +48,13 @@ class Placing:
         self,
         *,
         index: ContextIndex,
-        profiling: ProfilingService,
+        options: ContextOptions,
         tiers: Mapping[str, Tier],
         cpu: CpuTier,
         policy: RunningPolicy,
     ) -> None:
         self._index = index
-        self._profiling = profiling
+        self._options = options
         self._tiers = tiers
         self._cpu = cpu
         self._policy = policy
@@ -82,13 +82,13 @@ class Placing:
     def profile(self, ctx: ContextRecord) -> ContextProfile:
         """What the placer knows of a context: its variants (sizes; quality once profiled),
         decayed frequency, recency, protection."""
-        profiling = self._profiling
-        decayed = profiling.frequency(ctx.context_id)
+        options = self._options
+        decayed = options.frequency(ctx.context_id)
         return ContextProfile(
             context_id=ctx.context_id,
-            variants=profiling.grid(ctx),
+            variants=options.grid(ctx),
             frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
-            prefill_s=profiling.prefill_s(ctx),
+            prefill_s=options.prefill_s(ctx),
             last_access_s=ctx.last_access_s,
             # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
             # context pinned after it (the executor defers what a hold forbids, executor.py).

@@ -21,7 +21,7 @@ write such a variant only when it knows
 * for snapkv, the checkpoint in the policy's ``profiling.model_dir``, whose weights recompute
   the queries of the ``N`` tokens' last window (``window.py``).
 
-Until then the placer is not offered the variant (``ProfilingService.grid``).
+Until then the placer is not offered the variant (``ContextOptions.grid``).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def leading_chunks(originals: Sequence[ObjectMeta]) -> tuple[ChunkFormat | None,
     return first, count
 
 
-def plan_form(
+def servable_form_of(
     variant: str,
     originals: Sequence[ObjectMeta],
     agreed_tokens: int,
@@ -189,7 +189,7 @@ class Servability:
         for name in lossy:
             if name != stored_as and parse_variant(name).drops_tokens:
                 agreed = self.agreed(context_id, queries)
-                form = plan_form(name, originals, agreed, self.cards, self.model_dir())
+                form = servable_form_of(name, originals, agreed, self.cards, self.model_dir())
                 if isinstance(form, str):
                     why = why or f"{name}: {form}"
                     continue
@@ -209,7 +209,7 @@ class Servability:
     ) -> ServableForm:
         """The servable form of ``variant`` with its digest, or ``InvalidArgumentError``."""
         agreed = self.agreed(context_id, queries)
-        form = plan_form(variant, originals, agreed, self.cards, self.model_dir())
+        form = servable_form_of(variant, originals, agreed, self.cards, self.model_dir())
         if isinstance(form, str):
             raise InvalidArgumentError(
                 f"context {context_id!r}: {variant} cannot be served: {form}"

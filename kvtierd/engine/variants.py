@@ -27,9 +27,9 @@ from kvtierd.engine.context_kv import (
     encode_variant,
     marker_key,
 )
+from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
-from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.kernels.placeholder import manifest_key
@@ -42,20 +42,20 @@ logger = logging.getLogger(__name__)
 
 class VariantWriter:
     """Writes a context's variants (from its sources, ``ContextIndex.sources``) over the tier
-    mover; the profiling service says which token-dropped forms can be served."""
+    mover; the context options say which token-dropped forms can be served."""
 
     def __init__(
         self,
         *,
         index: ContextIndex,
         mover: TierMover,
-        profiling: ProfilingService,
+        options: ContextOptions,
         tiers: Mapping[str, Tier],
         cpu: CpuTier,
     ) -> None:
         self._index = index
         self._mover = mover
-        self._profiling = profiling
+        self._options = options
         self._tiers = tiers
         self._cpu = cpu
 
@@ -68,7 +68,7 @@ class VariantWriter:
         if variant == ORIGINAL_VARIANT:
             await self._restore_original(ctx, tier)
             return
-        form = self._profiling.servable_form(ctx, variant) \
+        form = self._options.servable_form(ctx, variant) \
             if parse_variant(variant).drops_tokens else None  # fmt: skip
         metas, payloads = await self._mover.read_context_bytes(ctx)
         if form is not None:  # the first N tokens: the part every prompt agreed on
@@ -142,17 +142,17 @@ class VariantWriter:
         ctx.variant = variant
         ctx.marker = (marker, shadow or tier)
         index.marker_owner[marker.key] = ctx.context_id
-        self._profiling.note_form()
+        self._options.changed()  # its form changed
 
     async def _drop_current_form(self, ctx: ContextRecord) -> None:
         """Delete the objects of the context's current form (never its reference copy)."""
         reference = {(m.key, t) for m, t in ctx.reference or ()}
-        for key in list(ctx.keys):
-            obj = self._index.objects.pop(key)
+        gone = [self._index.objects.pop(key) for key in ctx.keys]  # before any await
+        ctx.keys.clear()
+        for obj in gone:
             for where in filter(None, (obj.tier, obj.shadow)):
                 if (obj.meta.key, where) not in reference:
                     await self._mover.remove_from_tier(obj.meta, where, charged=where == obj.tier)
-        ctx.keys.clear()
         if ctx.marker is not None:
             await self._mover.remove_from_tier(*ctx.marker)
             self._index.marker_owner.pop(ctx.marker[0].key, None)
@@ -186,7 +186,7 @@ class VariantWriter:
             ctx.size_bytes = sum(m.size_bytes for m, _ in reference)
             ctx.variant = ORIGINAL_VARIANT
             ctx.reference = None
-            self._profiling.note_form()
+            self._options.changed()  # its form changed
 
     def _marker(self, ctx: ContextRecord, variant: str, encoded: EncodedVariant) -> EncodedObject:
         """The object that marks the new form complete: a token-dropped variant's placeholder

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.utility import dropped_utility, load_ttft_s, utility
@@ -51,16 +51,16 @@ class WriteAdvisor:
         self,
         *,
         index: ContextIndex,
-        profiling: ProfilingService,
+        options: ContextOptions,
         placing: Placing,
         policy: RunningPolicy,
     ) -> None:
         self._index = index
-        self._profiling = profiling
+        self._options = options
         self._placing = placing
         self._policy = policy
         self._prior: dict[str, VariantPrior] = {}
-        self._prior_version = -1  # the profiling version it was computed at
+        self._prior_version = -1  # the options' version it was computed at
         self._prior_count = 0
 
     def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
@@ -81,7 +81,7 @@ class WriteAdvisor:
         if len(prior) <= 1 or size_bytes <= 0:
             why = (
                 "no context is profiled yet"
-                if len(self._profiling.variants()) > 1
+                if len(self._options.variants()) > 1
                 else f"placer {self._placing.name!r} does not compress"
             )
             return WriteAdvice(
@@ -94,7 +94,7 @@ class WriteAdvisor:
         self, context_id: str, prior: dict[str, VariantPrior], num_tokens: int, size_bytes: int
     ) -> WriteAdvice:
         alpha = self._policy.current.alpha
-        prefill = self._profiling.prefill_tokens_s(num_tokens)
+        prefill = self._options.prefill_tokens_s(num_tokens)
         # Frequency is the context's own in every option here, so 1.0 ranks them the same.
         best = (dropped_utility(alpha, prefill, 1.0), ORIGINAL_VARIANT, "")  # recompute when asked
         for tier in self._placing.tier_models():
@@ -116,17 +116,17 @@ class WriteAdvisor:
         """Each variant's quality and size ratio averaged over the profiled contexts;
         recomputed (a pass over every context) only once a profile or a context's form has
         changed since, not on every ``KVStore.Advise``."""
-        profiling = self._profiling
-        version = profiling.version
+        options = self._options
+        version = options.version
         if version == self._prior_version:
             return self._prior
         sums: dict[str, list[float]] = {}
         count = 0
         for ctx in self._index.contexts.values():
-            profiled = profiling.profiled(ctx.context_id)
+            profiled = options.profiled(ctx.context_id)
             if not profiled:
                 continue
-            grid = {v.variant: v for v in profiling.grid(ctx)}
+            grid = {v.variant: v for v in options.grid(ctx)}
             original = grid.get(ORIGINAL_VARIANT)
             if original is None or original.size_bytes <= 0:
                 continue

@@ -145,7 +145,7 @@ class WritePath:
             return
         self._model_cards[card.model] = card
         save_card(self._config.data_dir, card)
-        self._profiling.note_form()
+        self._profiling.options.changed()  # token-dropped variants may be servable now
 
     def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
         """``plan`` (the placer's answer to a context that grew), plus the operation that

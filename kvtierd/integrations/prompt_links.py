@@ -3,7 +3,7 @@
 ``kvtierd router`` registers each real-traffic prompt with the daemon under a request id and
 tags the request with it (``lmcache.tag.kvtierd_request``, ``router/prompts.py``). The daemon
 then needs the context the prompt's chunks belong to: it keeps the prompt's tokens as the
-context's (the ``engine`` evaluator profiles with them) and records the tokens past the
+context's (the ``served`` evaluator profiles with them) and records the tokens past the
 context's end as a real query of it (drift detection, profiling queries).
 
 **Which context.** The daemon splits the prompt at the context's length, so the context must

@@ -2,7 +2,7 @@
 frequency, drift-triggered re-profiling, profiles persisted per context. See docs/profiler.md.
 
 Importing this package loads neither torch nor transformers: the quality evaluators
-(``attention``, ``answer``, ``engine``) are imported on first lookup through
+(``attention``, ``answer``, ``served``) are imported on first lookup through
 :func:`make_evaluator`, the restore-cost measurement imports the kernels when it first runs.
 """
 

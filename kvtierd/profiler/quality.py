@@ -3,8 +3,8 @@
 An evaluator answers "how close is the model's behaviour over a variant's KV to its behaviour
 over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
 (1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`),
-``answer`` (the paper's metric, :mod:`.answer`) and ``engine`` (the same metric measured through
-vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.engine_eval`). Register more in
+``answer`` (the paper's metric, :mod:`.answer`) and ``served`` (the same metric measured through
+vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.served_eval`). Register more in
 :data:`EVALUATORS`; every evaluator is constructed as ``cls(**options)``.
 """
 
@@ -163,7 +163,7 @@ EVALUATORS: Registry[QualityEvaluator] = Registry(
         "answer": "kvtierd.profiler.answer:AnswerEvaluator",
         # A client of the serving stack (daemon through kvtierd.client, router over HTTP): it
         # sits in a layer above this package, which may not import it, so it is found by name.
-        "engine": "kvtierd.integrations.engine_eval:EngineEvaluator",
+        "served": "kvtierd.integrations.served_eval:ServedEvaluator",
     },
     error=InvalidArgumentError,
 )

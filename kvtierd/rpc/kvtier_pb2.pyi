@@ -792,7 +792,7 @@ Global___AddQueriesResponse: _TypeAlias = AddQueriesResponse  # noqa: Y015
 @_typing.final
 class SetContextTokensRequest(_message.Message):
     """The token ids a context was computed from: evaluators that run the model through the serving
-    stack (`engine`) need them. Bounded: at most 1,048,576 ids per request, and per tenant
+    stack (`served`) need them. Bounded: at most 1,048,576 ids per request, and per tenant
     `token_bytes_per_tenant` (docs/daemon.md, Profiling). Three forms:
       context_id + token_ids: the context's tokens (NOT_FOUND for a context the daemon does
         not hold; ids beyond the context's length are not kept);
@@ -1852,7 +1852,7 @@ class ProfileStatusResponse(_message.Message):
     """What the context's next profile would run on; changes as traffic arrives."""
     next_query_source: _builtins.str
     known_tokens: _builtins.int
-    """context token ids registered (the engine evaluator needs them)"""
+    """context token ids registered (the served evaluator needs them)"""
     min_queries: _builtins.int
     """The confidence rule: a profile from fewer than min_queries queries moves no context.
     the policy's profiling.min_queries

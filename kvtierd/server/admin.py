@@ -186,7 +186,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if request.context_id:
             if request.context_id not in self.engine.contexts:
                 raise NotFoundError(f"context {request.context_id!r} not found")
-            upcoming = p.upcoming(request.context_id)
+            upcoming = p.inputs.upcoming(request.context_id)
             if upcoming is not None:
                 resp.next_query_source, resp.next_num_queries, resp.known_tokens = upcoming
             record = p.record(request.context_id)

@@ -198,7 +198,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(
                 f"AddQueries: at most {MAX_QUERIES_PER_REQUEST} queries per request"
             )
-        stored = await self.engine.profiling.add_queries(
+        stored = await self.engine.profiling.inputs.add_queries(
             cid, list(request.texts), request.from_traffic
         )
         return pb.AddQueriesResponse(stored=stored)
@@ -256,14 +256,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 f"context {request.context_id!r} not found: token ids are kept only for a "
                 "context the daemon holds (register them after its put)"
             )
-        profiling = self.engine.profiling
+        inputs = self.engine.profiling.inputs
         if not request.request_id:
-            await profiling.set_tokens(cid, request.token_ids)
+            await inputs.set_tokens(cid, request.token_ids)
         elif request.token_ids:
             rid = caller.scoped(request.request_id)
-            profiling.note_prompt(caller.tenant, rid, request.token_ids)
+            inputs.note_prompt(caller.tenant, rid, request.token_ids)
         else:
-            await profiling.link_prompt(cid, caller.scoped(request.request_id))
+            await inputs.link_prompt(cid, caller.scoped(request.request_id))
         return pb.SetContextTokensResponse()
 
     async def ReportServed(

@@ -44,6 +44,19 @@ def test_validate_needs_no_daemon(ctl: Callable, tmp_path: Path) -> None:
     assert run("policy", "validate", str(tmp_path / "missing.yaml")).code == 5
 
 
+def test_the_old_evaluator_name_is_refused_with_the_new_one(ctl: Callable, tmp_path: Path) -> None:
+    """``evaluator: engine`` (renamed ``served`` in issue 17) is not read as an alias: validate
+    refuses it, naming the file, line and key, the new name and the allowed values."""
+    old = tmp_path / "old.yaml"
+    old.write_text(SERVED_ON_SHIPPED_GRID.replace("evaluator: served", "evaluator: engine"))
+    r = ctl(None)("policy", "validate", str(old))
+    assert (r.code, r.out) == (5, "")
+    assert r.err == (
+        f"kvtierctl: {old}:6: profiling.evaluator: 'engine' was renamed to 'served'; "
+        "allowed values: attention, answer, served\n"
+    )
+
+
 def test_show_apply_and_reject(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable, tmp_path: Path
 ) -> None:
@@ -100,17 +113,17 @@ def test_hot_reload_is_observed_in_placements(
     assert {c["tier"] for c in run("contexts", "ls", "--json").json()} <= {""}
 
 
-ENGINE_ON_SHIPPED_GRID = """\
-name: engine-everything
+SERVED_ON_SHIPPED_GRID = """\
+name: served-everything
 placer: evicpress
 variants:
   methods: [knorm, keydiff, int8, int4, knorm+int8]
 profiling:
-  evaluator: engine
+  evaluator: served
   router_url: http://127.0.0.1:8100
 """
-ENGINE_REFUSED = (
-    "{path}:6: profiling.evaluator: evaluator 'engine' cannot score int8, int4 "
+SERVED_REFUSED = (
+    "{path}:6: profiling.evaluator: evaluator 'served' cannot score int8, int4 "
     "(quantization-only variants, from variants.methods int8, int4, knorm+int8 at ratio 1.0)"
 )
 
@@ -118,26 +131,26 @@ ENGINE_REFUSED = (
 def test_a_grid_the_evaluator_cannot_score_is_refused_at_validate_and_apply(
     start_daemon: Callable[..., DaemonProcess], ctl: Callable, tmp_path: Path
 ) -> None:
-    """``engine`` with the shipped grid failed every profile (``cannot score 'int8'``) after
+    """``served`` with the shipped grid failed every profile (``cannot score 'int8'``) after
     validate and apply had accepted it: both refuse it now, naming variants and evaluator."""
-    path = tmp_path / "engine.yaml"
-    path.write_text(ENGINE_ON_SHIPPED_GRID)
+    path = tmp_path / "served.yaml"
+    path.write_text(SERVED_ON_SHIPPED_GRID)
     d = start_daemon()
     run: Ctl = ctl(d)
     for command in (("validate",), ("apply",), ("apply", "--dry-run")):
         r = run("policy", *command, str(path))
         assert r.code == 5, (command, r.out)
-        assert r.err.startswith(f"kvtierctl: {ENGINE_REFUSED.format(path=path)}"), r.err
-    assert run("policy", "show", "--json").json()["name"] != "engine-everything"
+        assert r.err.startswith(f"kvtierctl: {SERVED_REFUSED.format(path=path)}"), r.err
+    assert run("policy", "show", "--json").json()["name"] != "served-everything"
     # The daemon refuses it too, whoever sends it.
     with KVClient(d.socket_path) as c:
         from kvtierd.errors import InvalidArgumentError
         from kvtierd.rpc import kvtier_pb2 as pb
 
-        req = pb.ApplyPolicyRequest(yaml=ENGINE_ON_SHIPPED_GRID, source="e.yaml")
-        with pytest.raises(InvalidArgumentError, match="engine' cannot score int8, int4"):
+        req = pb.ApplyPolicyRequest(yaml=SERVED_ON_SHIPPED_GRID, source="e.yaml")
+        with pytest.raises(InvalidArgumentError, match="served' cannot score int8, int4"):
             c.call(c.admin.ApplyPolicy, req)
     # Without the quantization-only variants the same evaluator is accepted.
-    path.write_text(ENGINE_ON_SHIPPED_GRID.replace("int8, int4, knorm+int8", "knorm+int8")
+    path.write_text(SERVED_ON_SHIPPED_GRID.replace("int8, int4, knorm+int8", "knorm+int8")
                     .replace("variants:\n", "variants:\n  ratios: [0.5, 0.25]\n"))  # fmt: skip
     assert run("policy", "validate", str(path)).code == 0

@@ -1,4 +1,4 @@
-"""``KVClient.evict``: the Admin call the ``engine`` evaluator and the benchmarks use."""
+"""``KVClient.evict``: the Admin call the ``served`` evaluator and the benchmarks use."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ T = 16
 
 
 class TokenEcho(QualityEvaluator):
-    """Needs token ids, like ``engine``; remembers the ones it was given."""
+    """Needs token ids, like ``served``; remembers the ones it was given."""
 
     name = "test-token-echo"
     needs_token_ids = True
@@ -99,7 +99,7 @@ async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> N
         assert "none were registered" in engine.profiling.last_error
         assert TokenEcho.seen == []
         prompt = tuple(range(100, 100 + T + 5))  # the prompt: the context plus a suffix
-        await engine.profiling.set_tokens("doc", prompt)
+        await engine.profiling.inputs.set_tokens("doc", prompt)
         assert await engine.profiling.profile_context(ctx)
         assert TokenEcho.seen == [prompt[:T]]
     finally:
@@ -119,13 +119,13 @@ async def test_a_linked_prompt_gives_tokens_and_a_traffic_query(tmp_path: Path) 
     try:
         await _put_chunk(engine, "doc")
         prompt = tuple(range(500, 500 + T + 3))
-        engine.profiling.note_prompt("", "req-1", prompt)
-        await engine.profiling.link_prompt("doc", "req-1")
+        engine.profiling.inputs.note_prompt("", "req-1", prompt)
+        await engine.profiling.inputs.link_prompt("doc", "req-1")
         queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
         assert queries.tokens("doc", T) == prompt[:T]
         assert queries.recent("doc") == (ProfilingQuery(token_ids=prompt[T:]),)
         with pytest.raises(errors.NotFoundError, match="no prompt registered"):
-            await engine.profiling.link_prompt("doc", "never-registered")
+            await engine.profiling.inputs.link_prompt("doc", "never-registered")
     finally:
         await engine.close()
 
@@ -203,7 +203,7 @@ async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: P
     await engine.start()
     try:
         await _put_chunk(engine, "doc")
-        await engine.profiling.set_tokens("doc", tuple(range(T)))
+        await engine.profiling.inputs.set_tokens("doc", tuple(range(T)))
         queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
         assert queries.tokens("doc", T)
         await engine.mover.move_context(engine.contexts["doc"], "ssd")

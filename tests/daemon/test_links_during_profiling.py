@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import ClassVar
 
 import pytest
 
@@ -27,6 +28,7 @@ from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
 from tests.daemon.test_profiling_engine import CHUNKS, T, _config, _put_context, _until
 
 RELEASE = threading.Event()
+STARTED = threading.Event()
 
 
 class HeldEvaluator(QualityEvaluator):
@@ -46,9 +48,32 @@ class HeldEvaluator(QualityEvaluator):
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 3)
 
 
+class CountingEvaluator(QualityEvaluator):
+    """Scores over the queries it is given (its result counts them), its first run held until
+    the test lets it."""
+
+    name = "test-counting"
+    runs: ClassVar[list[int]] = []
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        layout: ProfileLayout = DEFAULT_LAYOUT,
+    ) -> QualityResult:
+        if not self.runs:
+            STARTED.set()
+            assert RELEASE.wait(60), "the test never released the profile"
+        self.runs.append(len(queries))
+        scores = MappingProxyType(dict.fromkeys(variants, 1.0))
+        return QualityResult(self.name, scores, len(queries))
+
+
 @pytest.fixture(autouse=True)
 def registered_evaluator() -> Iterator[None]:
-    with EVALUATORS.registered(HeldEvaluator):
+    with EVALUATORS.registered(HeldEvaluator), EVALUATORS.registered(CountingEvaluator):
         yield
 
 
@@ -64,15 +89,45 @@ async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Pat
         await _until(lambda: engine.profiling.profiler is not None and not profiling.done())
         await asyncio.sleep(0.2)  # the profile is on the profiler's thread, held
         prompt = tuple(range(CHUNKS * T + 3))
-        engine.profiling.note_prompt(engine.contexts["doc"].tenant, "req-1", prompt)
-        await asyncio.wait_for(engine.profiling.link_prompt("doc", "req-1"), 5)
-        await asyncio.wait_for(engine.profiling.add_queries("doc", ["more"], True), 5)
+        engine.profiling.inputs.note_prompt(engine.contexts["doc"].tenant, "req-1", prompt)
+        await asyncio.wait_for(engine.profiling.inputs.link_prompt("doc", "req-1"), 5)
+        await asyncio.wait_for(engine.profiling.inputs.add_queries("doc", ["more"], True), 5)
         assert not profiling.done()  # both were recorded while it ran
         profiler = engine.profiling.profiler
         assert (
             profiler is not None and profiler.queries.known_tokens("doc") == CHUNKS * T
         )  # the context's part
         assert len(profiler.queries.recent("doc")) == 2  # the prompt's tail, and "more"
+    finally:
+        RELEASE.set()
+        await engine.close()
+
+
+async def test_queries_that_arrive_during_a_profile_bring_the_next_one(tmp_path: Path) -> None:
+    """A profile from fewer than ``min_queries`` queries is profiled again once traffic brings
+    enough; the queries that arrived while it ran count too. Before, they were checked
+    against no finished profile and forgotten, so the context stayed untrusted until another
+    query came (bench_e2e waited its whole settle for one)."""
+    RELEASE.clear()
+    STARTED.clear()
+    CountingEvaluator.runs.clear()
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        policy = parse_policy(
+            "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling: {min_queries: 3}\n",
+            "p.yaml",
+        )
+        await engine.apply_policy(replace(policy, evaluator=CountingEvaluator.name))
+        await engine.profiling.inputs.add_queries("doc", ["one"], True)  # before it exists
+        await _put_context(engine, "doc")  # the daemon profiles it once it settles
+        assert await asyncio.to_thread(STARTED.wait, 60)
+        await engine.profiling.inputs.add_queries("doc", ["two", "three"], True)
+        RELEASE.set()
+        await _until(lambda: len(CountingEvaluator.runs) >= 2)
+        assert CountingEvaluator.runs == [1, 3]
+        profiler = engine.profiling.profiler
+        await _until(lambda: profiler is not None and profiler.trusted("doc"))
     finally:
         RELEASE.set()
         await engine.close()

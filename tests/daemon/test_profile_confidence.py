@@ -33,7 +33,7 @@ async def test_a_profile_moves_the_context_only_from_min_queries_on(tmp_path: Pa
         # test_profiling_engine.py); the default min_queries is 3
         await _apply_knorm_policy(engine, "  interval_s: 0.2\n")
         # the question first, so that the profile after the put (once it settles) has it
-        await engine.profiling.add_queries("doc", ["a head question"], from_traffic=True)
+        await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=True)
         await _put_context(engine, "doc")
         ctx = engine.contexts["doc"]
         await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
@@ -48,7 +48,7 @@ async def test_a_profile_moves_the_context_only_from_min_queries_on(tmp_path: Pa
         assert {o.variant: o.quality for o in described.options}["knorm@0.5"] == 0.0
 
         # Two more real queries: the daemon profiles it again by itself, and now acts.
-        await engine.profiling.add_queries("doc", ["head 2", "head 3"], from_traffic=True)
+        await engine.profiling.inputs.add_queries("doc", ["head 2", "head 3"], from_traffic=True)
         await _until(lambda: engine.profiling.runs["ok"] >= 2)
         await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
         status = await admin.ProfileStatus(pb.ProfileStatusRequest(context_id="doc"), None)

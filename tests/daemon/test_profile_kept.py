@@ -32,22 +32,22 @@ async def test_a_dropped_context_comes_back_profiled(tmp_path: Path) -> None:
 async def _dropped_and_back(engine: Engine) -> None:
     await _apply_knorm_policy(engine, "  min_queries: 1\n")
     await _put_context(engine, "doc")
-    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
-    before = engine.profiling.profiled("doc")
+    before = engine.profiling.options.profiled("doc")
     assert before["knorm@0.5"].quality > 0.9
-    frequency = engine.profiling.frequency("doc")
+    frequency = engine.profiling.options.frequency("doc")
     assert frequency is not None
 
     assert await engine.evict(["doc"]) == 1  # its bytes are gone from every tier
     assert "doc" not in engine.contexts
     await _put_context(engine, "doc")  # the same prompt computed and stored again
     await engine.executor.idle()
-    assert engine.profiling.profiled("doc") == before  # known at once, not re-measured
-    assert engine.profiling.frequency("doc") == pytest.approx(frequency, rel=1e-3)  # kept
+    assert engine.profiling.options.profiled("doc") == before  # known at once, not re-measured
+    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency, rel=1e-3)  # kept
     ctx = engine.contexts["doc"]
     (lease,) = await engine.get([next(iter(ctx.keys))])  # a load counts on from there
     engine.release([lease.lease_id])
-    assert engine.profiling.frequency("doc") == pytest.approx(frequency + 1, rel=1e-3)
+    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency + 1, rel=1e-3)
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
     assert engine.profiling.runs["ok"] == 1

@@ -115,7 +115,7 @@ async def _put_context(engine: Engine, cid: str) -> None:
         await engine.put_bytes(meta, data)
     card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
     engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
-    await engine.profiling.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
+    await engine.profiling.inputs.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
@@ -158,7 +158,7 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
         engine, "  reprofile_threshold: 0.05\n  interval_s: 0.2\n  min_queries: 1\n"
     )
     await _put_context(engine, "doc")
-    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
@@ -170,7 +170,8 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
 
     # Real traffic now asks about the tail: quality of the placed variant drops.
     (lease,) = await engine.get([next(iter(ctx.keys))])
-    await engine.profiling.add_queries("doc", [f"a tail question {i}" for i in range(3)], True)
+    tail = [f"a tail question {i}" for i in range(3)]
+    await engine.profiling.inputs.add_queries("doc", tail, True)
     await asyncio.sleep(1.0)  # several drift-loop passes while a client holds a lease
     assert engine.profiling.reprofiled == 0, "re-profiling must wait while loads run"
     assert engine.index.placement_of(ctx).variant == "knorm@0.5"
@@ -193,7 +194,7 @@ async def test_write_advice_follows_the_placer(engine: Engine) -> None:
     assert "no context is profiled yet" in before.reason
 
     await _put_context(engine, "doc")
-    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
     ctx = engine.contexts["doc"]
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
     held = advisor.advise("doc", 0, 0)
@@ -233,7 +234,7 @@ async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> No
         meta = ObjectMeta(key=f"doc/{i}", size_bytes=data.nbytes, context_id="doc",
                           variant="int8", layout=fmt.layout(), token_count=T)  # fmt: skip
         await engine.put_bytes(meta, memoryview(data.numpy().tobytes()))
-    sizes = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
+    sizes = {v.variant: v.size_bytes for v in engine.profiling.options.grid(ctx)}
     assert sizes["none"] == (CHUNKS + 2) * CHUNK_BYTES
 
 
@@ -252,7 +253,7 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
     # On a loaded machine the daemon's own loop may profile the settled context first (the
     # test's call then reuses that profile): every evaluation, whoever ran it, saw chunks
     assert seen and {x.chunk_tokens for x in seen} == {T}
-    grid = {v.variant: v.size_bytes for v in engine.profiling.grid(ctx)}
+    grid = {v.variant: v.size_bytes for v in engine.profiling.options.grid(ctx)}
     record = engine.profiling.record("doc")
     assert record is not None
     profiled = {v.variant: v.size_bytes for v in record.profile.variants}

@@ -20,7 +20,7 @@ from kvtierd.kernels.placeholder import ModelCard, manifest_key, model_card_key
 from kvtierd.kernels.rope import RopeSpec, rotate_keys
 from kvtierd.policies.loader import parse_policy
 from kvtierd.router_protocol import context_digest
-from kvtierd.types import ObjectMeta
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, Operation, OpKind, Placement
 from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
     CHUNKS,
     MODEL,
@@ -29,6 +29,7 @@ from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fix
     L,
     T,
     TailTopicEvaluator,
+    _put_context,
     _until,
     registered_evaluators,  # noqa: F401
 )
@@ -68,7 +69,7 @@ async def _put_int8_context(engine: Engine, cid: str) -> torch.Tensor:
         await engine.put_bytes(meta, memoryview(data))
     card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
     engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
-    await engine.profiling.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
+    await engine.profiling.inputs.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
     return torch.cat(chunks, dim=2)
 
 
@@ -128,10 +129,10 @@ async def test_evicpress_profiles_an_int8_only_context(engine: Engine) -> None:
     ctx = engine.contexts["doc"]
     options = [v.variant for v in engine.placing.profile(ctx).variants]
     assert options == ["int8", "knorm@0.5+int8", "int4"]  # not none, not knorm@0.5
-    await engine.profiling.add_queries("doc", ["a head question"], from_traffic=False)
+    await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
     assert engine.profiling.runs["failed"] == 0
-    profiled = engine.profiling.profiled("doc")
+    profiled = engine.profiling.options.profiled("doc")
     assert profiled["knorm@0.5+int8"].quality == pytest.approx(0.95)
     assert profiled["int8"].quality == 1.0  # its own form, scored against itself
     assert profiled["int8"].restore_s > 0  # dequantizing it is timed like any int8
@@ -175,3 +176,25 @@ async def test_a_crash_before_the_int8_chunks_went_leaves_the_variant(tmp_path: 
         assert {m.key for m in engine.tiers["ssd"].metas()} & {m.key for m, _ in left} == set()
     finally:
         await engine.close()
+
+
+async def test_a_compression_to_the_form_it_has_is_a_move(engine: Engine) -> None:
+    """A plan queued before the context took its form asks to compress it to that form in
+    another tier (e2e EvicPress run: "object '<ctx>\\0int8' is already in tier 'cpu'", or an
+    int8 context quantized twice). The executor moves it, bytes unchanged."""
+    await _put_context(engine, "doc")
+    await engine.executor.idle()
+    ctx = engine.contexts["doc"]
+    where = engine.index.placement_of(ctx)
+    other = "ssd" if where.tier == "cpu" else "cpu"
+    original = Placement(ORIGINAL_VARIANT, where.tier)
+    await engine.executor.apply(Operation(OpKind.COMPRESS, "doc", original,
+                                          Placement("int8", where.tier)))  # fmt: skip
+    assert ctx.variant == "int8" and not engine.executor.failed
+    before = {k: bytes(await engine.mover.copy_out(engine.index.objects[k])) for k in ctx.keys}
+    for tier in (where.tier, other):  # where it is (the error), and elsewhere (quantized again)
+        stale = Operation(OpKind.COMPRESS, "doc", original, Placement("int8", tier))
+        await engine.executor.apply(stale)
+        assert engine.index.placement_of(ctx) == Placement("int8", tier)
+        got = {k: bytes(await engine.mover.copy_out(engine.index.objects[k])) for k in ctx.keys}
+        assert got == before and not engine.executor.failed

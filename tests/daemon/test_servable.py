@@ -12,8 +12,8 @@ from kvtierd.engine.servable import (
     ServableForm,
     agreed_prefix,
     load_cards,
-    plan_form,
     save_card,
+    servable_form_of,
 )
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
@@ -73,16 +73,16 @@ def test_cards_are_kept_in_the_data_dir(tmp_path: Path) -> None:
 def test_reasons_a_variant_cannot_be_served_yet(
     originals: list[ObjectMeta], agreed: int, cards: dict[str, ModelCard], variant: str, why: str
 ) -> None:
-    form = plan_form(variant, originals, agreed, cards)
+    form = servable_form_of(variant, originals, agreed, cards)
     assert isinstance(form, str) and why in form, form
 
 
 def test_the_form_covers_the_agreed_whole_chunks() -> None:
-    form = plan_form("knorm@0.5", chunks(4), 3 * T + 5, {MODEL: CARD})
+    form = servable_form_of("knorm@0.5", chunks(4), 3 * T + 5, {MODEL: CARD})
     assert form == ServableForm(MODEL, 3 * T, 3, T, H, 2 * T, CARD)  # 24 -> 2 whole chunks
     # a chunk of another size ends the run of leading chunks
     mixed = chunks(2) + chunks(1, tokens=8)
-    assert isinstance(f := plan_form("knorm@0.5", mixed, 100, {MODEL: CARD}), ServableForm)
+    assert isinstance(f := servable_form_of("knorm@0.5", mixed, 100, {MODEL: CARD}), ServableForm)
     assert (f.num_chunks, f.num_tokens) == (2, 2 * T)
 
 

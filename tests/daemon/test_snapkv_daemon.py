@@ -110,7 +110,7 @@ async def test_the_placer_builds_snapkv_with_the_prefills_own_queries(
     ids = [3 + (37 * i) % (VOCAB - 3) for i in range(N)]
     kv = prefill(tiny, ids)
     await put_lmcache_context(engine, "doc", str(tiny), kv)
-    await engine.profiling.set_tokens("doc", ids)
+    await engine.profiling.inputs.set_tokens("doc", ids)
     policy = f"placer: fixed\nvariant: snapkv@0.5\nprofiling:\n  model_dir: {tiny}\n"
     await engine.apply_policy(parse_policy(policy, "snapkv.yaml"))
     await engine.executor.idle()
@@ -139,7 +139,7 @@ async def test_snapkv_is_profiled_with_recomputed_queries_and_left_out_without_i
     for cid, known in (("known", ids), ("unknown", [])):
         await put_lmcache_context(engine, cid, str(tiny), kv)
         if known:
-            await engine.profiling.set_tokens(cid, known)
+            await engine.profiling.inputs.set_tokens(cid, known)
         assert await engine.profiling.profile_context(engine.contexts[cid], question)
     profiled = {
         cid: {v.variant: v.quality for v in engine.profiling.record(cid).profile.variants}

@@ -204,7 +204,7 @@ def test_registry_rejects_duplicates_and_lists_known_names() -> None:
     assert evaluator_class("attention").name == "attention"
     assert evaluator_class("answer").name == "answer"
     with EVALUATORS.registered(TopicEvaluator):
-        assert {"attention", "answer", "engine", "test-topic"} <= set(EVALUATORS.names())
+        assert {"attention", "answer", "served", "test-topic"} <= set(EVALUATORS.names())
         with pytest.raises(ValueError, match="'test-topic' is already registered"):
             EVALUATORS.register(TopicEvaluator)
     assert "test-topic" not in EVALUATORS.names()

@@ -1,6 +1,6 @@
 """Prompts the router registers with the daemon, so that it can profile what they read.
 
-The daemon's ``engine`` evaluator needs a context's token ids and real queries of it; LMCache
+The daemon's ``served`` evaluator needs a context's token ids and real queries of it; LMCache
 gives the daemon only chunk hashes. The router knows each prompt's tokens but not the context
 ids LMCache's chunks are stored under; the LMCache plugin knows those but never sees tokens.
 So the router registers the prompt under a fresh request id (``KVStore.SetContextTokens``,

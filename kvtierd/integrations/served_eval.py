@@ -1,4 +1,4 @@
-"""``engine``: answer similarity measured on the serving stack itself (vLLM via ``kvtierd router``).
+"""``served``: answer similarity measured on the serving stack itself (vLLM via ``kvtierd router``).
 
 For each profiling query, the answer vLLM generates (greedy, ``max_new_tokens``) for
 ``context + query`` with the full context, against the answer it generates when the context is
@@ -13,7 +13,7 @@ not import) and to the router over HTTP. The profiler's registry finds it by mod
 first lookup (:func:`kvtierd.profiler.quality.evaluator_class`), so the daemon's profiler builds
 it like any other evaluator.
 
-Each call of :meth:`EngineEvaluator.evaluate` works in a profiling **scope** of its own
+Each call of :meth:`ServedEvaluator.evaluate` works in a profiling **scope** of its own
 (``kvtierd.router_protocol``): the variants it stores have a context identity no production
 prompt is ever rewritten to (other manifest keys, other placeholder ids), and they are stored
 side by side, one manifest per variant, so they are scored concurrently. Steps:
@@ -69,7 +69,7 @@ from kvtierd.variants import parse_variant
 _T = TypeVar("_T")
 
 QUANT_ONLY_REFUSED = (
-    "the engine evaluator cannot score {v!r}: the plugin stores a quantization-only variant "
+    "the served evaluator cannot score {v!r}: the plugin stores a quantization-only variant "
     "under the context's own LMCache chunk keys, so (1) nothing in vLLM's answer tells a "
     "quantized load from a re-prefill or a vLLM prefix-cache hit, (2) a context whose chunks "
     "are cached is never re-stored quantized, and (3) while it is stored, production requests "
@@ -123,7 +123,7 @@ class _Run:
     prompts: tuple[tuple[int, ...], ...]
 
 
-class EngineEvaluator(QualityEvaluator):
+class ServedEvaluator(QualityEvaluator):
     """Answer similarity through vLLM and ``kvtierd router`` (module docstring).
 
     ``router_url``: the router; ``vllm_url``: vLLM itself, only to tokenize text-only queries;
@@ -132,7 +132,7 @@ class EngineEvaluator(QualityEvaluator):
     default), used to evict the variants this evaluator stores (``KVClient.evict``).
     """
 
-    name = "engine"
+    name = "served"
     needs_token_ids = True
 
     def __init__(
@@ -148,7 +148,7 @@ class EngineEvaluator(QualityEvaluator):
         embedder: MiniLmEmbedder | None = None,
     ) -> None:
         if not router_url:
-            raise InvalidArgumentError("the engine evaluator needs router_url (kvtierd router)")
+            raise InvalidArgumentError("the served evaluator needs router_url (kvtierd router)")
         if max_new_tokens < 1 or max_concurrency < 1 or not timeout_s > 0:
             raise InvalidArgumentError(
                 f"max_new_tokens and max_concurrency must be >= 1 and timeout_s > 0, got "
@@ -177,7 +177,7 @@ class EngineEvaluator(QualityEvaluator):
         unused: the stack compresses with its own."""
         context = self._context_ids(kv)
         if not queries:
-            raise InvalidArgumentError("the engine evaluator needs at least one profiling query")
+            raise InvalidArgumentError("the served evaluator needs at least one profiling query")
         names = {v: scorable_variant(v) for v in variants}
         text_only = [q.text for q in queries if not q.token_ids]
         if text_only and not self.vllm_url:
@@ -203,7 +203,7 @@ class EngineEvaluator(QualityEvaluator):
     def _context_ids(kv: ContextKV) -> list[int]:
         if not kv.token_ids:
             raise InvalidArgumentError(
-                "the engine evaluator needs the context's token ids (ContextKV.token_ids): it "
+                "the served evaluator needs the context's token ids (ContextKV.token_ids): it "
                 "sends the context to vLLM as tokens; a KV cache alone cannot be served"
             )
         if len(kv.token_ids) != kv.num_tokens:
@@ -289,7 +289,7 @@ class EngineEvaluator(QualityEvaluator):
         """``calls``, ``max_concurrency`` at a time (vLLM batches them), results in order; all
         have finished when the first error is raised."""
         workers = min(self.max_concurrency, len(calls))
-        with ThreadPoolExecutor(workers, thread_name_prefix="kvtierd-engine-eval") as pool:
+        with ThreadPoolExecutor(workers, thread_name_prefix="kvtierd-served-eval") as pool:
             futures = [pool.submit(c) for c in calls]
             return [f.result() for f in futures]
 

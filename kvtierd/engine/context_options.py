@@ -1,0 +1,235 @@
+"""What the placer is offered for each context (EvicPress §4.1, §4.2): the variants it can be
+stored as, with exact sizes and, once profiled, quality and restore cost; what recomputing it
+costs; how often it is read. Worked out from the context's sources (``ContextIndex.sources``),
+the running policy's grid, what can be served (``servable.py``) and the profiler's records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.servable import Servability, ServableForm
+from kvtierd.engine.state import ContextRecord, RunningPolicy
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.sizes import DTYPE_BYTES, count_unit, variant_size_bytes
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
+
+if TYPE_CHECKING:
+    from kvtierd.profiler import ProfileLayout, Profiler
+
+UNKNOWN_PREFILL_S = 60.0
+"""Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
+
+Geometry = tuple[ChunkFormat | None, int, int]
+"""Chunk format, token count and original bytes of a context's sources."""
+
+
+class ContextOptions:
+    """The options of the contexts of ``index`` under the running ``policy``: their grid
+    (servable variants as ``servable`` says), sized from their sources and priced with what
+    the current ``profiler()`` measured (``None`` before it is configured)."""
+
+    def __init__(
+        self,
+        *,
+        index: ContextIndex,
+        policy: RunningPolicy,
+        servable: Servability,
+        profiler: Callable[[], Profiler | None],
+    ) -> None:
+        self._index = index
+        self._policy = policy
+        self._servability = servable
+        self._profiler = profiler
+        self._variants: list[str] = []
+        self._variants_of: object = None
+        self._geometry_cache: dict[str, tuple[tuple[str, int, int], Geometry]] = {}
+        # Bumped when a profile appears, goes, or a context changes form (its grid may
+        # shrink to the form it has): what derived figures (the write advice's prior) key on.
+        self.version = 0
+
+    def changed(self) -> None:
+        """Some context's options changed (see :attr:`version`)."""
+        self.version += 1
+
+    def forget(self, context_id: str) -> None:
+        """A context's bytes are gone."""
+        self.version += 1
+        self._geometry_cache.pop(context_id, None)
+
+    def variants(self) -> list[str]:
+        """The running policy's grid (cached per policy)."""
+        policy = self._policy.current
+        if self._variants_of is not policy:
+            names = dict.fromkeys([*policy.variants, policy.fixed_variant])
+            self._variants = [n for n in names if n]
+            self._variants_of = policy
+        return self._variants
+
+    def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
+        """The context's variants with exact sizes and, once profiled, quality and restore:
+        what the executor can make from its sources (``ContextIndex.sources``). The whole grid
+        while the original is at hand (stored, or kept as a reference copy). A context kept
+        only quantized (int8, no reference copy) is its own source: its form first, then the
+        variants quantized the same or coarser (``index.derivable``), never the original,
+        which cannot be restored. Its profile measures quality against its dequantized KV, so
+        the quantization's own loss is not in it (measured lossless-equivalent for int8 on
+        SmolLM2, benchmarks/RESULTS.md). A token-dropped form without a reference copy has
+        only itself."""
+        variants = self.variants()
+        if len(variants) <= 1:  # eviction-only policy: nothing to size (the put path is hot)
+            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+        fmt, tokens, original_bytes = self.geometry_of(ctx)
+        if fmt is None:
+            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+        profiled = self.profiled(ctx.context_id)
+        own = self._index.self_sourced(ctx)
+        out = [] if own else [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
+        for name in self.servable_variants(ctx, variants):
+            layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
+            size = variant_size_bytes(
+                layers, heads, dim, tokens, _dtype_bytes(fmt.dtype), name,
+                chunk_tokens=count_unit(name, fmt.shape[2]),
+            )  # fmt: skip
+            known = profiled.get(name)
+            # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
+            # a fixed-variant placer ignores quality. A self-sourced form is what its profile
+            # is measured against: 1, as the original of any other context.
+            unknown = 1.0 if own and name == ctx.variant else 0.0
+            quality, restore = (known.quality, known.restore_s) if known else (unknown, 0.0)
+            out.append(VariantProfile(name, size, quality, restore))
+        return tuple(out)
+
+    def servable_variants(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
+        """The lossy ``variants`` the context can be stored as (servable.py); for a
+        self-sourced context its own form first and those it can make (:meth:`grid`)."""
+        lossy = [v for v in variants if v != ORIGINAL_VARIANT]
+        if self._index.self_sourced(ctx):
+            made = (v for v in lossy if self._index.can_make(ctx, v))
+            lossy = list(dict.fromkeys((ctx.variant, *made)))
+        profiler = self._profiler()
+        if profiler is None:
+            return lossy
+        return self._servability.options(ctx.context_id, ctx.variant, lossy, self.sources(ctx),
+                                         profiler.queries)  # fmt: skip
+
+    def servable_form(self, ctx: ContextRecord, variant: str) -> ServableForm:
+        """The servable form of ``variant`` with its digest, or ``InvalidArgumentError`` with
+        why the daemon cannot write it (servable.py)."""
+        profiler = self._profiler()
+        if profiler is None:
+            raise InvalidArgumentError("the profiler, which keeps token ids, is not configured")
+        queries = profiler.queries
+        return self._servability.form(ctx.context_id, variant, self.sources(ctx), queries)
+
+    def sources(self, ctx: ContextRecord) -> list[ObjectMeta]:
+        """The chunks the context's variants are made from (``ContextIndex.sources``)."""
+        return [obj.meta for obj in self._index.sources(ctx)]
+
+    def profiled_variants(self, ctx: ContextRecord) -> list[str]:
+        """The grid a profile scores: the policy's, and a self-sourced context's own form (an
+        option of its, which the policy's grid may not name: its quality and restore cost)."""
+        own = [ctx.variant] if self._index.self_sourced(ctx) else []
+        return list(dict.fromkeys([*self.variants(), *own]))
+
+    def unchoosable(self, ctx: ContextRecord) -> str:
+        """Why a profile of the context would have nothing to choose between (``""``: it
+        would). A self-sourced form (int8 only) is profiled against its dequantized KV
+        (:meth:`grid`) when the policy names a variant that can be made from it."""
+        if self.geometry_of(ctx)[0] is None:  # a token-dropped form, no reference copy
+            return "its original is not kept"
+        own = self._index.self_sourced(ctx)
+        if own and not any(v != ctx.variant and self._index.can_make(ctx, v)
+                           for v in self.variants()):  # fmt: skip
+            return "its original is not kept, and the policy names no variant made from it"
+        return ""
+
+    def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
+        """How the context's variants are stored: in chunks of its objects' size, so the
+        quality the profiler measures is that of the variant the executor will write."""
+        from kvtierd.profiler import ProfileLayout
+
+        fmt, _, _ = self.geometry_of(ctx)
+        return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
+
+    def geometry_of(self, ctx: ContextRecord) -> Geometry:
+        """Chunk format, token count and bytes of the context's original (of its sources:
+        quantized chunks count as the original they dequantize to); cached until the
+        context gains objects or changes form (a put of chunk k would otherwise re-parse the
+        k layouts before it). The stamp is read off the record, not off :meth:`sources`:
+        listing the sources to check the cache is itself a pass over the context's keys."""
+        stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()))
+        cached = self._geometry_cache.get(ctx.context_id)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        value = _geometry(self.sources(ctx))
+        self._geometry_cache[ctx.context_id] = (stamp, value)
+        return value
+
+    def profiled(self, context_id: str) -> dict[str, VariantProfile]:
+        """The context's profiled variants, as far as they may move it: none while its profile
+        is below ``min_queries`` (it then keeps the original, as an unprofiled context)."""
+        profiler = self._profiler()
+        if profiler is None or not profiler.trusted(context_id):
+            return {}
+        try:
+            profile = profiler.profile_of(context_id)
+        except KeyError:
+            return {}
+        return {v.variant: v for v in profile.variants}
+
+    def prefill_s(self, ctx: ContextRecord) -> float:
+        """Seconds to recompute the context when dropped: profiled; else from its token count
+        (chunk layouts, or the objects' ``token_count``); else :data:`UNKNOWN_PREFILL_S` — an
+        object whose tokens nobody told us cannot be assumed cheap to recompute (with 0, a
+        quality-seeking placer would rate dropping it as good as storing it)."""
+        profiler = self._profiler()
+        if profiler is None:
+            return UNKNOWN_PREFILL_S
+        _, tokens, _ = self.geometry_of(ctx)
+        if not tokens:
+            tokens = sum(self._index.objects[k].meta.token_count for k in ctx.keys)
+        if tokens:  # at today's prefill speed, which served requests may have taught since
+            return profiler.ttft.prefill_s(tokens)
+        with contextlib.suppress(KeyError):
+            return profiler.profile_of(ctx.context_id).prefill_s
+        return UNKNOWN_PREFILL_S
+
+    def prefill_tokens_s(self, tokens: int) -> float:
+        """Seconds to prefill ``tokens`` tokens (:data:`UNKNOWN_PREFILL_S` when not known)."""
+        profiler = self._profiler()
+        if profiler is None or tokens <= 0:
+            return UNKNOWN_PREFILL_S
+        return profiler.ttft.prefill_s(tokens)
+
+    def frequency(self, context_id: str) -> float | None:
+        profiler = self._profiler()
+        if profiler is None:
+            return None
+        f = profiler.frequency.frequency(context_id, time.time())
+        return f if f > 0 else None
+
+
+def _geometry(metas: list[ObjectMeta]) -> Geometry:
+    """Chunk format, tokens and original bytes; a chunk stored quantized counts with the
+    bytes its original would have."""
+    tokens, nbytes, fmt = 0, 0, None
+    for meta in metas:
+        try:
+            fmt = ChunkFormat.parse(meta.layout)
+        except CorruptObjectError:
+            return None, 0, 0
+        tokens += fmt.shape[2]
+        dense = math.prod(fmt.shape) * _dtype_bytes(fmt.dtype)
+        nbytes += dense if fmt.quant else meta.size_bytes
+    return fmt, tokens, nbytes
+
+
+def _dtype_bytes(name: str) -> int:
+    return int(DTYPE_BYTES.get(name, 2))  # a layout's dtype is not validated: 16-bit if unknown

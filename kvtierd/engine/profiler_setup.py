@@ -1,0 +1,49 @@
+"""The profiler a policy asks for: its quality evaluator, built with the options the policy
+gives it (the one place where policy keys become evaluator options), and the TTFT model that
+prices restore and prefill."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtierd.config import DaemonConfig
+from kvtierd.policy_config import PolicyConfig
+from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.profiler.yield_gate import YieldGate
+
+if TYPE_CHECKING:
+    from kvtierd.profiler import Profiler
+
+
+def evaluator_options(policy: PolicyConfig, daemon_socket: str) -> dict[str, str]:
+    """What the policy's evaluator is built with (``make_evaluator``): ``answer`` decodes with
+    the policy's model; ``served`` asks the policy's router (and vLLM) and evicts what it
+    stored from the daemon at ``daemon_socket``; ``attention`` needs nothing."""
+    return {
+        "answer": {"model_path": policy.evaluator_model_dir},
+        "served": {"router_url": policy.evaluator_router_url,
+                   "vllm_url": policy.evaluator_vllm_url,
+                   "daemon_socket": daemon_socket},
+    }.get(policy.evaluator, {})  # fmt: skip
+
+
+def make_profiler(
+    policy: PolicyConfig,
+    config: DaemonConfig,
+    *,
+    prefill_fit: PrefillFit,
+    yield_gate: YieldGate,
+    is_busy: Callable[[], bool],
+) -> Profiler:
+    """A profiler for ``policy`` (not loaded yet), keeping its files in the daemon's
+    ``data_dir``; its evaluator's steps wait at ``yield_gate`` while requests are served."""
+    from kvtierd.profiler import Profiler, TtftModel, make_evaluator
+
+    # Restore and prefill times; the load times are the tiers' own (``tier_models``).
+    ttft = TtftModel(prefill_tokens_per_s=config.prefill_tokens_per_s, fit=prefill_fit)
+    evaluator = make_evaluator(policy.evaluator, evaluator_options(policy, config.socket_path))
+    evaluator.yield_gate = yield_gate
+    directory = Path(config.data_dir) / "profiler"
+    return Profiler(evaluator, ttft, policy=policy, directory=directory, is_busy=is_busy)
