@@ -44,3 +44,28 @@ def test_hand_built_data_frames_are_valid_protobuf():
         assert view is not None and bytes(view) == payload
     header = pb.GetChunk(info=pb.ObjectInfo(tier="cpu")).SerializeToString()
     assert data_of(header) is None
+
+
+def test_the_deprecated_plan_messages_are_advises_field_for_field():
+    """``KVStore.Plan`` (Advise's name before issue 17) stays in v1 for one release, answered
+    by Advise's handler, which reads Plan's bytes as Advise's messages and back: that is
+    lossless only while every pair has the same field numbers, types and labels."""
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    def fields(message):
+        return [
+            (f.number, f.type, f.is_repeated, f.message_type.name if f.message_type else "")
+            for f in message.DESCRIPTOR.fields
+        ]
+
+    pairs = [(pb.PlanQuery, pb.AdviseQuery), (pb.PlanRequest, pb.AdviseRequest),
+             (pb.ContextPlan, pb.WriteAdvice), (pb.PlanResponse, pb.AdviseResponse)]  # fmt: skip
+    renamed = {"PlanQuery": "AdviseQuery", "ContextPlan": "WriteAdvice"}
+    for old, new in pairs:
+        assert [(*f[:3], renamed.get(f[3], f[3])) for f in fields(old)] == fields(new)
+        assert old.DESCRIPTOR.GetOptions().deprecated and not new.DESCRIPTOR.GetOptions().deprecated
+    service = pb.DESCRIPTOR.services_by_name["KVStore"]
+    plan, advise = service.methods_by_name["Plan"], service.methods_by_name["Advise"]
+    assert (plan.input_type.name, plan.output_type.name) == ("PlanRequest", "PlanResponse")
+    assert (advise.input_type.name, advise.output_type.name) == ("AdviseRequest", "AdviseResponse")
+    assert plan.GetOptions().deprecated and not advise.GetOptions().deprecated

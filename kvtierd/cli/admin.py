@@ -20,6 +20,7 @@ from kvtierd.cli.output import (
     human_seconds,
     to_dict,
 )
+from kvtierd.client.common import advise_request
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -213,29 +214,35 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
     return ExitCode.OK
 
 
-def run_contexts_plan(args: argparse.Namespace, out: Output) -> ExitCode:
+def run_contexts_advise(args: argparse.Namespace, out: Output) -> ExitCode:
     if args.tokens < 0:
         raise CliError(ExitCode.USAGE, f"--tokens must be >= 0, got {args.tokens}")
     try:
         size = parse_size(args.size, "--size")
     except ConfigError as e:
         raise CliError(ExitCode.USAGE, str(e)) from e
-    query = pb.PlanQuery(context_id=args.context_id, num_tokens=args.tokens, size_bytes=size)
+    request = advise_request(args.context_id, args.tokens, size)
     with connect(args) as conn:
-        (plan,) = conn.call(conn.kv.Plan, pb.PlanRequest(contexts=[query])).plans
+        (advice,) = conn.call(conn.kv.Advise, request).advice
     if out.as_json:
-        out.json(to_dict(plan))
+        out.json(to_dict(advice))
         return ExitCode.OK
     out.fields(
-        f"write advice for {plan.context_id}",
+        f"write advice for {advice.context_id}",
         [
-            ("variant", plan.variant),
-            ("tier", plan.tier or "-"),
-            ("source", plan.source),
-            ("why", plan.reason),
+            ("variant", advice.variant),
+            ("tier", advice.tier or "-"),
+            ("source", advice.source),
+            ("why", advice.reason),
         ],
     )
     return ExitCode.OK
+
+
+def run_contexts_plan(args: argparse.Namespace, out: Output) -> ExitCode:
+    """``contexts plan``: ``contexts advise`` under its name before issue 17, kept one release."""
+    out.note("`contexts plan` is deprecated: it is `contexts advise` now (same options and output)")
+    return run_contexts_advise(args, out)
 
 
 def _option_row(o: pb.PlacementOption, s: pb.ContextSummary) -> tuple[object, ...]:

@@ -46,9 +46,19 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
 
 
 def _command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, run: Handler, help: str
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    run: Handler,
+    help: str,
+    *,
+    listed: bool = True,
 ) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help, description=help)
+    """A subcommand; ``listed=False`` leaves it out of its parent's help (a deprecated name:
+    argparse prints ``help=SUPPRESS`` as the text ``==SUPPRESS==`` before Python 3.13)."""
+    if listed:
+        p = sub.add_parser(name, help=help, description=help)
+    else:
+        p = sub.add_parser(name, description=help)
     _common(p, top=False)
     p.set_defaults(run=run)
     return p
@@ -100,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ctx = sub.add_parser("contexts", help="list cached contexts, show one, or plan its form")
-    csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show|plan")
+    ctx = sub.add_parser("contexts", help="list cached contexts, show one, or advise its form")
+    csub = ctx.add_subparsers(dest="contexts_command", required=True, metavar="ls|show|advise")
     p = _command(csub, "ls", admin.run_contexts_ls, "list contexts (sortable, filterable)")
     p.add_argument("--tier", help="only contexts placed in this tier")
     p.add_argument(
@@ -121,10 +131,16 @@ def _contexts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         csub, "show", admin.run_contexts_show, "variants, utility table, placement and why"
     )
     p.add_argument("context_id")
-    p = _command(csub, "plan", admin.run_contexts_plan, "the variant a writer should store it in")
-    p.add_argument("context_id")
-    p.add_argument("--tokens", type=int, default=0, help="its length, for a context not held")
-    p.add_argument("--size", default="0", help="its original KV bytes (e.g. 64MiB)")
+    advise = "the variant a writer should store it in (the daemon's write advice)"
+    renamed = "deprecated: the name of `contexts advise` before it was renamed, kept one release"
+    for name, run, help in (
+        ("advise", admin.run_contexts_advise, advise),
+        ("plan", admin.run_contexts_plan, renamed),
+    ):
+        p = _command(csub, name, run, help, listed=name == "advise")
+        p.add_argument("context_id")
+        p.add_argument("--tokens", type=int, default=0, help="its length, for a context not held")
+        p.add_argument("--size", default="0", help="its original KV bytes (e.g. 64MiB)")
 
 
 def _policy(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

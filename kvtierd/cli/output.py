@@ -114,6 +114,11 @@ class Output:
         """One line on stderr, unwrapped, so scripts and logs get it whole."""
         sys.stderr.write(f"{self.prog}: {message}\n")
 
+    def note(self, message: str) -> None:
+        """A remark beside the result (e.g. a renamed command), on stderr so that stdout stays
+        what scripts parse."""
+        sys.stderr.write(f"{self.prog}: note: {message}\n")
+
     @contextmanager
     def working(self, what: str) -> Iterator[None]:
         """A spinner while a long request runs; nothing for JSON or when piped."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +15,11 @@ from grpc import aio
 from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes, new_array
 from kvtierd.client.common import (
     CHANNEL_OPTIONS,
+    PLAN_RENAMED,
     STREAM_CHUNK_BYTES,
     Endpoint,
     LookupResult,
+    advise_request,
     domain_error,
     lookup_result,
     spec,
@@ -65,6 +68,7 @@ class AsyncKVClient:
         )
         self._arena = ArenaMap()
         self._device_pools = DevicePools()
+        self._plan_warned = False
 
     async def close(self) -> None:
         self._arena.close()
@@ -213,12 +217,23 @@ class AsyncKVClient:
         resp: pb.ReportServedResponse = await self.call(self.kv.ReportServed, req)
         return resp
 
+    async def advise(
+        self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
+    ) -> pb.WriteAdvice:
+        """The daemon's write advice for ``context_id`` (:meth:`KVClient.advise`)."""
+        request = advise_request(context_id, num_tokens, size_bytes)
+        resp: pb.AdviseResponse = await self.call(self.kv.Advise, request)
+        return resp.advice[0]
+
     async def plan(
         self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
-    ) -> pb.ContextPlan:
-        query = pb.PlanQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
-        resp: pb.PlanResponse = await self.call(self.kv.Plan, pb.PlanRequest(contexts=[query]))
-        return resp.plans[0]
+    ) -> pb.WriteAdvice:
+        """Deprecated: :meth:`advise` under its name before issue 17, kept one release; warns
+        (``DeprecationWarning``) on this client's first call."""
+        if not self._plan_warned:
+            self._plan_warned = True
+            warnings.warn(PLAN_RENAMED, DeprecationWarning, stacklevel=2)
+        return await self.advise(context_id, num_tokens, size_bytes)
 
     async def status(self) -> pb.StatusResponse:
         resp: pb.StatusResponse = await self.call(self.admin.Status, pb.StatusRequest())

@@ -73,6 +73,20 @@ class Endpoint:
         return creds
 
 
+PLAN_RENAMED = (
+    "KVClient.plan() / AsyncKVClient.plan() is deprecated: call advise() (KVStore.Advise), the "
+    "write advice's new name; plan() will be removed in the next release"
+)
+"""What the clients' ``plan()`` warns, once per client: since issue 17 "plan" names only a
+placer's list of operations (docs/vocabulary.md)."""
+
+
+def advise_request(context_id: str, num_tokens: int, size_bytes: int) -> pb.AdviseRequest:
+    """The ``KVStore.Advise`` request for one context (docs/daemon.md, "Write advice")."""
+    query = pb.AdviseQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
+    return pb.AdviseRequest(contexts=[query])
+
+
 GET_STREAM = "/kvtierd.v1.KVStore/GetStream"
 PUT_STREAM = "/kvtierd.v1.KVStore/PutStream"
 

@@ -5,6 +5,7 @@ daemon on another host (bytes streamed in 4 MiB chunks)."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,10 +16,12 @@ from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes,
 from kvtierd.client.common import (
     CHANNEL_OPTIONS,
     GET_STREAM,
+    PLAN_RENAMED,
     PUT_STREAM,
     STREAM_CHUNK_BYTES,
     Endpoint,
     LookupResult,
+    advise_request,
     decode_get_chunk,
     domain_error,
     encode_put_chunk,
@@ -84,6 +87,7 @@ class KVClient:
         self._arena = ArenaMap()
         self._device_pools = DevicePools()
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
+        self._plan_warned = False
 
     def close(self) -> None:
         self._copier.shutdown()
@@ -234,12 +238,21 @@ class KVClient:
         req = pb.SetContextTokensRequest(context_id=context_id, request_id=request_id)
         self.call(self.kv.SetContextTokens, req)
 
-    def plan(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.ContextPlan:
-        """The variant to store ``context_id`` in (``docs/daemon.md``, write advice); the
-        sizes matter only for a context the daemon does not hold yet."""
-        query = pb.PlanQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
-        (plan,) = self.call(self.kv.Plan, pb.PlanRequest(contexts=[query])).plans
-        return plan
+    def advise(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.WriteAdvice:
+        """The daemon's write advice for ``context_id``: the variant to store it in
+        (docs/daemon.md, "Write advice"); the sizes matter only for a context the daemon does
+        not hold yet."""
+        request = advise_request(context_id, num_tokens, size_bytes)
+        (advice,) = self.call(self.kv.Advise, request).advice
+        return advice
+
+    def plan(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.WriteAdvice:
+        """Deprecated: :meth:`advise` under its name before issue 17, kept one release; warns
+        (``DeprecationWarning``) on this client's first call."""
+        if not self._plan_warned:
+            self._plan_warned = True
+            warnings.warn(PLAN_RENAMED, DeprecationWarning, stacklevel=2)
+        return self.advise(context_id, num_tokens, size_bytes)
 
     # -- admin -------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Write advice: the variant a writer should store a context in (``KVStore.Plan``; "advice",
+"""Write advice: the variant a writer should store a context in (``KVStore.Advise``; "advice",
 not "plan": a :class:`~kvtierd.types.Plan` is the placer's list of operations).
 
 A writer that holds the KV on its own device (the LMCache plugin beside vLLM) can compress it
@@ -45,7 +45,7 @@ class VariantPrior:
 
 
 class WriteAdvisor:
-    """Answers ``KVStore.Plan`` for the contexts of ``index`` (module docstring)."""
+    """Answers ``KVStore.Advise`` for the contexts of ``index`` (module docstring)."""
 
     def __init__(
         self,
@@ -115,7 +115,7 @@ class WriteAdvisor:
     def prior(self) -> dict[str, VariantPrior]:
         """Each variant's quality and size ratio averaged over the profiled contexts;
         recomputed (a pass over every context) only once a profile or a context's form has
-        changed since, not on every ``KVStore.Plan``."""
+        changed since, not on every ``KVStore.Advise``."""
         options = self._options
         version = options.version
         if version == self._prior_version:

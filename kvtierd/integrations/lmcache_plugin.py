@@ -58,7 +58,7 @@ from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
 from kvtierd.integrations.plugin_settings import (
-    PLAN,
+    ADVISED,
     PluginSettings,
     PluginStats,
     is_rewritten,
@@ -229,7 +229,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         todo = [(n, o.tensor) for n, o, found in zip(names, objs, present, strict=True)
                 if not found]  # fmt: skip
         forced = tag(keys[0], "kvtierd_variant") or (
-            "" if self.settings.variant == PLAN else self.settings.variant
+            "" if self.settings.variant == ADVISED else self.settings.variant
         )
         rewritten = is_rewritten(keys[0])
         # A scoped store (profiling) writes only its variant: the put's chunks keep their
@@ -257,7 +257,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         forced: str,
         chunks: list[tuple[str, torch.Tensor]],
     ) -> PutDecision:
-        """One write advice (a ``KVStore.Plan`` call) per put: the context and form of its
+        """One write advice (a ``KVStore.Advise`` call) per put: the context and form of its
         chunks (``put_decision.py``); ``names[start]`` is the first chunk not stored yet."""
         # A rewritten request's new chunks follow its placeholder chunks: they continue the
         # placeholder variant's context, not the original one the tag names.
@@ -267,7 +267,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         base = named or continued or names[0]
         tokens = sum(int(kv.shape[2]) for _, kv in chunks)
         size = sum(kv.numel() * kv.element_size() for _, kv in chunks)
-        answer = self.client.plan(base, num_tokens=tokens, size_bytes=size)
+        answer = self.client.advise(base, num_tokens=tokens, size_bytes=size)
         decision = decide(base, forced, answer, rewritten=rewritten)
         with self._lock:
             self.stats.continued_puts += bool(continued)

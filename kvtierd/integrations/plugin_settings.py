@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvtierd.errors import ConfigError
 from kvtierd.variants import parse_variant
+
+logger = logging.getLogger(__name__)
 
 _KNOWN = ("socket_path", "variant", "hold_s", "durable", "timeout_s")
 
@@ -23,21 +26,37 @@ PROMPT_TAG = "kvtierd_request"
 prompt with the daemon (``KVStore.SetContextTokens``); the plugin names the context the prompt
 made or read (``prompt_links.py``)."""
 
-PLAN = "plan"
-"""``kvtierd.variant: plan``: ask the daemon's write advice (``KVStore.Plan``) for every put
-(``put_decision.py``)."""
+ADVISED = "advised"
+"""``kvtierd.variant: advised``: ask the daemon's write advice (``KVStore.Advise``) for every
+put (``put_decision.py``)."""
+
+ADVISED_BEFORE = "plan"
+"""``advised``'s name before issue 17, accepted one release with a logged warning."""
+
+
+def _variant(value: Any) -> str:
+    """``kvtierd.variant``, with the old name of ``advised`` read as it (and logged)."""
+    variant = str(value)
+    if variant != ADVISED_BEFORE:
+        return variant
+    logger.warning(
+        "LMCache extra_config kvtierd.variant: %r is deprecated, use %r (the daemon's write "
+        "advice per put, the default); %r will be refused from the next release",
+        ADVISED_BEFORE, ADVISED, ADVISED_BEFORE,
+    )  # fmt: skip
+    return ADVISED
 
 
 @dataclass(frozen=True, slots=True)
 class PluginSettings:
-    """``socket_path``: the daemon; ``variant``: the form of stored chunks — ``plan`` (the
+    """``socket_path``: the daemon; ``variant``: the form of stored chunks — ``advised`` (the
     daemon's write advice per put, the default), or a fixed ``none``, ``int8`` or ``int4`` (a
     token-dropping variant is only ever a ``kvtierd router`` store request's, which names it in
     its own tag); ``hold_s``: how long a pinned lookup holds the objects for the load;
     ``durable``: commit to disk-backed tiers before acknowledging a put."""
 
     socket_path: str = ""
-    variant: str = PLAN
+    variant: str = ADVISED
     hold_s: float = 30.0
     durable: bool = False
     timeout_s: float = 30.0
@@ -55,22 +74,22 @@ class PluginSettings:
             )
         s = cls(
             socket_path=str(given.get("socket_path", "")),
-            variant=str(given.get("variant", PLAN)),
+            variant=_variant(given.get("variant", ADVISED)),
             hold_s=float(given.get("hold_s", 30.0)),
             durable=_bool(given.get("durable", False)),
             timeout_s=float(given.get("timeout_s", 30.0)),
         )
         try:
-            drops_tokens = s.variant != PLAN and parse_variant(s.variant).drops_tokens
+            drops_tokens = s.variant != ADVISED and parse_variant(s.variant).drops_tokens
         except ValueError as e:
-            raise ConfigError(f"LMCache extra_config kvtierd.variant: {e} (or '{PLAN}')") from e
+            raise ConfigError(f"LMCache extra_config kvtierd.variant: {e} (or '{ADVISED}')") from e
         if drops_tokens:
             # Every put would store the original and then fail: dropping tokens needs a
             # router store request (its context and token count), which tags its own variant.
             raise ConfigError(
                 f"LMCache extra_config kvtierd.variant {s.variant!r} drops tokens, which only a "
                 "`kvtierd router` store request can ask for (its request field names the "
-                f"variant); use {PLAN}, none, int8 or int4"
+                f"variant); use {ADVISED}, none, int8 or int4"
             )
         if s.hold_s < 0:
             raise ConfigError(f"LMCache extra_config kvtierd.hold_s must be >= 0, got {s.hold_s}")

@@ -15,7 +15,7 @@ stored before). Its context is, in this order:
 3. the key of the put's first chunk (a new context).
 
 **Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
-one; otherwise the daemon's write advice for the context (``KVStore.Plan``, docs/daemon.md). The
+one; otherwise the daemon's write advice for the context (``KVStore.Advise``, docs/daemon.md). The
 plugin applies the advice's quantization (int8/int4) to every chunk before shipping it. It cannot
 drop tokens: that needs the router's placeholder identity and the context's token count, and
 vLLM maps KV slot ``i`` to prompt position ``i`` (DESIGN.md §1). So advice such as
@@ -62,7 +62,7 @@ class PutDecision:
 
 
 def decide(
-    base_context: str, forced: str, advice: pb.ContextPlan, *, rewritten: bool = False
+    base_context: str, forced: str, advice: pb.WriteAdvice, *, rewritten: bool = False
 ) -> PutDecision:
     """The decision for one put (module docstring): ``forced`` is a tag's or the config's
     variant (``""`` = ask the daemon), ``advice`` the daemon's write advice for ``base_context``;

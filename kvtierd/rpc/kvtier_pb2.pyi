@@ -26,6 +26,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
@@ -894,8 +899,9 @@ class ReportServedResponse(_message.Message):
 Global___ReportServedResponse: _TypeAlias = ReportServedResponse  # noqa: Y015
 
 @_typing.final
-class PlanQuery(_message.Message):
-    """Plan: the variant a writer should store a context in, so that it can compress on its own
+class AdviseQuery(_message.Message):
+    """Advise: the write advice for contexts a writer is about to store (docs/daemon.md, "Write
+    advice"): the variant the placer would choose, so that the writer can compress on its own
     device and ship only the compressed bytes.
     """
 
@@ -922,19 +928,19 @@ class PlanQuery(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PlanQuery: _TypeAlias = PlanQuery  # noqa: Y015
+Global___AdviseQuery: _TypeAlias = AdviseQuery  # noqa: Y015
 
 @_typing.final
-class PlanRequest(_message.Message):
+class AdviseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanQuery]: ...
+    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AdviseQuery]: ...
     def __init__(
         self,
         *,
-        contexts: _abc.Iterable[Global___PlanQuery] | None = ...,
+        contexts: _abc.Iterable[Global___AdviseQuery] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -942,10 +948,10 @@ class PlanRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PlanRequest: _TypeAlias = PlanRequest  # noqa: Y015
+Global___AdviseRequest: _TypeAlias = AdviseRequest  # noqa: Y015
 
 @_typing.final
-class ContextPlan(_message.Message):
+class WriteAdvice(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
@@ -976,8 +982,115 @@ class ContextPlan(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+Global___WriteAdvice: _TypeAlias = WriteAdvice  # noqa: Y015
+
+@_typing.final
+class AdviseResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADVICE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def advice(self) -> _containers.RepeatedCompositeFieldContainer[Global___WriteAdvice]:
+        """one per query, in order"""
+
+    def __init__(
+        self,
+        *,
+        advice: _abc.Iterable[Global___WriteAdvice] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advice", b"advice"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdviseResponse: _TypeAlias = AdviseResponse  # noqa: Y015
+
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
+@_typing.final
+class PlanQuery(_message.Message):
+    """Deprecated: the messages of Plan, Advise's name before issue 17 ("plan" now only names a
+    placer's list of operations). Field for field those of Advise (same numbers and types, so
+    the bytes of one parse as the other); kept one release for clients built before the rename.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    NUM_TOKENS_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    num_tokens: _builtins.int
+    size_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        num_tokens: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanQuery: _TypeAlias = PlanQuery  # noqa: Y015
+
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
+@_typing.final
+class PlanRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def contexts(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanQuery]: ...
+    def __init__(
+        self,
+        *,
+        contexts: _abc.Iterable[Global___PlanQuery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["contexts", b"contexts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanRequest: _TypeAlias = PlanRequest  # noqa: Y015
+
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
+@_typing.final
+class ContextPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    VARIANT_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    variant: _builtins.str
+    tier: _builtins.str
+    source: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        variant: _builtins.str = ...,
+        tier: _builtins.str = ...,
+        source: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
 Global___ContextPlan: _TypeAlias = ContextPlan  # noqa: Y015
 
+@_deprecated("""This message has been marked as deprecated using proto message options.""")
 @_typing.final
 class PlanResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor

@@ -89,6 +89,11 @@ class KVStoreStub(object):
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.FromString,
                 _registered_method=True)
+        self.Advise = channel.unary_unary(
+                '/kvtierd.v1.KVStore/Advise',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AdviseRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AdviseResponse.FromString,
+                _registered_method=True)
         self.Plan = channel.unary_unary(
                 '/kvtierd.v1.KVStore/Plan',
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PlanRequest.SerializeToString,
@@ -175,8 +180,17 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Advise(self, request, context):
+        """The write advice for each queried context (the messages above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Plan(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Deprecated: Advise under its old name, answered by the same handler so that a plugin
+        built before the rename keeps working; removed in the next release.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -250,6 +264,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.AddQueries,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.SerializeToString,
+            ),
+            'Advise': grpc.unary_unary_rpc_method_handler(
+                    servicer.Advise,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.AdviseRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.AdviseResponse.SerializeToString,
             ),
             'Plan': grpc.unary_unary_rpc_method_handler(
                     servicer.Plan,
@@ -564,6 +583,33 @@ class KVStore(object):
             '/kvtierd.v1.KVStore/AddQueries',
             kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesRequest.SerializeToString,
             kvtierd_dot_v1_dot_kvtier__pb2.AddQueriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Advise(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.KVStore/Advise',
+            kvtierd_dot_v1_dot_kvtier__pb2.AdviseRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.AdviseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 from kvtierd.rpc import kvtier_pb2 as _kvtier_pb2
 import abc as _abc_1
+import builtins as _builtins
 import grpc as _grpc
 import sys
 import typing as _typing
@@ -25,6 +26,11 @@ if sys.version_info >= (3, 11):
     from typing import Self as _Self
 else:
     from typing_extensions import Self as _Self
+
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
 
 _T = _typing.TypeVar("_T")
 
@@ -52,7 +58,14 @@ class KVStoreStub:
     Delete: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]
     Touch: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]
     AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
-    Plan: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]
+    Advise: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AdviseRequest, _kvtier_pb2.AdviseResponse]
+    """The write advice for each queried context (the messages above)."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def Plan(self) -> _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]:
+        """Deprecated: Advise under its old name, answered by the same handler so that a plugin
+        built before the rename keeps working; removed in the next release.
+        """
     SetContextTokens: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]
     ReportServed: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]
 
@@ -70,7 +83,14 @@ class KVStoreAsyncStub(KVStoreStub):
     Delete: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]  # type: ignore[assignment]
     Touch: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]  # type: ignore[assignment]
     AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
-    Plan: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]  # type: ignore[assignment]
+    Advise: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AdviseRequest, _kvtier_pb2.AdviseResponse]  # type: ignore[assignment]
+    """The write advice for each queried context (the messages above)."""
+    @_builtins.property
+    @_deprecated("""This method has been marked as deprecated using proto method options.""")
+    def Plan(self) -> _aio.UnaryUnaryMultiCallable[_kvtier_pb2.PlanRequest, _kvtier_pb2.PlanResponse]:  # type: ignore[override]
+        """Deprecated: Advise under its old name, answered by the same handler so that a plugin
+        built before the rename keeps working; removed in the next release.
+        """
     SetContextTokens: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]  # type: ignore[assignment]
     ReportServed: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]  # type: ignore[assignment]
 
@@ -153,11 +173,23 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_kvtier_pb2.AddQueriesResponse, _abc.Awaitable[_kvtier_pb2.AddQueriesResponse]]: ...
 
     @_abc_1.abstractmethod
+    def Advise(
+        self,
+        request: _kvtier_pb2.AdviseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.AdviseResponse, _abc.Awaitable[_kvtier_pb2.AdviseResponse]]:
+        """The write advice for each queried context (the messages above)."""
+
+    @_deprecated("""Deprecated: Advise under its old name, answered by the same handler so that a plugin\nbuilt before the rename keeps working; removed in the next release.""")
+    @_abc_1.abstractmethod
     def Plan(
         self,
         request: _kvtier_pb2.PlanRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_kvtier_pb2.PlanResponse, _abc.Awaitable[_kvtier_pb2.PlanResponse]]: ...
+    ) -> _typing.Union[_kvtier_pb2.PlanResponse, _abc.Awaitable[_kvtier_pb2.PlanResponse]]:
+        """Deprecated: Advise under its old name, answered by the same handler so that a plugin
+        built before the rename keeps working; removed in the next release.
+        """
 
     @_abc_1.abstractmethod
     def SetContextTokens(

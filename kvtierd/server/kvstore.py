@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,8 @@ from kvtierd.rpc.framing import data_frame
 from kvtierd.server.convert import device_region, info, meta_from_spec, record_info, region
 from kvtierd.server.identity import CALLER, Caller
 from kvtierd.storage.gpu import GpuTier
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 MIN_CHUNK_BYTES = 64 << 10  # chunk_bytes=1 sent 65,537 messages for a 64 KiB object
@@ -44,6 +47,7 @@ def _check_seconds(value: float, what: str) -> None:
 class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._plan_called = False  # the deprecated Plan is logged once per daemon
 
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         _check_batch(len(request.keys), "Lookup")
@@ -199,26 +203,41 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
         return pb.AddQueriesResponse(stored=stored)
 
-    async def Plan(self, request: pb.PlanRequest, context: Any) -> pb.PlanResponse:
-        _check_batch(len(request.contexts), "Plan")
+    async def Advise(self, request: pb.AdviseRequest, context: Any) -> pb.AdviseResponse:
+        _check_batch(len(request.contexts), "Advise")
         caller = CALLER.get()
-        plans = []
+        advice = []
         for q in request.contexts:
             if not q.context_id:
-                raise InvalidArgumentError("Plan: every query needs a context_id")
-            plan = self.engine.write_advisor.advise(
+                raise InvalidArgumentError("Advise: every query needs a context_id")
+            a = self.engine.write_advisor.advise(
                 caller.scoped(q.context_id), q.num_tokens, q.size_bytes
             )
-            plans.append(
-                pb.ContextPlan(
+            advice.append(
+                pb.WriteAdvice(
                     context_id=q.context_id,
-                    variant=plan.variant,
-                    tier=plan.tier,
-                    source=plan.source,
-                    reason=plan.reason,
+                    variant=a.variant,
+                    tier=a.tier,
+                    source=a.source,
+                    reason=a.reason,
                 )
             )
-        return pb.PlanResponse(plans=plans)
+        return pb.AdviseResponse(advice=advice)
+
+    async def Plan(self, request: pb.PlanRequest, context: Any) -> pb.PlanResponse:
+        """Advise under its name before issue 17, kept one release for plugins built before the
+        rename. Its messages are Advise's field for field (same numbers and types), so their
+        bytes are read as Advise's and the answer's as Plan's: one handler serves both."""
+        if not self._plan_called:
+            self._plan_called = True
+            logger.warning(
+                "a client called KVStore.Plan, deprecated: it is KVStore.Advise now (a kvtierd "
+                "client or plugin older than the rename); Plan goes in the next release"
+            )
+        advice = await self.Advise(
+            pb.AdviseRequest.FromString(request.SerializeToString()), context
+        )
+        return pb.PlanResponse.FromString(advice.SerializeToString())
 
     async def SetContextTokens(
         self, request: pb.SetContextTokensRequest, context: Any

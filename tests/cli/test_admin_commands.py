@@ -103,12 +103,20 @@ def test_contexts_show(start_daemon: Callable[..., DaemonProcess], ctl: Callable
     assert missing.out == ""
     assert missing.err.count("\n") == 1 and "nope" in missing.err
 
-    plan = run("contexts", "plan", "beta", "--json").json()
-    assert (plan["variant"], plan["tier"], plan["source"]) == ("none", "cpu", "placed")
-    new = run("contexts", "plan", "fresh", "--tokens", "512", "--size", "64MiB")
+    advised = run("contexts", "advise", "beta", "--json")
+    assert advised.err == ""
+    advice = advised.json()
+    assert (advice["variant"], advice["tier"], advice["source"]) == ("none", "cpu", "placed")
+    new = run("contexts", "advise", "fresh", "--tokens", "512", "--size", "64MiB")
     assert new.code == 0 and "default" in new.out and "does not compress" in new.out
-    bad = run("contexts", "plan", "fresh", "--size", "lots")
+    bad = run("contexts", "advise", "fresh", "--size", "lots")
     assert bad.code != 0 and "--size" in bad.err and bad.err.count("\n") == 1
+    # Its name before issue 17 still works for one release: the same output on stdout, a note
+    # on stderr naming the new one.
+    old = run("contexts", "plan", "beta", "--json")
+    assert (old.code, old.json()) == (0, advice)
+    assert old.err.startswith("kvtierctl: note: `contexts plan` is deprecated")
+    assert "`contexts advise`" in old.err and old.err.count("\n") == 1
 
 
 def test_evict_pin_unpin_drain_rebalance(

@@ -252,7 +252,7 @@ def test_chunks_added_in_form_join_a_compressed_context(start_daemon):
         _put_context(c, "doc", chunks, durable=True)
         _read_once(c, keys[:CHUNKS])
         _apply(c, "placer: fixed\nvariant: int8\n")
-        assert c.plan("doc").variant == "int8"
+        assert c.advise("doc").variant == "int8"
         for key, chunk in zip(keys[CHUNKS:], extra, strict=True):
             _put_int8(c, "doc", key, chunk)
         _settle(c)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvtierd import errors
-from kvtierd.client import KVClient
+from kvtierd.client import AsyncKVClient, KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 
@@ -272,17 +272,52 @@ def test_embedded_default_policy_is_evicpress(start_daemon):
         assert c.lookup(["x"]).found == (True,)
 
 
-def test_write_plan_over_the_socket(client):
-    """Plan through the daemon: a held context's placement; a new one under an eviction-only
+def test_write_advice_over_the_socket(client):
+    """Advise through the daemon: a held context's placement; a new one under an eviction-only
     placer stays the original; a query without a context id is refused."""
-    client.put("plan/0", np.ones(1024, np.uint8), context_id="plan-ctx")
-    held = client.plan("plan-ctx")
+    client.put("advised/0", np.ones(1024, np.uint8), context_id="advised-ctx")
+    held = client.advise("advised-ctx")
     assert (held.variant, held.tier, held.source) == ("none", "cpu", "placed")
-    new = client.plan("never-seen", num_tokens=512, size_bytes=1 << 20)
+    new = client.advise("never-seen", num_tokens=512, size_bytes=1 << 20)
     assert (new.variant, new.tier, new.source) == ("none", "", "default")
     assert "does not compress" in new.reason
     with pytest.raises(errors.InvalidArgumentError, match="context_id"):
-        client.plan("")
+        client.advise("")
+
+
+def test_plan_is_advise_under_its_old_name(daemon, client):
+    """Issue 17: the write advice was ``KVStore.Plan`` and ``KVClient.plan()``. For one release
+    a plugin built before the rename keeps working: the daemon answers ``Plan`` (its own
+    messages, as such a plugin sends them) with Advise's handler and logs once that it is
+    deprecated; ``plan()`` returns ``advise()``'s answer and warns on its first call."""
+    client.put("old/0", np.ones(1024, np.uint8), context_id="old-ctx")
+    queries = [("old-ctx", 0, 0), ("never-seen", 512, 1 << 20)]
+    advice = [client.advise(*q) for q in queries]
+    old = pb.PlanRequest(
+        contexts=[pb.PlanQuery(context_id=c, num_tokens=n, size_bytes=b) for c, n, b in queries]
+    )
+    for _ in range(2):
+        plans = stub(daemon).Plan(old).plans
+        assert [pb.WriteAdvice.FromString(p.SerializeToString()) for p in plans] == advice
+    assert plans[0].source == "placed" and plans[1].source == "default"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub(daemon).Plan(pb.PlanRequest(contexts=[pb.PlanQuery()]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert daemon.logs().count("a client called KVStore.Plan, deprecated") == 1
+    with pytest.warns(DeprecationWarning, match=r"call advise\(\)") as warned:
+        assert client.plan("old-ctx") == advice[0]
+        assert client.plan("never-seen", num_tokens=512, size_bytes=1 << 20) == advice[1]
+    assert len(warned) == 1
+
+
+async def test_async_client_advises_and_plan_warns_once(daemon):
+    async with AsyncKVClient(daemon.socket_path, timeout_s=20) as ac:
+        advice = await ac.advise("never-seen", num_tokens=512, size_bytes=1 << 20)
+        assert (advice.variant, advice.tier, advice.source) == ("none", "", "default")
+        with pytest.warns(DeprecationWarning, match=r"call advise\(\)") as warned:
+            assert await ac.plan("never-seen", 512, 1 << 20) == advice
+            assert await ac.plan("never-seen", 512, 1 << 20) == advice
+        assert len(warned) == 1
 
 
 def test_a_wrong_client_checksum_is_refused_at_commit(daemon, client):

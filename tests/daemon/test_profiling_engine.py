@@ -184,8 +184,8 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     assert keys.shape == (L, H, CHUNKS * T, D)  # the original is back, whole
 
 
-async def test_write_plan_follows_the_placer(engine: Engine) -> None:
-    """KVStore.Plan: a held context's placement; for a new one the placer's first choice with
+async def test_write_advice_follows_the_placer(engine: Engine) -> None:
+    """KVStore.Advise: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
     await _apply_knorm_policy(engine, "  interval_s: 0.2\n  min_queries: 1\n")
     advisor = engine.write_advisor

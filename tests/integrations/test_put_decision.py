@@ -16,7 +16,7 @@ import yaml
 
 from kvtierd.client import KVClient
 from kvtierd.errors import ConfigError
-from kvtierd.integrations.plugin_settings import PLAN, PluginSettings
+from kvtierd.integrations.plugin_settings import ADVISED, PluginSettings
 from kvtierd.integrations.put_decision import ContextLinks, decide
 from kvtierd.rpc import kvtier_pb2 as pb
 
@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "path", ["configs/lmcache/kvtierd.yaml", "configs/gpu-deployment/lmcache.yaml"]
 )
-def test_shipped_lmcache_configs_follow_the_plan_and_every_key_is_documented(path: str) -> None:
+def test_shipped_lmcache_configs_follow_the_advice_and_every_key_is_documented(path: str) -> None:
     extra = yaml.safe_load((ROOT / path).read_text())["extra_config"]
-    assert PluginSettings.from_extra_config(extra).variant == PLAN
+    assert extra["kvtierd.variant"] == ADVISED == PluginSettings().variant
+    assert PluginSettings.from_extra_config(extra).variant == ADVISED
     doc = (ROOT / "docs" / "configuration.md").read_text()
     for f in dataclasses.fields(PluginSettings):
         assert f"`kvtierd.{f.name}`" in doc, f.name
@@ -44,27 +45,45 @@ def test_a_token_dropping_plugin_variant_is_refused() -> None:
     assert PluginSettings.from_extra_config({"kvtierd.variant": "int4"}).variant == "int4"
 
 
-def plan(variant: str, source: str = "default") -> pb.ContextPlan:
-    return pb.ContextPlan(variant=variant, source=source, reason="test")
+def test_the_old_name_of_advised_is_read_as_it_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 17: ``kvtierd.variant: plan`` was the name of ``advised``; a plugin config that
+    still says it works for one release and logs what to write instead."""
+    with caplog.at_level(logging.WARNING, logger="kvtierd.integrations.plugin_settings"):
+        old = PluginSettings.from_extra_config({"kvtierd.variant": "plan"})
+    assert old.variant == ADVISED
+    (record,) = caplog.records
+    assert "'plan' is deprecated, use 'advised'" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtierd.integrations.plugin_settings"):
+        assert PluginSettings.from_extra_config({"kvtierd.variant": "advised"}) == old
+    assert not caplog.records
+    with pytest.raises(ConfigError, match=r"kvtierd.variant: .*\(or 'advised'\)"):
+        PluginSettings.from_extra_config({"kvtierd.variant": "planned"})
+
+
+def advice(variant: str, source: str = "default") -> pb.WriteAdvice:
+    return pb.WriteAdvice(variant=variant, source=source, reason="test")
 
 
 @pytest.mark.parametrize(
     ("forced", "answer", "want"),
     [
         # want: (context id, quantization, advised, a note about what was not applied)
-        ("", plan("none"), ("c", "", True, False)),
-        ("", plan("int8", "prior"), ("c", "int8", True, False)),
-        ("", plan("int4", "placed"), ("c", "int4", True, False)),
-        ("", plan("knorm@0.5+int8", "prior"), ("c", "int8", True, True)),
-        ("", plan("knorm@0.5"), ("c", "", True, True)),
+        ("", advice("none"), ("c", "", True, False)),
+        ("", advice("int8", "prior"), ("c", "int8", True, False)),
+        ("", advice("int4", "placed"), ("c", "int4", True, False)),
+        ("", advice("knorm@0.5+int8", "prior"), ("c", "int8", True, True)),
+        ("", advice("knorm@0.5"), ("c", "", True, True)),
         # placed in a form the chunks cannot take: the chunks get a context of their own
-        ("", plan("knorm@0.5", "placed"), ("c/none", "", True, True)),
-        ("int8", plan("none", "placed"), ("c/int8", "int8", False, False)),
-        ("int8", plan("int8", "placed"), ("c", "int8", False, False)),
-        ("knorm@0.5", plan("none"), ("c", "", False, False)),  # the router's store request
+        ("", advice("knorm@0.5", "placed"), ("c/none", "", True, True)),
+        ("int8", advice("none", "placed"), ("c/int8", "int8", False, False)),
+        ("int8", advice("int8", "placed"), ("c", "int8", False, False)),
+        ("knorm@0.5", advice("none"), ("c", "", False, False)),  # the router's store request
     ],
 )
-def test_decision_table(forced: str, answer: pb.ContextPlan, want: tuple[Any, ...]) -> None:
+def test_decision_table(forced: str, answer: pb.WriteAdvice, want: tuple[Any, ...]) -> None:
     p = decide("c", forced, answer)
     assert (p.context_id, p.quant, p.advised, bool(p.note)) == want
     assert p.variant == (p.quant or "none")
@@ -73,7 +92,7 @@ def test_decision_table(forced: str, answer: pb.ContextPlan, want: tuple[Any, ..
 
 
 def test_a_rewritten_requests_suffix_continues_the_placeholder_context() -> None:
-    placed = plan("knorm@0.5+int8", "placed")  # the placeholder variant's context
+    placed = advice("knorm@0.5+int8", "placed")  # the placeholder variant's context
     p = decide("d/knorm@0.5+int8", "knorm@0.5+int8", placed, rewritten=True)
     assert (p.context_id, p.variant, p.quant) == ("d/knorm@0.5+int8", "knorm@0.5+int8", "int8")
 
@@ -116,12 +135,12 @@ def plugin_for(start_daemon: Any) -> Iterator[Any]:
     made: list[Any] = []
     daemons: list[Any] = []
 
-    def make(policy: str) -> tuple[Any, KVClient]:
+    def make(policy: str, **settings: str) -> tuple[Any, KVClient]:
         d = start_daemon(name=f"d{len(made)}", cpu="8MiB", ssd="32MiB")
         daemons.append(d)
         client = KVClient(d.socket_path)
         client.call(client.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=policy, source="t"))
-        extra = {"kvtierd.socket_path": d.socket_path}
+        extra = {"kvtierd.socket_path": d.socket_path, **settings}
         metadata = SimpleNamespace(kv_shape=(L, 2, T, H, D), model_name="tiny")
         p = KvtierdStoragePlugin("cpu", SimpleNamespace(extra_config=extra), metadata,
                                  _Allocator())  # fmt: skip
@@ -156,7 +175,7 @@ def _objects(client: KVClient, context_id: str) -> list[pb.ObjectInfo]:
     return list(desc.objects)
 
 
-def test_plan_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for: Any) -> None:
+def test_advised_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for: Any) -> None:
     plugin, client = plugin_for("placer: fixed\nvariant: int8\n")
     keys, objs = _keys(1, 5), _chunks(5)
     plugin.batched_submit_put_task(keys[:3], objs[:3])
@@ -180,7 +199,20 @@ def test_plan_int8_is_applied_on_the_device_and_a_longer_prompt_joins(plugin_for
     assert plugin.stats.errors == 0, plugin.stats.last_error
 
 
-def test_token_dropping_plan_stores_the_original_and_says_why_once(
+def test_a_plugin_configured_with_the_old_name_still_asks_the_advice(plugin_for: Any) -> None:
+    """``kvtierd.variant: plan`` (``advised`` before issue 17) in an LMCache config: the plugin
+    still stores what the daemon's write advice says."""
+    plugin, client = plugin_for("placer: fixed\nvariant: int8\n", **{"kvtierd.variant": "plan"})
+    assert plugin.settings.variant == "advised"
+    keys, objs = _keys(7, 2), _chunks(2, seed=5)
+    plugin.batched_submit_put_task(keys, objs)
+    assert (plugin.stats.advised_puts, plugin.stats.advised_chunks) == (1, 2)
+    cid = f"tiny@1@0@{keys[0].chunk_hash_hex}@bfloat16"
+    assert [o.spec.variant for o in _objects(client, cid)] == ["int8"] * 2
+    assert plugin.stats.errors == 0, plugin.stats.last_error
+
+
+def test_token_dropping_advice_stores_the_original_and_says_why_once(
     plugin_for: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin, _ = plugin_for("placer: fixed\nvariant: knorm@0.5\n")

@@ -1,4 +1,4 @@
-"""Advice-driven compression (the daemon's write advice, ``KVStore.Plan``) on a real vLLM-CPU +
+"""Advice-driven compression (the daemon's write advice, ``KVStore.Advise``) on a real vLLM-CPU +
 LMCache + kvtierd daemon (issue 6, test e).
 
 The daemon runs EvicPress with a CPU tier too small for the context's original (96 KiB of bf16
@@ -6,11 +6,11 @@ KV in a 90 KiB tier), an SSD tier too small for it as well, and a slow prefill (
 keeping the context int8 in the CPU tier is the best option (EvicPress: compress to stay in the
 fast tier rather than be evicted and recomputed):
 
-1. engine 1 stores the context as the original (a new context: the plan says ``none``); the
+1. engine 1 stores the context as the original (a new context: the advice says ``none``); the
    daemon's executor compresses it to int8 server-side (its objects keep LMCache's keys);
 2. engine 2, a fresh process: the same prompt hits every stored chunk, decoded from int8 on
    load, within test (b)'s int8 tolerance; a longer prompt extending the context stores its two
-   new chunks int8, quantized by the plugin because the plan for the context says so, in the
+   new chunks int8, quantized by the plugin because the advice for the context says so, in the
    same context; after a prefix-cache reset the longer prompt loads all eight chunks.
 """
 
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 PROMPT = [15 + (29 * i) % 900 for i in range(102)]  # 6 full chunks + 6 tokens
 LONGER = PROMPT[:96] + [25 + (31 * i) % 900 for i in range(38)]  # 8 full chunks + 6 tokens
 POLICY = """\
-name: plan-test
+name: advice-test
 placer: evicpress
 alpha: 1.0
 variants:
@@ -52,7 +52,7 @@ variants:
 def scenario(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("plan")
+    work = tmp_path_factory.mktemp("advice")
     policy = work / "policy.yaml"
     policy.write_text(POLICY)
     config = write_config(work / "daemon", cpu="90KiB", ssd="64KiB", policy_file=str(policy),
@@ -71,7 +71,7 @@ def scenario(
         second = run_engine(work, tiny_model, steps, lm)
         with KVClient(sock) as c:
             extended = _objects(c, ctx.context_id)
-            after = c.plan(ctx.context_id)
+            after = c.advise(ctx.context_id)
         yield {**first, **second, "placed": placed, "compressed": compressed,
                "extended": extended, "after": after}  # fmt: skip
     finally:
@@ -85,11 +85,11 @@ def gen(name: str, prompt: list[int]) -> dict[str, Any]:
 def _until_placed(c: KVClient, context_id: str, variant: str, timeout_s: float = 60) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
-        plan = c.plan(context_id)
-        if (plan.variant, plan.source) == (variant, "placed"):
-            return plan
+        advice = c.advise(context_id)
+        if (advice.variant, advice.source) == (variant, "placed"):
+            return advice
         if time.monotonic() > deadline:
-            raise AssertionError(f"context not placed as {variant} in {timeout_s}s: {plan}")
+            raise AssertionError(f"context not placed as {variant} in {timeout_s}s: {advice}")
         time.sleep(0.2)
 
 
