@@ -29,12 +29,17 @@ pytestmark = pytest.mark.usefixtures("registered_evaluators")
 
 def _config(tmp: Path) -> DaemonConfig:
     """A CPU tier too small for a chunk, so the chunks are on SSD: its deletes are file
-    operations the event loop waits for."""
+    operations the event loop waits for. The LRU placer keeps what fits: the embedded
+    EvicPress policy weighs an SSD load against recomputing, and on a loaded machine the SSD
+    calibrates slow enough that it drops the context as it arrives."""
     tiers = (
         TierConfig("cpu", "cpu", 4096, options={"staging_bytes": "32MiB"}),
         TierConfig("ssd", "ssd", 64 << 20, str(tmp / "ssd")),
     )
-    return DaemonConfig(socket_path=str(tmp / "s"), data_dir=str(tmp / "data"), tiers=tiers)
+    lru = tmp / "lru.yaml"
+    lru.write_text("name: lru\nplacer: lru\n")
+    return DaemonConfig(socket_path=str(tmp / "s"), data_dir=str(tmp / "data"), tiers=tiers,
+                        policy_file=str(lru))  # fmt: skip
 
 
 @pytest.fixture
