@@ -108,6 +108,7 @@ def run_system(
         chunk_size=args.chunk, max_model_len=8192, kv_cache_gib=1, prefix_caching=False,
         vllm_port=free_port(), router_port=free_port(),
         lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
+        daemon_log_level=args.daemon_log_level,
     )  # fmt: skip
     with Stack(config) as stack:
         warm = _first_asks(table, args.warmup_questions)
@@ -389,6 +390,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--settle-s", type=float, default=600, help="wait for profiles after warm-up")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
+    p.add_argument("--daemon-log-level", choices=["debug", "info", "warning"], default="info",
+                   help="debug: the daemon logs every plan operation and why")  # fmt: skip
     args = p.parse_args()
     args.out = args.out.resolve()  # the daemon reads paths in its config relative to the file
 

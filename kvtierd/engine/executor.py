@@ -162,6 +162,9 @@ class Executor:
             return  # deleted since the plan was made, or out of the placer's view (durable)
         if op.kind is OpKind.DROP and op.reason == BREAK_CYCLE:
             return  # the same plan places it again: its bytes stay until then (plan_order.py)
+        logger.debug("plan operation %s on %r: %s in %s -> %s in %s (%s)", op.kind.value,
+                     ctx.context_id, op.source.variant, op.source.tier, op.target.variant,
+                     op.target.tier, op.reason)  # fmt: skip
         removes = op.kind in (OpKind.DROP, OpKind.COMPRESS) or op.target.variant != ctx.variant
         if removes and ctx.hold_until_s > time.monotonic():
             self._defer(op, ctx.hold_until_s)  # a client looked it up and is about to load it

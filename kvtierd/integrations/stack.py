@@ -34,6 +34,7 @@ from kvtierd.config import cuda_available, load_daemon_config
 from kvtierd.errors import ConfigError, KvtierError, UnavailableError
 
 BACKENDS = ("kvtierd", "lmcache", "none")
+LOG_LEVELS = ("debug", "info", "warning")  # the daemon's --log-level choices
 CONNECTOR = {
     "kv_connector": "KvtierLMCacheConnectorV1",
     "kv_connector_module_path": "kvtierd.integrations.cpu_connector",
@@ -66,6 +67,7 @@ class StackConfig:
     # ``lmcache_disk_gb``, no daemon, no router) or ``none`` (vLLM only: every prompt is
     # prefilled unless vLLM's own prefix cache has it). The last two are baselines.
     backend: str = "kvtierd"
+    daemon_log_level: str = "info"  # debug: every plan operation the daemon runs, and why
     lmcache_cpu_gb: float = 1.0
     lmcache_disk_gb: float = 4.0
 
@@ -79,6 +81,11 @@ class StackConfig:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.daemon_log_level not in LOG_LEVELS:
+            raise ConfigError(
+                f"daemon_log_level must be one of {', '.join(LOG_LEVELS)}, "
+                f"got {self.daemon_log_level!r}"
+            )
 
 
 @dataclass(slots=True)
@@ -129,8 +136,9 @@ class Stack:
         if c.backend == "kvtierd":
             daemon_config = c.daemon_config or self._write_daemon_config()
             self.socket_path = _socket_of(daemon_config)
-            self._spawn("daemon", [sys.executable, "-m", "kvtierd.main", "serve", "--config",
-                                   str(daemon_config)], {}, f"unix:{self.socket_path}")  # fmt: skip
+            command = [sys.executable, "-m", "kvtierd.main", "serve", "--config",
+                       str(daemon_config), "--log-level", c.daemon_log_level]  # fmt: skip
+            self._spawn("daemon", command, {}, f"unix:{self.socket_path}")
             self._wait(lambda: _daemon_answers(self.socket_path), 90)
         env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{c.kv_cache_gib:g}"}
         if c.backend != "none":
@@ -313,6 +321,12 @@ def main(argv: list[str]) -> int:
         help="turn off vLLM's own prefix cache: every reuse goes through kvtierd",
     )
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM argument")
+    p.add_argument(
+        "--daemon-log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="the daemon's log level (debug: every plan operation it runs, and why)",
+    )
     args = p.parse_args(argv)  # fmt: skip
     try:
         config = StackConfig(
@@ -320,7 +334,7 @@ def main(argv: list[str]) -> int:
             cpu=args.cpu, ssd=args.ssd, host=args.host, vllm_port=args.vllm_port,
             router_port=args.port, chunk_size=args.chunk_size, max_model_len=args.max_model_len,
             kv_cache_gib=args.kv_cache_gib, prefix_caching=not args.no_prefix_caching,
-            vllm_args=tuple(args.vllm_arg),
+            vllm_args=tuple(args.vllm_arg), daemon_log_level=args.daemon_log_level,
         )  # fmt: skip
     except KvtierError as e:
         print(f"kvtierd stack: {e}", file=sys.stderr)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvtierd.errors import ConfigError
+from kvtierd.integrations.stack import StackConfig
 from tests.daemon_proc import free_port
 from tests.integrations.servers import get_json, post, post_stream
 
@@ -72,7 +74,7 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
     port, vllm_port = free_port(), free_port()
     stack = StackProcess("--model", "smollm2", "--work-dir", str(tmp_path), "--port", str(port),
                          "--vllm-port", str(vllm_port), "--chunk-size", "16",
-                         "--no-prefix-caching")  # fmt: skip
+                         "--no-prefix-caching", "--daemon-log-level", "debug")  # fmt: skip
     try:
         stack.wait_for("kvtierd stack: ready")
         text = "".join(stack.lines)
@@ -95,6 +97,9 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         # every chunk of the prompt was read back (with vLLM's prefix cache on: only a lookup)
         assert daemon["objects"] > 1 and daemon["hits"] == daemon["objects"], daemon
         _streamed_requests_report_their_timing(port, real_model, tmp_path / "kvtierd.sock")
+        # --daemon-log-level debug: the daemon says what it did with the contexts and why
+        log = (tmp_path / "daemon.log").read_text()
+        assert "DEBUG kvtierd.engine.executor: plan operation place on" in log, log[-2000:]
         stack.proc.send_signal(signal.SIGINT)
         out = stack.rest()
         assert stack.proc.returncode == 0, out
@@ -144,3 +149,11 @@ def test_bad_arguments_are_one_clear_line(tmp_path: Path) -> None:
     )  # fmt: skip
     assert r.returncode == 2 and "chunk_size must be >= 1" in r.stderr
     assert "Traceback" not in r.stderr
+    r = subprocess.run(
+        [KVTIERD, "stack", "--model", str(tmp_path), "--daemon-log-level", "loud"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "invalid choice: 'loud'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    with pytest.raises(ConfigError, match="daemon_log_level must be one of debug, info, warning"):
+        StackConfig(model=tmp_path, work_dir=tmp_path, daemon_log_level="loud")
