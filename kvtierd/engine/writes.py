@@ -127,8 +127,16 @@ class WritePath:
         return stored
 
     def _add_object(self, meta: ObjectMeta, tier: str) -> ObjectMeta:
+        computed = meta.context not in self._index.contexts
         ctx = self._index.add(ObjectRecord(meta, tier))
         ctx.last_access_s = time.monotonic()
+        if computed:
+            # A client stores a context the daemon does not hold: a request just computed it
+            # (a first ask, or a miss after it was dropped). That request asked for the
+            # context as much as a load does, so it counts in the context's frequency:
+            # counting loads only, a dropped context never earned its way back in against
+            # those the placer kept (EvicPress weighs every request, §4.2).
+            self._profiling.note_access(ctx.context_id)
         ctx.durable_held = False  # the placer places the whole context again
         self._profiling.note_change(ctx)
         self._executor.submit(self._joined(ctx, self._placing.insert(ctx), tier))

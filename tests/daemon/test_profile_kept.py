@@ -1,6 +1,7 @@
 """A context dropped from every tier keeps its profile and frequency (``Profiler.set_aside``):
 when its prompt is computed and stored again the placer knows it at once, and the daemon does
-not spend another profile on it."""
+not spend another profile on it. The request that computed it again counts in its frequency
+(a miss asks for the context as much as a hit does)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,28 @@ async def _dropped_and_back(engine: Engine) -> None:
     await _put_context(engine, "doc")  # the same prompt computed and stored again
     await engine.executor.idle()
     assert engine.profiling.options.profiled("doc") == before  # known at once, not re-measured
-    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency, rel=1e-3)  # kept
+    # kept, and the request that computed it again counts once (not once per chunk)
+    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency + 1, rel=1e-3)
     ctx = engine.contexts["doc"]
     (lease,) = await engine.get([next(iter(ctx.keys))])  # a load counts on from there
     engine.release([lease.lease_id])
-    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency + 1, rel=1e-3)
+    assert engine.profiling.options.frequency("doc") == pytest.approx(frequency + 2, rel=1e-3)
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
     assert engine.profiling.runs["ok"] == 1
+
+
+async def test_the_request_that_computes_a_context_counts_once(tmp_path: Path) -> None:
+    """Its puts (one per chunk here) are one request: frequency 1, not the chunk count, and
+    before it any load; without this a dropped context only ever had the hits it earned while
+    held, and the placer never let it back in against those it kept."""
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await _apply_knorm_policy(engine, "")
+        assert engine.profiling.options.frequency("doc") is None
+        await _put_context(engine, "doc")
+        await engine.executor.idle()
+        assert len(engine.contexts["doc"].keys) > 1
+        assert engine.profiling.options.frequency("doc") == pytest.approx(1.0, rel=1e-3)
+    finally:
+        await engine.close()
