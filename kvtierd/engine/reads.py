@@ -58,7 +58,7 @@ class ReadPath:
     @property
     def busy(self) -> bool:
         """Requests are being served — a Get in flight, a client still reading under a lease,
-        or a Lookup or Get within ``quiet_s`` (``profile_quiet_s``: the serving engine computes
+        or a Lookup or Get within ``quiet_s`` (``profile_quiet_s``: vLLM computes
         the rest of the prompt and decodes after its loads): background profiling waits
         (EvicPress §4.3: only with free cycles; ``profiler/yield_gate.py``)."""
         if self.loads_in_flight > 0 or self._leases.busy:

@@ -3,7 +3,7 @@
 EvicPress profiles "only when idle" (§4.3: with free GPU cycles). The daemon's own check ran
 once per context, but a context's profile on the real model is seconds of decoding (the
 ``answer`` evaluator: every variant, every query, ``max_new_tokens`` steps). On a host where
-the daemon and the serving engine share the cores, a profile that started in a quiet moment ran
+the daemon and vLLM share the cores, a profile that started in a quiet moment ran
 on through the next requests: in the end-to-end run (RESULTS.md, issue 13) EvicPress's hits
 took 0.6-0.9 s while the daemon profiled and compressed, and 0.25-0.3 s (as LRU's) once it had
 stopped. So the evaluators call :meth:`YieldGate.wait` before each step (a decode step, a

@@ -846,7 +846,7 @@ Global___SetContextTokensResponse: _TypeAlias = SetContextTokensResponse  # noqa
 @_typing.final
 class ReportServedRequest(_message.Message):
     """ReportServed: a served request's timing, from the router. Requests that computed most of
-    their prompt teach the TTFT model the serving engine's prefill speed (profiler/prefill_fit.py).
+    their prompt teach the TTFT model vLLM's prefill speed (profiler/prefill_fit.py).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

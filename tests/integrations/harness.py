@@ -1,4 +1,4 @@
-"""Shared pieces of the vLLM end-to-end tests: LMCache config, running the engine subprocess."""
+"""Shared pieces of the vLLM end-to-end tests: LMCache config, running vLLM in a subprocess."""
 
 from __future__ import annotations
 
@@ -37,30 +37,30 @@ def lmcache_config(socket_path: str, **kvtierd: Any) -> dict[str, Any]:
     }
 
 
-def run_engine(
+def run_vllm(
     work: Path,
     model: Path,
     steps: list[dict[str, Any]],
     lmcache: dict[str, Any] | None,
     timeout_s: float = 240.0,
 ) -> dict[str, Any]:
-    """One engine process through ``steps``; returns its named results (raises with its log)."""
+    """One vLLM process through ``steps``; returns its named results (raises with its log)."""
     work.mkdir(parents=True, exist_ok=True)
     n = len(list(work.glob("spec-*.json")))
-    spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"engine-{n}.log"
+    spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"vllm-{n}.log"
     spec.write_text(json.dumps({"model": str(model), "lmcache": lmcache, "steps": steps}))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "wb") as f:
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "tests.integrations.engine_run", str(spec), str(out)],
+                [sys.executable, "-m", "tests.integrations.vllm_run", str(spec), str(out)],
                 cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s,
                 check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired as e:
-            raise AssertionError(f"engine timed out; log:\n{_tail(log)}") from e
+            raise AssertionError(f"vLLM timed out; log:\n{_tail(log)}") from e
     if proc.returncode != 0 or not out.exists():
-        raise AssertionError(f"engine exited with {proc.returncode}; log:\n{_tail(log)}")
+        raise AssertionError(f"vLLM exited with {proc.returncode}; log:\n{_tail(log)}")
     result: dict[str, Any] = json.loads(out.read_text())
     result["_log"] = str(log)
     return result

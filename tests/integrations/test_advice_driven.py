@@ -31,7 +31,7 @@ from tests.integrations.harness import (
     INT8_TOLERANCE,
     first_token_logprob_diffs,
     lmcache_config,
-    run_engine,
+    run_vllm,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -61,14 +61,14 @@ def scenario(
     daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
     lm = lmcache_config(sock)
     try:
-        first = run_engine(work, tiny_model, [gen("r1", PROMPT)], lm)
+        first = run_vllm(work, tiny_model, [gen("r1", PROMPT)], lm)
         with KVClient(sock) as c:
             (ctx,) = c.contexts()
             placed = _until_placed(c, ctx.context_id, "int8")
             compressed = _objects(c, ctx.context_id)
         steps = [gen("r2", PROMPT), gen("r3", LONGER), {"op": "reset_prefix_cache"},
                  gen("r4", LONGER)]  # fmt: skip
-        second = run_engine(work, tiny_model, steps, lm)
+        second = run_vllm(work, tiny_model, steps, lm)
         with KVClient(sock) as c:
             extended = _objects(c, ctx.context_id)
             after = c.advise(ctx.context_id)

@@ -25,7 +25,7 @@ from tests.integrations.harness import (
     INT8_TOLERANCE,
     first_token_logprob_diffs,
     lmcache_config,
-    run_engine,
+    run_vllm,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -44,13 +44,13 @@ def scenario(
     daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
     lm = lmcache_config(sock, durable=True)
     try:
-        first = run_engine(work, tiny_model, [gen("a1", CONTEXT_A)], lm)
+        first = run_vllm(work, tiny_model, [gen("a1", CONTEXT_A)], lm)
         daemon.stop()
         daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
         with KVClient(sock) as c:
             tiers_after_restart = {ctx.tier for ctx in c.contexts()}
         int8 = {"lmcache.tag.kvtierd_variant": "int8"}
-        second = run_engine(
+        second = run_vllm(
             work,
             tiny_model,
             [

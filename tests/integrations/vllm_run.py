@@ -1,7 +1,7 @@
-"""Run one vLLM-CPU engine (+ LMCache + the kvtierd plugin) through a list of steps.
+"""Run vLLM-CPU (+ LMCache + the kvtierd plugin) through a list of steps.
 
-``python -m tests.integrations.engine_run SPEC.json OUT.json`` — run by the tests in a
-subprocess with a timeout (a broken engine tends to hang). SPEC::
+``python -m tests.integrations.vllm_run SPEC.json OUT.json`` — run by the tests in a
+subprocess with a timeout (a broken vLLM tends to hang). SPEC::
 
     {"model": DIR, "lmcache": {...LMCache config...} | null,
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,

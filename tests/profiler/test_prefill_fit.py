@@ -1,5 +1,5 @@
 """The prefill speed learned from served requests (issue 13.3): the TTFT model prices a
-recompute at the serving engine's own speed once requests have reported enough of it."""
+recompute at vLLM's own speed once requests have reported enough of it."""
 
 from __future__ import annotations
 
