@@ -22,6 +22,7 @@ import yaml
 from kvtierd.errors import ConfigError
 
 MAX_LEASE_S = 3600.0
+MAX_COMPUTE_THREADS = 1024
 """The longest read lease (``lease_s``, ``Get.lease_s``) or lookup hold (``Lookup.hold_s``)."""
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -99,6 +100,7 @@ class DaemonConfig:
     max_object_bytes: int = 4 << 30
     prefill_tokens_per_s: float = 5000.0  # vLLM's prefill speed, for the TTFT model
     profile_quiet_s: float = 2.0  # background profiling waits this long after the last read
+    compute_threads: int = 0  # torch threads for profiling and compression; 0 = half the cores
     token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
     log_json: bool = False
@@ -415,6 +417,11 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
         raise ConfigError(
             f"{origin}: profile_quiet_s must be between 0 and {MAX_LEASE_S:g} seconds, got "
             f"{config.profile_quiet_s}"
+        )
+    if not 0 <= config.compute_threads <= MAX_COMPUTE_THREADS:
+        raise ConfigError(
+            f"{origin}: compute_threads must be between 0 (half the CPU cores) and "
+            f"{MAX_COMPUTE_THREADS}, got {config.compute_threads}"
         )
     if config.token_bytes_per_tenant <= 0:
         raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")

@@ -8,6 +8,7 @@ import ctypes
 import gc
 import json
 import logging
+import os
 import sys
 import time
 
@@ -52,6 +53,27 @@ def tune_malloc() -> None:
     libc.mallopt(m_top_pad, 256 << 20)
 
 
+def limit_compute_threads(requested: int) -> int:
+    """The threads torch may use in the daemon (profiling on the real model, compression):
+    ``requested``, else ``OMP_NUM_THREADS`` when the operator set it, else half the CPU cores
+    (at least 1). The daemon shares the host with vLLM: on the 2-core machine a profile using
+    both cores beside vLLM's two OpenMP threads made hits take 6-10 s instead of 0.7 s
+    (benchmarks/RESULTS.md, issue 13). Set before torch is imported (it reads the variables
+    then), or on torch itself when it already is."""
+    if requested > 0:
+        threads = requested
+    elif os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    else:
+        threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    return threads
+
+
 def tune_gc() -> None:
     """Fewer, later collections: the index holds many long-lived objects, and a full collection
     over them is a latency spike of milliseconds on whatever call it lands. Objects alive after
@@ -62,9 +84,11 @@ def tune_gc() -> None:
 
 
 async def _serve(config_path: str | None) -> None:
+    config = load_daemon_config(config_path) if config_path else default_config()
+    threads = limit_compute_threads(config.compute_threads)
+    logger.info("compute: %d torch thread(s) for profiling and compression", threads)
     from kvtierd.server.app import Daemon
 
-    config = load_daemon_config(config_path) if config_path else default_config()
     if config_path is None:
         logger.info("no --config given: using the embedded default configuration")
     for tier in config.tiers:
