@@ -60,7 +60,7 @@ def chunk_tokens_of(variant: str) -> int:
 
 def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) -> dict[str, Any]:
     """Every variant's answer, accuracy and similarity on one case, with its timings."""
-    from kvtierd.profiler.quality import ProfileLayout, ProfilingQuery
+    from kvtierd.profiler.quality import ProfilingQuery, StoredForm
 
     split = split_prompt(tokenizer, case)
     t0 = time.perf_counter()
@@ -72,8 +72,8 @@ def run_case(evaluator: Any, tokenizer: Any, case: Case, variants: list[str]) ->
         group = [v for v in variants if chunk_tokens_of(v) == chunk]
         group = ["none", *group] if chunk == 16 else group
         if group:
-            layout = ProfileLayout(chunk_tokens=chunk)
-            out = evaluator.answers(kv, group, [query], layout=layout)[0]
+            form = StoredForm(chunk_tokens=chunk)
+            out = evaluator.answers(kv, group, [query], form=form)[0]
             texts.update(zip(group, out, strict=True))
     t2 = time.perf_counter()
     sims = evaluator.embedder.similarity(

@@ -21,7 +21,7 @@ from kvtierd.sizes import count_unit, dtype_bytes, variant_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
-    from kvtierd.profiler import ProfileLayout, Profiler
+    from kvtierd.profiler import Profiler, StoredForm
 
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
@@ -150,13 +150,13 @@ class ContextOptions:
             return "its original is not kept, and the policy names no variant made from it"
         return ""
 
-    def layout_of(self, ctx: ContextRecord) -> ProfileLayout:
+    def stored_form_of(self, ctx: ContextRecord) -> StoredForm:
         """How the context's variants are stored: in chunks of its objects' size, so the
         quality the profiler measures is that of the variant the executor will write."""
-        from kvtierd.profiler import ProfileLayout
+        from kvtierd.profiler import StoredForm
 
         fmt, _, _ = self.geometry_of(ctx)
-        return ProfileLayout(chunk_tokens=fmt.shape[2]) if fmt is not None else ProfileLayout()
+        return StoredForm(chunk_tokens=fmt.shape[2]) if fmt is not None else StoredForm()
 
     def geometry_of(self, ctx: ContextRecord) -> Geometry:
         """Chunk format, token count and bytes of the context's original (of its sources:

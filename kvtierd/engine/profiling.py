@@ -149,7 +149,7 @@ class ProfilingService:
         options = self.options
         check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
                         model_dir=model_dir, variants=options.profiled_variants(ctx),
-                        layout=options.layout_of(ctx))  # fmt: skip
+                        form=options.stored_form_of(ctx))  # fmt: skip
         return await asyncio.get_running_loop().run_in_executor(self._worker, check)
 
     async def _reprofile(self, context_id: str) -> None:
@@ -280,7 +280,7 @@ class ProfilingService:
             run = partial(window.profile, self.profiler, self._policy.current.evaluator_model_dir,
                           ctx.context_id, keys, values, queries=queries,
                           variants=self.options.profiled_variants(ctx),
-                          layout=self.options.layout_of(ctx))  # fmt: skip
+                          form=self.options.stored_form_of(ctx))  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

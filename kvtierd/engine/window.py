@@ -29,7 +29,7 @@ from kvtierd.variants import Variant, as_variant, option_default
 if TYPE_CHECKING:
     import torch
 
-    from kvtierd.profiler import DriftSample, ProfileLayout, Profiler, ProfilingQuery
+    from kvtierd.profiler import DriftSample, Profiler, ProfilingQuery, StoredForm
     from kvtierd.types import ContextProfile
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def profile(
     *,
     queries: Sequence[ProfilingQuery],
     variants: Sequence[str],
-    layout: ProfileLayout,
+    form: StoredForm,
 ) -> ContextProfile:
     """:meth:`Profiler.profile` with the window queries the grid's snapkv variants need; the
     snapkv variants are left out when they cannot be computed (module docstring)."""
@@ -88,7 +88,7 @@ def profile(
                     _why_not(model_dir, len(tokens), int(keys.shape[2])))  # fmt: skip
         variants = [v for v in variants if not window_of(v)]
     return profiler.profile(context_id, keys, values, queries=queries, variants=variants,
-                            window_queries=window_queries, layout=layout)  # fmt: skip
+                            window_queries=window_queries, form=form)  # fmt: skip
 
 
 def check_drift(
@@ -100,7 +100,7 @@ def check_drift(
     *,
     model_dir: str,
     variants: Sequence[str],
-    layout: ProfileLayout,
+    form: StoredForm,
 ) -> DriftSample | None:
     """:meth:`Profiler.check_drift` with the window queries the profile was scored with
     (``variants``: the grid); ``None`` (no sample) when the context is stored as snapkv and
@@ -114,7 +114,7 @@ def check_drift(
     if window_queries is None and window_of(variant):
         return None
     return profiler.check_drift(context_id, keys, values, variant,
-                                window_queries=window_queries, layout=layout)  # fmt: skip
+                                window_queries=window_queries, form=form)  # fmt: skip
 
 
 def form_queries(

@@ -55,12 +55,12 @@ from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError, UnavailableError
 from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.quality import (
-    DEFAULT_LAYOUT,
+    DEFAULT_FORM,
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, context_digest, loaded_value
 from kvtierd.types import ORIGINAL_VARIANT
@@ -171,9 +171,9 @@ class ServedEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
-        """Mean answer similarity per variant over ``queries`` (at least one); ``layout`` is
+        """Mean answer similarity per variant over ``queries`` (at least one); ``form`` is
         unused: the stack compresses with its own."""
         context = self._context_ids(kv)
         if not queries:

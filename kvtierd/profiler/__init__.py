@@ -11,10 +11,10 @@ from kvtierd.profiler.profiler import Profiler
 from kvtierd.profiler.quality import (
     EVALUATORS,
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
     evaluator_class,
     make_evaluator,
 )
@@ -37,7 +37,6 @@ __all__ = [
     "Decision",
     "DriftSample",
     "FrequencyTracker",
-    "ProfileLayout",
     "ProfileRecord",
     "ProfileStore",
     "Profiler",
@@ -48,6 +47,7 @@ __all__ = [
     "ReprofileLoop",
     "ReprofileScheduler",
     "RestoreCost",
+    "StoredForm",
     "TokenBucket",
     "TtftModel",
     "evaluator_class",

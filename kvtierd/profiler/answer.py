@@ -24,12 +24,12 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.greedy import greedy_decode
 from kvtierd.profiler.quality import (
-    DEFAULT_LAYOUT,
+    DEFAULT_FORM,
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
 from kvtierd.profiler.variant_kv import pad_left, variant_kvs
 from kvtierd.profiler.window_queries import prefill_with_window_queries
@@ -116,14 +116,14 @@ class AnswerEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         """Mean answer similarity per variant over ``queries`` (at least one)."""
         if not queries:
             raise InvalidArgumentError("the answer evaluator needs at least one profiling query")
         t0 = time.perf_counter()
         per_query: dict[str, list[float]] = {v: [] for v in variants}
-        for texts in self.answers(kv, ["none", *variants], queries, layout=layout):
+        for texts in self.answers(kv, ["none", *variants], queries, form=form):
             sims = self.embedder.similarity([texts[0]] * len(variants), texts[1:])
             for v, s in zip(variants, sims, strict=True):
                 per_query[v].append(s)
@@ -135,14 +135,14 @@ class AnswerEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> list[list[str]]:
         """Greedy answer texts, ``[query][variant]``: each variant compressed once, every
         query decoded over all of them in batches of ``max_batch``."""
         model, tok = self.load()
         self._check_geometry(model, kv)
         kv = _on(kv, self.device, model.dtype)
-        items = variant_kvs(kv, variants, layout)
+        items = variant_kvs(kv, variants, form)
         out = []
         for query in queries:
             answers = self._answers(model, kv, items, self.query_ids(query))

@@ -28,12 +28,12 @@ import torch
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.quality import (
-    DEFAULT_LAYOUT,
+    DEFAULT_FORM,
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
 from kvtierd.profiler.variant_kv import VariantKV, variant_kvs
 
@@ -62,12 +62,12 @@ class AttentionEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery] = (),
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         """``queries`` (texts) are not used: this evaluator reads probe vectors (module doc)."""
         t0 = time.perf_counter()
         probes = self.probes(kv)
-        items = variant_kvs(kv, variants, layout)
+        items = variant_kvs(kv, variants, form)
         sums = torch.zeros(len(items), dtype=torch.float64)
         for layer in range(kv.keys.shape[0]):
             self.pause()

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.profiler.quality import (
-    DEFAULT_LAYOUT,
+    DEFAULT_FORM,
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
+    StoredForm,
 )
 from kvtierd.profiler.queries import QueryStore
 from kvtierd.profiler.reprofile import (
@@ -70,7 +70,7 @@ class Profiler:
         *,
         policy: PolicyConfig,
         directory: str | os.PathLike[str] | None = None,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
         is_busy: Callable[[], bool] = lambda: False,
         reprofile_rate_per_s: float = 1 / 60,
         reprofile_burst: float = 4,
@@ -81,7 +81,7 @@ class Profiler:
         self.evaluator = evaluator
         self.ttft = ttft
         self.policy = policy
-        self.layout = layout
+        self.form = form
         self.wall_clock = wall_clock
         self.clock = clock
         root = None if directory is None else Path(directory)
@@ -113,13 +113,13 @@ class Profiler:
         queries: Sequence[ProfilingQuery] = (),
         variants: Sequence[str] | None = None,
         window_queries: torch.Tensor | None = None,
-        layout: ProfileLayout | None = None,
+        form: StoredForm | None = None,
     ) -> ContextProfile:
         """Profile one context's ``[L, H, N, D]`` KV on its profiling queries (``queries`` are
         added to the user-supplied ones first) over ``variants`` (default: the policy's grid),
-        compressed as they are stored (``layout``, default the profiler's); persist and return
+        compressed as they are stored (``form``, default the profiler's); persist and return
         the :class:`ContextProfile`."""
-        layout = layout or self.layout
+        form = form or self.form
         if queries:
             self.queries.add_user(context_id, list(queries))
         tokens = self.queries.tokens(context_id, int(keys.shape[2]))
@@ -127,7 +127,7 @@ class Profiler:
         names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
         source, qs = self.queries.profiling_set(context_id)
         lossy = [v for v in names if v != ORIGINAL_VARIANT]
-        result = self.evaluator.evaluate(kv, lossy, qs, layout=layout) if lossy else None
+        result = self.evaluator.evaluate(kv, lossy, qs, form=form) if lossy else None
         lyr, h, n, d = (int(s) for s in keys.shape)
         profiles = []
         for v in names:
@@ -138,8 +138,8 @@ class Profiler:
                 n,
                 keys.element_size(),
                 v,
-                chunk_tokens=count_unit(v, layout.chunk_tokens),
-                group_size=layout.group_size,
+                chunk_tokens=count_unit(v, form.chunk_tokens),
+                group_size=form.group_size,
             )
             quality = 1.0 if result is None or v == ORIGINAL_VARIANT else result[v]
             profiles.append(VariantProfile(v, size, quality, self.ttft.restore_s(v, size)))
@@ -244,7 +244,7 @@ class Profiler:
         variant: str,
         *,
         window_queries: torch.Tensor | None = None,
-        layout: ProfileLayout | None = None,
+        form: StoredForm | None = None,
     ) -> DriftSample | None:
         """Quality of the stored ``variant`` on the newest real queries vs its profiled quality;
         ``None`` when the context has no profile or no new traffic since it was profiled."""
@@ -259,8 +259,8 @@ class Profiler:
             kv = ContextKV(
                 keys=keys, values=values, window_queries=window_queries, token_ids=tokens
             )
-            lay = layout or self.layout
-            online = self.evaluator.evaluate(kv, [variant], recent, layout=lay)[variant]
+            form = form or self.form
+            online = self.evaluator.evaluate(kv, [variant], recent, form=form)[variant]
         return DriftSample(context_id, variant, profiled, online, len(recent))
 
     def due_for_reprofile(self, sample: DriftSample | None) -> Decision:

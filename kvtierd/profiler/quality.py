@@ -59,7 +59,7 @@ class ContextKV:
 
 
 @dataclass(frozen=True, slots=True)
-class ProfileLayout:
+class StoredForm:
     """How the daemon stores variants: the kernels' ``chunk_tokens`` and quantization
     ``group_size``. Sizes and qualities must be computed with the same values as the stored
     objects, so the engine passes its own here."""
@@ -75,7 +75,7 @@ class ProfileLayout:
             )
 
 
-DEFAULT_LAYOUT = ProfileLayout()
+DEFAULT_FORM = StoredForm()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,7 @@ class QualityEvaluator(ABC):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         """Quality of every variant in ``[0, 1]`` (``"none"``, if asked, scores 1.0 through the
         metric itself, not by special-casing). Raises rather than returning partial results.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtierd.kernels.api import compress_dense, dense_kv
-from kvtierd.profiler.quality import DEFAULT_LAYOUT, ContextKV, ProfileLayout
+from kvtierd.profiler.quality import DEFAULT_FORM, ContextKV, StoredForm
 from kvtierd.sizes import count_unit
 
 
@@ -47,7 +47,7 @@ class PaddedBatch:
 
 
 def variant_kvs(
-    kv: ContextKV, variants: Sequence[str], layout: ProfileLayout = DEFAULT_LAYOUT
+    kv: ContextKV, variants: Sequence[str], form: StoredForm = DEFAULT_FORM
 ) -> list[VariantKV]:
     """Compress ``kv`` into each variant with the kernels (snapkv gets ``kv.window_queries``)."""
     out = []
@@ -57,8 +57,8 @@ def variant_kvs(
             kv.values,
             name,
             queries=kv.window_queries,
-            chunk_tokens=count_unit(name, layout.chunk_tokens),
-            group_size=layout.group_size,
+            chunk_tokens=count_unit(name, form.chunk_tokens),
+            group_size=form.group_size,
         )
         k, v = dense_kv(c)
         out.append(VariantKV(variant=name, keys=k, values=v))

@@ -47,7 +47,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             durable_held=s.durable_held,
         )
 
-    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+    async def Status(self, request: pb.StatusRequest, rpc_context: Any) -> pb.StatusResponse:
         c = self.engine.counts()
         return pb.StatusResponse(
             version=__version__,
@@ -67,7 +67,9 @@ class AdminServicer(pb_grpc.AdminServicer):
             **_prefill_fields(self.engine),
         )
 
-    async def ListTiers(self, request: pb.ListTiersRequest, context: Any) -> pb.ListTiersResponse:
+    async def ListTiers(
+        self, request: pb.ListTiersRequest, rpc_context: Any
+    ) -> pb.ListTiersResponse:
         tiers = []
         for tier in self.engine.tiers.values():
             s = tier.stats()
@@ -90,7 +92,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.ListTiersResponse(tiers=tiers)
 
     async def ListContexts(
-        self, request: pb.ListContextsRequest, context: Any
+        self, request: pb.ListContextsRequest, rpc_context: Any
     ) -> pb.ListContextsResponse:
         order = request.order_by or "recency"
         if order not in _ORDERS:
@@ -107,7 +109,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.ListContextsResponse(contexts=[self._summary(c) for c in ctxs])
 
     async def DescribeContext(
-        self, request: pb.DescribeContextRequest, context: Any
+        self, request: pb.DescribeContextRequest, rpc_context: Any
     ) -> pb.DescribeContextResponse:
         ctx = self.engine.contexts.get(request.context_id)
         if ctx is None:
@@ -131,30 +133,32 @@ class AdminServicer(pb_grpc.AdminServicer):
             reason=placement_reason(self.engine, ctx, table),
         )
 
-    async def Evict(self, request: pb.EvictRequest, context: Any) -> pb.EvictResponse:
+    async def Evict(self, request: pb.EvictRequest, rpc_context: Any) -> pb.EvictResponse:
         return pb.EvictResponse(evicted=await self.engine.evict(request.context_ids))
 
-    async def Pin(self, request: pb.PinRequest, context: Any) -> pb.PinResponse:
+    async def Pin(self, request: pb.PinRequest, rpc_context: Any) -> pb.PinResponse:
         return pb.PinResponse(changed=self.engine.set_pinned(request.context_ids, True))
 
-    async def Unpin(self, request: pb.PinRequest, context: Any) -> pb.PinResponse:
+    async def Unpin(self, request: pb.PinRequest, rpc_context: Any) -> pb.PinResponse:
         return pb.PinResponse(changed=self.engine.set_pinned(request.context_ids, False))
 
-    async def Drain(self, request: pb.DrainRequest, context: Any) -> pb.DrainResponse:
+    async def Drain(self, request: pb.DrainRequest, rpc_context: Any) -> pb.DrainResponse:
         moved, dropped = await self.engine.drain(request.tier)
         return pb.DrainResponse(moved=moved, dropped=dropped)
 
-    async def GetPolicy(self, request: pb.PolicyRequest, context: Any) -> pb.PolicyResponse:
+    async def GetPolicy(self, request: pb.PolicyRequest, rpc_context: Any) -> pb.PolicyResponse:
         p = self.engine.policy
         return pb.PolicyResponse(name=p.name, yaml=p.text, source=p.source)
 
-    async def ApplyPolicy(self, request: pb.ApplyPolicyRequest, context: Any) -> pb.PolicyResponse:
+    async def ApplyPolicy(
+        self, request: pb.ApplyPolicyRequest, rpc_context: Any
+    ) -> pb.PolicyResponse:
         policy = parse_policy(request.yaml, request.source or "policy")
         if not request.dry_run:
             await self.engine.apply_policy(policy)
         return pb.PolicyResponse(name=policy.name, yaml=policy.text, source=policy.source)
 
-    async def Profile(self, request: pb.ProfileRequest, context: Any) -> pb.ProfileResponse:
+    async def Profile(self, request: pb.ProfileRequest, rpc_context: Any) -> pb.ProfileResponse:
         ids = list(request.context_ids) or list(self.engine.contexts)
         for cid in ids:
             if cid not in self.engine.contexts:
@@ -173,7 +177,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.ProfileResponse(profiled=ok, failed=failed, errors=errors)
 
     async def ProfileStatus(
-        self, request: pb.ProfileStatusRequest, context: Any
+        self, request: pb.ProfileStatusRequest, rpc_context: Any
     ) -> pb.ProfileStatusResponse:
         p = self.engine.profiling
         resp = pb.ProfileStatusResponse(
@@ -208,7 +212,9 @@ class AdminServicer(pb_grpc.AdminServicer):
                 )
         return resp
 
-    async def Rebalance(self, request: pb.RebalanceRequest, context: Any) -> pb.RebalanceResponse:
+    async def Rebalance(
+        self, request: pb.RebalanceRequest, rpc_context: Any
+    ) -> pb.RebalanceResponse:
         plan = await self.engine.rebalance()
         kinds = [op.kind for op in plan.operations]
         return pb.RebalanceResponse(

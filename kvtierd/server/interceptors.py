@@ -3,7 +3,8 @@ bearer token on TCP listeners.
 
 The error interceptor wraps every method handler of every kind (unary and streaming either way:
 authentication must not depend on how a method streams), so servicers raise domain errors and
-never call ``context.abort`` themselves. Anything else that escapes becomes ``INTERNAL`` with the
+never call ``rpc_context.abort`` themselves (``rpc_context``: gRPC's ``ServicerContext``, named
+apart from kvtierd's contexts). Anything else that escapes becomes ``INTERNAL`` with the
 exception's class and message (logged with its traceback here, never sent to the client).
 """
 
@@ -86,15 +87,15 @@ class ErrorInterceptor(aio.ServerInterceptor):
         self._identify = identify
         self._on_error = on_error
 
-    def _enter(self, context: Any, method: str) -> None:
-        caller = self._identify(context.invocation_metadata())
+    def _enter(self, rpc_context: Any, method: str) -> None:
+        caller = self._identify(rpc_context.invocation_metadata())
         if method.startswith(ADMIN_PREFIX) and not caller.admin:
             raise errors.PermissionDeniedError(
                 f"tenant {caller.tenant!r} may not call the Admin service (needs admin: true)"
             )
         CALLER.set(caller)
 
-    async def _fail(self, context: Any, method: str, e: Exception) -> None:
+    async def _fail(self, rpc_context: Any, method: str, e: Exception) -> None:
         code = status_of(e)
         if code is grpc.StatusCode.INTERNAL:
             logger.exception("%s failed", method)
@@ -103,30 +104,30 @@ class ErrorInterceptor(aio.ServerInterceptor):
             message = str(e)
         if self._on_error is not None:
             self._on_error(code)
-        await context.abort(code, message)
+        await rpc_context.abort(code, message)
 
     def _one_reply(self, inner: Any, method: str, prepare: Prepare) -> Any:
         """A unary-reply handler (unary or streamed requests) run as :meth:`_enter` allows."""
 
-        async def handle(request: Any, context: Any) -> Any:
+        async def handle(request: Any, rpc_context: Any) -> Any:
             try:
-                self._enter(context, method)
-                return await inner(prepare(request, method), context)
+                self._enter(rpc_context, method)
+                return await inner(prepare(request, method), rpc_context)
             except Exception as e:
-                await self._fail(context, method, e)
+                await self._fail(rpc_context, method, e)
 
         return handle
 
     def _replies(self, inner: Any, method: str, prepare: Prepare) -> Any:
         """A streaming-reply handler (unary or streamed requests), likewise."""
 
-        async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
+        async def handle(request: Any, rpc_context: Any) -> AsyncIterator[Any]:
             try:
-                self._enter(context, method)
-                async for item in inner(prepare(request, method), context):
+                self._enter(rpc_context, method)
+                async for item in inner(prepare(request, method), rpc_context):
                     yield item
             except Exception as e:
-                await self._fail(context, method, e)
+                await self._fail(rpc_context, method, e)
 
         return handle
 

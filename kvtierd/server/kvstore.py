@@ -49,7 +49,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.engine = engine
         self._plan_called = False  # the deprecated Plan is logged once per daemon
 
-    async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
+    async def Lookup(self, request: pb.LookupRequest, rpc_context: Any) -> pb.LookupResponse:
         _check_batch(len(request.keys), "Lookup")
         _check_seconds(request.hold_s, "Lookup: hold_s")
         caller = CALLER.get()
@@ -62,7 +62,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         resp.size_bytes.extend([f.meta.size_bytes if f is not None else 0 for f in found])
         return resp
 
-    async def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+    async def Allocate(self, request: pb.AllocateRequest, rpc_context: Any) -> pb.AllocateResponse:
         _check_batch(len(request.objects), "Allocate")
         caller = CALLER.get()
         recs = self.engine.allocate([meta_from_spec(s, caller) for s in request.objects])
@@ -74,7 +74,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             ]
         )
 
-    async def Commit(self, request: pb.CommitRequest, context: Any) -> pb.CommitResponse:
+    async def Commit(self, request: pb.CommitRequest, rpc_context: Any) -> pb.CommitResponse:
         _check_batch(len(request.allocation_ids), "Commit")
         caller = CALLER.get()
         self._own_allocations(request.allocation_ids, caller)
@@ -90,12 +90,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             if rec is not None and rec.meta.tenant != caller.tenant:
                 raise PermissionDeniedError(f"allocation {aid!r} belongs to another tenant")
 
-    async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
+    async def Abort(self, request: pb.AbortRequest, rpc_context: Any) -> pb.AbortResponse:
         self._own_allocations(request.allocation_ids, CALLER.get())
         self.engine.abort(request.allocation_ids)
         return pb.AbortResponse()
 
-    async def Get(self, request: pb.GetRequest, context: Any) -> pb.GetResponse:
+    async def Get(self, request: pb.GetRequest, rpc_context: Any) -> pb.GetResponse:
         _check_batch(len(request.keys), "Get")
         _check_seconds(request.lease_s, "Get: lease_s")
         caller = CALLER.get()
@@ -117,7 +117,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             out.region.CopyFrom(region(self.engine.cpu.arena, lease.block))
         return out
 
-    async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseResponse:
+    async def Release(self, request: pb.ReleaseRequest, rpc_context: Any) -> pb.ReleaseResponse:
         caller = CALLER.get()
         for lid in request.lease_ids:
             lease = self.engine.leases.get(lid)
@@ -127,7 +127,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.ReleaseResponse()
 
     async def PutStream(
-        self, request_iterator: AsyncIterator[pb.PutChunk], context: Any
+        self, request_iterator: AsyncIterator[pb.PutChunk], rpc_context: Any
     ) -> pb.PutResponse:
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("spec"):
@@ -162,7 +162,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     # Yields pre-serialized data frames next to messages (see data_frame).
     async def GetStream(  # type: ignore[override]
-        self, request: pb.GetStreamRequest, context: Any
+        self, request: pb.GetStreamRequest, rpc_context: Any
     ) -> AsyncIterator[pb.GetChunk | bytes]:
         chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
         if not MIN_CHUNK_BYTES <= chunk <= MAX_CHUNK_BYTES:
@@ -180,7 +180,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         finally:
             self.engine.release([lease.lease_id])
 
-    async def Delete(self, request: pb.DeleteRequest, context: Any) -> pb.DeleteResponse:
+    async def Delete(self, request: pb.DeleteRequest, rpc_context: Any) -> pb.DeleteResponse:
         _check_batch(len(request.keys), "Delete")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
@@ -188,7 +188,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.DeleteResponse(deleted=deleted)
 
     async def AddQueries(
-        self, request: pb.AddQueriesRequest, context: Any
+        self, request: pb.AddQueriesRequest, rpc_context: Any
     ) -> pb.AddQueriesResponse:
         caller = CALLER.get()
         cid = caller.scoped(request.context_id)
@@ -203,7 +203,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
         return pb.AddQueriesResponse(stored=stored)
 
-    async def Advise(self, request: pb.AdviseRequest, context: Any) -> pb.AdviseResponse:
+    async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
         _check_batch(len(request.contexts), "Advise")
         caller = CALLER.get()
         advice = []
@@ -224,7 +224,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             )
         return pb.AdviseResponse(advice=advice)
 
-    async def Plan(self, request: pb.PlanRequest, context: Any) -> pb.PlanResponse:
+    async def Plan(self, request: pb.PlanRequest, rpc_context: Any) -> pb.PlanResponse:
         """Advise under its name before issue 17, kept one release for plugins built before the
         rename. Its messages are Advise's field for field (same numbers and types), so their
         bytes are read as Advise's and the answer's as Plan's: one handler serves both."""
@@ -235,12 +235,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 "client or plugin older than the rename); Plan goes in the next release"
             )
         advice = await self.Advise(
-            pb.AdviseRequest.FromString(request.SerializeToString()), context
+            pb.AdviseRequest.FromString(request.SerializeToString()), rpc_context
         )
         return pb.PlanResponse.FromString(advice.SerializeToString())
 
     async def SetContextTokens(
-        self, request: pb.SetContextTokensRequest, context: Any
+        self, request: pb.SetContextTokensRequest, rpc_context: Any
     ) -> pb.SetContextTokensResponse:
         caller = CALLER.get()
         form = (bool(request.context_id), bool(request.token_ids), bool(request.request_id))
@@ -267,7 +267,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.SetContextTokensResponse()
 
     async def ReportServed(
-        self, request: pb.ReportServedRequest, context: Any
+        self, request: pb.ReportServedRequest, rpc_context: Any
     ) -> pb.ReportServedResponse:
         sample = self.engine.profiling.observe_served(
             request.prompt_tokens, request.cached_tokens, request.ttft_s
@@ -275,7 +275,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         rate = self.engine.profiling.prefill_tokens_per_s()
         return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
 
-    async def Touch(self, request: pb.TouchRequest, context: Any) -> pb.TouchResponse:
+    async def Touch(self, request: pb.TouchRequest, rpc_context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]

@@ -24,12 +24,12 @@ from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
-from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from kvtierd.profiler.quality import DEFAULT_FORM, EVALUATORS
 from kvtierd.profiler.queries import QueryStore
 from kvtierd.types import ObjectMeta
 
@@ -49,7 +49,7 @@ class TokenEcho(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery] = (),
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         TokenEcho.seen.append(kv.token_ids)
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 0)

@@ -19,12 +19,12 @@ from kvtierd.engine import Engine
 from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
-from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from kvtierd.profiler.quality import DEFAULT_FORM, EVALUATORS
 from tests.daemon.test_profiling_engine import CHUNKS, T, _config, _put_context, _until
 
 RELEASE = threading.Event()
@@ -42,7 +42,7 @@ class HeldEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         assert RELEASE.wait(60), "the test never released the profile"
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 1.0)), 3)
@@ -61,7 +61,7 @@ class CountingEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         if not self.runs:
             STARTED.set()

@@ -23,12 +23,12 @@ from kvtierd.kernels.rope import RopeSpec
 from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
-    ProfileLayout,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
 )
-from kvtierd.profiler.quality import DEFAULT_LAYOUT, EVALUATORS
+from kvtierd.profiler.quality import DEFAULT_FORM, EVALUATORS
 from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import ObjectMeta
 
@@ -48,7 +48,7 @@ class TailTopicEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         tail = sum("tail" in q.text for q in queries) / max(1, len(queries))
         quality = {v: 1.0 if "@" not in v else 0.95 - 0.9 * tail for v in variants}
@@ -59,7 +59,7 @@ class LayoutEvaluator(QualityEvaluator):
     """Scores nothing; remembers the layouts it was asked to score in."""
 
     name = "engine-test-layout"
-    seen: ClassVar[list[ProfileLayout]] = []
+    seen: ClassVar[list[StoredForm]] = []
 
     def evaluate(
         self,
@@ -67,9 +67,9 @@ class LayoutEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
-        self.seen.append(layout)
+        self.seen.append(form)
         return QualityResult(self.name, MappingProxyType(dict.fromkeys(variants, 0.5)), 3)
 
 

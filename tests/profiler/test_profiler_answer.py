@@ -80,7 +80,7 @@ def test_quality_orders_variants_on_the_real_model(real_model: Path) -> None:
     from transformers import AutoTokenizer
 
     from benchmarks.quality_tasks import make_case, split_prompt
-    from kvtierd.profiler import ProfileLayout
+    from kvtierd.profiler import StoredForm
 
     tok = AutoTokenizer.from_pretrained(real_model)
     case = make_case(tok, "niah_multikey", 1024, 0)
@@ -89,7 +89,7 @@ def test_quality_orders_variants_on_the_real_model(real_model: Path) -> None:
     queries = [ProfilingQuery(token_ids=tuple(split_prompt(tok, case, question=q).query))
                for q, _ in case.questions]  # fmt: skip
     names = ["int8", "streamingllm@0.1", "knorm@0.1+int4"]
-    res = evaluator.evaluate(kv, names, queries, layout=ProfileLayout(chunk_tokens=16))
+    res = evaluator.evaluate(kv, names, queries, form=StoredForm(chunk_tokens=16))
     print({v: round(q, 3) for v, q in res.quality.items()})  # measured: 1.0, 0.913, 0.931
     assert res["int8"] > 0.99
     assert res["int8"] > res["streamingllm@0.1"] + 0.05

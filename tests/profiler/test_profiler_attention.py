@@ -88,13 +88,13 @@ def test_bad_shapes_are_rejected() -> None:
 def test_a_layout_rounds_kept_counts_to_chunks_and_page_methods_to_pages() -> None:
     """The daemon profiles in its chunk size: knorm@0.3 of 512 tokens keeps 160 (whole 16-token
     chunks, not 154); a page method keeps whole pages and is never refused for the chunks."""
-    from kvtierd.profiler import ProfileLayout
+    from kvtierd.profiler import StoredForm
     from kvtierd.profiler.variant_kv import variant_kvs
 
-    layout = ProfileLayout(chunk_tokens=16)
+    form = StoredForm(chunk_tokens=16)
     kv = structured_kv()
     names = ["knorm@0.3", "paged_eviction_block-page=8@0.3"]
-    kept = {x.variant: x.num_kept for x in variant_kvs(kv, names, layout)}
+    kept = {x.variant: x.num_kept for x in variant_kvs(kv, names, form)}
     assert kept == {"knorm@0.3": 160, "paged_eviction_block-page=8@0.3": 152}
-    res = AttentionEvaluator().evaluate(kv, list(kept), layout=layout)
+    res = AttentionEvaluator().evaluate(kv, list(kept), form=form)
     assert all(0.0 < q < 1.0 for q in res.quality.values())

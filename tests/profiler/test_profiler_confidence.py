@@ -17,14 +17,14 @@ from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     EVALUATORS,
     ContextKV,
-    ProfileLayout,
     Profiler,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
+    StoredForm,
     TtftModel,
 )
-from kvtierd.profiler.quality import DEFAULT_LAYOUT
+from kvtierd.profiler.quality import DEFAULT_FORM
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = "placer: evicpress\nvariants: {methods: [knorm], ratios: [0.5]}\n"
@@ -42,7 +42,7 @@ class QueryCountEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         q = 1.0 if len(queries) == 1 else 0.6
         quality = {v: 1.0 if v == "none" else q for v in variants}

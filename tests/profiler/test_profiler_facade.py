@@ -17,18 +17,18 @@ from kvtierd.profiler import (
     INITIAL_QUERIES,
     ContextKV,
     Decision,
-    ProfileLayout,
     Profiler,
     ProfilingQuery,
     QualityEvaluator,
     QualityResult,
     QueryStore,
     RestoreCost,
+    StoredForm,
     TtftModel,
     evaluator_class,
     make_evaluator,
 )
-from kvtierd.profiler.quality import DEFAULT_LAYOUT
+from kvtierd.profiler.quality import DEFAULT_FORM
 
 POLICY = parse_policy(
     "placer: evicpress\nvariants: {methods: [knorm, int8], ratios: [1.0, 0.5]}\n"
@@ -166,7 +166,7 @@ class TopicEvaluator(QualityEvaluator):
         variants: Sequence[str],
         queries: Sequence[ProfilingQuery],
         *,
-        layout: ProfileLayout = DEFAULT_LAYOUT,
+        form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         tail = sum("tail" in q.text for q in queries) / len(queries)
         q = {v: 1.0 if v == "none" else 0.95 - 0.6 * tail for v in variants}
