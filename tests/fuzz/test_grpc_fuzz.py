@@ -78,6 +78,7 @@ def _methods() -> list[Method]:
 
 
 METHODS = _methods()
+POLICY = next(m for m in METHODS if m.path.endswith("/ApplyPolicy"))
 
 
 @dataclass
@@ -170,6 +171,11 @@ def assert_healthy(t: Target) -> None:
     for service in ("", "kvtierd.v1.KVStore", "kvtierd.v1.Admin"):
         reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    # A fuzzed ApplyPolicy may have left any preset in force, and some keep nothing by design
+    # (`prefill` caches no KV; EvicPress may drop a small context it prices cheaper to
+    # recompute). That is a placement, not a fault: the probe runs on the target's own LRU.
+    lru = Path(t.daemon.config).parent / "lru.yaml"
+    _call(t, POLICY, pb.ApplyPolicyRequest(yaml=lru.read_text(), source=lru.name), "")
     with KVClient(t.daemon.socket_path, timeout_s=CALL_TIMEOUT_S) as c:
         status = c.status()
         assert status.health == "SERVING", status.health
