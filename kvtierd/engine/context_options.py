@@ -58,10 +58,12 @@ class ContextOptions:
         """Some context's options changed (see :attr:`version`)."""
         self.version += 1
 
-    def forget(self, context_id: str) -> None:
-        """A context's bytes are gone."""
+    def forget(self, context_id: str) -> int:
+        """A context's bytes are gone; returns its token count as last computed (0 when its
+        geometry was never asked for)."""
         self.version += 1
-        self._geometry_cache.pop(context_id, None)
+        cached = self._geometry_cache.pop(context_id, None)
+        return 0 if cached is None else cached[1][1]
 
     def variants(self) -> list[str]:
         """The running policy's grid (cached per policy)."""

@@ -9,8 +9,10 @@ router gave links up after 10 s).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.context_options import ContextOptions
@@ -51,6 +53,7 @@ class ProfileInputs:
         self._place_again = place_again
         self._profile_again = profile_again
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-queries")
+        self._gone: OrderedDict[str, int] = OrderedDict()  # set-aside contexts' token counts
 
     async def set_tokens(self, context_id: str, tokens: Sequence[int]) -> None:
         """The token ids ``context_id`` was computed from (``KVStore.SetContextTokens``): only
@@ -87,6 +90,9 @@ class ProfileInputs:
                 f"newer ones pushed it out (at most {MAX_PENDING_PROMPTS}, and "
                 f"token_bytes_per_tenant of them per tenant)"
             )
+        if self.set_aside_tokens(context_id):
+            await self._link_set_aside(context_id, tokens)
+            return
         ctx = self._held(context_id)
         profiler = self._profiler()
         if profiler is None:
@@ -109,6 +115,22 @@ class ProfileInputs:
         await asyncio.get_running_loop().run_in_executor(self._thread, store)
         self._tokens_known(ctx)
         self.recheck(context_id)
+
+    async def _link_set_aside(self, context_id: str, tokens: Sequence[int]) -> None:
+        """A prompt linked to a context dropped since its put (the placer may drop a context as
+        it arrives, before the plugin links the request that stored it): the tokens past the
+        context are a query of it, kept with its profile and frequency for when it returns.
+        Without this a context the placer keeps dropping is profiled, each time it returns, on
+        too few queries to be trusted. Its token ids are not kept: they come back with it."""
+        from kvtierd.profiler import ProfilingQuery
+
+        profiler = self._profiler()
+        query = tokens[self._gone[context_id] :]
+        if profiler is None or not 0 < len(query) <= MAX_QUERY_TOKENS:
+            return
+        q = ProfilingQuery(token_ids=tuple(query))
+        record = partial(profiler.queries.record, context_id, q, persist=False)
+        await asyncio.get_running_loop().run_in_executor(self._thread, record)
 
     def _tokens_known(self, ctx: ContextRecord) -> None:
         """Token ids arrived: when they made a token-dropped variant servable, the placer sees
@@ -179,12 +201,24 @@ class ProfileInputs:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def drop_tokens(self, context_id: str) -> None:
+    def set_aside(self, context_id: str, num_tokens: int) -> None:
         """The context is gone: its ids go, on the thread that registers them, so that those
-        of a prompt that brings it back stay."""
+        of a prompt that brings it back stay. Its length (``num_tokens``, 0 when unknown) is
+        kept for the newest ``gone_kept`` such contexts, as the profiler keeps their queries:
+        a prompt linked after the context went still counts as a query of it."""
         profiler = self._profiler()
-        if profiler is not None:
-            self._thread.submit(profiler.queries.drop_tokens, context_id)
+        if profiler is None:
+            return
+        self._thread.submit(profiler.queries.drop_tokens, context_id)
+        if num_tokens:
+            self._gone[context_id] = num_tokens
+            self._gone.move_to_end(context_id)
+            while len(self._gone) > profiler.gone_kept:
+                self._gone.popitem(last=False)
+
+    def set_aside_tokens(self, context_id: str) -> int:
+        """The token count of a context set aside (:meth:`set_aside`); 0 for any other."""
+        return 0 if context_id in self._index.contexts else self._gone.get(context_id, 0)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

@@ -202,12 +202,15 @@ class ProfilingService:
     def forget(self, context_id: str) -> None:
         """A context's bytes are gone: drop its token ids; its profile, frequency and queries
         are set aside for when its prompt is computed and stored again (Profiler.set_aside)."""
-        self.options.forget(context_id)
+        num_tokens = self.options.forget(context_id)
         self.tokens.forget(context_id)
         self.servable.forget(context_id)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
-            self.inputs.drop_tokens(context_id)
+            if not num_tokens:
+                record = self.profiler.record(context_id)
+                num_tokens = 0 if record is None else record.num_tokens
+            self.inputs.set_aside(context_id, num_tokens)
             self._worker.submit(self.profiler.set_aside, context_id)
 
     def note_access(self, context_id: str) -> None:

@@ -251,12 +251,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             )
         check_request_tokens(len(request.token_ids))
         cid = caller.scoped(request.context_id)
-        if request.context_id and cid not in self.engine.contexts:
+        inputs = self.engine.profiling.inputs
+        # a prompt may also link to a context dropped since its put (ProfileInputs.set_aside)
+        linkable = bool(request.request_id) and inputs.set_aside_tokens(cid) > 0
+        if request.context_id and cid not in self.engine.contexts and not linkable:
             raise NotFoundError(
                 f"context {request.context_id!r} not found: token ids are kept only for a "
                 "context the daemon holds (register them after its put)"
             )
-        inputs = self.engine.profiling.inputs
         if not request.request_id:
             await inputs.set_tokens(cid, request.token_ids)
         elif request.token_ids:

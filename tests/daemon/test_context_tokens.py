@@ -223,3 +223,49 @@ async def test_a_context_lost_to_corruption_forgets_its_profile_data(tmp_path: P
         assert queries.tokens("doc", T) == ()
     finally:
         await engine.close()
+
+
+async def test_a_prompt_linked_after_its_context_went_is_a_query_of_it(tmp_path: Path) -> None:
+    """The placer may drop a context as it arrives, before the plugin links the request that
+    stored it. That request is still a query of the context: kept with its set-aside profile,
+    so that a context which keeps being dropped is profiled on enough queries when it returns
+    (issue 13's fourth run lost every such query to NOT_FOUND)."""
+    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
+    engine = Engine(
+        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
+    )
+    await engine.start()
+    try:
+        await _put_chunk(engine, "doc")
+        inputs = engine.profiling.inputs
+        assert engine.profiling.options.geometry_of(engine.contexts["doc"])[1] == T
+        prompt = tuple(range(700, 700 + T + 4))
+        inputs.note_prompt("", "req-1", prompt)
+        assert await engine.delete(["doc/0"]) == 1
+        assert inputs.set_aside_tokens("doc") == T
+        await inputs.link_prompt("doc", "req-1")
+        queries = engine.profiling.profiler.queries  # type: ignore[union-attr]
+        assert queries.recent("doc") == (ProfilingQuery(token_ids=prompt[T:]),)
+        assert queries.tokens("doc", T) == ()  # ids come back with the context, not before
+        with pytest.raises(errors.NotFoundError, match="context 'never' not found"):
+            await inputs.link_prompt("never", "req-1")
+        await _put_chunk(engine, "doc")  # back: linked the usual way again
+        assert inputs.set_aside_tokens("doc") == 0
+    finally:
+        await engine.close()
+
+
+def test_a_prompt_links_over_the_socket_to_a_context_deleted_since_its_put(start_daemon) -> None:
+    d = start_daemon()
+    x = torch.zeros(2, 2, T, 2 * 32, dtype=torch.bfloat16)
+    layout = ChunkFormat(tuple(x.shape), "bfloat16", 2).layout()
+    with KVClient(d.socket_path) as c:
+        c.put("gone/0", x, context_id="gone", layout=layout, token_count=T)
+        c.set_context_tokens("gone", range(T))  # its length is known from here on
+        c.note_prompt("r", range(T + 2))
+        assert c.delete(["gone/0"]) == 1
+        c.link_prompt("gone", "r")  # a query of the deleted context
+        with pytest.raises(errors.NotFoundError, match="context 'never' not found"):
+            c.link_prompt("never", "r")
+        with pytest.raises(errors.NotFoundError, match="context 'gone' not found"):
+            c.set_context_tokens("gone", [1, 2, 3])  # its token ids are not kept
