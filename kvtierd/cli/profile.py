@@ -98,8 +98,9 @@ def run_profile_status(args: argparse.Namespace, out: Output) -> ExitCode:
         out.line(f"profile it now: kvtierctl profile run {cid}")
         return ExitCode.OK
     trusted = "yes" if r.trusted else (
-        f"no: fewer than profiling.min_queries {r.min_queries}; the placer treats the context "
-        "as unprofiled until a profile from enough queries"
+        f"no: fewer than profiling.min_queries {r.min_queries}, not each asked twice in that "
+        "many requests; the placer treats the context as unprofiled until a profile from "
+        "enough queries"
     )  # fmt: skip
     out.fields(
         f"context {cid}",

@@ -150,7 +150,7 @@ class ProfileInputs:
         p = self._profiler()
         if p is None or p.record(context_id) is None or p.trusted(context_id):
             return
-        if len(p.queries.profiling_set(context_id)[1]) >= self._policy.current.min_queries:
+        if p.enough_queries(context_id):
             self._profile_again(context_id)
 
     def _held(self, context_id: str) -> ContextRecord:

@@ -193,11 +193,14 @@ class ProfilingService:
         self._changed[context_id] = time.monotonic()
 
     def _kept_profile(self, ctx: ContextRecord) -> bool:
+        """A profile of the context at its length is kept from before: a trusted one, or one
+        that a new profile could not make trusted (it would move nothing either: a context
+        the placer keeps dropping was profiled again on each return, on the same queries)."""
         p = self.profiler
         record = None if p is None else p.record(ctx.context_id)
-        if p is None or record is None or not p.trusted(ctx.context_id):
+        if p is None or record is None or record.num_tokens != self.options.geometry_of(ctx)[1]:
             return False
-        return record.num_tokens == self.options.geometry_of(ctx)[1]
+        return p.trusted(ctx.context_id) or not p.enough_queries(ctx.context_id)
 
     def forget(self, context_id: str) -> None:
         """A context's bytes are gone: drop its token ids; its profile, frequency and queries
@@ -258,7 +261,9 @@ class ProfilingService:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self._index.contexts.get(cid)
-                if ctx is not None:
+                # (asked again: a context that returns in several puts is short of its kept
+                # profile's length at the first)
+                if ctx is not None and not self._kept_profile(ctx):
                     await self.profile_context(ctx)
 
     async def profile_context(

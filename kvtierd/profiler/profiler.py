@@ -152,6 +152,7 @@ class Profiler:
             query_source=source,
             num_queries=result.num_queries if result else 0,
             num_tokens=n,
+            repeated_requests=self.queries.repeated_requests(context_id, qs) if result else 0,
             profiled_at_s=now,
         )
         self.queries.mark_profiled(context_id)
@@ -168,15 +169,24 @@ class Profiler:
 
     def trusted(self, context_id: str) -> bool:
         """Whether the context's profile may move it (the confidence rule): it was scored on at
-        least ``policy.min_queries`` queries (docs/profiler.md). A profile from fewer is kept
-        and shown, but a placer must treat the context as unprofiled; it never replaces one
-        that was trusted."""
+        least ``policy.min_queries`` queries, or on queries that each came at least twice in
+        at least that many requests (docs/profiler.md). A profile from fewer is kept and
+        shown, but a placer must treat the context as unprofiled; it never replaces one that
+        was trusted."""
         record = self._records.get(context_id)
         return record is not None and self._confident(record)
 
     def _confident(self, record: ProfileRecord) -> bool:
         lossy = any(v.variant != ORIGINAL_VARIANT for v in record.profile.variants)
-        return not lossy or record.num_queries >= self.policy.min_queries
+        least = self.policy.min_queries
+        return not lossy or record.num_queries >= least or record.repeated_requests >= least
+
+    def enough_queries(self, context_id: str) -> bool:
+        """Whether a profile made now would be trusted (the confidence rule, on the context's
+        current profiling set)."""
+        _, queries = self.queries.profiling_set(context_id)
+        least = self.policy.min_queries
+        return len(queries) >= least or self.queries.repeated_requests(context_id, queries) >= least
 
     def profile_of(self, context_id: str) -> ContextProfile:
         """The context's profile with its frequency and last access as of now."""

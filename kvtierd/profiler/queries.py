@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from array import array
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -124,6 +124,19 @@ class QueryStore:
                 )
                 return source, tuple(dict.fromkeys([*e.user, *e.traffic]))
             return "initial", INITIAL_QUERIES
+
+    def repeated_requests(self, context_id: str, queries: Sequence[ProfilingQuery]) -> int:
+        """How many requests of the traffic window ``queries`` stand for, when each of them was
+        asked at least twice there; 0 when one was asked once or not at all. Traffic that
+        repeats its questions is all scored by a profile on them, however few they are: no
+        query was seen only once, so none of the traffic is estimated to be unseen (the
+        Good-Turing estimate of the unseen share is the share of queries seen once)."""
+        with self._lock:
+            e = self._entries.get(context_id)
+            counts = Counter(e.traffic) if e is not None else Counter[ProfilingQuery]()
+        if not queries or any(counts[q] < 2 for q in queries):
+            return 0
+        return sum(counts[q] for q in queries)
 
     def recent(self, context_id: str) -> tuple[ProfilingQuery, ...]:
         """The newest real queries (the drift check's sample)."""

@@ -30,6 +30,9 @@ class ProfileRecord:
     profiled_at_s: float
     frequency_value: float = 0.0
     frequency_t_ref_s: float = 0.0
+    # The traffic requests its queries stood for when each of them was asked at least twice
+    # (QueryStore.repeated_requests); 0 otherwise.
+    repeated_requests: int = 0
 
     @property
     def context_id(self) -> str:
@@ -73,6 +76,7 @@ def _to_doc(r: ProfileRecord) -> dict[str, Any]:
         "query_source": r.query_source,
         "num_queries": r.num_queries,
         "num_tokens": r.num_tokens,
+        "repeated_requests": r.repeated_requests,
         "profiled_at_s": r.profiled_at_s,
         "frequency_value": r.frequency_value,
         "frequency_t_ref_s": r.frequency_t_ref_s,
@@ -102,6 +106,7 @@ def _from_doc(d: dict[str, Any]) -> ProfileRecord:
             query_source=str(d["query_source"]),
             num_queries=int(d["num_queries"]),
             num_tokens=int(d["num_tokens"]),
+            repeated_requests=int(d.get("repeated_requests", 0)),  # absent before issue 13
             profiled_at_s=float(d["profiled_at_s"]),
             frequency_value=float(d["frequency_value"]),
             frequency_t_ref_s=float(d["frequency_t_ref_s"]),

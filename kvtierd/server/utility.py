@@ -72,5 +72,6 @@ def _untrusted(engine: Engine, ctx: ContextRecord) -> str:
         return ""
     return (
         f"; its profile is from {record.num_queries} queries, below profiling.min_queries "
-        f"{engine.policy.min_queries}: not used until it has more (kvtierctl profile status)"
+        f"{engine.policy.min_queries}, not each asked twice in that many requests: not used "
+        "until it has more (kvtierctl profile status)"
     )

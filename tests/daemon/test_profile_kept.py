@@ -70,3 +70,32 @@ async def test_the_request_that_computes_a_context_counts_once(tmp_path: Path) -
         assert engine.profiling.options.frequency("doc") == pytest.approx(1.0, rel=1e-3)
     finally:
         await engine.close()
+
+
+async def test_an_untrusted_profile_is_not_run_again_on_the_same_queries(tmp_path: Path) -> None:
+    """A context the placer keeps dropping came back with a profile below min_queries and was
+    profiled again on each return, on the same queries (11 profiles inside bench_e2e's timed
+    run): that profile could move nothing either. Once its traffic repeats its queries the
+    next return profiles it, and that profile is trusted."""
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await _apply_knorm_policy(engine, "")  # min_queries 3
+        await _put_context(engine, "doc")
+        inputs = engine.profiling.inputs
+        await inputs.add_queries("doc", ["first", "second"], from_traffic=True)
+        await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
+        assert not engine.profiling.profiler.trusted("doc")  # type: ignore[union-attr]
+
+        assert await engine.evict(["doc"]) == 1
+        await _put_context(engine, "doc")  # back, on the same two queries
+        await _until(lambda: not engine.profiling._changed)  # settled: nothing ran
+        assert engine.profiling.runs["ok"] == 1
+
+        assert await engine.evict(["doc"]) == 1
+        await inputs.add_queries("doc", ["first", "second"], from_traffic=True)  # asked again
+        await _put_context(engine, "doc")
+        await _until(lambda: engine.profiling.runs["ok"] >= 2 and not engine.executor.pending)
+        assert engine.profiling.profiler.trusted("doc")  # type: ignore[union-attr]
+    finally:
+        await engine.close()

@@ -102,6 +102,40 @@ def test_a_trusted_profile_is_not_replaced_by_one_from_fewer_queries(
     assert p.queries.new_since_profile("doc") == 0  # its queries were scored
 
 
+def test_traffic_that_repeats_its_queries_trusts_a_profile_on_them() -> None:
+    """bench_e2e's most asked context had 17 requests over 2 distinct questions: a profile on
+    both scores all of its traffic, yet by distinct queries alone it was never trusted and the
+    placer never used its compressed forms."""
+    p = profiler()
+    first, second = ProfilingQuery(text="first"), ProfilingQuery(text="second")
+    for q in (first, second, first):  # "second" came once: not all of the traffic repeats
+        p.queries.record("doc", q)
+    assert not p.enough_queries("doc")
+    p.profile("doc", *kv())
+    assert (p.record("doc").num_queries, p.record("doc").repeated_requests) == (2, 0)
+    assert not p.trusted("doc")
+    p.queries.record("doc", second)  # now each came twice, in 4 requests >= min_queries 3
+    assert p.queries.repeated_requests("doc", (first, second)) == 4
+    assert p.enough_queries("doc")
+    p.profile("doc", *kv())
+    assert (p.record("doc").num_queries, p.record("doc").repeated_requests) == (2, 4)
+    assert p.trusted("doc")
+    assert not profiler("5").queries.repeated_requests("doc", (first,))  # no traffic: 0
+
+
+def test_repeated_requests_survive_a_restart(tmp_path: Path) -> None:
+    from kvtierd.profiler.store import ProfileStore
+
+    p = profiler()
+    for q in ("a", "b", "a", "b"):
+        p.queries.record("doc", ProfilingQuery(text=q))
+    p.profile("doc", *kv())
+    store = ProfileStore(tmp_path)
+    store.save(p.record("doc"))
+    (again,) = store.records()
+    assert again.repeated_requests == 4
+
+
 def test_min_queries_is_configurable_and_checked() -> None:
     p = profiler("1")
     ask(p, 1)
