@@ -2,7 +2,7 @@
 the same run on the same machine:
 
 * co-located put + get of 64 MiB objects through the arena vs two reused-buffer memcpys;
-* streaming Put/Get (protobuf chunks over the Unix socket) vs a raw-bytes gRPC stream;
+* streaming Put/Get (protobuf stream parts over the Unix socket) vs a raw-bytes gRPC stream;
 * batched Lookup of 1,000 keys (p99) and a single Lookup (p50) vs an empty gRPC call;
 * daemon memory overhead above the bytes it holds.
 
@@ -28,7 +28,7 @@ from tests.daemon_proc import DaemonProcess, write_config
 
 MiB = 1 << 20
 OBJECT = 64 * MiB
-CHUNK = 4 * MiB
+PART = 4 * MiB
 
 
 def arena_round_trip(c: KVClient) -> tuple[float, float]:
@@ -68,7 +68,7 @@ def streams(socket_path: str, raw_socket: str) -> tuple[float, float, float, flo
         c.delete(["s"])
 
     def base_put() -> None:
-        raw_put(bytes(view[i : i + CHUNK]) for i in range(0, OBJECT, CHUNK))
+        raw_put(bytes(view[i : i + PART]) for i in range(0, OBJECT, PART))
 
     c.put("g", payload)
 

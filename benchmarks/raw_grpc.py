@@ -1,8 +1,8 @@
 """A raw-bytes gRPC server (no protobuf) — the baseline the daemon's streams are held to.
 
 Run as ``python benchmarks/raw_grpc.py SOCKET``: methods /raw.Raw/Empty (unary), /raw.Raw/Put
-(client stream of byte chunks) and /raw.Raw/Get (server stream: the request is the total size
-as ASCII, answered in 4 MiB chunks from a reused buffer).
+(client stream of byte parts) and /raw.Raw/Get (server stream: the request is the total size
+as ASCII, answered in 4 MiB parts from a reused buffer).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-CHUNK = 4 << 20
+PART = 4 << 20
 OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -28,16 +28,16 @@ async def _empty(request: bytes, context: Any) -> bytes:
 
 async def _put(requests: AsyncIterator[bytes], context: Any) -> bytes:
     total = 0
-    async for chunk in requests:
-        total += len(chunk)
+    async for part in requests:
+        total += len(part)
     return str(total).encode()
 
 
 async def _get(request: bytes, context: Any) -> AsyncIterator[bytes]:
     size = int(request.decode())
-    block = b"\x01" * CHUNK
-    for start in range(0, size, CHUNK):
-        yield block[: min(CHUNK, size - start)]
+    block = b"\x01" * PART
+    for start in range(0, size, PART):
+        yield block[: min(PART, size - start)]
 
 
 async def serve(socket_path: str) -> None:

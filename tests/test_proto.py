@@ -38,12 +38,32 @@ def test_hand_built_data_frames_are_valid_protobuf():
     for size in (0, 1, 127, 128, 300_000):
         payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
         frame = data_frame(memoryview(payload))
-        assert pb.GetChunk.FromString(frame).data == payload
-        assert pb.PutChunk.FromString(frame).data == payload
+        assert pb.GetPart.FromString(frame).data == payload
+        assert pb.PutPart.FromString(frame).data == payload
         view = data_of(frame)
         assert view is not None and bytes(view) == payload
-    header = pb.GetChunk(info=pb.ObjectInfo(tier="cpu")).SerializeToString()
+    header = pb.GetPart(info=pb.ObjectInfo(tier="cpu")).SerializeToString()
     assert data_of(header) is None
+
+
+def test_stream_parts_keep_the_wire_form_they_had_as_chunks():
+    """``PutPart`` / ``GetPart`` / ``part_bytes`` were ``PutChunk`` / ``GetChunk`` /
+    ``chunk_bytes`` before issue 17. Names are not on the wire, so peers built from either
+    .proto still talk: each message below serializes to the bytes the old names produced
+    (recorded from the generated code at ef2e7de), and the method paths are the same."""
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    spec = pb.ObjectSpec(key="k", size_bytes=8)
+    assert pb.GetStreamRequest(key="k", part_bytes=65536).SerializeToString().hex() == (
+        "0a016b10808004"
+    )
+    assert pb.PutPart(spec=spec, durable=True).SerializeToString().hex() == "0a050a016b20081801"
+    assert pb.PutPart(data=b"ab").SerializeToString().hex() == "12026162"
+    assert pb.GetPart(info=pb.ObjectInfo(tier="cpu")).SerializeToString().hex() == "0a051203637075"
+    service = pb.DESCRIPTOR.services_by_name["KVStore"]
+    put, get = service.methods_by_name["PutStream"], service.methods_by_name["GetStream"]
+    assert (put.full_name, put.input_type.name) == ("kvtierd.v1.KVStore.PutStream", "PutPart")
+    assert (get.full_name, get.output_type.name) == ("kvtierd.v1.KVStore.GetStream", "GetPart")
 
 
 def test_the_deprecated_plan_messages_are_advises_field_for_field():

@@ -16,7 +16,7 @@ from kvtierd.client.buffers import ArenaMap, as_payload, bytes_view, copy_bytes,
 from kvtierd.client.common import (
     CHANNEL_OPTIONS,
     PLAN_RENAMED,
-    STREAM_CHUNK_BYTES,
+    STREAM_PART_BYTES,
     Endpoint,
     LookupResult,
     advise_request,
@@ -103,12 +103,12 @@ class AsyncKVClient:
                  layout=layout, token_count=token_count)  # fmt: skip
         if not self.endpoint.colocated:
 
-            async def chunks() -> AsyncIterator[pb.PutChunk]:
-                yield pb.PutChunk(spec=s, durable=durable)
-                for start in range(0, len(p.data), STREAM_CHUNK_BYTES):
-                    yield pb.PutChunk(data=bytes(p.data[start : start + STREAM_CHUNK_BYTES]))
+            async def parts() -> AsyncIterator[pb.PutPart]:
+                yield pb.PutPart(spec=s, durable=durable)
+                for start in range(0, len(p.data), STREAM_PART_BYTES):
+                    yield pb.PutPart(data=bytes(p.data[start : start + STREAM_PART_BYTES]))
 
-            resp: pb.PutResponse = await self.call(self.kv.PutStream, chunks())
+            resp: pb.PutResponse = await self.call(self.kv.PutStream, parts())
             return resp.object
         alloc_resp = await self.call(self.kv.Allocate, pb.AllocateRequest(objects=[s]))
         (alloc,) = alloc_resp.allocations
@@ -165,17 +165,17 @@ class AsyncKVClient:
             stream = self.kv.GetStream(
                 pb.GetStreamRequest(key=key), timeout=self.timeout_s, metadata=self.metadata
             )
-            async for chunk in stream:
-                if chunk.HasField("info"):
-                    out = new_array(chunk.info.spec) if out is None else out
+            async for part in stream:
+                if part.HasField("info"):
+                    out = new_array(part.info.spec) if out is None else out
                     dst = bytes_view(out)
                     continue
                 if dst is None:
                     raise CorruptObjectError(
                         f"object {key!r}: the stream did not start with its info"
                     )
-                dst[filled : filled + len(chunk.data)] = chunk.data
-                filled += len(chunk.data)
+                dst[filled : filled + len(part.data)] = part.data
+                filled += len(part.data)
         except grpc.RpcError as e:
             raise domain_error(e, self.endpoint) from None
         if dst is None:

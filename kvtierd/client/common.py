@@ -13,7 +13,7 @@ from kvtierd.config import default_socket_path
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc.framing import data_of
 
-STREAM_CHUNK_BYTES = 4 << 20
+STREAM_PART_BYTES = 4 << 20
 MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -91,14 +91,14 @@ GET_STREAM = "/kvtierd.v1.KVStore/GetStream"
 PUT_STREAM = "/kvtierd.v1.KVStore/PutStream"
 
 
-def encode_put_chunk(message: pb.PutChunk | bytes) -> bytes:
+def encode_put_part(message: pb.PutPart | bytes) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def decode_get_chunk(data: bytes) -> pb.GetChunk | memoryview:
+def decode_get_part(data: bytes) -> pb.GetPart | memoryview:
     """A data frame becomes a zero-copy view of the received bytes; the header is parsed."""
     view = data_of(data)
-    return pb.GetChunk.FromString(data) if view is None else view
+    return pb.GetPart.FromString(data) if view is None else view
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The blocking client. ``KVClient(socket_path)`` for co-located use (bytes through the
 daemon's shared-memory arena), ``KVClient(address=..., tls_ca_file=..., token=...)`` for a
-daemon on another host (bytes streamed in 4 MiB chunks)."""
+daemon on another host (bytes streamed in 4 MiB parts)."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from kvtierd.client.common import (
     GET_STREAM,
     PLAN_RENAMED,
     PUT_STREAM,
-    STREAM_CHUNK_BYTES,
+    STREAM_PART_BYTES,
     Endpoint,
     LookupResult,
     advise_request,
-    decode_get_chunk,
+    decode_get_part,
     domain_error,
-    encode_put_chunk,
+    encode_put_part,
     lookup_result,
     spec,
 )
@@ -73,10 +73,10 @@ class KVClient:
             self._channel = grpc.secure_channel(target, creds, options=CHANNEL_OPTIONS)
         self.kv = pb_grpc.KVStoreStub(self._channel)
         self._put_stream_call = self._channel.stream_unary(
-            PUT_STREAM, encode_put_chunk, pb.PutResponse.FromString
+            PUT_STREAM, encode_put_part, pb.PutResponse.FromString
         )
         self._get_stream_call = self._channel.unary_stream(
-            GET_STREAM, pb.GetStreamRequest.SerializeToString, decode_get_chunk
+            GET_STREAM, pb.GetStreamRequest.SerializeToString, decode_get_part
         )
         self.admin = pb_grpc.AdminStub(self._channel)
         self.timeout_s = timeout_s
@@ -145,12 +145,12 @@ class KVClient:
         return self.call(self.kv.Commit, req).objects[0]
 
     def _put_stream(self, s: pb.ObjectSpec, data: memoryview, durable: bool) -> pb.ObjectInfo:
-        def chunks() -> Iterator[pb.PutChunk | bytes]:
-            yield pb.PutChunk(spec=s, durable=durable)
-            for start in range(0, len(data), STREAM_CHUNK_BYTES):
-                yield data_frame(data[start : start + STREAM_CHUNK_BYTES])
+        def parts() -> Iterator[pb.PutPart | bytes]:
+            yield pb.PutPart(spec=s, durable=durable)
+            for start in range(0, len(data), STREAM_PART_BYTES):
+                yield data_frame(data[start : start + STREAM_PART_BYTES])
 
-        resp: pb.PutResponse = self.call(self._put_stream_call, chunks())
+        resp: pb.PutResponse = self.call(self._put_stream_call, parts())
         return resp.object
 
     # -- reads -------------------------------------------------------------------------------
@@ -199,13 +199,13 @@ class KVClient:
         )
         try:
             first = next(stream)
-            if not isinstance(first, pb.GetChunk) or not first.HasField("info"):
+            if not isinstance(first, pb.GetPart) or not first.HasField("info"):
                 raise CorruptObjectError(f"object {key!r}: the stream did not start with its info")
             if out is None:
                 out = new_array(first.info.spec)
             dst, filled = bytes_view(out), 0
-            for chunk in stream:
-                data = chunk if isinstance(chunk, memoryview) else memoryview(chunk.data)
+            for part in stream:
+                data = part if isinstance(part, memoryview) else memoryview(part.data)
                 dst[filled : filled + len(data)] = data
                 filled += len(data)
         except grpc.RpcError as e:

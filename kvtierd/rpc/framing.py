@@ -1,7 +1,7 @@
-"""Hand-built wire frames for the data chunks of PutStream/GetStream.
+"""Hand-built wire frames for the data parts of PutStream/GetStream.
 
-``PutChunk(data=...)`` and ``GetChunk(data=...)`` are field 2, length-delimited: on the wire a
-tag byte, a varint length and the raw bytes. Building that frame directly copies a chunk once
+``PutPart(data=...)`` and ``GetPart(data=...)`` are field 2, length-delimited: on the wire a
+tag byte, a varint length and the raw bytes. Building that frame directly copies a part once
 (protobuf would copy it into a ``bytes`` field, then again to serialize), and parsing it
 directly hands out a view of the received bytes. Frames stay valid protobuf, so any gRPC client
 of the .proto reads them.
@@ -23,7 +23,7 @@ def varint(n: int) -> bytes:
 
 
 def data_frame(view: memoryview) -> bytes:
-    """The wire form of a chunk message carrying ``view`` as its ``data``: one copy."""
+    """The wire form of a data part carrying ``view`` as its ``data``: one copy."""
     return b"".join((_TAG, varint(len(view)), view))
 
 

@@ -5,7 +5,7 @@ kvtierd API, version 1.
 
 Control goes through gRPC (a Unix socket by default); bytes go through the CPU tier's
 shared-memory arena for co-located clients (Allocate/Commit, Get/Release), or through the
-PutStream/GetStream methods (raw ~4 MiB chunks) for clients on another host.
+PutStream/GetStream methods (raw ~4 MiB stream parts) for clients on another host.
 Errors are gRPC status codes with a message that names the problem:
   INVALID_ARGUMENT bad request, NOT_FOUND unknown key/lease/allocation/context,
   ALREADY_EXISTS double commit or key present, RESOURCE_EXHAUSTED arena/tier/quota full,
@@ -560,8 +560,10 @@ class ReleaseResponse(_message.Message):
 Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
 
 @_typing.final
-class PutChunk(_message.Message):
-    """PutStream: the first message carries `spec`, the following ones `data` (in order)."""
+class PutPart(_message.Message):
+    """PutStream: the first part carries `spec`, the following ones `data` (in order). A stream part
+    is a piece of one object's bytes, not an LMCache chunk (docs/vocabulary.md).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -590,7 +592,7 @@ class PutChunk(_message.Message):
     _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 
-Global___PutChunk: _TypeAlias = PutChunk  # noqa: Y015
+Global___PutPart: _TypeAlias = PutPart  # noqa: Y015
 
 @_typing.final
 class PutResponse(_message.Message):
@@ -617,27 +619,27 @@ class GetStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     KEY_FIELD_NUMBER: _builtins.int
-    CHUNK_BYTES_FIELD_NUMBER: _builtins.int
+    PART_BYTES_FIELD_NUMBER: _builtins.int
     key: _builtins.str
-    chunk_bytes: _builtins.int
-    """0 = 4 MiB"""
+    part_bytes: _builtins.int
+    """bytes per data part: 0 = 4 MiB, else 64 KiB to 16 MiB"""
     def __init__(
         self,
         *,
         key: _builtins.str = ...,
-        chunk_bytes: _builtins.int = ...,
+        part_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_bytes", b"chunk_bytes", "key", b"key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "part_bytes", b"part_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetStreamRequest: _TypeAlias = GetStreamRequest  # noqa: Y015
 
 @_typing.final
-class GetChunk(_message.Message):
-    """GetStream: the first message carries `info`, the following ones `data`."""
+class GetPart(_message.Message):
+    """GetStream: the first part carries `info`, the following ones `data`."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -660,7 +662,7 @@ class GetChunk(_message.Message):
     _WhichOneofArgType_part: _TypeAlias = _typing.Literal["part", b"part"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_part) -> _WhichOneofReturnType_part | None: ...
 
-Global___GetChunk: _TypeAlias = GetChunk  # noqa: Y015
+Global___GetPart: _TypeAlias = GetPart  # noqa: Y015
 
 @_typing.final
 class DeleteRequest(_message.Message):

@@ -66,13 +66,13 @@ class KVStoreStub(object):
                 _registered_method=True)
         self.PutStream = channel.stream_unary(
                 '/kvtierd.v1.KVStore/PutStream',
-                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PutChunk.SerializeToString,
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PutPart.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PutResponse.FromString,
                 _registered_method=True)
         self.GetStream = channel.unary_stream(
                 '/kvtierd.v1.KVStore/GetStream',
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.GetStreamRequest.SerializeToString,
-                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.GetChunk.FromString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.GetPart.FromString,
                 _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/kvtierd.v1.KVStore/Delete',
@@ -242,13 +242,13 @@ def add_KVStoreServicer_to_server(servicer, server):
             ),
             'PutStream': grpc.stream_unary_rpc_method_handler(
                     servicer.PutStream,
-                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PutChunk.FromString,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.PutPart.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.PutResponse.SerializeToString,
             ),
             'GetStream': grpc.unary_stream_rpc_method_handler(
                     servicer.GetStream,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.GetStreamRequest.FromString,
-                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.GetChunk.SerializeToString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.GetPart.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -473,7 +473,7 @@ class KVStore(object):
             request_iterator,
             target,
             '/kvtierd.v1.KVStore/PutStream',
-            kvtierd_dot_v1_dot_kvtier__pb2.PutChunk.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.PutPart.SerializeToString,
             kvtierd_dot_v1_dot_kvtier__pb2.PutResponse.FromString,
             options,
             channel_credentials,
@@ -501,7 +501,7 @@ class KVStore(object):
             target,
             '/kvtierd.v1.KVStore/GetStream',
             kvtierd_dot_v1_dot_kvtier__pb2.GetStreamRequest.SerializeToString,
-            kvtierd_dot_v1_dot_kvtier__pb2.GetChunk.FromString,
+            kvtierd_dot_v1_dot_kvtier__pb2.GetPart.FromString,
             options,
             channel_credentials,
             insecure,

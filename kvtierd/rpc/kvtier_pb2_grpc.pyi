@@ -5,7 +5,7 @@ kvtierd API, version 1.
 
 Control goes through gRPC (a Unix socket by default); bytes go through the CPU tier's
 shared-memory arena for co-located clients (Allocate/Commit, Get/Release), or through the
-PutStream/GetStream methods (raw ~4 MiB chunks) for clients on another host.
+PutStream/GetStream methods (raw ~4 MiB stream parts) for clients on another host.
 Errors are gRPC status codes with a message that names the problem:
   INVALID_ARGUMENT bad request, NOT_FOUND unknown key/lease/allocation/context,
   ALREADY_EXISTS double commit or key present, RESOURCE_EXHAUSTED arena/tier/quota full,
@@ -53,8 +53,8 @@ class KVStoreStub:
     Abort: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AbortRequest, _kvtier_pb2.AbortResponse]
     Get: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.GetRequest, _kvtier_pb2.GetResponse]
     Release: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ReleaseRequest, _kvtier_pb2.ReleaseResponse]
-    PutStream: _grpc.StreamUnaryMultiCallable[_kvtier_pb2.PutChunk, _kvtier_pb2.PutResponse]
-    GetStream: _grpc.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetChunk]
+    PutStream: _grpc.StreamUnaryMultiCallable[_kvtier_pb2.PutPart, _kvtier_pb2.PutResponse]
+    GetStream: _grpc.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetPart]
     Delete: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]
     Touch: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]
     AddQueries: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]
@@ -78,8 +78,8 @@ class KVStoreAsyncStub(KVStoreStub):
     Abort: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AbortRequest, _kvtier_pb2.AbortResponse]  # type: ignore[assignment]
     Get: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.GetRequest, _kvtier_pb2.GetResponse]  # type: ignore[assignment]
     Release: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ReleaseRequest, _kvtier_pb2.ReleaseResponse]  # type: ignore[assignment]
-    PutStream: _aio.StreamUnaryMultiCallable[_kvtier_pb2.PutChunk, _kvtier_pb2.PutResponse]  # type: ignore[assignment]
-    GetStream: _aio.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetChunk]  # type: ignore[assignment]
+    PutStream: _aio.StreamUnaryMultiCallable[_kvtier_pb2.PutPart, _kvtier_pb2.PutResponse]  # type: ignore[assignment]
+    GetStream: _aio.UnaryStreamMultiCallable[_kvtier_pb2.GetStreamRequest, _kvtier_pb2.GetPart]  # type: ignore[assignment]
     Delete: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.DeleteRequest, _kvtier_pb2.DeleteResponse]  # type: ignore[assignment]
     Touch: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.TouchRequest, _kvtier_pb2.TouchResponse]  # type: ignore[assignment]
     AddQueries: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.AddQueriesRequest, _kvtier_pb2.AddQueriesResponse]  # type: ignore[assignment]
@@ -140,7 +140,7 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def PutStream(
         self,
-        request_iterator: _MaybeAsyncIterator[_kvtier_pb2.PutChunk],
+        request_iterator: _MaybeAsyncIterator[_kvtier_pb2.PutPart],
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.PutResponse, _abc.Awaitable[_kvtier_pb2.PutResponse]]: ...
 
@@ -149,7 +149,7 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _kvtier_pb2.GetStreamRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_kvtier_pb2.GetChunk], _abc.AsyncIterator[_kvtier_pb2.GetChunk]]: ...
+    ) -> _typing.Union[_abc.Iterator[_kvtier_pb2.GetPart], _abc.AsyncIterator[_kvtier_pb2.GetPart]]: ...
 
     @_abc_1.abstractmethod
     def Delete(

@@ -59,7 +59,7 @@ def _check(request: Any, method: str) -> Any:
 
 def _passthrough(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
     """Let handlers yield pre-serialized frames (bytes) next to messages: the data path
-    builds its chunk frames itself, which saves one copy of every chunk."""
+    builds its stream parts' frames itself, which saves one copy of every part."""
     if serialize is None:
         return None
 

@@ -21,9 +21,9 @@ from kvtierd.storage.gpu import GpuTier
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_BYTES = 4 << 20
-MIN_CHUNK_BYTES = 64 << 10  # chunk_bytes=1 sent 65,537 messages for a 64 KiB object
-MAX_CHUNK_BYTES = 16 << 20
+DEFAULT_PART_BYTES = 4 << 20
+MIN_PART_BYTES = 64 << 10  # part_bytes=1 sent 65,537 messages for a 64 KiB object
+MAX_PART_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
 
@@ -127,7 +127,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.ReleaseResponse()
 
     async def PutStream(
-        self, request_iterator: AsyncIterator[pb.PutChunk], rpc_context: Any
+        self, request_iterator: AsyncIterator[pb.PutPart], rpc_context: Any
     ) -> pb.PutResponse:
         first = await anext(aiter(request_iterator), None)
         if first is None or not first.HasField("spec"):
@@ -137,17 +137,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         try:
             view = self.engine.cpu.view(rec.block)
             filled = 0
-            async for chunk in request_iterator:
-                if chunk.HasField("spec") or chunk.durable:
+            async for part in request_iterator:
+                if part.HasField("spec") or part.durable:
                     raise InvalidArgumentError(
                         "PutStream: spec and durable belong in the first message only"
                     )
-                n = len(chunk.data)
+                n = len(part.data)
                 if filled + n > len(view):
                     raise InvalidArgumentError(
                         f"PutStream: more than the {len(view)} bytes the spec announced"
                     )
-                view[filled : filled + n] = chunk.data
+                view[filled : filled + n] = part.data
                 filled += n
             if filled != len(view):
                 raise InvalidArgumentError(
@@ -163,20 +163,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     # Yields pre-serialized data frames next to messages (see data_frame).
     async def GetStream(  # type: ignore[override]
         self, request: pb.GetStreamRequest, rpc_context: Any
-    ) -> AsyncIterator[pb.GetChunk | bytes]:
-        chunk = request.chunk_bytes or DEFAULT_CHUNK_BYTES
-        if not MIN_CHUNK_BYTES <= chunk <= MAX_CHUNK_BYTES:
+    ) -> AsyncIterator[pb.GetPart | bytes]:
+        part = request.part_bytes or DEFAULT_PART_BYTES
+        if not MIN_PART_BYTES <= part <= MAX_PART_BYTES:
             raise InvalidArgumentError(
-                f"GetStream: chunk_bytes must be 0 ({DEFAULT_CHUNK_BYTES} bytes) or between "
-                f"{MIN_CHUNK_BYTES} and {MAX_CHUNK_BYTES}, got {chunk}"
+                f"GetStream: part_bytes must be 0 ({DEFAULT_PART_BYTES} bytes) or between "
+                f"{MIN_PART_BYTES} and {MAX_PART_BYTES}, got {part}"
             )
         caller = CALLER.get()
         (lease,) = await self.engine.get([caller.scoped(request.key)], tenant=caller.tenant)
         try:
-            yield pb.GetChunk(info=info(lease.meta, lease.tier, caller))
+            yield pb.GetPart(info=info(lease.meta, lease.tier, caller))
             view = self.engine.cpu.view(lease.block)
-            for start in range(0, len(view), chunk):
-                yield data_frame(view[start : start + chunk])
+            for start in range(0, len(view), part):
+                yield data_frame(view[start : start + part])
         finally:
             self.engine.release([lease.lease_id])
 

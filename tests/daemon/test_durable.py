@@ -151,6 +151,6 @@ def test_put_stream_refuses_durable_after_the_first_message(start_daemon):
     d = start_daemon()
     spec = pb.ObjectSpec(key="k", size_bytes=8)
     with KVClient(d.socket_path) as c:
-        chunks = [pb.PutChunk(spec=spec), pb.PutChunk(data=b"x" * 8, durable=True)]
+        parts = [pb.PutPart(spec=spec), pb.PutPart(data=b"x" * 8, durable=True)]
         with pytest.raises(errors.InvalidArgumentError, match="first message only"):
-            c.call(c.kv.PutStream, iter(chunks))
+            c.call(c.kv.PutStream, iter(parts))

@@ -90,12 +90,12 @@ def test_stream_put_and_get(daemon):
     s = stub(daemon)
     payload = os.urandom(9 * MiB + 5)
     spec = pb.ObjectSpec(key="s", size_bytes=len(payload))
-    chunks = [pb.PutChunk(spec=spec)] + [
-        pb.PutChunk(data=payload[i : i + 4 * MiB]) for i in range(0, len(payload), 4 * MiB)
+    parts = [pb.PutPart(spec=spec)] + [
+        pb.PutPart(data=payload[i : i + 4 * MiB]) for i in range(0, len(payload), 4 * MiB)
     ]
-    resp = s.PutStream(iter(chunks))
+    resp = s.PutStream(iter(parts))
     assert resp.object.spec.size_bytes == len(payload)
-    got = list(s.GetStream(pb.GetStreamRequest(key="s", chunk_bytes=1 * MiB)))
+    got = list(s.GetStream(pb.GetStreamRequest(key="s", part_bytes=1 * MiB)))
     assert got[0].info.spec.key == "s"
     assert b"".join(c.data for c in got[1:]) == payload
 
@@ -104,14 +104,14 @@ def test_short_or_long_stream_is_refused_and_leaves_nothing(daemon):
     s = stub(daemon)
     spec = pb.ObjectSpec(key="short", size_bytes=100)
     with pytest.raises(grpc.RpcError) as e:
-        s.PutStream(iter([pb.PutChunk(spec=spec), pb.PutChunk(data=b"x" * 60)]))
+        s.PutStream(iter([pb.PutPart(spec=spec), pb.PutPart(data=b"x" * 60)]))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "ended after 60 of 100 bytes" in e.value.details()
     with pytest.raises(grpc.RpcError) as e:
-        s.PutStream(iter([pb.PutChunk(spec=spec), pb.PutChunk(data=b"x" * 160)]))
+        s.PutStream(iter([pb.PutPart(spec=spec), pb.PutPart(data=b"x" * 160)]))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as e:
-        s.PutStream(iter([pb.PutChunk(data=b"x")]))
+        s.PutStream(iter([pb.PutPart(data=b"x")]))
     assert "first message must carry the object spec" in e.value.details()
     assert not stub(daemon).Lookup(pb.LookupRequest(keys=["short"])).found[0]
     status = pb_grpc.AdminStub(grpc.insecure_channel(f"unix:{daemon.socket_path}")).Status(
@@ -124,13 +124,13 @@ def test_client_gone_mid_stream_leaves_no_partial_object(daemon):
     s = stub(daemon)
     spec = pb.ObjectSpec(key="gone", size_bytes=8 * MiB)
 
-    def chunks():
-        yield pb.PutChunk(spec=spec)
-        yield pb.PutChunk(data=b"x" * MiB)
+    def parts():
+        yield pb.PutPart(spec=spec)
+        yield pb.PutPart(data=b"x" * MiB)
         raise RuntimeError("client dies")
 
     with pytest.raises(grpc.RpcError):
-        s.PutStream(chunks())
+        s.PutStream(parts())
     admin = pb_grpc.AdminStub(grpc.insecure_channel(f"unix:{daemon.socket_path}"))
     for _ in range(100):
         if admin.Status(pb.StatusRequest()).allocations == 0:
@@ -346,10 +346,10 @@ def test_a_wrong_client_checksum_is_refused_at_commit(daemon, client):
                 assert s.Commit(commit).objects[0].checksum == right
     finally:
         arena.close()
-    chunks = [pb.PutChunk(spec=pb.ObjectSpec(key="streamed", size_bytes=8, checksum=1)),
-              pb.PutChunk(data=b"x" * 8)]  # fmt: skip
+    parts = [pb.PutPart(spec=pb.ObjectSpec(key="streamed", size_bytes=8, checksum=1)),
+             pb.PutPart(data=b"x" * 8)]  # fmt: skip
     with pytest.raises(errors.InvalidArgumentError, match="hash to"):
-        client.call(client.kv.PutStream, iter(chunks))
+        client.call(client.kv.PutStream, iter(parts))
     assert client.lookup(["wrong", "right", "streamed"]).found == (False, True, False)
     assert client.status().allocations == 0  # the refused commit left nothing behind
     client.drain("cpu")

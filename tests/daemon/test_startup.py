@@ -1,4 +1,4 @@
-"""Issue 16 (8): bounds on leases, holds and stream chunks; the socket directory forced
+"""Issue 16 (8): bounds on leases, holds and stream parts; the socket directory forced
 private; clean start-up errors that leave no socket behind; one default policy and a config
 that works from any working directory."""
 
@@ -38,22 +38,22 @@ def test_leases_and_holds_are_bounded(start_daemon, seconds):
             assert bytes(view) == b"x" * 4096
 
 
-def test_get_stream_chunks_are_bounded(start_daemon):
+def test_get_stream_parts_are_bounded(start_daemon):
     d = start_daemon()
     with KVClient(d.socket_path) as c:
         c.put("k", os.urandom(64 << 10))
         stream = c._channel.unary_stream(
             "/kvtierd.v1.KVStore/GetStream",
             pb.GetStreamRequest.SerializeToString,
-            pb.GetChunk.FromString,
+            pb.GetPart.FromString,
         )
-        for chunk in (1, 65535, (16 << 20) + 1):
+        for part in (1, 65535, (16 << 20) + 1):
             with pytest.raises(grpc.RpcError) as refused:
-                list(stream(pb.GetStreamRequest(key="k", chunk_bytes=chunk)))
+                list(stream(pb.GetStreamRequest(key="k", part_bytes=part)))
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-            assert "chunk_bytes must be 0" in refused.value.details()  # type: ignore[attr-defined]
-        replies = list(stream(pb.GetStreamRequest(key="k", chunk_bytes=64 << 10)))
-        assert len(replies) == 2  # the info, then one 64 KiB chunk (1 B chunks: 65,537)
+            assert "part_bytes must be 0" in refused.value.details()  # type: ignore[attr-defined]
+        replies = list(stream(pb.GetStreamRequest(key="k", part_bytes=64 << 10)))
+        assert len(replies) == 2  # the info, then one 64 KiB part (1 B parts: 65,537)
 
 
 def test_an_existing_socket_directory_is_made_private(tmp_path):

@@ -20,7 +20,7 @@ from tests.daemon.workload import payload
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
-SIZE = 24 * MiB  # several 4 MiB stream chunks; a visible share of the 128 MiB staging area
+SIZE = 24 * MiB  # several 4 MiB stream parts; a visible share of the 128 MiB staging area
 KILLS_EACH = 3
 ALLOCATION_TIMEOUT_S = 1.0
 
@@ -38,15 +38,15 @@ def _arena_victim(socket_path: str, key: str, ready: mp.Queue) -> None:
 def _stream_victim(socket_path: str, key: str, ready: mp.Queue) -> None:
     data = memoryview(payload(key, SIZE))
 
-    def chunks():
-        yield pb.PutChunk(spec=pb.ObjectSpec(key=key, context_id=key, size_bytes=SIZE))
+    def parts():
+        yield pb.PutPart(spec=pb.ObjectSpec(key=key, context_id=key, size_bytes=SIZE))
         for start in range(0, SIZE // 2, 4 * MiB):
             yield data_frame(data[start : start + 4 * MiB])
         ready.put(key)
         time.sleep(120)  # killed here: half the stream sent
 
     with KVClient(socket_path, timeout_s=120, stream=True) as c:
-        c._put_stream_call(chunks(), timeout=120)
+        c._put_stream_call(parts(), timeout=120)
 
 
 def _wait(predicate, timeout_s: float) -> bool:

@@ -105,7 +105,7 @@ def _string(name: str, pools: Pools) -> st.SearchStrategy[str]:
 
 def _integer(fd: FieldDescriptor) -> st.SearchStrategy[int]:
     lo, hi = INT_RANGES[fd.type]
-    # 1: GetStream chunk_bytes=1 sent a message per byte (issue 16.8)
+    # 1: GetStream part_bytes=1 sent a message per byte (issue 16.8)
     edges = [v for v in (lo, hi, 0, 1, -1, 2**31, 2**32, 2**53, 2**62) if lo <= v <= hi]
     small = st.integers(max(lo, 0), min(hi, 1 << 16))  # sizes an arena can actually hold
     return st.one_of(st.sampled_from(edges), st.integers(lo, hi), small)

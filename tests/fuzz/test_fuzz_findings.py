@@ -62,12 +62,12 @@ def test_invalid_policy_is_refused_and_changes_nothing(start_daemon):
 
 
 # Issue 16's hostile requests, each with the status it must now get (the fuzzer's strategies
-# draw the same values: a 1e300 lease, chunk_bytes=1, a long token list, an alias bomb).
+# draw the same values: a 1e300 lease, part_bytes=1, a long token list, an alias bomb).
 ISSUE_16 = [
     ("lease_s 1e300", "Get", pb.GetRequest(keys=["k"], lease_s=1e300), "INVALID_ARGUMENT"),
     ("hold_s inf", "Lookup", pb.LookupRequest(keys=["k"], hold_s=float("inf")),
      "INVALID_ARGUMENT"),
-    ("chunk_bytes 1", "GetStream", pb.GetStreamRequest(key="k", chunk_bytes=1),
+    ("part_bytes 1", "GetStream", pb.GetStreamRequest(key="k", part_bytes=1),
      "INVALID_ARGUMENT"),
     ("tokens of an unknown context", "SetContextTokens",
      pb.SetContextTokensRequest(context_id="nowhere", token_ids=[1, 2]), "NOT_FOUND"),
@@ -107,8 +107,8 @@ def test_a_wrong_checksum_is_refused_and_the_tier_drains(start_daemon):
     d = start_daemon()
     with KVClient(d.socket_path, timeout_s=10) as c:
         spec = pb.ObjectSpec(key="wrong", size_bytes=8, checksum=12345)
-        chunks = [pb.PutChunk(spec=spec), pb.PutChunk(data=b"x" * 8)]
+        parts = [pb.PutPart(spec=spec), pb.PutPart(data=b"x" * 8)]
         with pytest.raises(errors.InvalidArgumentError, match="hash to"):
-            c.call(c.kv.PutStream, iter(chunks))
+            c.call(c.kv.PutStream, iter(parts))
         c.put("right", b"y" * 8)
         assert c.drain("cpu").moved == 1  # a wrong checksum once made this INVALID_ARGUMENT
