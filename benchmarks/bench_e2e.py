@@ -60,7 +60,7 @@ class System:
 
 def systems(
     alphas: list[float], fixed: list[str], model: Path, methods: list[str],
-    ratios: list[float], *, label: str = "",
+    ratios: list[float], *, label: str = "", profile_share: float = 1.0,
 ) -> dict[str, System]:  # fmt: skip
     out = [System("prefill", "none"), System("lmcache", "lmcache"),
            System("lru", "kvtierd", {"name": "lru", "placer": "lru"})]  # fmt: skip
@@ -71,7 +71,8 @@ def systems(
         policy = {
             "name": f"evicpress-a{a:g}{label}", "placer": "evicpress", "alpha": a,
             "variants": {"methods": methods, "ratios": ratios},
-            "profiling": {"evaluator": "answer", "model_dir": str(model)},
+            "profiling": {"evaluator": "answer", "model_dir": str(model),
+                          "max_share": profile_share},
         }  # fmt: skip
         out.append(System(f"evicpress-a{a:g}{label}", "kvtierd", policy))
     return {s.name: s for s in out}
@@ -381,6 +382,12 @@ def workload_args(p: argparse.ArgumentParser) -> None:
         default="",
         help="appended to the EvicPress systems' names (e.g. -quant for a quantization-only grid)",
     )
+    p.add_argument(
+        "--profile-share",
+        type=float,
+        default=1.0,
+        help="the EvicPress daemons' profiling.max_share (docs/profiler.md)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -415,7 +422,8 @@ def main() -> None:
     print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
           f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
     every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
-                    args.evicpress_ratios, label=args.evicpress_label)  # fmt: skip
+                    args.evicpress_ratios, label=args.evicpress_label,
+                    profile_share=args.profile_share)  # fmt: skip
     chosen = args.systems or list(every)
     if "prefill" not in chosen:
         chosen.insert(0, "prefill")  # the reference answers

@@ -104,6 +104,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "interval_s",
             "evaluator",
             "min_queries",
+            "max_share",
             "model_dir",
             "router_url",
             "vllm_url",
@@ -136,6 +137,7 @@ class PolicyConfig:
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
     min_queries: int = 3
+    profiling_share: float = 1.0
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
@@ -265,6 +267,9 @@ def read_profiled(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
         min_queries=int(
             doc.number((*at, "min_queries"), 3, lambda x: x >= 1 and x == int(x), "an integer >= 1")
         ),
+        # Profiling through the serving stack takes vLLM from the requests it serves; this
+        # bounds the share of time the daemon spends profiling on its own (not when asked).
+        profiling_share=doc.number((*at, "max_share"), 1.0, lambda x: 0 < x <= 1, "in (0, 1]"),
         frequency_half_life_s=doc.number(
             ("frequency", "half_life_s"), 3600.0, lambda x: x > 0, "> 0 seconds"
         ),

@@ -88,6 +88,7 @@ class ProfilingService:
         self.profiler: Profiler | None = None
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
         self._changed: dict[str, float] = {}
+        self.resume_at = 0.0  # monotonic: the next profile of its own starts no earlier
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
         self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
@@ -257,14 +258,23 @@ class ProfilingService:
                 self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
                 continue
             for cid in ready:
-                if self._loads_busy():
+                if self._loads_busy() or time.monotonic() < self.resume_at:
                     break  # profiling yields to loads (EvicPress §4.3: only when idle)
                 self._changed.pop(cid, None)
                 ctx = self._index.contexts.get(cid)
                 # (asked again: a context that returns in several puts is short of its kept
                 # profile's length at the first)
                 if ctx is not None and not self._kept_profile(ctx):
+                    started = time.monotonic()
                     await self.profile_context(ctx)
+                    self.rest_after(time.monotonic() - started)
+
+    def rest_after(self, elapsed_s: float) -> None:
+        """A profile of the daemon's own took ``elapsed_s``: the next starts after a rest that
+        keeps profiling to ``profiling.max_share`` of the time (a profile takes compute from
+        the requests being served: docs/profiler.md)."""
+        share = self._policy.current.profiling_share
+        self.resume_at = time.monotonic() + elapsed_s * (1.0 / share - 1.0)
 
     async def profile_context(
         self, ctx: ContextRecord, queries: tuple[ProfilingQuery, ...] = ()

@@ -5,6 +5,8 @@ not spend another profile on it. The request that computed it again counts in it
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -97,5 +99,32 @@ async def test_an_untrusted_profile_is_not_run_again_on_the_same_queries(tmp_pat
         await _put_context(engine, "doc")
         await _until(lambda: engine.profiling.runs["ok"] >= 2 and not engine.executor.pending)
         assert engine.profiling.profiler.trusted("doc")  # type: ignore[union-attr]
+    finally:
+        await engine.close()
+
+
+async def test_profiling_keeps_to_its_share_of_the_time(tmp_path: Path) -> None:
+    """``profiling.max_share``: after a profile of its own the daemon rests, so that profiles
+    through the serving stack do not fill the time vLLM serves requests in (bench_e2e on 2
+    cores: they filled most of the timed run)."""
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await _apply_knorm_policy(engine, "  min_queries: 1\n  max_share: 0.25\n")
+        service = engine.profiling
+        await _put_context(engine, "first")
+        await _until(lambda: service.runs["ok"] >= 1 and not engine.executor.pending)
+        assert service.resume_at > 0  # it rested after the first: 3x the time it took
+        before = time.monotonic()
+        service.rest_after(2.0)
+        assert service.resume_at == pytest.approx(before + 6.0, abs=0.5)
+
+        service.resume_at = time.monotonic() + 3600.0
+        await _put_context(engine, "second")
+        await _until(lambda: "second" in service._changed)
+        await asyncio.sleep(3 * service.settle_s + 0.5)  # due, and not run: resting
+        assert service.runs["ok"] == 1 and "second" in service._changed
+        service.resume_at = 0.0
+        await _until(lambda: service.runs["ok"] >= 2)
     finally:
         await engine.close()

@@ -147,6 +147,14 @@ def test_min_queries_is_configurable_and_checked() -> None:
             parse_policy(POLICY + f"profiling:\n  min_queries: {bad}\n", "p.yaml")
 
 
+def test_max_share_is_configurable_and_checked() -> None:
+    assert parse_policy(POLICY, "p.yaml").profiling_share == 1.0  # the default
+    assert parse_policy(POLICY + "profiling: {max_share: 0.25}\n", "p.yaml").profiling_share == 0.25
+    for bad in ("0", "1.5", "-1", "x"):
+        with pytest.raises(ConfigError, match=r"p.yaml:4: profiling.max_share: .*in \(0, 1\]"):
+            parse_policy(POLICY + f"profiling:\n  max_share: {bad}\n", "p.yaml")
+
+
 def test_an_original_only_grid_needs_no_queries() -> None:
     p = Profiler(QueryCountEvaluator(), TtftModel(prefill_tokens_per_s=1e3),
                  policy=parse_policy("placer: lru\n", "p.yaml"))  # fmt: skip
