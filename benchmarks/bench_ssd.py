@@ -4,7 +4,7 @@ Goals (issue 2): tier read >= 0.8x a raw O_DIRECT ``preadv`` read; tier write >=
 O_DIRECT ``pwritev`` write. Each figure is a ratio to a limit measured in the same run, rounds
 interleaved so that the noise of a shared virtual disk hits both sides alike.
 
-Also measures the aiofiles alternative (DESIGN.md §3.10): the same 4 MiB O_DIRECT chunks through
+Also measures the aiofiles alternative (DESIGN.md §3.10): the same 4 MiB O_DIRECT parts through
 ``aiofiles`` file objects (seek + readinto / write, one handle per queue slot).
 
     .venv/bin/python -m benchmarks.bench_ssd [--objects 8] [--rounds 5] [--queue-depth 4]
@@ -33,7 +33,7 @@ from kvtierd.storage.ssd import SsdTier
 from kvtierd.types import ObjectMeta
 
 OBJECT_BYTES = 64 << 20
-CHUNK = 4 << 20
+PART = 4 << 20
 HEADER = 4096  # the tier's data offset for these objects: raw reads read the same bytes
 
 
@@ -60,8 +60,8 @@ def drop_caches() -> bool:
 def raw_write(pool: ThreadPoolExecutor, path: str, src: memoryview, fsync: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
     try:
-        offsets = range(0, src.nbytes, CHUNK)
-        list(pool.map(lambda o: os.pwritev(fd, [src[o : o + CHUNK]], HEADER + o), offsets))
+        offsets = range(0, src.nbytes, PART)
+        list(pool.map(lambda o: os.pwritev(fd, [src[o : o + PART]], HEADER + o), offsets))
         if fsync:
             os.fsync(fd)
     finally:
@@ -71,8 +71,8 @@ def raw_write(pool: ThreadPoolExecutor, path: str, src: memoryview, fsync: bool)
 def raw_read(pool: ThreadPoolExecutor, path: str, dst: memoryview) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     try:
-        offsets = range(0, dst.nbytes, CHUNK)
-        got = sum(pool.map(lambda o: os.preadv(fd, [dst[o : o + CHUNK]], HEADER + o), offsets))
+        offsets = range(0, dst.nbytes, PART)
+        got = sum(pool.map(lambda o: os.preadv(fd, [dst[o : o + PART]], HEADER + o), offsets))
         if got != dst.nbytes:
             raise RuntimeError(f"raw read of {path}: {got} of {dst.nbytes} bytes")
     finally:
@@ -96,9 +96,9 @@ async def aio_transfer(path: str, buf: memoryview, depth: int, write: bool) -> N
 
     async def lane(i: int) -> None:
         f = handles[i]
-        for off in range(i * CHUNK, buf.nbytes, depth * CHUNK):
+        for off in range(i * PART, buf.nbytes, depth * PART):
             await f.seek(HEADER + off)
-            piece = buf[off : off + CHUNK]
+            piece = buf[off : off + PART]
             n = await (f.write(piece) if write else f.readinto(piece))
             if n != piece.nbytes:
                 raise RuntimeError(f"aiofiles short transfer: {n} of {piece.nbytes}")
@@ -212,7 +212,7 @@ def report(res: dict[str, list[float]], args: argparse.Namespace, dropped: bool)
     base = {"write": med["write raw O_DIRECT"], "read": med["read raw O_DIRECT"]}
     print(
         f"\nSSD tier, {OBJECT_BYTES >> 20} MiB objects x {args.objects} per pass, "
-        f"{args.rounds} rounds, queue depth {args.queue_depth}, {CHUNK >> 20} MiB chunks; "
+        f"{args.rounds} rounds, queue depth {args.queue_depth}, {PART >> 20} MiB parts; "
         f"guest page cache dropped before reads: {'yes' if dropped else 'no (not permitted)'}"
     )
     print(f"{'case':36} {'GB/s median [min-max]':>24} {'x raw O_DIRECT':>15}")

@@ -108,9 +108,9 @@ class ObjectWriter:
         pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
         batched = 0
         for i, name in enumerate(part_keys):
-            chunk = view[i * part_bytes : (i + 1) * part_bytes]
-            pipe.set(name, chunk, px=staging_ms)
-            batched += len(chunk)
+            part = view[i * part_bytes : (i + 1) * part_bytes]
+            pipe.set(name, part, px=staging_ms)
+            batched += len(part)
             if batched >= self.opts.pipeline_bytes:
                 pipe.execute()  # execute() also empties the pipeline for the next batch
                 batched = 0

@@ -7,7 +7,7 @@ SIGKILL or power loss. ``start()`` rebuilds the index from the file headers alon
 verifies the data checksum (xxh3_64) and the header; a file that fails is moved to
 ``quarantine/``, counted in :attr:`SsdTier.quarantined_count`, forgotten and never served.
 
-Bytes move in ``chunk_bytes`` pieces, ``queue_depth`` of them in flight, with ``os.preadv`` /
+Bytes move in ``part_bytes`` pieces, ``queue_depth`` of them in flight, with ``os.preadv`` /
 ``os.pwritev`` on the tier's own thread pool — never on the event loop. Not aiofiles (DESIGN.md
 §3.10): it runs the same blocking calls on the loop's shared default executor, only through a
 seek + read file object (one call in flight per handle), and was no faster in
@@ -23,9 +23,10 @@ Options (``TierConfig.options``):
     ``auto`` uses O_DIRECT when the filesystem accepts it (probed at start, and any put that
     gets EINVAL switches the tier to buffered I/O); ``true`` makes start fail when it does not.
 ``queue_depth``: int, default 4
-    I/O threads = chunks in flight across all transfers (1..64).
-``chunk_bytes``: size, default 4 MiB
+    I/O threads = parts in flight across all transfers (1..64).
+``part_bytes``: size, default 4 MiB
     Piece size of a transfer, a multiple of 4096 bytes; also the size of each bounce buffer.
+    ``chunk_bytes``, its name before issue 17, is accepted for one release with a warning.
 ``fsync``: bool, default true
     fsync each object and its directory at put. ``false`` trades crash durability for speed.
 """
@@ -64,7 +65,7 @@ from kvtierd.storage.ssd_format import DataHasher, data_checksum, encode_header
 from kvtierd.storage.ssd_options import SsdOptions
 from kvtierd.storage.ssd_probe import calibrate, probe_o_direct
 from kvtierd.storage.ssd_runner import IoRunner
-from kvtierd.storage.ssd_transfer import plan_chunks, read_chunk, read_header, write_chunk
+from kvtierd.storage.ssd_transfer import plan_parts, read_header, read_part, write_part
 from kvtierd.storage.ssd_transfer import write_header as _write_header
 from kvtierd.types import ObjectMeta, TierStats
 
@@ -90,7 +91,7 @@ class SsdTier(Tier):
         super().__init__(config)
         if not config.path:
             raise InvalidArgumentError(f"ssd tier {config.name!r} needs a path")
-        self.options = SsdOptions.from_mapping(config.options)
+        self.options = SsdOptions.from_mapping(config.options, config.name)
         self.layout = Layout(Path(config.path))
         self.direct = False
         self.quarantined_count = 0
@@ -107,7 +108,7 @@ class SsdTier(Tier):
     async def start(self) -> None:
         """Create dirs, drop uncommitted temp files, rebuild the index, calibrate bandwidth."""
         self._io.start()
-        self._bounce = BouncePool(self.options.queue_depth, self.options.chunk_bytes)
+        self._bounce = BouncePool(self.options.queue_depth, self.options.part_bytes)
         await self._io.run(self.layout.create)
         removed = await self._io.run(self.layout.remove_temp_files)
         self.direct = await self._io.run(probe_o_direct, self.layout, self.options.o_direct)
@@ -243,11 +244,10 @@ class SsdTier(Tier):
         fd = await self._io.run(functools.partial(open_file, temp, write=True, direct=direct))
         try:
             header_len = len(encode_header(meta))  # kept_indices fix it; the checksum does not
-            chunks = plan_chunks(meta.size_bytes, self.options.chunk_bytes, view, direct)
+            parts = plan_parts(meta.size_bytes, self.options.part_bytes, view, direct)
             calls: list[Callable[[], Any]] = [functools.partial(data_checksum, view)]
             calls += [
-                functools.partial(write_chunk, fd, view, header_len, c, self._bounce)
-                for c in chunks
+                functools.partial(write_part, fd, view, header_len, p, self._bounce) for p in parts
             ]
             checksum = (await self._io.run_all(calls))[0]
             if meta.checksum not in (0, checksum):
@@ -306,25 +306,25 @@ class SsdTier(Tier):
     ) -> ObjectMeta:
         assert self._bounce is not None
         meta, where = entry.meta, f"tier {self.name}: {entry.path}"
-        chunks = plan_chunks(meta.size_bytes, self.options.chunk_bytes, dst, direct)
+        parts = plan_parts(meta.size_bytes, self.options.part_bytes, dst, direct)
         calls: list[Callable[[], Any]] = [functools.partial(read_header, fd, self._bounce, where)]
         calls += [
             functools.partial(
-                read_chunk, fd, dst, entry.header_len, c, pool=self._bounce, where=where
+                read_part, fd, dst, entry.header_len, p, pool=self._bounce, where=where
             )
-            for c in chunks
+            for p in parts
         ]
         hasher = DataHasher()
 
-        def hash_chunk(i: int, _: object) -> None:
+        def hash_part(i: int, _: object) -> None:
             # On the event loop: xxhash holds the GIL anyway (~0.13 ms per 4 MiB), and hashing
-            # chunk i while chunks i+1.. are still read hides the hash behind the I/O.
+            # part i while parts i+1.. are still read hides the hash behind the I/O.
             if i > 0:
-                c = chunks[i - 1]
-                hasher.update(dst[c.offset : c.offset + c.valid])
+                p = parts[i - 1]
+                hasher.update(dst[p.offset : p.offset + p.valid])
 
         try:
-            header = (await self._io.run_all(calls, hash_chunk))[0]
+            header = (await self._io.run_all(calls, hash_part))[0]
             if header.meta != meta or header.header_len != entry.header_len:
                 raise CorruptObjectError(f"{where}: header does not match the indexed object")
             checksum = hasher.digest()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,17 +12,22 @@ from kvtierd.config import parse_size
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.storage.aligned_io import ALIGN
 
-_ALLOWED = ("o_direct", "queue_depth", "chunk_bytes", "fsync")
+logger = logging.getLogger(__name__)
+
+_ALLOWED = ("o_direct", "queue_depth", "part_bytes", "fsync")
 _MAX_QUEUE_DEPTH = 64
+PART_BYTES_BEFORE = "chunk_bytes"
+"""``part_bytes``'s name before issue 17 ("chunk" is LMCache's unit of KV), accepted one release
+with a logged warning."""
 
 
 @dataclass(frozen=True, slots=True)
 class SsdOptions:
-    """``o_direct`` is ``"auto"``, True or False; ``chunk_bytes`` a multiple of 4096."""
+    """``o_direct`` is ``"auto"``, True or False; ``part_bytes`` a multiple of 4096."""
 
     o_direct: str | bool = "auto"
     queue_depth: int = 4
-    chunk_bytes: int = 4 << 20
+    part_bytes: int = 4 << 20
     fsync: bool = True
 
     @property
@@ -29,8 +35,10 @@ class SsdOptions:
         return self.o_direct == "auto"
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> SsdOptions:
-        """Validate raw options; errors name the option and the allowed values."""
+    def from_mapping(cls, raw: Mapping[str, Any], tier: str = "ssd") -> SsdOptions:
+        """Validate raw options (of the tier named ``tier``); errors name the option and the
+        allowed values."""
+        raw = _renamed(raw, tier)
         unknown = sorted(set(raw) - set(_ALLOWED))
         if unknown:
             raise InvalidArgumentError(
@@ -46,12 +54,32 @@ class SsdOptions:
             raise InvalidArgumentError(
                 f"ssd option queue_depth: an integer in 1..{_MAX_QUEUE_DEPTH}, got {depth!r}"
             )
-        chunk = parse_size(raw.get("chunk_bytes", 4 << 20), "ssd option chunk_bytes")
-        if chunk < ALIGN or chunk % ALIGN:
+        part = parse_size(raw.get("part_bytes", 4 << 20), "ssd option part_bytes")
+        if part < ALIGN or part % ALIGN:
             raise InvalidArgumentError(
-                f"ssd option chunk_bytes: a positive multiple of {ALIGN} bytes, got {chunk}"
+                f"ssd option part_bytes: a positive multiple of {ALIGN} bytes, got {part}"
             )
         fsync = raw.get("fsync", True)
         if not isinstance(fsync, bool):
             raise InvalidArgumentError(f"ssd option fsync: true or false, got {fsync!r}")
-        return cls(o_direct=o_direct, queue_depth=depth, chunk_bytes=chunk, fsync=fsync)
+        return cls(o_direct=o_direct, queue_depth=depth, part_bytes=part, fsync=fsync)
+
+
+def _renamed(raw: Mapping[str, Any], tier: str) -> Mapping[str, Any]:
+    """``raw`` with ``chunk_bytes`` read as ``part_bytes`` (and logged); both at once is an
+    error, since the two could disagree."""
+    if PART_BYTES_BEFORE not in raw:
+        return raw
+    if "part_bytes" in raw:
+        raise InvalidArgumentError(
+            f"ssd options part_bytes and {PART_BYTES_BEFORE} both given: {PART_BYTES_BEFORE} is "
+            f"part_bytes's name before this release; give part_bytes only"
+        )
+    logger.warning(
+        "ssd tier %r: option %s is deprecated, use part_bytes (the same transfer piece, renamed "
+        "because a chunk is LMCache's unit of KV); %s will be refused from the next release",
+        tier, PART_BYTES_BEFORE, PART_BYTES_BEFORE,
+    )  # fmt: skip
+    new = {k: v for k, v in raw.items() if k != PART_BYTES_BEFORE}
+    new["part_bytes"] = raw[PART_BYTES_BEFORE]
+    return new

@@ -29,13 +29,13 @@ CALIBRATION_SLACK_BYTES = 64 << 10  # a file's header and padding, with room to 
 CALIBRATION_ROUNDS = 2
 
 
-def calibration_sizes(chunk_bytes: int, queue_depth: int, free_bytes: int) -> tuple[int, int]:
-    """A small object and one of ``queue_depth`` chunks (the whole queue busy, the regime of
+def calibration_sizes(part_bytes: int, queue_depth: int, free_bytes: int) -> tuple[int, int]:
+    """A small object and one of ``queue_depth`` parts (the whole queue busy, the regime of
     large loads), at least 4x larger and at most ``CALIBRATION_MAX_BYTES``: two sizes far
     enough apart for the read fit to tell per-load overhead from bandwidth. On a small disk
     the large one shrinks so that both take at most half of ``free_bytes``; ``(0, 0)`` when
     even that leaves it under 4x the small one."""
-    large = min(max(chunk_bytes * queue_depth, 4 * CALIBRATION_SMALL_BYTES), CALIBRATION_MAX_BYTES)
+    large = min(max(part_bytes * queue_depth, 4 * CALIBRATION_SMALL_BYTES), CALIBRATION_MAX_BYTES)
     room = free_bytes // 2 - CALIBRATION_SMALL_BYTES - 2 * CALIBRATION_SLACK_BYTES
     large = min(large, room // ALIGN * ALIGN)
     if large < 4 * CALIBRATION_SMALL_BYTES:
@@ -75,7 +75,7 @@ def probe_o_direct(layout: Layout, option: str | bool) -> bool:
 
 async def calibrate(tier: SsdTier, layout: Layout) -> str:
     """Write two throwaway objects (:func:`calibration_sizes`) and read them back, alternately,
-    ``CALIBRATION_ROUNDS`` times, through the tier's own paths (chunking, queue depth,
+    ``CALIBRATION_ROUNDS`` times, through the tier's own paths (split into parts, queue depth,
     O_DIRECT, checksum) into memory like the arena's; every transfer goes into the
     tier's meters, so the first load estimate already separates overhead from bandwidth.
 
@@ -85,7 +85,7 @@ async def calibrate(tier: SsdTier, layout: Layout) -> str:
     """
     st = await asyncio.to_thread(os.statvfs, layout.tmp)
     free = st.f_bavail * st.f_frsize
-    sizes = calibration_sizes(tier.options.chunk_bytes, tier.options.queue_depth, free)
+    sizes = calibration_sizes(tier.options.part_bytes, tier.options.queue_depth, free)
     if not sizes[1]:
         need = 2 * (5 * CALIBRATION_SMALL_BYTES + 2 * CALIBRATION_SLACK_BYTES)
         return f"{free} bytes free under {layout.root}, the probe files need {need}"

@@ -65,7 +65,7 @@ class IoRunner:
     ) -> list[Any]:
         """Run calls on the I/O threads; ``each(i, result)`` sees results in call order as they
         arrive (to overlap hashing with the I/O still in flight). Always waits for *all* calls
-        — a failed chunk must not let us close the fd under a still-running one — and raises
+        — a failed part must not let us close the fd under a still-running one — and raises
         the first error in call order."""
         futs = [self.submit(c) for c in calls]
         try:

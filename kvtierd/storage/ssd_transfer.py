@@ -1,15 +1,15 @@
-"""Chunked, aligned transfers of one object's bytes between a ``memoryview`` and its file.
+"""Aligned transfers of one object's bytes, in parts, between a ``memoryview`` and its file.
 
-Everything here is synchronous and runs on the SSD tier's I/O threads, one chunk per call, so
-that the tier can keep ``queue_depth`` chunks in flight (the disk reads ~1.6x faster at QD16
+Everything here is synchronous and runs on the SSD tier's I/O threads, one part per call, so
+that the tier can keep ``queue_depth`` parts in flight (the disk reads ~1.6x faster at QD16
 than at QD1, notes/machine-limits.md). Offsets and lengths are bytes.
 
-With O_DIRECT a chunk goes straight to/from the caller's view when the view is page-aligned;
+With O_DIRECT a part goes straight to/from the caller's view when the view is page-aligned;
 otherwise it is staged in a reused bounce buffer. The final partial page of an object (when
 ``size_bytes`` is not a multiple of 4096) always goes through a bounce buffer: O_DIRECT moves
 whole pages, and the caller's view may continue past ``size_bytes`` into memory that belongs
 to someone else (e.g. the next object of the shared-memory arena), which we must not overwrite.
-Without O_DIRECT every chunk goes straight to/from the view and nothing is padded.
+Without O_DIRECT every part goes straight to/from the view and nothing is padded.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kvtierd.storage.ssd_format import Header, decode_header, header_len_from_pr
 
 
 @dataclass(frozen=True, slots=True)
-class Chunk:
+class Part:
     """One piece of a transfer: ``length`` file bytes at ``offset`` of the data region.
 
     ``valid`` is how many of them are object bytes (less than ``length`` only for the padded
@@ -44,64 +44,62 @@ class Chunk:
     staged: bool
 
 
-def plan_chunks(size_bytes: int, chunk_bytes: int, view: memoryview, direct: bool) -> list[Chunk]:
-    """Split a ``size_bytes`` transfer into chunks of at most ``chunk_bytes`` (a multiple of
+def plan_parts(size_bytes: int, part_bytes: int, view: memoryview, direct: bool) -> list[Part]:
+    """Split a ``size_bytes`` transfer into parts of at most ``part_bytes`` (a multiple of
     4096, no larger than a bounce buffer)."""
     if not direct:
         return [
-            Chunk(
-                off, min(chunk_bytes, size_bytes - off), min(chunk_bytes, size_bytes - off), False
-            )
-            for off in range(0, size_bytes, chunk_bytes)
+            Part(off, min(part_bytes, size_bytes - off), min(part_bytes, size_bytes - off), False)
+            for off in range(0, size_bytes, part_bytes)
         ]
     body = round_down(size_bytes)
     staged = not is_aligned(view)
-    chunks = [
-        Chunk(off, min(chunk_bytes, body - off), min(chunk_bytes, body - off), staged)
-        for off in range(0, body, chunk_bytes)
+    parts = [
+        Part(off, min(part_bytes, body - off), min(part_bytes, body - off), staged)
+        for off in range(0, body, part_bytes)
     ]
     if size_bytes > body:
-        chunks.append(Chunk(body, ALIGN, size_bytes - body, True))
-    return chunks
+        parts.append(Part(body, ALIGN, size_bytes - body, True))
+    return parts
 
 
-def write_chunk(fd: int, src: memoryview, data_offset: int, chunk: Chunk, pool: BouncePool) -> None:
-    """Write one chunk of ``src`` to the file at ``data_offset + chunk.offset``."""
-    at = data_offset + chunk.offset
-    piece = src[chunk.offset : chunk.offset + chunk.valid]
-    if not chunk.staged:
+def write_part(fd: int, src: memoryview, data_offset: int, part: Part, pool: BouncePool) -> None:
+    """Write one part of ``src`` to the file at ``data_offset + part.offset``."""
+    at = data_offset + part.offset
+    piece = src[part.offset : part.offset + part.valid]
+    if not part.staged:
         pwrite_full(fd, piece, at)
         return
     buf = pool.acquire()
     try:
         with memoryview(buf) as staging:
-            copy_bytes(staging[: chunk.valid], piece)
-            if chunk.length > chunk.valid:  # zero the page tail: no stale bytes reach the disk
-                staging[chunk.valid : chunk.length] = bytes(chunk.length - chunk.valid)
-            pwrite_full(fd, staging[: chunk.length], at)
+            copy_bytes(staging[: part.valid], piece)
+            if part.length > part.valid:  # zero the page tail: no stale bytes reach the disk
+                staging[part.valid : part.length] = bytes(part.length - part.valid)
+            pwrite_full(fd, staging[: part.length], at)
     finally:
         pool.release(buf)
 
 
-def read_chunk(
-    fd: int, dst: memoryview, data_offset: int, chunk: Chunk, *, pool: BouncePool, where: str
+def read_part(
+    fd: int, dst: memoryview, data_offset: int, part: Part, *, pool: BouncePool, where: str
 ) -> None:
-    """Read one chunk into ``dst``; a file that ends early raises ``CorruptObjectError``."""
-    at = data_offset + chunk.offset
-    if not chunk.staged:
-        got = pread_full(fd, dst[chunk.offset : chunk.offset + chunk.length], at)
+    """Read one part into ``dst``; a file that ends early raises ``CorruptObjectError``."""
+    at = data_offset + part.offset
+    if not part.staged:
+        got = pread_full(fd, dst[part.offset : part.offset + part.length], at)
     else:
         buf = pool.acquire()
         try:
             with memoryview(buf) as staging:
-                got = pread_full(fd, staging[: chunk.length], at)
-                n = min(got, chunk.valid)
-                copy_bytes(dst[chunk.offset : chunk.offset + n], staging[:n])
+                got = pread_full(fd, staging[: part.length], at)
+                n = min(got, part.valid)
+                copy_bytes(dst[part.offset : part.offset + n], staging[:n])
         finally:
             pool.release(buf)
-    if got < chunk.valid:
+    if got < part.valid:
         raise CorruptObjectError(
-            f"{where}: truncated: {got} of {chunk.valid} bytes at data offset {chunk.offset}"
+            f"{where}: truncated: {got} of {part.valid} bytes at data offset {part.offset}"
         )
 
 

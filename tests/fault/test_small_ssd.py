@@ -8,7 +8,7 @@ Two ways to give the SSD tier too little room, both deterministic:
 
 * ``rlimit`` (any user, CI): the daemon runs under ``prlimit --fsize`` (28 MiB), with
   ``queue_depth: 8``, so its calibration cannot write its 32 MiB probe file (8 x 4 MiB
-  chunks; before the fix: a
+  parts; before the fix: a
   bandwidth of 0, a divide by zero in the TTFT model, most objects dropped) while 1 MiB objects
   and the 24 MiB arena (8 MiB CPU tier + 16 MiB staging; the limit applies to it too) fit;
 * ``tmpfs`` (root only; skipped otherwise): the issue's own 16 MiB tmpfs - the calibration

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import mmap
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 from kvtierd.config import TierConfig
 from kvtierd.errors import (
     AlreadyExistsError,
+    ConfigError,
     CorruptObjectError,
     InvalidArgumentError,
     NotFoundError,
@@ -29,6 +31,7 @@ from kvtierd.errors import (
 )
 from kvtierd.storage import aligned_io, ssd_probe
 from kvtierd.storage import ssd as ssd_module
+from kvtierd.storage.base import create_tier
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.storage.ssd_format import decode_header, encode_header
 from kvtierd.types import ObjectMeta
@@ -42,7 +45,7 @@ def make_tier(path: Path, **options: Any) -> SsdTier:
 
 @pytest.fixture
 async def tier(tmp_path: Path) -> AsyncIterator[SsdTier]:
-    t = make_tier(tmp_path / "ssd", chunk_bytes="1MiB")
+    t = make_tier(tmp_path / "ssd", part_bytes="1MiB")
     await t.start()
     yield t
     await t.close()
@@ -442,7 +445,8 @@ async def test_put_falls_back_when_o_direct_stops_working(
         ({"o_direct": "yes"}, "o_direct"),
         ({"queue_depth": 0}, "queue_depth"),
         ({"queue_depth": True}, "queue_depth"),
-        ({"chunk_bytes": 1000}, "chunk_bytes"),
+        ({"part_bytes": 1000}, "part_bytes"),
+        ({"chunk_bytes": 1000}, "part_bytes"),  # the old name, checked as the new one
         ({"fsync": "no"}, "fsync"),
     ],
 )
@@ -452,11 +456,40 @@ def test_bad_options_are_rejected(tmp_path: Path, options: dict[str, Any], match
 
 
 async def test_options_are_applied(tmp_path: Path) -> None:
-    t = make_tier(tmp_path, queue_depth=2, chunk_bytes="64KiB", fsync=False, o_direct=True)
+    t = make_tier(tmp_path, queue_depth=2, part_bytes="64KiB", fsync=False, o_direct=True)
     await t.start()
-    assert t.options.queue_depth == 2 and t.options.chunk_bytes == 65536 and t.direct
+    assert t.options.queue_depth == 2 and t.options.part_bytes == 65536 and t.direct
     await round_trip(t, "k", payload(MiB + 3), aligned(MiB + 3), aligned(MiB + 3))
     await t.close()
+
+
+def test_the_old_name_of_part_bytes_is_read_as_it_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 17: ``part_bytes`` was ``chunk_bytes`` ("chunk" is LMCache's unit of KV); a config
+    that still says it works for one release and logs what to write instead."""
+    config = TierConfig("disk", "ssd", 1 << 30, str(tmp_path), {"chunk_bytes": "64KiB"})
+    with caplog.at_level(logging.WARNING, logger="kvtierd.storage.ssd_options"):
+        old = create_tier(config)
+    assert isinstance(old, SsdTier) and old.options.part_bytes == 65536
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "ssd tier 'disk': option chunk_bytes is deprecated, use part_bytes" in record.message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtierd.storage.ssd_options"):
+        assert make_tier(tmp_path, part_bytes="64KiB").options == old.options
+    assert caplog.records == []
+
+
+def test_part_bytes_under_both_names_is_a_config_error(tmp_path: Path) -> None:
+    """The two values could disagree: refused, naming the tier and the name to keep."""
+    both = {"part_bytes": "64KiB", "chunk_bytes": "64KiB"}
+    with pytest.raises(ConfigError) as e:
+        create_tier(TierConfig("disk", "ssd", 1 << 30, str(tmp_path), both))
+    assert str(e.value) == (
+        "tier 'disk' (ssd): ssd options part_bytes and chunk_bytes both given: chunk_bytes is "
+        "part_bytes's name before this release; give part_bytes only"
+    )
 
 
 async def test_read_fit_calibrated_at_start_and_refit_from_real_reads(
@@ -472,14 +505,14 @@ async def test_read_fit_calibrated_at_start_and_refit_from_real_reads(
     await tier.put(meta("small", 100), memoryview(bytes(100)))  # too small to say anything
     assert tier.write_meter.samples == 3
 
-    # The disk gets 10 ms slower per chunk: the reported figures follow the reads that see it.
-    real_read_chunk = ssd_module.read_chunk
+    # The disk gets 10 ms slower per part: the reported figures follow the reads that see it.
+    real_read_part = ssd_module.read_part
 
-    def slow_read_chunk(*args: Any, **kwargs: Any) -> None:
+    def slow_read_part(*args: Any, **kwargs: Any) -> None:
         time.sleep(0.01)
-        real_read_chunk(*args, **kwargs)
+        real_read_part(*args, **kwargs)
 
-    monkeypatch.setattr(ssd_module, "read_chunk", slow_read_chunk)
+    monkeypatch.setattr(ssd_module, "read_part", slow_read_part)
     before_s = tier.read_meter.fit().seconds(4 * MiB)
     dst, measured = aligned(4 * MiB), []
     for _ in range(30):
@@ -510,7 +543,7 @@ async def test_buffered_calibration_reads_the_disk_not_the_page_cache(
     await t.start()
     try:
         assert t.calibrated and t.read_meter.samples == 2 * ssd_probe.CALIBRATION_ROUNDS
-        sizes = ssd_probe.calibration_sizes(t.options.chunk_bytes, t.options.queue_depth, 1 << 62)
+        sizes = ssd_probe.calibration_sizes(t.options.part_bytes, t.options.queue_depth, 1 << 62)
         names = [f"calibration-{n}.kvt" for n in sizes]
         assert dropped == names * ssd_probe.CALIBRATION_ROUNDS  # once before every timed read
     finally:
@@ -526,7 +559,7 @@ from kvtierd.config import TierConfig
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.types import ObjectMeta
 async def main(path, first):
-    t = SsdTier(TierConfig("ssd", "ssd", 1 << 30, path, {"chunk_bytes": "256KiB"}))
+    t = SsdTier(TierConfig("ssd", "ssd", 1 << 30, path, {"part_bytes": "256KiB"}))
     await t.start()
     for i in range(first, first + 10_000):
         size = 1 + (i * 7919) % (3 << 20)
