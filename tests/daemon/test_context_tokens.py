@@ -70,6 +70,14 @@ async def _put_chunk(engine: Engine, cid: str) -> None:
     await engine.put_bytes(meta, data)
 
 
+def _cpu_engine(tmp_path: Path) -> Engine:
+    """An engine with one small CPU tier (started by the caller)."""
+    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
+    return Engine(
+        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
+    )
+
+
 def test_query_store_keeps_the_longest_tokens_across_a_reload(tmp_path: Path) -> None:
     store = QueryStore(tmp_path)
     store.set_tokens("c", (1, 2, 3, 4))
@@ -82,10 +90,7 @@ def test_query_store_keeps_the_longest_tokens_across_a_reload(tmp_path: Path) ->
 
 
 async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> None:
-    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
-    engine = Engine(
-        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
-    )
+    engine = _cpu_engine(tmp_path)
     await engine.start()
     try:
         policy = parse_policy(
@@ -111,10 +116,7 @@ async def test_a_linked_prompt_gives_tokens_and_a_traffic_query(tmp_path: Path) 
     the context gets the prompt's tokens, the rest of the prompt is a real query of it."""
     from kvtierd.profiler import ProfilingQuery
 
-    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
-    engine = Engine(
-        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
-    )
+    engine = _cpu_engine(tmp_path)
     await engine.start()
     try:
         await _put_chunk(engine, "doc")
@@ -230,10 +232,7 @@ async def test_a_prompt_linked_after_its_context_went_is_a_query_of_it(tmp_path:
     stored it. That request is still a query of the context: kept with its set-aside profile,
     so that a context which keeps being dropped is profiled on enough queries when it returns
     (issue 13's fourth run lost every such query to NOT_FOUND)."""
-    tiers = (TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "8MiB"}),)
-    engine = Engine(
-        DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"), tiers=tiers)
-    )
+    engine = _cpu_engine(tmp_path)
     await engine.start()
     try:
         await _put_chunk(engine, "doc")
