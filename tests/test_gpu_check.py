@@ -165,3 +165,36 @@ def test_gpu_test_files_hold_every_gpu_marked_test() -> None:
     )  # fmt: skip
     files = {line.split("::")[0] for line in done.stdout.splitlines() if "::" in line}
     assert files == set(GPU_TEST_FILES), done.stdout[-2000:]
+
+
+def test_pytest_lines_become_checks_when_junit_is_missing() -> None:
+    from benchmarks.gpu_check.run import _collected, _verbose_checks
+
+    out = (
+        "tests/a.py::test_x[gpu-1] PASSED   [ 50%]\n"
+        "tests/a.py::test_y FAILED   [100%]\n"
+        "tests/b.py::test_z SKIPPED (needs CUDA) [100%]\n"
+        "32/73 tests collected (41 deselected) in 0.60s\n"
+    )
+    checks = _verbose_checks(out)
+    assert [(c.name, c.status) for c in checks] == [
+        ("tests/a.py::test_x[gpu-1]", "PASS"),
+        ("tests/a.py::test_y", "FAIL"),
+        ("tests/b.py::test_z", "SKIP"),
+    ]
+    assert _collected(out) == 32
+
+
+def test_every_step_is_documented() -> None:
+    doc = (REPO / "docs" / "gpu-check.md").read_text()
+    for name in ("env", "wheelhouse", "imports", *(s.name for s in GPU_STEPS)):
+        assert f"| `{name}` |" in doc, name
+    assert 'carry=[".gpu-wheels"]' in doc
+
+
+def test_collected_counts_read_from_every_verbosity() -> None:
+    from benchmarks.gpu_check.run import _collected
+
+    assert _collected("tests/a.py: 21\ntests/b.py: 1\n") == 22
+    assert _collected("tests/a.py::x\ntests/a.py::y\n\n") == 2
+    assert _collected("no tests ran\n") == 0

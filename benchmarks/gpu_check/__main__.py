@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=420.0,
+        default=330.0,
         help="the whole run's deadline; each step's timeout is cut to fit it",
     )
     ap.add_argument(

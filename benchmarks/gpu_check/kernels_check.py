@@ -102,7 +102,7 @@ def kept_agree(got: torch.Tensor, want: torch.Tensor, scores: torch.Tensor) -> t
         return True, f"identical ({want.shape[0] * want.shape[1]} rows of {want.shape[-1]})"
     m, far = want.shape[-1], 0
     for idx in zip(*torch.nonzero(rows, as_tuple=True), strict=True):
-        row = scores[idx]
+        row = scores[idx].cpu()
         cut = float(torch.sort(row, descending=True, stable=True).values[m - 1])
         for p in set(got[idx].tolist()) ^ set(want[idx].tolist()):
             far += abs(float(row[p]) - cut) > 1e-5 * max(1.0, abs(cut))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,7 +105,6 @@ GPU_STEPS = (
         "every Triton kernel = its torch reference (bit-equal or the stated tolerance) at "
         "the test size and 32 layers x 8 heads x 128, 8k and 32k tokens, bf16",
     ),
-    GpuStep("pytest-gpu", "", 200, "every gpu-marked test passes"),
     GpuStep(
         "codec",
         "benchmarks.gpu_check.codec_check",
@@ -125,6 +125,7 @@ GPU_STEPS = (
         100,
         "gather, quantize and score kernels >= 60% of the device's copy bandwidth",
     ),
+    GpuStep("pytest-gpu", "", 200, "every gpu-marked test passes"),
 )
 
 
@@ -171,14 +172,13 @@ class Runner:
             text=True,
             start_new_session=True,
         )
-        tail: list[str] = []
+        lines: list[str] = []
 
         def pump() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
                 self.say(line.rstrip("\n"))
-                tail.append(line)
-                del tail[:-40]
+                lines.append(line)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
@@ -194,7 +194,7 @@ class Runner:
             if proc.poll() is None:
                 _kill_group(proc)
             reader.join(5)
-        return (None if timed_out else proc.returncode), timed_out, "".join(tail)
+        return (None if timed_out else proc.returncode), timed_out, "".join(lines)
 
     def say(self, line: str) -> None:
         print(line, flush=True)
@@ -202,8 +202,12 @@ class Runner:
         self.log.flush()
 
     def begin(self, name: str, goal: str) -> StepResult:
-        step = StepResult(name, goal)
+        # Recorded before it runs: a run killed outright (SIGKILL at the device's timeout)
+        # still says which step it was in; end() replaces this with the step's result.
+        step = StepResult(name, goal, FAIL, reason="running: the run ended during this step")
         self.report.steps.append(step)
+        self.report.write()
+        step.status, step.reason = SKIP, ""
         self.say(f"\n== {name}: {goal}")
         return step
 
@@ -320,7 +324,7 @@ class Runner:
         cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *GPU_TEST_FILES]
         if not self.cuda:
             rc, timed_out, tail = self.spawn(
-                [*cmd, "--collect-only"], min(90, self.remaining_s()), env
+                [*cmd, "-q", "--collect-only"], min(90, self.remaining_s()), env
             )
             count = _collected(tail)
             step.status = FAIL if rc or timed_out or not count else SKIP
@@ -330,8 +334,12 @@ class Runner:
             )
             return self.end(step, t0)
         timeout = min(gpu.timeout_s, self.remaining_s() - 5)
-        rc, timed_out, _ = self.spawn([*cmd, f"--junitxml={junit}"], timeout, env)
-        step.checks = _junit_checks(junit)
+        if timeout < 15:
+            step.reason = f"the run's time budget is spent ({self.remaining_s():.0f} s left)"
+            return self.end(step, t0)
+        rc, timed_out, output = self.spawn([*cmd, "-v", f"--junitxml={junit}"], timeout, env)
+        # pytest writes its junit file at the end; killed before, its -v lines still tell.
+        step.checks = _junit_checks(junit) or _verbose_checks(output)
         step.settle(rc, timed_out, timeout)
         counts = {s: sum(c.status == s for c in step.checks) for s in (PASS, FAIL, SKIP)}
         step.figure = f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped"
@@ -399,13 +407,27 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 
 def _collected(output: str) -> int:
+    """The number of tests ``pytest --collect-only`` selected, from any of its verbosities:
+    ``N/M tests collected``, ``file.py: N`` lines (``-qq``) or ``file.py::test`` lines."""
     for line in output.splitlines():
         words = line.split()
-        if "collected" in words or "tests collected" in line:
-            head = words[0].split("/")[0]
-            if head.isdigit():
-                return int(head)
-    return 0
+        if "collected" in words and words[0].split("/")[0].isdigit():
+            return int(words[0].split("/")[0])
+    per_file = re.findall(r"^\S+\.py: (\d+)$", output, flags=re.MULTILINE)
+    if per_file:
+        return sum(int(n) for n in per_file)
+    return sum("::" in line for line in output.splitlines())
+
+
+def _verbose_checks(output: str) -> list[Check]:
+    """Checks from ``pytest -v`` lines (``tests/x.py::test_y[a] PASSED  [ 3%]``)."""
+    status = {"PASSED": PASS, "FAILED": FAIL, "ERROR": FAIL, "SKIPPED": SKIP}
+    checks = []
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) >= 2 and "::" in words[0] and words[1] in status:
+            checks.append(Check(words[0], status[words[1]], words[1].lower(), "from the -v log"))
+    return checks
 
 
 def _junit_checks(path: Path) -> list[Check]:
