@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_check import wheelhouse
-from benchmarks.gpu_check.run import GPU_STEPS, GPU_TEST_FILES, Runner
+from benchmarks.gpu_check.pytest_gpu import GPU_TEST_FILES, collected_count, verbose_checks
+from benchmarks.gpu_check.run import GPU_STEPS, Runner
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-check"
@@ -168,21 +169,19 @@ def test_gpu_test_files_hold_every_gpu_marked_test() -> None:
 
 
 def test_pytest_lines_become_checks_when_junit_is_missing() -> None:
-    from benchmarks.gpu_check.run import _collected, _verbose_checks
-
     out = (
         "tests/a.py::test_x[gpu-1] PASSED   [ 50%]\n"
         "tests/a.py::test_y FAILED   [100%]\n"
         "tests/b.py::test_z SKIPPED (needs CUDA) [100%]\n"
         "32/73 tests collected (41 deselected) in 0.60s\n"
     )
-    checks = _verbose_checks(out)
+    checks = verbose_checks(out)
     assert [(c.name, c.status) for c in checks] == [
         ("tests/a.py::test_x[gpu-1]", "PASS"),
         ("tests/a.py::test_y", "FAIL"),
         ("tests/b.py::test_z", "SKIP"),
     ]
-    assert _collected(out) == 32
+    assert collected_count(out) == 32
 
 
 def test_every_step_is_documented() -> None:
@@ -193,8 +192,6 @@ def test_every_step_is_documented() -> None:
 
 
 def test_collected_counts_read_from_every_verbosity() -> None:
-    from benchmarks.gpu_check.run import _collected
-
-    assert _collected("tests/a.py: 21\ntests/b.py: 1\n") == 22
-    assert _collected("tests/a.py::x\ntests/a.py::y\n\n") == 2
-    assert _collected("no tests ran\n") == 0
+    assert collected_count("tests/a.py: 21\ntests/b.py: 1\n") == 22
+    assert collected_count("tests/a.py::x\ntests/a.py::y\n\n") == 2
+    assert collected_count("no tests ran\n") == 0

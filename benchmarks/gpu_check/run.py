@@ -13,31 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from benchmarks.gpu_check import wheelhouse
+from benchmarks.gpu_check.pytest_gpu import (
+    GPU_TEST_FILES,
+    PYTEST_ARGS,
+    collected_count,
+    junit_checks,
+    verbose_checks,
+)
 from benchmarks.gpu_check.record import FAIL, PASS, SKIP, Check, load_checks
 from benchmarks.gpu_check.report import Report, StepResult
 
 REPO = wheelhouse.REPO
-# Every file holding a ``gpu``-marked test (tests/storage's come from conftest's TIER_MARKS on
-# each test taking ``kind``); tests/test_gpu_check.py holds this list to a collection of tests/.
-GPU_TEST_FILES = (
-    "tests/kernels/test_kernels_gpu.py",
-    "tests/daemon/test_device_leases.py",
-    "tests/storage/test_tier_matrix.py",
-    "tests/storage/test_uncalibrated.py",
-)
 # What the steps import, beyond the standard library: all must resolve where the run runs.
 MODULES = (
     "torch",
@@ -70,22 +68,7 @@ MODULES = (
     "benchmarks.gpu_check.daemon_check",
     "benchmarks.gpu_check.ipc_reader",
     "benchmarks.gpu_check.codec_check",
-)
-PYTEST_ARGS = (
-    # The image's own pytest plugins (cov, xdist, benchmark, ...) are not loaded: they were
-    # built against its pytest, and the run uses the wheelhouse's.
-    "-p",
-    "pytest_asyncio.plugin",
-    "-p",
-    "pytest_timeout",
-    "-p",
-    "no:cacheprovider",
-    "-m",
-    "gpu",
-    "-q",
-    "-rfEs",
-    "--timeout",
-    "150",
+    "benchmarks.gpu_check.pytest_gpu",
 )
 
 
@@ -326,7 +309,7 @@ class Runner:
             rc, timed_out, tail = self.spawn(
                 [*cmd, "-q", "--collect-only"], min(90, self.remaining_s()), env
             )
-            count = _collected(tail)
+            count = collected_count(tail)
             step.status = FAIL if rc or timed_out or not count else SKIP
             step.figure = f"{count} gpu tests collected"
             step.reason = (
@@ -339,7 +322,7 @@ class Runner:
             return self.end(step, t0)
         rc, timed_out, output = self.spawn([*cmd, "-v", f"--junitxml={junit}"], timeout, env)
         # pytest writes its junit file at the end; killed before, its -v lines still tell.
-        step.checks = _junit_checks(junit) or _verbose_checks(output)
+        step.checks = junit_checks(junit) or verbose_checks(output)
         step.settle(rc, timed_out, timeout)
         counts = {s: sum(c.status == s for c in step.checks) for s in (PASS, FAIL, SKIP)}
         step.figure = f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped"
@@ -392,6 +375,7 @@ class Runner:
         finally:
             self.report.write()
             self.summary()
+            shutil.rmtree(self.work, ignore_errors=True)
         return self.report.exit_code()
 
     def summary(self) -> None:
@@ -404,44 +388,3 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-
-
-def _collected(output: str) -> int:
-    """The number of tests ``pytest --collect-only`` selected, from any of its verbosities:
-    ``N/M tests collected``, ``file.py: N`` lines (``-qq``) or ``file.py::test`` lines."""
-    for line in output.splitlines():
-        words = line.split()
-        if "collected" in words and words[0].split("/")[0].isdigit():
-            return int(words[0].split("/")[0])
-    per_file = re.findall(r"^\S+\.py: (\d+)$", output, flags=re.MULTILINE)
-    if per_file:
-        return sum(int(n) for n in per_file)
-    return sum("::" in line for line in output.splitlines())
-
-
-def _verbose_checks(output: str) -> list[Check]:
-    """Checks from ``pytest -v`` lines (``tests/x.py::test_y[a] PASSED  [ 3%]``)."""
-    status = {"PASSED": PASS, "FAILED": FAIL, "ERROR": FAIL, "SKIPPED": SKIP}
-    checks = []
-    for line in output.splitlines():
-        words = line.split()
-        if len(words) >= 2 and "::" in words[0] and words[1] in status:
-            checks.append(Check(words[0], status[words[1]], words[1].lower(), "from the -v log"))
-    return checks
-
-
-def _junit_checks(path: Path) -> list[Check]:
-    if not path.exists():
-        return []
-    checks = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        seconds = float(case.get("time", 0))
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        if bad is not None:
-            checks.append(Check(name, FAIL, "failed", (bad.get("message") or "")[:400], seconds))
-        elif (skip := case.find("skipped")) is not None:
-            checks.append(Check(name, SKIP, "skipped", (skip.get("message") or "")[:200], seconds))
-        else:
-            checks.append(Check(name, PASS, "passed", "", seconds))
-    return checks
