@@ -91,6 +91,7 @@ class Report:
                 f"| {s.name} | {s.status} | {s.seconds:.1f} | {_cell(s.figure)} | "
                 f"{_cell(s.reason)} | {_cell(s.goal)} |"
             )
+        lines += _throughput_table(self.env.get("throughput"))
         for s in self.steps:
             if not s.checks:
                 continue
@@ -107,6 +108,26 @@ class Report:
                 for c in s.checks
             ]
         return "\n".join(lines) + "\n"
+
+
+def _throughput_table(figures: object) -> list[str]:
+    """The throughput step's rows as RESULTS.md holds kernel timings."""
+    if not isinstance(figures, dict) or not figures.get("rows"):
+        return []
+    copy = float(figures.get("copy_bytes_per_s", 0))
+    out = [
+        "",
+        f"Device-to-device copy (read + write): {copy / 1e9:.0f} GB/s.",
+        "",
+        "| kernel | N | ms | GB/s | x copy |",
+        "|---|---|---|---|---|",
+    ]
+    for r in figures["rows"]:
+        out.append(
+            f"| {r['kernel']} | {r['tokens']} | {r['time_s'] * 1e3:.3f} | "
+            f"{r['bytes_per_s'] / 1e9:.0f} | {r['vs_copy']:.0%} |"
+        )
+    return out
 
 
 def _cell(text: str) -> str:

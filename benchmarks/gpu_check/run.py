@@ -289,6 +289,8 @@ class Runner:
         )
         ok = rc == 0
         step.figure = f"{len(MODULES)} modules" + (" resolve" if ok else ": some do not resolve")
+        effective = [line for line in tail.splitlines() if line.startswith("effective:")]
+        step.figure += f" ({effective[0]})" if effective else ""
         step.checks.append(
             Check(
                 "import",
