@@ -17,6 +17,7 @@ from kvtierd.client import KVClient
 from kvtierd.errors import UnavailableError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.server import health_probe
 from tests.daemon_proc import DaemonProcess, free_port, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -147,5 +148,9 @@ def test_health_port_serves_health_and_nothing_else(tmp_path: Path) -> None:
             with pytest.raises(grpc.RpcError) as e:
                 pb_grpc.AdminStub(ch).Status(pb.StatusRequest(), timeout=5)
             assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # The command a container's HEALTHCHECK runs, on the port and on the socket.
+        assert health_probe.main([f"127.0.0.1:{port}"]) == 0
+        assert health_probe.main([f"unix:{daemon.socket_path}"]) == 0
     finally:
         daemon.kill()
+    assert health_probe.main([f"127.0.0.1:{port}"]) == 1
