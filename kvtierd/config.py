@@ -103,7 +103,14 @@ class DaemonConfig:
     compute_threads: int = 0  # torch threads for profiling and compression; 0 = half the cores
     token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
     metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"  # 0.0.0.0 in a pod, where Prometheus scrapes the pod IP
     log_json: bool = False
+    # A graceful stop (SIGTERM) writes the CPU tier's most recently used contexts to the SSD
+    # tier for at most this long, so that a restart still has them; 0 turns it off.
+    shutdown_flush_s: float = 5.0
+    # host:port of a plain gRPC server with only grpc.health.v1 on it (Kubernetes' native
+    # grpc probes cannot use a Unix socket or TLS); empty = none. No data RPC is served there.
+    health_address: str = ""
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -422,6 +429,16 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
         raise ConfigError(
             f"{origin}: compute_threads must be between 0 (half the CPU cores) and "
             f"{MAX_COMPUTE_THREADS}, got {config.compute_threads}"
+        )
+    if not 0 <= config.shutdown_flush_s <= MAX_LEASE_S:
+        raise ConfigError(
+            f"{origin}: shutdown_flush_s must be between 0 (no flush) and {MAX_LEASE_S:g} "
+            f"seconds, got {config.shutdown_flush_s}"
+        )
+    if config.health_address and config.health_address.rpartition(":")[0] == "":
+        raise ConfigError(
+            f"{origin}: health_address must be host:port (e.g. 0.0.0.0:8081, port 0 = any "
+            f"free port), got {config.health_address!r}"
         )
     if config.token_bytes_per_tenant <= 0:
         raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")

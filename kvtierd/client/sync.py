@@ -65,6 +65,18 @@ class KVClient:
             tls_key_file=tls_key_file,
         )
         self.use_arena = self.endpoint.colocated and not stream
+        self._open()
+        self.timeout_s = timeout_s
+        # On the Unix socket a tenant names itself; over TCP the token decides.
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("x-kvtierd-tenant", tenant),) if tenant else ()
+        )
+        self._arena = ArenaMap()
+        self._device_pools = DevicePools()
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
+        self._plan_warned = False
+
+    def _open(self) -> None:
         if self.endpoint.colocated:
             self._channel = grpc.insecure_channel(self.endpoint.target, options=CHANNEL_OPTIONS)
         else:
@@ -79,15 +91,14 @@ class KVClient:
             GET_STREAM, pb.GetStreamRequest.SerializeToString, decode_get_part
         )
         self.admin = pb_grpc.AdminStub(self._channel)
-        self.timeout_s = timeout_s
-        # On the Unix socket a tenant names itself; over TCP the token decides.
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("x-kvtierd-tenant", tenant),) if tenant else ()
-        )
-        self._arena = ArenaMap()
-        self._device_pools = DevicePools()
-        self._copier = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-copy")
-        self._plan_warned = False
+
+    def reconnect(self) -> None:
+        """Use a new channel from now on. A channel that failed to connect waits out its
+        reconnect backoff before it tries again, and inside vLLM's process that wait was seen
+        growing as gRPC's default (25 s) despite ``RECONNECT_BACKOFF_MS``; a new channel tries
+        at once. The old one is not closed: calls still on it finish (it closes when
+        collected)."""
+        self._open()
 
     def close(self) -> None:
         self._copier.shutdown()

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from kvtierd.config import DaemonConfig
@@ -36,6 +37,11 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.reads import ReadPath
 from kvtierd.engine.servable import load_cards
+from kvtierd.engine.shutdown_flush import (
+    flush_cpu_tier,
+    restore_access_times,
+    save_access_times,
+)
 from kvtierd.engine.state import (
     AllocationRecord,
     ContextRecord,
@@ -163,7 +169,11 @@ class Engine:
         return self.reads.tier_hits
 
     def publish_tier_state(self) -> None:
+        """Tier occupancy and the contexts placed per (variant, tier) into the metrics (from
+        the health loop, every second); ``kvtierd_placed_contexts`` was never set before."""
         self.mover.publish_tier_state()
+        placed = Counter(self.index.placement_of(c) for c in self.index.contexts.values())
+        self.metrics.set_placed_contexts({(p.variant, p.tier): n for p, n in placed.items()})
 
     def counts(self) -> EngineCounts:
         return EngineCounts(
@@ -222,6 +232,7 @@ class Engine:
         self.profiling.configure()
         self.model_cards.update(load_cards(self.config.data_dir))
         await self._rebuild_index()
+        restore_access_times(self.index, self.config.data_dir)
         self.executor.start()
         self.profiling.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="kvtierd-reaper")
@@ -260,7 +271,9 @@ class Engine:
             logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
                         len(index.contexts))  # fmt: skip
 
-    async def close(self) -> None:
+    async def close(self, flush_s: float = 0.0) -> None:
+        """Stop; ``flush_s`` > 0 (a graceful stop) first writes the CPU tier's hottest
+        contexts to the SSD tier for at most that long (``shutdown_flush``)."""
         self.draining = True
         if self._reaper is not None:
             self._reaper.cancel()
@@ -268,6 +281,9 @@ class Engine:
                 await self._reaper
         await self.executor.close()
         await self.profiling.close()
+        if flush_s > 0:
+            await flush_cpu_tier(self.index, self.mover, self.tiers, flush_s)
+            save_access_times(self.index, self.config.data_dir)
         for tier in self.tiers.values():
             await tier.close()
 

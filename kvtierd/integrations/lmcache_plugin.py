@@ -54,8 +54,9 @@ from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvtierd.client import KVClient
-from kvtierd.errors import InvalidArgumentError, KvtierError
+from kvtierd.errors import InvalidArgumentError, KvtierError, UnavailableError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
+from kvtierd.integrations.daemon_link import DaemonLink
 from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
 from kvtierd.integrations.plugin_settings import (
     ADVISED,
@@ -101,29 +102,49 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self._lock = threading.Lock()
         self.client = KVClient(self.settings.socket_path, timeout_s=self.settings.timeout_s)
         self.prompts = PromptLinks(self.client, self.links, self.stats, self._lock)
-        status = self.client.status()  # LMCache catches a constructor's error (manager.py)
         self.placeholders = PlaceholderKeys(self)
-        try:  # the daemon's own token-dropped variants need it; serving does not
-            register_model_card(self.client, str(metadata.model_name))
-        except Exception as e:
-            self._failed("model card", e)
+        self._model_name = str(metadata.model_name)
+        # The daemon may start after vLLM, or restart under it: never required (daemon_link).
+        self.link = DaemonLink(self.client, self._connected)
+        self.link.connect()
         logger.info(
             "kvtierd plugin: daemon %s at %s (variant %s; int8/int4 chunks are encoded and "
             "decoded on %s with the %s kernels)",
-            status.version,
+            self.link.version or "(not reachable yet)",
             self.settings.socket_path,
             self.settings.variant,
             self.codec_device,
             "Triton" if self.codec_device.type == "cuda" else "torch reference",
         )
 
+    def _connected(self) -> None:
+        """Run on every (re)connection: a new daemon does not know the model card yet."""
+        try:  # the daemon's own token-dropped variants need it; serving does not
+            register_model_card(self.client, self._model_name)
+        except Exception as e:
+            self._failed("model card", e)
+
     # -- failures are loud, and answered, never raised (module docstring) ----------------------
 
     def _failed(self, op: str, e: BaseException) -> None:
+        if isinstance(e, UnavailableError):  # the daemon is gone: one WARNING per outage
+            with self._lock:
+                self.stats.unreachable += 1
+            self.link.lost(e)
+            return
         with self._lock:
             self.stats.errors += 1
             self.stats.last_error = f"{op}: {type(e).__name__}: {e}"
         logger.error("kvtierd plugin: %s failed", op, exc_info=e)
+
+    def _offline(self, what: str) -> bool:
+        """Whether the daemon is unreachable now (counted per ``what``: a probe brings it
+        back, ``daemon_link``): the call is answered as without a cache."""
+        if self.link.up:
+            return False
+        with self._lock:
+            self.stats.offline[what] = self.stats.offline.get(what, 0) + 1
+        return True
 
     def _report_prompt(self, key: Any, first_chunk: str = "") -> None:
         """Link a registered prompt to its context (``prompt_links``); ``first_chunk``: at its
@@ -144,6 +165,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         a lookup of a whole prompt (LMCache's, from token 0), not of one chunk."""
         claimed = min(len(keys), placeholder_chunks(keys[0], self.chunk_tokens)) if keys else 0
         try:
+            if self._offline("lookups"):
+                return claimed  # a placeholder request's load then fails, as documented
             hold = self.settings.hold_s if pin else 0.0
             names = self.placeholders.translate(keys, [key_string(k) for k in keys])
             hits = self.client.lookup(names, hold_s=hold).prefix_hits
@@ -201,10 +224,18 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         on_complete_callback: Callable[[Any], None] | None = None,
     ) -> None:
         # LMCache drops its reference to ``objs`` when this returns: store synchronously.
+        # A chunk not stored is logged: LMCache's own "Stored N out of total M tokens" line,
+        # which follows, counts it anyway.
         try:
-            self._put(keys, objs)
+            if self._offline("puts"):
+                logger.info("kvtierd plugin: %d chunks NOT stored: kvtierd is unreachable "
+                            "(LMCache's 'Stored' line counts them anyway)", len(keys))  # fmt: skip
+            else:
+                self._put(keys, objs)
         except Exception as e:
-            self._failed("put", e)  # not stored: a later request recomputes these chunks
+            # not stored: a later request recomputes these chunks
+            self._failed(f"put of {len(keys)} chunks (NOT stored; LMCache's 'Stored' line "
+                         "counts them anyway)", e)  # fmt: skip
         if keys:
             self._report_prompt(keys[0])
         if on_complete_callback is not None:
@@ -313,6 +344,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         out: list[Any] = []
         leased = False
         names: list[str] = []
+        if self._offline("gets"):
+            return [None] * len(keys)
         try:
             names = self.placeholders.translate(keys, [key_string(k) for k in keys])
             with lease_many(self.client, names) as views:
@@ -321,7 +354,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                     out.append(self._decode(name, info, view))
         except Exception as e:
             self._failed("get", e)
-            if not leased:  # the daemon refused the batch: load what it still has, in order
+            if not leased and self.link.up:  # the batch was refused: load what is left, in order
                 out = self._get_each(names)
         with self._lock:
             self.stats.get_chunks += len(out)
@@ -384,6 +417,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         return None  # recency is kept by the daemon on every lookup and get
 
     def close(self) -> None:
+        self.link.close()
         self._pool.shutdown(wait=False)
         self.prompts.close()
         self.client.close()

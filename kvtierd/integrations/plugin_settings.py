@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvtierd.errors import ConfigError
@@ -115,6 +115,9 @@ class PluginStats:
     prompt_link_errors: int = 0  # of those, the daemon refused or could not be reached
     errors: int = 0
     last_error: str = ""
+    unreachable: int = 0  # calls that found the daemon gone (daemon_link: one WARNING each outage)
+    # calls answered without the daemon while it was unreachable, by kind (lookups/puts/gets)
+    offline: dict[str, int] = field(default_factory=dict)
 
 
 def key_string(key: Any) -> str:

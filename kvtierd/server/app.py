@@ -101,6 +101,7 @@ class Daemon:
         self.identities = Identities(config)
         self.servers: list[aio.Server] = []
         self.socket_path = Path(config.socket_path)
+        self.health_port = 0  # bound port of ``health_address``, when configured
         self._stop = asyncio.Event()
 
     def _interceptor(self, identify: Identify) -> ErrorInterceptor:
@@ -143,8 +144,9 @@ class Daemon:
     async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
         _prepare_socket(self.socket_path)
         if self.config.metrics_port:
-            port = self.engine.metrics.start_http_server(self.config.metrics_port)
-            logger.info("metrics on http://127.0.0.1:%d/metrics", port)
+            self.engine.metrics.start_http_server(
+                self.config.metrics_port, self.config.metrics_address
+            )
         unix = self._server([self._interceptor(self.identities.unix)])
         old = os.umask(0o177)  # the socket file is created 0600, no window with wider bits
         try:
@@ -158,6 +160,24 @@ class Daemon:
         self.servers.append(unix)
         if self.config.tcp_address:
             self.servers.append(await self._start_tcp(tls))
+        if self.config.health_address:
+            self.servers.append(await self._start_health())
+
+    async def _start_health(self) -> aio.Server:
+        """Plain-text gRPC with only ``grpc.health.v1`` (Kubernetes' ``grpc`` probes): it says
+        whether the daemon serves, nothing else, so it needs neither TLS nor a token."""
+        server = aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health.servicer, server)
+        try:
+            self.health_port = server.add_insecure_port(self.config.health_address)
+        except RuntimeError as e:
+            raise ConfigError(
+                f"cannot listen on health_address {self.config.health_address}: {e}"
+            ) from e
+        await server.start()
+        host = self.config.health_address.rpartition(":")[0]
+        logger.info("grpc health (only) on %s:%d", host, self.health_port)
+        return server
 
     async def _start_tcp(self, tls: tuple[bytes, bytes, bytes | None] | None) -> aio.Server:
         if tls is None or not self.config.token_file:
@@ -192,9 +212,10 @@ class Daemon:
     async def stop(self) -> None:
         logger.info("kvtierd shutting down: finishing in-flight calls")
         self.engine.draining = True
+        await self.health.update()  # NOT_SERVING at once: probes stop sending work here
         await asyncio.gather(*(s.stop(GRACE_S) for s in self.servers))
         await self.health.stop()
-        await self.engine.close()
+        await self.engine.close(flush_s=self.config.shutdown_flush_s)
         self.engine.metrics.close()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()

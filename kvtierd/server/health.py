@@ -53,7 +53,10 @@ class HealthMonitor:
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         if state != self._last:
-            if state != "SERVING":
+            # Draining is a stop someone asked for: an ERROR would page an operator for it.
+            if self.problems() == ["draining"]:
+                logger.info("daemon not serving: draining (stopping)")
+            elif state != "SERVING":
                 logger.error("daemon unhealthy: %s", state)
             self._last = state
         for name in SERVICES:

@@ -43,12 +43,16 @@ def run_vllm(
     steps: list[dict[str, Any]],
     lmcache: dict[str, Any] | None,
     timeout_s: float = 240.0,
+    *,
+    dtype: str = "bfloat16",
 ) -> dict[str, Any]:
     """One vLLM process through ``steps``; returns its named results (raises with its log)."""
     work.mkdir(parents=True, exist_ok=True)
     n = len(list(work.glob("spec-*.json")))
     spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"vllm-{n}.log"
-    spec.write_text(json.dumps({"model": str(model), "lmcache": lmcache, "steps": steps}))
+    spec.write_text(
+        json.dumps({"model": str(model), "lmcache": lmcache, "steps": steps, "dtype": dtype})
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "wb") as f:
         try:

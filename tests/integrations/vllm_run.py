@@ -6,7 +6,13 @@ subprocess with a timeout (a broken vLLM tends to hang). SPEC::
     {"model": DIR, "lmcache": {...LMCache config...} | null,
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
                 "logprobs": 5, "kv_transfer_params": {...}},
-               {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"}]}
+               {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"},
+               {"op": "sync", "name": "s1"}]}
+
+``"dtype": "float16"`` in SPEC runs the model in float16 (the CPU connector refuses bf16 KV on a
+CPU with AMX tiles, ``paged_cpu.check_cpu_isa``). ``sync`` lets the test act between steps
+(restart the daemon under vLLM): the step creates ``s1.reached`` beside OUT and waits for the
+test to create ``s1.go``.
 
 OUT: per named generate step its ``token_ids``, per-position ``logprobs`` (id -> logprob) and
 the plugin's counters after the step.
@@ -16,8 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +58,23 @@ def _corrupt_next_get(plugin: Any) -> None:
     plugin.batched_get_blocking = corrupted
 
 
+def _sync(work: Path, name: str, timeout_s: float = 180.0) -> None:
+    (work / f"{name}.reached").touch()
+    go, deadline = work / f"{name}.go", time.monotonic() + timeout_s
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"sync step {name!r}: no {go} within {timeout_s} s")
+        time.sleep(0.05)
+
+
 def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    # The plugin's own lines (INFO and up) in the log, which the tests read.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    plugin_log = logging.getLogger("kvtierd")
+    plugin_log.addHandler(handler)
+    plugin_log.setLevel(spec.get("kvtierd_log_level", "INFO"))
     work = Path(out_path).parent
     os.environ.update(
         HF_HUB_OFFLINE="1",
@@ -79,7 +102,7 @@ def main(spec_path: str, out_path: str) -> None:
     llm = LLM(
         model=spec["model"],
         load_format="safetensors",
-        dtype="bfloat16",
+        dtype=spec.get("dtype", "bfloat16"),
         enforce_eager=True,
         max_model_len=2048,
         max_num_seqs=4,
@@ -92,6 +115,8 @@ def main(spec_path: str, out_path: str) -> None:
             op = step["op"]
             if op == "reset_prefix_cache":
                 llm.reset_prefix_cache()
+            elif op == "sync":
+                _sync(work, step["name"])
             elif op == "corrupt_next_get":
                 _corrupt_next_get(_plugin())
             elif op == "generate":

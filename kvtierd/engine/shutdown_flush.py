@@ -1,0 +1,153 @@
+"""What a graceful stop keeps: the CPU tier's hottest contexts, written to the SSD tier.
+
+The CPU tier is shared memory that dies with the daemon, so a rolling update of the sidecar
+would otherwise empty the hottest part of the cache every time. On SIGTERM, after in-flight
+calls finished, :func:`flush_cpu_tier` moves contexts from the CPU tier to the first SSD tier,
+most recently used first, until ``shutdown_flush_s`` is spent or the SSD tier is full; the SSD
+tier rebuilds its index from its files at the next start (``Engine._rebuild_index``).
+
+Idle times survive the same way: :func:`save_access_times` writes every context's last access
+as wall-clock time into the data directory, and :func:`restore_access_times` turns them back
+into this process's monotonic clock. A context with no record (the daemon was killed) counts
+as used at the restart: its true idle time is unknown, and the machine's uptime (what a zero
+monotonic time would show) is certainly wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.mover import TierMover
+from kvtierd.engine.state import ContextRecord
+from kvtierd.errors import KvtierError
+from kvtierd.storage import Tier
+
+logger = logging.getLogger(__name__)
+
+ACCESS_TIMES_FILE = "last_access.json"
+
+
+@dataclass(frozen=True, slots=True)
+class FlushReport:
+    """What a flush wrote: ``contexts`` of ``candidates`` (those in the CPU tier), their
+    ``bytes_written``, in ``elapsed_s``; ``target`` is the SSD tier ("" when there is none)."""
+
+    target: str
+    candidates: int
+    contexts: int
+    bytes_written: int
+    elapsed_s: float
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes_written / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+def flush_target(tiers: Mapping[str, Tier]) -> Tier | None:
+    """The tier a graceful stop writes to: the first of kind ``ssd``."""
+    return next((t for t in tiers.values() if t.kind == "ssd"), None)
+
+
+def _on_cpu(ctx: ContextRecord, index: ContextIndex, cpu: str) -> bool:
+    return any(index.objects[k].tier == cpu for k in ctx.keys if k in index.objects)
+
+
+async def flush_cpu_tier(
+    index: ContextIndex, mover: TierMover, tiers: Mapping[str, Tier], bound_s: float
+) -> FlushReport:
+    """Move the CPU tier's contexts to the SSD tier, most recently used first, for at most
+    ``bound_s`` seconds. A context is only started when the rate measured so far says it
+    finishes in time (its first one always is), and only when the SSD tier has room for it."""
+    target = flush_target(tiers)
+    cpu = mover.cpu.name
+    hot = sorted(
+        (c for c in index.contexts.values() if _on_cpu(c, index, cpu)),
+        key=lambda c: c.last_access_s,
+        reverse=True,
+    )
+    started = time.perf_counter()
+    written = done = 0
+    if target is not None and bound_s > 0:
+        for ctx in hot:
+            elapsed = time.perf_counter() - started
+            rate = written / elapsed if written else 0.0
+            expected_s = ctx.size_bytes / rate if rate else 0.0
+            room = target.capacity_bytes - target.used_bytes()
+            if elapsed + expected_s > bound_s:
+                break
+            if ctx.size_bytes > room:
+                continue
+            try:
+                written += await mover.move_context(ctx, target.name)
+            except KvtierError as e:  # e.g. the SSD tier filled up under us: keep what is done
+                logger.warning("shutdown flush: context %s not written: %s", ctx.context_id, e)
+                continue
+            done += 1
+    report = FlushReport(
+        target.name if target else "", len(hot), done, written, time.perf_counter() - started
+    )
+    _log(report, bound_s)
+    return report
+
+
+def _log(report: FlushReport, bound_s: float) -> None:
+    if not report.target:
+        if report.candidates:
+            logger.warning("shutdown flush: no ssd tier; %d contexts of the cpu tier are lost",
+                           report.candidates)  # fmt: skip
+        return
+    logger.info(
+        "shutdown flush: wrote %d of %d cpu-tier contexts (%.1f MB) to %s in %.2f s "
+        "(%.2f GB/s; bound %.1f s)",
+        report.contexts, report.candidates, report.bytes_written / 1e6, report.target,
+        report.elapsed_s, report.bytes_per_s / 1e9, bound_s,
+    )  # fmt: skip
+
+
+def save_access_times(index: ContextIndex, data_dir: str) -> None:
+    """Each context's last access as wall-clock seconds, in ``data_dir``."""
+    now_wall, now_mono = time.time(), time.monotonic()
+    times = {
+        c.context_id: now_wall - (now_mono - c.last_access_s)
+        for c in index.contexts.values()
+        if c.last_access_s > 0
+    }
+    path = Path(data_dir) / ACCESS_TIMES_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(times))
+        os.replace(tmp, path)
+    except OSError as e:  # idle times are a nicety; the stop goes on
+        logger.warning("cannot save context access times to %s: %s", path, e)
+
+
+def restore_access_times(index: ContextIndex, data_dir: str) -> int:
+    """Give rebuilt contexts their saved last access (or the restart, when none was saved);
+    returns how many had a saved one. The file is used once: removed after reading."""
+    path = Path(data_dir) / ACCESS_TIMES_FILE
+    saved: dict[str, float] = {}
+    with contextlib.suppress(OSError, ValueError):
+        loaded = json.loads(path.read_text())
+        if isinstance(loaded, dict):
+            saved = {str(k): float(v) for k, v in loaded.items()}
+    with contextlib.suppress(OSError):
+        path.unlink()
+    now_wall, now_mono = time.time(), time.monotonic()
+    found = 0
+    for ctx in index.contexts.values():
+        wall = saved.get(ctx.context_id)
+        if wall is None:
+            ctx.last_access_s = now_mono
+            continue
+        ctx.last_access_s = now_mono - max(0.0, now_wall - wall)
+        found += 1
+    return found
