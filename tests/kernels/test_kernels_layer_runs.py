@@ -14,6 +14,7 @@ from kvtierd.kernels.base import gather_kv, select_kept
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.registry import get_method
 from kvtierd.kernels.rope import RopeSpec
+from kvtierd.kernels.snapkv import SnapKVMethod
 
 L, H, N, D, BS = 3, 2, 45, 32, 8
 
@@ -59,12 +60,14 @@ def test_uneven_layers_are_not_stacked() -> None:
 
 
 @pytest.mark.parametrize("name", list(_sources()))
-@pytest.mark.parametrize("method", ["knorm", "keydiff", "paged_eviction"])
+@pytest.mark.parametrize("method", ["knorm", "keydiff", "paged_eviction", "snapkv"])
 def test_scores_and_gather_in_one_launch_match_the_reference(name: str, method: str) -> None:
     source, _ = _sources()[name]
-    m = get_method(method)
-    ref = m.score(source, backend="torch")
-    tri = m.score(source, backend="triton")
+    m = SnapKVMethod(window=16) if method == "snapkv" else get_method(method)
+    q = torch.randn(L, 2 * H, 16, D, generator=torch.Generator().manual_seed(2))
+    q = q.to(torch.bfloat16) if method == "snapkv" else None
+    ref = m.score(source, q, backend="torch")
+    tri = m.score(source, q, backend="triton")
     torch.testing.assert_close(tri, ref, atol=1e-5, rtol=1e-5)
     kept = select_kept(ref, N // 2, backend="torch")
     rope = RopeSpec.standard(D, theta=10000.0)
