@@ -119,13 +119,16 @@ def _throughput_table(figures: object) -> list[str]:
         "",
         f"Device-to-device copy (read + write): {copy / 1e9:.0f} GB/s.",
         "",
-        "| kernel | N | ms | GB/s | x copy |",
-        "|---|---|---|---|---|",
+        "| kernel | N | ms | GB/s | x copy | bytes counted |",
+        "|---|---|---|---|---|---|",
     ]
     for r in figures["rows"]:
+        flops = float(r.get("flops_per_s", 0))
+        counts = _cell(str(r.get("counts", "")))
         out.append(
             f"| {r['kernel']} | {r['tokens']} | {r['time_s'] * 1e3:.3f} | "
-            f"{r['bytes_per_s'] / 1e9:.0f} | {r['vs_copy']:.0%} |"
+            f"{r['bytes_per_s'] / 1e9:.0f} | {r['vs_copy']:.0%} | {counts}"
+            + (f"; {flops / 1e12:.1f} TFLOP/s |" if flops else " |")
         )
     return out
 

@@ -5,8 +5,14 @@ and quantize kernels; top-k compaction, dequantize and snapkv (compute-bound) ar
 without a goal.
 
 Bytes are the minimum a kernel must move, reads plus writes (benchmarks/bench_kernels.py's
-accounting); the copy counts its read and its write. Times are the median of CUDA-event-timed
-repeats after a warm-up that compiles.
+accounting); the copy counts its read and its write. Each row prints the bytes it counts and of
+what (``counts``), so a figure can be checked against the kernel. Times are the median of
+CUDA-event-timed repeats after a warm-up that compiles.
+
+snapkv is held to no bandwidth goal: its cost is a ``W x N`` attention per layer and query head
+(the window's softmax statistics, then its probabilities: ``2 * 2 * L * Hq * W * N * D`` flops),
+so besides its bytes (K, the queries and the scores, each once) its row gives the flop rate
+(``TFLOP/s``) that this card's float32-accumulating tensor cores bound.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 
 import statistics
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -61,8 +68,22 @@ def copy_bytes_per_s(nbytes: int, repeat: int) -> float:
     return 2 * nbytes / median_s(lambda: dst.copy_(src), repeat)
 
 
-def cases(layers: int, tokens: int) -> list[tuple[str, bool, int, Callable[[], object]]]:
-    """``(kernel, held to the goal, bytes moved, call)`` at one geometry."""
+class Case(NamedTuple):
+    kernel: str
+    held: bool  # to the goal
+    nbytes: int  # moved, reads + writes
+    counts: str  # what nbytes is made of
+    call: Callable[[], object]
+    flops: int = 0  # for compute-bound kernels (snapkv)
+
+
+def _mib(n: int) -> str:
+    mib = n / (1 << 20)
+    return f"{mib:.0f} MiB" if mib >= 100 else f"{mib:.3g} MiB"
+
+
+def cases(layers: int, tokens: int) -> list[Case]:
+    """Every kernel's case at one geometry."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype, b = torch.bfloat16, 2
     g = torch.Generator(device=dev).manual_seed(0)
@@ -80,63 +101,58 @@ def cases(layers: int, tokens: int) -> list[tuple[str, bool, int, Callable[[], o
     qk, qv = quantize_kv(k, v, 8, backend="torch")
     params = sum(t.nbytes for t in (qk.scale, qk.zero, qv.scale, qv.zero))
     gathered = 2 * 2 * layers * HEADS * m * DIM * b
+    q_b = q.numel() * b
+    k_, s_, g_ = _mib(one), _mib(scores_b), _mib(gathered // 2)
+    p_, m_ = _mib(params), _mib(layers * HEADS * m * 4)
+    snap_flops = 2 * 2 * layers * QUERY_HEADS * WINDOW * tokens * DIM
     return [
-        (
-            "score knorm",
-            True,
-            one + scores_b,
+        Case(
+            "score knorm", True, one + scores_b, f"K {k_} + scores {s_}",
             lambda: get_method("knorm").score(src, backend="triton"),
         ),
-        (
-            "score keydiff",
-            True,
-            2 * one + scores_b,
+        Case(
+            "score keydiff", True, 2 * one + scores_b, f"K twice {k_} + scores {s_}",
             lambda: get_method("keydiff").score(src, backend="triton"),
         ),
-        (
-            "score paged_eviction",
-            True,
-            2 * one + scores_b,
+        Case(
+            "score paged_eviction", True, 2 * one + scores_b, f"K {k_} + V {k_} + scores {s_}",
             lambda: get_method("paged_eviction").score(src, backend="triton"),
         ),
-        ("gather M=N/2", True, gathered, lambda: gather_kv(src, kept, backend="triton")),
-        (
-            "gather+rope M=N/2",
-            True,
-            gathered,
+        Case(
+            "gather M=N/2", True, gathered, f"K+V rows read {g_} + written {g_}",
+            lambda: gather_kv(src, kept, backend="triton"),
+        ),
+        Case(
+            "gather+rope M=N/2", True, gathered, f"K+V rows read {g_} + written {g_}",
             lambda: gather_kv(src, kept, rope=rope, delta=m - tokens, backend="triton"),
         ),
-        (
-            "quantize int8 K+V",
-            True,
-            2 * one + one + params,
+        Case(
+            "quantize int8 K+V", True, 2 * one + one + params,
+            f"K+V read {_mib(2 * one)} + codes {k_} + scales/zeros {p_}",
             lambda: quantize_kv(k, v, 8, backend="triton"),
         ),
-        (
-            "quantize int4 K+V",
-            True,
-            2 * one + one // 2 + params,
+        Case(
+            "quantize int4 K+V", True, 2 * one + one // 2 + params,
+            f"K+V read {_mib(2 * one)} + codes {_mib(one // 2)} + scales/zeros {p_}",
             lambda: quantize_kv(k, v, 4, backend="triton"),
         ),
-        (
-            "dequantize int8 K",
-            False,
-            one // 2 + qk.scale.nbytes * 2 + one,
+        Case(
+            "dequantize int8 K", False, one // 2 + qk.scale.nbytes * 2 + one,
+            f"codes {_mib(one // 2)} + scales/zeros {_mib(qk.scale.nbytes * 2)} + K {k_}",
             lambda: dequantize(qk, "triton"),
         ),
-        (
-            "select top-k M=N/2",
-            False,
-            scores_b + layers * HEADS * m * 4,
+        Case(
+            "select top-k M=N/2", False, scores_b + layers * HEADS * m * 4,
+            f"scores {s_} + kept {m_}",
             lambda: select_kept(scores, m, backend="triton"),
         ),
-        (
-            "score snapkv W=64",
-            False,
-            one + scores_b,
+        Case(
+            "score snapkv W=64", False, one + q_b + scores_b,
+            f"K {k_} + queries {_mib(q_b)} + scores {s_}; {snap_flops / 1e12:.2f} TFLOP",
             lambda: get_method("snapkv").score(src, q, backend="triton"),
+            flops=snap_flops,
         ),
-    ]
+    ]  # fmt: skip
 
 
 def main() -> None:
@@ -149,30 +165,35 @@ def main() -> None:
     rec.figures["rows"] = []
     print(f"  device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write, {copy_n >> 20} MiB)")
     for tokens in token_counts:
-        for name, held, nbytes, fn in cases(layers, tokens):
+        for case in cases(layers, tokens):
 
-            def one(
-                name=name, held=held, nbytes=nbytes, fn=fn, tokens=tokens
-            ) -> tuple[bool, str, str]:
-                t = median_s(fn, repeat if held else min(repeat, 3))
-                ratio = nbytes / t / copy_bw
+            def one(case: Case = case, tokens: int = tokens) -> tuple[bool, str, str]:
+                t = median_s(case.call, repeat if case.held else min(repeat, 3))
+                ratio = case.nbytes / t / copy_bw
                 rows = rec.figures["rows"]
                 assert isinstance(rows, list)
                 rows.append(
                     {
-                        "kernel": name,
+                        "kernel": case.kernel,
                         "tokens": tokens,
                         "time_s": t,
-                        "bytes": nbytes,
-                        "bytes_per_s": nbytes / t,
+                        "bytes": case.nbytes,
+                        "counts": case.counts,
+                        "bytes_per_s": case.nbytes / t,
                         "vs_copy": ratio,
+                        "flops_per_s": case.flops / t,
                     }
                 )
-                figure = f"{t * 1e3:.3f} ms, {nbytes / t / 1e9:.0f} GB/s = {ratio:.0%} of copy"
-                goal = f"goal >= {GOAL:.0%}" if held else "no goal (reported)"
-                return (ratio >= GOAL or not held), figure, goal
+                figure = (
+                    f"{t * 1e3:.3f} ms, {case.nbytes / t / 1e9:.0f} GB/s = {ratio:.0%} of copy "
+                    f"({case.counts})"
+                )
+                if case.flops:
+                    figure += f", {case.flops / t / 1e12:.1f} TFLOP/s"
+                goal = f"goal >= {GOAL:.0%}" if case.held else "no goal (reported)"
+                return (ratio >= GOAL or not case.held), figure, goal
 
-            rec.run(f"N={tokens} {name}", one)
+            rec.run(f"N={tokens} {case.kernel}", one)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

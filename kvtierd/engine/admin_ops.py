@@ -59,11 +59,18 @@ class AdminOps:
         return changed
 
     async def drain(self, tier_name: str) -> tuple[int, int]:
-        """Move every context out of ``tier_name`` to the next tier down, or drop it."""
+        """Move every context out of ``tier_name`` to the next tier down, or drop it.
+
+        The placer's plans already submitted run first: a queued ``place`` (after a put) or
+        ``promoted on access`` move into this tier would otherwise bring a context back into it
+        right after the drain returned, behind the placer's back (it was told the context is
+        below). A read after the drain may still promote what it reads: that is the placer's
+        call, made after the drain."""
         names = list(self._mover.tiers)
         if tier_name not in names:
             raise NotFoundError(f"no tier {tier_name!r}; tiers: {', '.join(names)}")
         below = names[names.index(tier_name) + 1 :]
+        await self._executor.idle()
         moved = dropped = 0
         index = self._index
         for ctx in [c for c in index.contexts.values() if index.placement_of(c).tier == tier_name]:

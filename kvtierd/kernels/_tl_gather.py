@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtierd.kernels._tl_common import block_d, check_device, token_offset
+from kvtierd.kernels._tl_common import block_d, check_device, layer_runs, token_offset
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.rope import RopeSpec, rotation_tables
 
@@ -26,12 +26,18 @@ BLOCK_M = 32
 @triton.jit
 def _gather_kernel(
     k_ptr, v_ptr, bt_ptr, kept_ptr, ok_ptr, ov_ptr, cos_ptr, sin_ptr, partner_ptr,
-    M, D, block_size,
-    ks_blk, ks_slot, ks_h, ks_d, vs_blk, vs_slot, vs_h, vs_d,
-    os_h, os_m, os_d,
+    H, M, D, block_size,
+    ks_l, ks_blk, ks_slot, ks_h, ks_d, vs_l, vs_blk, vs_slot, vs_h, vs_d,
+    os_l, os_h, os_m, os_d,
     ROTATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(2).to(tl.int64)
+    k_ptr += layer * ks_l
+    v_ptr += layer * vs_l
+    kept_ptr += layer * H * M
+    ok_ptr += layer * os_l
+    ov_ptr += layer * os_l
     j = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     jm = j < M
     d = tl.arange(0, BLOCK_D)
@@ -70,16 +76,15 @@ def gather(
     rotate = rope is not None and delta != 0
     tables = rotation_tables(rope, delta, source.device) if rope is not None and rotate else None
     kept_c = kept.contiguous()
-    grid = (h, triton.cdiv(m, BLOCK_M))
-    for layer in range(lyr):
-        k, v = source.layer_keys[layer], source.layer_values[layer]
-        ok, ov = out_k[layer], out_v[layer]
-        cos = tables.cos if tables is not None else ok
-        sin = tables.sin_signed if tables is not None else ok
-        partner = tables.partner if tables is not None else kept_c
-        _gather_kernel[grid](
-            k, v, source.block_table, kept_c[layer], ok, ov, cos, sin, partner,
-            m, d, source.block_size, *k.stride(), *v.stride(), *ok.stride(),
+    cos = tables.cos if tables is not None else out_k
+    sin = tables.sin_signed if tables is not None else out_k
+    partner = tables.partner if tables is not None else kept_c
+    for run in layer_runs(source.layer_keys, source.layer_values):
+        k, v, first = run.keys, run.values, run.first
+        ok, ov = out_k[first:], out_v[first:]
+        _gather_kernel[(h, triton.cdiv(m, BLOCK_M), k.shape[0])](
+            k, v, source.block_table, kept_c[first:], ok, ov, cos, sin, partner,
+            h, m, d, source.block_size, *k.stride(), *v.stride(), *ok.stride(),
             ROTATE=rotate, BLOCK_M=BLOCK_M, BLOCK_D=block_d(d),
         )  # fmt: skip
     return out_k, out_v

@@ -4,15 +4,22 @@
 # Triton idiom; their parameters cannot carry Python type annotations.
 """Triton KIVI quantize / dequantize kernels (spec: ``quant.py``).
 
-Each program owns whole quantization groups, loading even and odd channels as two tiles so
-int4 can pack channel pair ``(2i, 2i+1)`` into one byte without a reshape:
+Each program reads a tile of whole rows ``[ROWS, BLOCK_D]`` of one (layer, head) — contiguous,
+so the loads and the code stores are vectorized — and owns every quantization group in it:
 
-* keys (``axis="channel"``): program per (layer*head, token group, channel block); min/max
-  over the ``G`` tokens of each channel;
-* values (``axis="token"``): program per (layer*head, token block, channel group); min/max over
-  the ``G`` channels of each token.
+* keys (``axis="channel"``): program per (layer*head, group of ``G`` tokens); min/max over the
+  tile's rows (the ``G`` tokens) of each channel;
+* values (``axis="token"``): program per (layer*head, block of ``ROWS`` tokens); the tile is
+  viewed as ``[ROWS, BLOCK_D / GB, GB]`` (``GB = min(G, BLOCK_D)``) and reduced over the last
+  axis: min/max over the ``G`` channels of each token.
 
-Division uses ``tl.div_rn`` (IEEE) so codes match the torch reference bit for bit.
+int4 packs channel pair ``(2i, 2i+1)`` by viewing the codes as ``[ROWS, BLOCK_D / 2, 2]`` and
+splitting the pair. One launch covers every layer and head. Division uses ``tl.div_rn``
+(IEEE) so codes match the torch reference bit for bit.
+
+(The first version loaded even and odd channels as two stride-2 tiles and stored int8 codes
+byte by byte at stride 2, with values' programs a ``[32, G]`` sliver: 4-7 % of the copy
+bandwidth on an H200, gpu-check 2026-11-26.)
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from kvtierd.kernels._tl_common import block_d, check_device
 from kvtierd.kernels.results import QuantAxis, QuantizedTensor
 
 BLOCK_T = 32
+MAX_TILE = 8192  # elements of x per program before more warps are given (register pressure)
 
 
 @triton.jit
@@ -40,14 +48,11 @@ def _codes(x, zero, scale, QMAX: tl.constexpr):
 
 
 @triton.jit
-def _store_codes(c_ptr, row, i, ce, co, mask_e, mask_o, cs_d, BITS: tl.constexpr):
-    i64 = i.to(tl.int64)
-    if BITS == 4:
-        packed = ce | (co << 4)
-        tl.store(c_ptr + row + i64[None, :] * cs_d, packed, mask=mask_e)
-    else:
-        tl.store(c_ptr + row + (2 * i64)[None, :] * cs_d, ce, mask=mask_e)
-        tl.store(c_ptr + row + (2 * i64 + 1)[None, :] * cs_d, co, mask=mask_o)
+def _zero_scale(lo, hi, QMAX: tl.constexpr):
+    """fp16 ``zero`` and ``scale`` of groups with extremes ``lo``, ``hi`` (as float32)."""
+    z = lo.to(tl.float16).to(tl.float32)
+    s = _div_rn(hi - lo, QMAX).to(tl.float16).to(tl.float32)
+    return z, s
 
 
 @triton.jit
@@ -55,57 +60,53 @@ def _quant_kernel(
     x_ptr, c_ptr, s_ptr, z_ptr, H, N, D,
     xs_l, xs_h, xs_n, xs_d, cs_l, cs_h, cs_n, cs_d, ps_l, ps_h, ps_r, ps_c,
     BITS: tl.constexpr, G: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    ROWS: tl.constexpr, HALF: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, GB: tl.constexpr,
 ):  # fmt: skip
     lh = tl.program_id(0)
     l_ = (lh // H).to(tl.int64)
     h_ = (lh % H).to(tl.int64)
     r = tl.program_id(1) * ROWS + tl.arange(0, ROWS)  # tokens
-    i = tl.program_id(2) * HALF + tl.arange(0, HALF)  # channel pairs
-    de, do = 2 * i, 2 * i + 1
+    d = tl.arange(0, BLOCK_D)
     rm = r < N
-    me = rm[:, None] & (de < D)[None, :]
-    mo = rm[:, None] & (do < D)[None, :]
-    base = x_ptr + l_ * xs_l + h_ * xs_h + r.to(tl.int64)[:, None] * xs_n
-    xe = tl.load(base + de.to(tl.int64)[None, :] * xs_d, mask=me, other=0.0).to(tl.float32)
-    xo = tl.load(base + do.to(tl.int64)[None, :] * xs_d, mask=mo, other=0.0).to(tl.float32)
+    dm = d < D
+    m = rm[:, None] & dm[None, :]
+    r64, d64 = r.to(tl.int64), d.to(tl.int64)
+    xrow = x_ptr + l_ * xs_l + h_ * xs_h + r64[:, None] * xs_n
+    x = tl.load(xrow + d64[None, :] * xs_d, mask=m, other=0.0).to(tl.float32)
     QMAX: tl.constexpr = 2**BITS - 1
+    pbase = l_ * ps_l + h_ * ps_h
     if PER_CHANNEL:  # one group = the ROWS (= G) tokens of this program, per channel
-        lo_e = tl.min(tl.where(me, xe, float("inf")), axis=0)
-        hi_e = tl.max(tl.where(me, xe, float("-inf")), axis=0)
-        lo_o = tl.min(tl.where(mo, xo, float("inf")), axis=0)
-        hi_o = tl.max(tl.where(mo, xo, float("-inf")), axis=0)
-        ze = lo_e.to(tl.float16).to(tl.float32)
-        se = _div_rn(hi_e - lo_e, QMAX).to(tl.float16).to(tl.float32)
-        zo = lo_o.to(tl.float16).to(tl.float32)
-        so = _div_rn(hi_o - lo_o, QMAX).to(tl.float16).to(tl.float32)
-        g = tl.program_id(1).to(tl.int64)
-        pbase = l_ * ps_l + h_ * ps_h + g * ps_r
-        tl.store(s_ptr + pbase + de * ps_c, se.to(tl.float16), mask=de < D)
-        tl.store(z_ptr + pbase + de * ps_c, ze.to(tl.float16), mask=de < D)
-        tl.store(s_ptr + pbase + do * ps_c, so.to(tl.float16), mask=do < D)
-        tl.store(z_ptr + pbase + do * ps_c, zo.to(tl.float16), mask=do < D)
-        ce = _codes(xe, ze[None, :], se[None, :], QMAX)
-        co = _codes(xo, zo[None, :], so[None, :], QMAX)
-    else:  # one group = the 2*HALF (= G) channels of this program, per token
-        lo = tl.minimum(
-            tl.min(tl.where(me, xe, float("inf")), axis=1),
-            tl.min(tl.where(mo, xo, float("inf")), axis=1),
+        lo = tl.min(tl.where(m, x, float("inf")), axis=0)
+        hi = tl.max(tl.where(m, x, float("-inf")), axis=0)
+        z, s = _zero_scale(lo, hi, QMAX)
+        p = pbase + tl.program_id(1).to(tl.int64) * ps_r + d64 * ps_c
+        tl.store(s_ptr + p, s.to(tl.float16), mask=dm)
+        tl.store(z_ptr + p, z.to(tl.float16), mask=dm)
+        codes = _codes(x, z[None, :], s[None, :], QMAX)
+    else:  # groups of G channels per token: the row viewed as [BLOCK_D // GB, GB]
+        NG: tl.constexpr = BLOCK_D // GB
+        x3 = tl.reshape(x, [ROWS, NG, GB])
+        m3 = tl.reshape(m, [ROWS, NG, GB])
+        lo = tl.min(tl.where(m3, x3, float("inf")), axis=2)
+        hi = tl.max(tl.where(m3, x3, float("-inf")), axis=2)
+        z, s = _zero_scale(lo, hi, QMAX)  # [ROWS, NG]
+        j = tl.arange(0, NG)
+        p = pbase + r64[:, None] * ps_r + j.to(tl.int64)[None, :] * ps_c
+        pm = rm[:, None] & (j * G < D)[None, :]
+        tl.store(s_ptr + p, s.to(tl.float16), mask=pm)
+        tl.store(z_ptr + p, z.to(tl.float16), mask=pm)
+        codes3 = _codes(x3, z[:, :, None], s[:, :, None], QMAX)
+        codes = tl.reshape(codes3, [ROWS, BLOCK_D])
+    crow = c_ptr + l_ * cs_l + h_ * cs_h + r64[:, None] * cs_n
+    if BITS == 4:
+        even, odd = tl.split(tl.reshape(codes, [ROWS, BLOCK_D // 2, 2]))
+        i = tl.arange(0, BLOCK_D // 2)
+        packed = even | (odd << 4)
+        tl.store(
+            crow + i.to(tl.int64)[None, :] * cs_d, packed, mask=rm[:, None] & (2 * i < D)[None, :]
         )
-        hi = tl.maximum(
-            tl.max(tl.where(me, xe, float("-inf")), axis=1),
-            tl.max(tl.where(mo, xo, float("-inf")), axis=1),
-        )
-        z = lo.to(tl.float16).to(tl.float32)
-        s = _div_rn(hi - lo, QMAX).to(tl.float16).to(tl.float32)
-        g = tl.program_id(2).to(tl.int64)
-        pbase = l_ * ps_l + h_ * ps_h + r.to(tl.int64) * ps_r + g * ps_c
-        tl.store(s_ptr + pbase, s.to(tl.float16), mask=rm)
-        tl.store(z_ptr + pbase, z.to(tl.float16), mask=rm)
-        ce = _codes(xe, z[:, None], s[:, None], QMAX)
-        co = _codes(xo, z[:, None], s[:, None], QMAX)
-    crow = c_ptr + l_ * cs_l + h_ * cs_h + r.to(tl.int64)[:, None] * cs_n
-    _store_codes(crow, 0, i, ce, co, me, mo, cs_d, BITS)
+    else:
+        tl.store(crow + d64[None, :] * cs_d, codes, mask=m)
 
 
 @triton.jit
@@ -149,15 +150,13 @@ def quantize(x: torch.Tensor, bits: int, group_size: int, axis: QuantAxis) -> Qu
     pshape = (lyr, h, -(-n // g), d) if per_channel else (lyr, h, n, -(-d // g))
     scale = torch.empty(pshape, dtype=torch.float16, device=x.device)
     zero = torch.empty(pshape, dtype=torch.float16, device=x.device)
-    if per_channel:
-        rows, half = g, max(8, block_d(d) // 2)
-        grid = (lyr * h, triton.cdiv(n, g), triton.cdiv(d, 2 * half))
-    else:
-        rows, half = BLOCK_T, g // 2
-        grid = (lyr * h, triton.cdiv(n, BLOCK_T), triton.cdiv(d, g))
+    bd = block_d(d)
+    rows = g if per_channel else BLOCK_T
+    grid = (lyr * h, triton.cdiv(n, rows))
     _quant_kernel[grid](
         x, codes, scale, zero, h, n, d, *x.stride(), *codes.stride(), *scale.stride(),
-        BITS=bits, G=g, PER_CHANNEL=per_channel, ROWS=rows, HALF=half,
+        BITS=bits, G=g, PER_CHANNEL=per_channel, ROWS=rows, BLOCK_D=bd, GB=min(g, bd),
+        num_warps=8 if rows * bd > MAX_TILE else 4,
     )  # fmt: skip
     return QuantizedTensor(
         codes=codes, scale=scale, zero=zero, bits=bits, group_size=g, axis=axis,

@@ -4,8 +4,9 @@
 # Triton idiom; their parameters cannot carry Python type annotations.
 """Triton scoring kernels for the norm family: ``knorm``, ``paged_eviction``, ``keydiff``.
 
-One program per (KV head, block of tokens) per layer; reads K (and V) once through the block
-table (``_tl_common.token_offset``), writes float32 ``[L, H, N]``. Keydiff's anchor is a
+One program per (KV head, block of tokens, layer), one launch over every layer when the
+layers' views stack (``_tl_common.layer_runs``); reads K (and V) once through the block table
+(``_tl_common.token_offset``), writes float32 ``[L, H, N]``. Keydiff's anchor is a
 deterministic two-stage reduction: per-block partial sums of unit keys, then a torch sum.
 """
 
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtierd.kernels._tl_common import block_d, check_device, token_offset
+from kvtierd.kernels._tl_common import block_d, check_device, layer_runs, token_offset
 from kvtierd.kernels.layout import KVSource
 
 MODE_KNORM = 0
@@ -37,12 +38,17 @@ def _load_rows(ptr, bt_ptr, t, h, d, N, D, block_size, s_blk, s_slot, s_h, s_d):
 @triton.jit
 def _norm_score_kernel(
     k_ptr, v_ptr, bt_ptr, anchor_ptr, out_ptr,
-    N, D, block_size,
-    ks_blk, ks_slot, ks_h, ks_d, vs_blk, vs_slot, vs_h, vs_d,
+    H, N, D, block_size,
+    ks_l, ks_blk, ks_slot, ks_h, ks_d, vs_l, vs_blk, vs_slot, vs_h, vs_d,
     MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(0).to(tl.int64)
     t = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    layer = tl.program_id(2).to(tl.int64)
+    k_ptr += layer * ks_l
+    v_ptr += layer * vs_l
+    anchor_ptr += layer * H * D
+    out_ptr += layer * H * N
     d = tl.arange(0, BLOCK_D)
     k = _load_rows(k_ptr, bt_ptr, t, h, d, N, D, block_size, ks_blk, ks_slot, ks_h, ks_d)
     k_norm = tl.sqrt(tl.sum(k * k, axis=1))
@@ -62,12 +68,15 @@ def _norm_score_kernel(
 
 @triton.jit
 def _unit_key_sum_kernel(
-    k_ptr, bt_ptr, out_ptr, N, D, block_size, ks_blk, ks_slot, ks_h, ks_d,
+    k_ptr, bt_ptr, out_ptr, H, N, D, block_size, ks_l, ks_blk, ks_slot, ks_h, ks_d,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     nc = tl.num_programs(1)
+    layer = tl.program_id(2).to(tl.int64)
+    k_ptr += layer * ks_l
+    out_ptr += layer * H * nc * D
     t = c * BLOCK_N + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     k = _load_rows(k_ptr, bt_ptr, t, h, d, N, D, block_size, ks_blk, ks_slot, ks_h, ks_d)
@@ -79,12 +88,11 @@ def _unit_key_sum_kernel(
 def _launch_norm(source: KVSource, mode: int, anchors: torch.Tensor | None) -> torch.Tensor:
     lyr, h, n, d = source.num_layers, source.num_kv_heads, source.num_tokens, source.head_dim
     out = torch.empty((lyr, h, n), dtype=torch.float32, device=source.device)
-    grid = (h, triton.cdiv(n, BLOCK_N))
-    for layer in range(lyr):
-        k, v = source.layer_keys[layer], source.layer_values[layer]
-        anchor = anchors[layer] if anchors is not None else out[layer]
-        _norm_score_kernel[grid](
-            k, v, source.block_table, anchor, out[layer], n, d, source.block_size,
+    for run in layer_runs(source.layer_keys, source.layer_values):
+        k, v, first = run.keys, run.values, run.first
+        anchor = anchors[first:] if anchors is not None else out[first:]
+        _norm_score_kernel[(h, triton.cdiv(n, BLOCK_N), k.shape[0])](
+            k, v, source.block_table, anchor, out[first:], h, n, d, source.block_size,
             *k.stride(), *v.stride(), MODE=mode, BLOCK_N=BLOCK_N, BLOCK_D=block_d(d),
         )  # fmt: skip
     return out
@@ -102,11 +110,11 @@ def keydiff_anchors(source: KVSource) -> torch.Tensor:
     lyr, h, n, d = source.num_layers, source.num_kv_heads, source.num_tokens, source.head_dim
     chunks = triton.cdiv(n, BLOCK_N)
     partial = torch.empty((lyr, h, chunks, d), dtype=torch.float32, device=source.device)
-    for layer in range(lyr):
-        k = source.layer_keys[layer]
-        _unit_key_sum_kernel[(h, chunks)](
-            k, source.block_table, partial[layer], n, d, source.block_size, *k.stride(),
-            BLOCK_N=BLOCK_N, BLOCK_D=block_d(d),
+    for run in layer_runs(source.layer_keys, source.layer_values):
+        k = run.keys
+        _unit_key_sum_kernel[(h, chunks, k.shape[0])](
+            k, source.block_table, partial[run.first :], h, n, d, source.block_size,
+            *k.stride(), BLOCK_N=BLOCK_N, BLOCK_D=block_d(d),
         )  # fmt: skip
     return partial.sum(dim=2) / n
 

@@ -28,6 +28,28 @@ def test_triton_quant_matches_reference(
     _check_error_bound(x, ref, d_ref)
 
 
+@pytest.mark.parametrize("axis", ["channel", "token"])
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(
+    ("shape", "group"),
+    [((1, 2, 9, 24), 2), ((1, 2, 70, 128), 32), ((1, 1, 40, 24), 64), ((2, 1, 33, 48), 128)],
+    ids=str,
+)
+def test_triton_quant_group_sizes(
+    shape: tuple[int, int, int, int], group: int, bits: int, axis: str
+) -> None:
+    """Groups smaller than, equal to and larger than the padded head dim (the values kernel
+    views a row as ``[BLOCK_D / GB, GB]``), partial groups, the real head_dim and G = 32."""
+    x, _ = make_kv(*shape, dtype=torch.bfloat16)
+    x = x.transpose(0, 1).contiguous().transpose(0, 1)  # strides other than contiguous
+    ref = quantize(x, bits, group, axis, backend="torch")  # type: ignore[arg-type]
+    tri = quantize(x, bits, group, axis, backend="triton")  # type: ignore[arg-type]
+    assert torch.equal(tri.codes, ref.codes)
+    assert torch.equal(tri.scale, ref.scale) and torch.equal(tri.zero, ref.zero)
+    d_ref, d_tri = dequantize(ref, "torch"), dequantize(tri, "triton")
+    torch.testing.assert_close(d_tri, d_ref, **TOL[torch.bfloat16])
+
+
 def _check_error_bound(x: torch.Tensor, q: QuantizedTensor, deq: torch.Tensor) -> None:
     """|x - x'| <= scale/2 + fp16 rounding of zero and scale + output dtype rounding."""
     g, n, d = q.group_size, x.shape[2], x.shape[3]
