@@ -109,6 +109,7 @@ class ProfilingService:
         self.reprofiled = 0
         self.runs: Counter[str] = Counter()
         self.last_error = ""
+        self.failed_why: dict[str, str] = {}  # contexts whose last profile failed, and why
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -151,7 +152,13 @@ class ProfilingService:
         check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
                         model_dir=model_dir, variants=options.profiled_variants(ctx),
                         form=options.stored_form_of(ctx))  # fmt: skip
-        return await asyncio.get_running_loop().run_in_executor(self._worker, check)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, check)
+        except Exception as e:  # one context's bytes must not stop the drift loop
+            if self.failed_why.get(context_id) != f"drift: {e}":  # logged once per reason
+                logger.exception("context %s: drift not measured", context_id)
+            self.failed_why[context_id] = f"drift: {e}"
+            return None
 
     async def _reprofile(self, context_id: str) -> None:
         ctx = self._index.contexts.get(context_id)
@@ -209,6 +216,7 @@ class ProfilingService:
         num_tokens = self.options.forget(context_id)
         self.tokens.forget(context_id)
         self.servable.forget(context_id)
+        self.failed_why.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
             if not num_tokens:
@@ -302,6 +310,13 @@ class ProfilingService:
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
+        except Exception as e:
+            # What a client stored may break a profile in ways no check foresaw: that context
+            # is set aside (its reason in DescribeContext), the loop and health go on; an
+            # escaped error stopped the loop and marked the daemon NOT_SERVING (issue 27.4).
+            logger.exception("profiling %r failed unexpectedly", ctx.context_id)
+            return self._failed(ctx, started, f"{type(e).__name__}: {e}")
+        self.failed_why.pop(ctx.context_id, None)
         self.runs["ok"] += 1
         self.options.changed()
         elapsed = time.perf_counter() - started
@@ -316,6 +331,10 @@ class ProfilingService:
             except CapacityError as e:  # its best place is full of pinned or held contexts
                 logger.warning("context %s: profiled, and stays where it is: %s",
                                ctx.context_id, e)  # fmt: skip
+            except Exception as e:  # the placer refused its profile: it stays where it is
+                logger.exception("context %s: profiled, and the placer failed on it",
+                                 ctx.context_id)  # fmt: skip
+                self.failed_why[ctx.context_id] = f"the placer failed on its profile: {e}"
         # queries that arrived while it ran found no finished profile to compare against
         self.inputs.recheck(ctx.context_id)
         return True
@@ -323,6 +342,7 @@ class ProfilingService:
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
         self.runs["failed"] += 1
         self.last_error = f"{ctx.context_id}: {reason}"
+        self.failed_why[ctx.context_id] = reason
         self._metrics.observe_profile_run(time.perf_counter() - started, ok=False)
         logger.error("profiling %r failed: %s", ctx.context_id, reason)
         return False
