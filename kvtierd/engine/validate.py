@@ -7,7 +7,7 @@ import math
 from kvtierd.engine.context_kv import MARKER_LAYOUT
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import LAYOUT_PREFIX, ChunkFormat
-from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT
+from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT
 from kvtierd.sizes import DTYPE_BYTES
 from kvtierd.types import ObjectMeta
 from kvtierd.variants import parse_variant
@@ -69,6 +69,11 @@ def _check_variant_and_layout(meta: ObjectMeta) -> None:
         parse_variant(meta.variant)
     except ValueError as e:
         raise InvalidArgumentError(f"object {meta.key!r}: variant: {e}") from None
+    if meta.layout == MODEL_CARD_LAYOUT and meta.size_bytes > MAX_CARD_BYTES:
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: a model card is at most {MAX_CARD_BYTES} bytes, "
+            f"got size_bytes {meta.size_bytes}"
+        )
     if meta.layout in OPAQUE_LAYOUTS:
         return
     allowed = ", ".join(repr(x) for x in OPAQUE_LAYOUTS)

@@ -73,13 +73,14 @@ class WritePath:
     ) -> list[ObjectMeta]:
         recs = self._leases.to_commit(allocation_ids)
         self._verify_checksums(recs)
+        cards = self._read_cards(recs)
         metas = []
         grown: dict[str, ContextRecord] = {}
         for rec in recs:
             self._leases.committed(rec)
-            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
-                self.learn_card(rec.meta, bytes(self._cpu.view(rec.block)))
+            if rec.allocation_id in cards:  # kept by the engine, no object
                 self._cpu.free_block(rec.block)
+                self._keep_card(rec.meta, cards[rec.allocation_id])
                 metas.append(rec.meta)
                 continue
             ctx = self._add_object(self._cpu.adopt(rec.meta, rec.block), self._cpu.name)
@@ -100,6 +101,24 @@ class WritePath:
                 await self.delete([m.key for m in metas])
                 raise
         return metas
+
+    def _read_cards(self, recs: Sequence[AllocationRecord]) -> dict[str, ModelCard]:
+        """The model cards of a commit, by allocation id, each parsed and checked before
+        anything of the commit is stored: a bad one aborts the commit (its blocks back to the
+        arena) with INVALID_ARGUMENT. A card that raised mid-commit leaked its arena block:
+        46 of them and every tenant's put failed "arena full" (issue 27.2)."""
+        cards = {}
+        for rec in recs:
+            if rec.meta.layout != MODEL_CARD_LAYOUT:
+                continue
+            try:
+                cards[rec.allocation_id] = ModelCard.from_bytes(bytes(self._cpu.view(rec.block)))
+            except InvalidArgumentError as e:
+                self._leases.abort([r.allocation_id for r in recs])
+                raise InvalidArgumentError(
+                    f"object {rec.meta.key!r}: {e}; nothing of this commit was stored"
+                ) from None
+        return cards
 
     def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
         """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
@@ -157,12 +176,11 @@ class WritePath:
     def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
         """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
         memory and in ``data_dir``, never as an object the placer would see): token-dropped
-        variants of its model's contexts can now be written in the servable form."""
-        try:
-            card = ModelCard.from_bytes(data)
-        except InvalidArgumentError as e:
-            logger.warning("model card %r ignored: %s", meta.key, e)
-            return
+        variants of its model's contexts can now be written in the servable form.
+        ``InvalidArgumentError`` for a card that is not valid."""
+        self._keep_card(meta, ModelCard.from_bytes(data))
+
+    def _keep_card(self, meta: ObjectMeta, card: ModelCard) -> None:
         self._model_cards[card.model] = card
         save_card(self._config.data_dir, card)
         self._profiling.options.changed()  # token-dropped variants may be servable now

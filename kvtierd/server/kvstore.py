@@ -15,7 +15,7 @@ from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDenied
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
-from kvtierd.server.convert import device_region, info, meta_from_spec, record_info, region
+from kvtierd.server.convert import device_region, info, meta_from_spec, region
 from kvtierd.server.identity import CALLER, Caller
 from kvtierd.storage.gpu import GpuTier
 
@@ -158,7 +158,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             self.engine.abort([rec.allocation_id])
             raise
         (meta,) = await self.engine.commit([rec.allocation_id], first.durable)
-        return pb.PutResponse(object=record_info(self.engine.objects[meta.key], caller))
+        # A model card is kept by the engine, not as an object: reported in no tier (looking
+        # it up among the objects answered INTERNAL for a card that was kept, issue 27.3).
+        stored = self.engine.objects.get(meta.key)
+        return pb.PutResponse(object=info(meta, stored.tier if stored else "", caller))
 
     # Yields pre-serialized data frames next to messages (see data_frame).
     async def GetStream(  # type: ignore[override]
