@@ -35,7 +35,7 @@ from kvtierd.engine.tokens import TokenBudget
 from kvtierd.errors import CapacityError, KvtierError, UnavailableError
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.profiler.prefill_fit import PrefillFit, ServedReports
 from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.types import ORIGINAL_VARIANT
 
@@ -90,6 +90,7 @@ class ProfilingService:
         self._changed: dict[str, float] = {}
         self.resume_at = 0.0  # monotonic: the next profile of its own starts no earlier
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
+        self.served = ServedReports(self.prefill_fit)  # reports by tenant, rate-limited
         self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
         self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
@@ -168,14 +169,18 @@ class ProfilingService:
 
     # -- prefill speed and records ---------------------------------------------------------------
 
-    def observe_served(self, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> bool:
+    def observe_served(
+        self, prompt_tokens: int, cached_tokens: int, ttft_s: float, tenant: str = ""
+    ) -> bool:
         """A served request's timing (the router's ``KVStore.ReportServed``): a prefill sample
-        when vLLM computed most of its prompt (``prefill_fit.py``)."""
-        return self.prefill_fit.observe(prompt_tokens, cached_tokens, ttft_s)
+        when vLLM computed most of its prompt; only the default tenant's price every context
+        (``prefill_fit.py``, ``ServedReports``)."""
+        return self.served.observe(tenant, prompt_tokens, cached_tokens, ttft_s)
 
-    def prefill_tokens_per_s(self) -> float:
-        """The prefill speed recomputes are priced at: learned, else configured."""
-        learned = self.prefill_fit.estimate()
+    def prefill_tokens_per_s(self, tenant: str = "") -> float:
+        """The prefill speed recomputes are priced at (``tenant``: as its own reports say):
+        learned, else configured."""
+        learned = self.served.fit(tenant).estimate()
         return learned.tokens_per_s if learned else self._config.prefill_tokens_per_s
 
     def record(self, context_id: str) -> ProfileRecord | None:

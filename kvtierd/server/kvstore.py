@@ -274,10 +274,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def ReportServed(
         self, request: pb.ReportServedRequest, rpc_context: Any
     ) -> pb.ReportServedResponse:
-        sample = self.engine.profiling.observe_served(
-            request.prompt_tokens, request.cached_tokens, request.ttft_s
+        tenant = CALLER.get().tenant  # a named tenant's reports price nobody else's contexts
+        profiling = self.engine.profiling
+        sample = profiling.observe_served(
+            request.prompt_tokens, request.cached_tokens, request.ttft_s, tenant
         )
-        rate = self.engine.profiling.prefill_tokens_per_s()
+        rate = profiling.prefill_tokens_per_s(tenant)
         return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
 
     async def Touch(self, request: pb.TouchRequest, rpc_context: Any) -> pb.TouchResponse:
