@@ -14,10 +14,12 @@ import yaml
 
 from kvtierd import errors
 from kvtierd.client import KVClient
+from kvtierd.engine.writes import MAX_CARDS_PER_TENANT
+from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT, ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess, tcp_listener
+from tests.daemon_proc import REPO, DaemonProcess, tcp_listener
 
 MiB = 1 << 20
 MODEL = "/models/m"
@@ -93,3 +95,70 @@ def test_a_card_over_a_stream_answers_ok(start_daemon, tmp_path):
         parts = iter([pb.PutPart(spec=spec), pb.PutPart(data=card())])
         reply = b.call(b._put_stream_call, parts)
         assert reply.object.spec.key == model_card_key(MODEL)
+
+
+def _chunk_key(model: str, i: int) -> str:
+    return f"{model}@1@0@h{i}@bfloat16"  # LMCache's key: model@world@worker@hash@dtype
+
+
+def _why_not_servable(admin: KVClient, cid: str) -> str:
+    req = pb.DescribeContextRequest(context_id=cid)
+    return admin.call(admin.admin.DescribeContext, req).reason
+
+
+def test_a_tenants_card_applies_to_its_own_contexts_only(start_daemon, tmp_path):
+    policy = str(REPO / "configs/policies/evicpress.yaml")
+    tcp = tcp_listener(tmp_path, "admin-token")
+    (tmp_path / "b.token").write_text("b-token")
+    tenants = [{"name": "a"}, {"name": "b", "token_file": str(tmp_path / "b.token")}]
+    d = start_daemon(policy_file=policy, tenants=tenants, **tcp.settings)
+    layout = ChunkFormat((2, 2, 16, 64), "bfloat16", 2).layout()
+    with (
+        KVClient(d.socket_path, tenant="a") as a,
+        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as b,
+        KVClient(d.socket_path) as admin,
+    ):
+        for i in range(2):
+            b.put(_chunk_key(MODEL, i), b"\0" * 8192, context_id="doc", layout=layout,
+                  token_count=16)  # fmt: skip
+        assert f"no model card for b/{MODEL}" in _why_not_servable(admin, "b/doc")
+        # a's card for "b/<model>" is a's own: it does not rotate b's contexts
+        _put_card(a, card(f"b/{MODEL}"), model=f"b/{MODEL}")
+        assert f"no model card for b/{MODEL}" in _why_not_servable(admin, "b/doc")
+        # b's own card applies to b's contexts
+        _put_card(b, card())
+        assert "no model card" not in _why_not_servable(admin, "b/doc")
+        # the default tenant cannot register into a tenant's namespace
+        with pytest.raises(errors.PermissionDeniedError, match="namespace"):
+            _put_card(admin, card(f"b/{MODEL}"), model=f"b/{MODEL}")
+        # a card is put under its own model's key
+        with pytest.raises(errors.InvalidArgumentError, match="key"):
+            _put_card(b, card("/models/other"), model=MODEL)
+
+
+def test_cards_are_bounded_in_count_and_charged_to_quota(start_daemon, tmp_path):
+    with _daemon(start_daemon, tmp_path, quota={"cpu": "40KiB", "ssd": "40KiB"}) as (d, a, b):
+        for i in range(MAX_CARDS_PER_TENANT):
+            _put_card(a, card(f"/m/{i}"), model=f"/m/{i}")
+        _put_card(a, card("/m/0", head_dim=128), model="/m/0")  # a new card replaces its own
+        with pytest.raises(errors.CapacityError, match=f"at most {MAX_CARDS_PER_TENANT}"):
+            _put_card(a, card("/m/extra"), model="/m/extra")
+        big = ModelCard(MODEL, 64, RopeSpec.standard(64).inv_freq, 1 << 20,
+                        tuple(range(1000))).to_bytes()  # fmt: skip
+        for i in range(5):  # 5.5 KiB each: 28 KiB of b's 80 KiB quota
+            _put_card(b, big.replace(MODEL.encode(), f"/x/{i}".encode()), model=f"/x/{i}")
+        with pytest.raises(errors.CapacityError, match="quota exceeded"):
+            b.put("k", b"\0" * (60 << 10), context_id="k")
+        b.put("k", b"\0" * (40 << 10), context_id="k")
+    d.stop()  # cards are kept across restarts, under their tenant's name, still charged
+    d.start()
+    with KVClient(address=_tcp_address(d), tls_ca_file=str(tmp_path / "localhost.pem"),
+                  token="b-token") as b:  # fmt: skip
+        b.delete(["k"])
+        with pytest.raises(errors.CapacityError, match="quota exceeded"):
+            b.put("k", b"\0" * (60 << 10), context_id="k")
+
+
+def _tcp_address(d: DaemonProcess) -> str:
+    port = yaml.safe_load(d.config.read_text())["tcp_address"].rsplit(":", 1)[1]
+    return f"localhost:{port}"
