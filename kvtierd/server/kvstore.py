@@ -26,6 +26,8 @@ MIN_PART_BYTES = 64 << 10  # part_bytes=1 sent 65,537 messages for a 64 KiB obje
 MAX_PART_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
+MAX_QUERY_TEXT_BYTES = 16 << 10  # a profiling query is a question, not a document
+MAX_ID_BYTES = 1024  # a request id or context id, as object keys (engine/validate.py)
 
 
 def _check_batch(n: int, what: str) -> None:
@@ -201,9 +203,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(
                 f"AddQueries: at most {MAX_QUERIES_PER_REQUEST} queries per request"
             )
-        stored = await self.engine.profiling.inputs.add_queries(
-            cid, list(request.texts), request.from_traffic
-        )
+        sizes = [len(t.encode()) for t in request.texts]
+        if max(sizes, default=0) > MAX_QUERY_TEXT_BYTES:
+            raise InvalidArgumentError(
+                f"AddQueries: a query of {max(sizes)} bytes; at most {MAX_QUERY_TEXT_BYTES}"
+            )
+        inputs = self.engine.profiling.inputs
+        inputs.charge_queries(cid, caller.tenant, sum(sizes))  # within its token budget
+        stored = await inputs.add_queries(cid, list(request.texts), request.from_traffic)
         return pb.AddQueriesResponse(stored=stored)
 
     async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
@@ -253,6 +260,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 "context_id + request_id"
             )
         check_request_tokens(len(request.token_ids))
+        for name, value in (("request_id", request.request_id), ("context_id", request.context_id)):
+            if len(value.encode()) > MAX_ID_BYTES:
+                raise InvalidArgumentError(
+                    f"SetContextTokens: {name} is longer than {MAX_ID_BYTES} bytes"
+                )
         cid = caller.scoped(request.context_id)
         inputs = self.engine.profiling.inputs
         # a prompt may also link to a context dropped since its put (ProfileInputs.set_aside)
