@@ -22,10 +22,13 @@ def check_checkpoint(model_dir: str) -> None:
     folder = Path(model_dir)
     config = folder / "config.json"
     if not config.is_file():
-        raise InvalidArgumentError(f"{model_dir!r} has no config.json: not a checkpoint")
+        raise InvalidArgumentError(
+            f"cannot load a causal LM from {model_dir!r}: it has no config.json"
+        )
     if not any((folder / name).is_file() for name in SAFETENSORS):
         raise InvalidArgumentError(
-            f"{model_dir!r} has no {' or '.join(SAFETENSORS)}: kvtierd loads safetensors "
+            f"cannot load a causal LM from {model_dir!r}: it has no {' or '.join(SAFETENSORS)}; "
+            "kvtierd loads safetensors "
             "weights only, never a pickle checkpoint (pytorch_model.bin)"
         )
     try:
@@ -34,7 +37,8 @@ def check_checkpoint(model_dir: str) -> None:
         raise InvalidArgumentError(f"{config}: not readable JSON: {e}") from e
     if not isinstance(doc, dict) or "auto_map" in doc:
         raise InvalidArgumentError(
-            f"{config}: names code of its own (auto_map), which kvtierd never runs"
+            f"cannot load a causal LM from {model_dir!r}: its config.json names code of its own "
+            "(auto_map), which kvtierd never runs"
         )
 
 
