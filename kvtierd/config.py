@@ -102,6 +102,9 @@ class DaemonConfig:
     profile_quiet_s: float = 2.0  # background profiling waits this long after the last read
     compute_threads: int = 0  # torch threads for profiling and compression; 0 = half the cores
     token_bytes_per_tenant: int = 64 << 20  # SetContextTokens ids kept per tenant (4 B an id)
+    # Directories a policy applied at run time (Admin.ApplyPolicy) may name as
+    # profiling.model_dir; () = kvtierd's model cache. The policy_file's own is always allowed.
+    model_dirs: tuple[str, ...] = ()
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"  # 0.0.0.0 in a pod, where Prometheus scrapes the pod IP
     log_json: bool = False
@@ -313,6 +316,10 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
         elif key == "tenants":
             values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
+        elif key == "model_dirs":
+            if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+                raise ConfigError(f"{src.where((key,))}: must be a list of directories")
+            values[key] = tuple(value)
         elif key in ("max_object_bytes", "token_bytes_per_tenant"):
             values[key] = parse_size(value, src.where((key,)))
         else:
@@ -341,6 +348,8 @@ def _resolve_paths(values: dict[str, Any], base: Path) -> dict[str, Any]:
         tls = out["tls"]
         out["tls"] = TlsConfig(*(resolve(x) for x in (tls.cert_file, tls.key_file,
                                                         tls.client_ca_file)))  # fmt: skip
+    if "model_dirs" in out:
+        out["model_dirs"] = tuple(resolve(d) for d in out["model_dirs"])
     if "tenants" in out:
         out["tenants"] = tuple(
             dataclasses.replace(t, token_file=resolve(t.token_file)) for t in out["tenants"]

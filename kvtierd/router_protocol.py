@@ -37,6 +37,8 @@ LOADED_HEADER = "x-kvtierd-context"
 
 _SCOPE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _FIELDS = ("context_tokens", "variant", "scope")
+MAX_CONTEXT_TOKENS = 1 << 22  # above any served model's context length
+MAX_FIELD_CHARS = 256
 
 
 def check_scope(scope: str) -> str:
@@ -104,11 +106,20 @@ class ContextRequest:
         unknown = sorted(set(raw) - set(_FIELDS))
         if unknown:
             raise InvalidArgumentError(f"kvtierd: unknown keys {unknown}; known: {_FIELDS}")
-        try:
-            tokens = int(raw.get("context_tokens", 0))
-        except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"kvtierd.context_tokens: {e}") from e
-        return cls(tokens, str(raw.get("variant", "")), str(raw.get("scope", "")))
+        tokens = raw.get("context_tokens", 0)
+        # 1e400 (JSON's inf) raised OverflowError in int(): a 500 with a traceback
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens > MAX_CONTEXT_TOKENS:
+            raise InvalidArgumentError(
+                f"kvtierd.context_tokens must be an integer of at most {MAX_CONTEXT_TOKENS}, "
+                f"got {tokens!r:.40}"
+            )
+        texts = {k: raw.get(k, "") for k in ("variant", "scope")}
+        for key, value in texts.items():
+            if not isinstance(value, str) or len(value) > MAX_FIELD_CHARS:
+                raise InvalidArgumentError(
+                    f"kvtierd.{key} must be a string of at most {MAX_FIELD_CHARS} characters"
+                )
+        return cls(tokens, texts["variant"], texts["scope"])
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"context_tokens": self.context_tokens} if self.is_store else {}

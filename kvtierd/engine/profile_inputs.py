@@ -87,8 +87,8 @@ class ProfileInputs:
         if tokens is None:
             raise NotFoundError(
                 f"no prompt registered for request {request_id!r}: it was never registered, or "
-                f"newer ones pushed it out (at most {MAX_PENDING_PROMPTS}, and "
-                f"token_bytes_per_tenant of them per tenant)"
+                f"newer ones pushed it out (at most {MAX_PENDING_PROMPTS} per tenant, and "
+                f"token_bytes_per_tenant of them)"
             )
         if self.set_aside_tokens(context_id):
             await self._link_set_aside(context_id, tokens)
@@ -168,6 +168,10 @@ class ProfileInputs:
         if not n:
             n = sum(self._index.objects[k].meta.token_count for k in ctx.keys)
         return tokens[:n] if 0 < n < len(tokens) else tokens
+
+    def charge_queries(self, context_id: str, tenant: str, nbytes: int) -> None:
+        """Count a request's query text in the tenant's budget (tokens.py) before it is kept."""
+        self._tokens.charge_queries(context_id, tenant, nbytes)
 
     async def add_queries(self, context_id: str, texts: list[str], from_traffic: bool) -> int:
         """Profiling queries for a context: a user's set, or samples of real traffic."""

@@ -35,7 +35,7 @@ from kvtierd.engine.tokens import TokenBudget
 from kvtierd.errors import CapacityError, KvtierError, UnavailableError
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.profiler.prefill_fit import PrefillFit
+from kvtierd.profiler.prefill_fit import PrefillFit, ServedReports
 from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.types import ORIGINAL_VARIANT
 
@@ -90,6 +90,7 @@ class ProfilingService:
         self._changed: dict[str, float] = {}
         self.resume_at = 0.0  # monotonic: the next profile of its own starts no earlier
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
+        self.served = ServedReports(self.prefill_fit)  # reports by tenant, rate-limited
         self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
         self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
@@ -109,6 +110,7 @@ class ProfilingService:
         self.reprofiled = 0
         self.runs: Counter[str] = Counter()
         self.last_error = ""
+        self.failed_why: dict[str, str] = {}  # contexts whose last profile failed, and why
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -151,7 +153,13 @@ class ProfilingService:
         check = partial(window.check_drift, self.profiler, context_id, keys, values, ctx.variant,
                         model_dir=model_dir, variants=options.profiled_variants(ctx),
                         form=options.stored_form_of(ctx))  # fmt: skip
-        return await asyncio.get_running_loop().run_in_executor(self._worker, check)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, check)
+        except Exception as e:  # one context's bytes must not stop the drift loop
+            if self.failed_why.get(context_id) != f"drift: {e}":  # logged once per reason
+                logger.exception("context %s: drift not measured", context_id)
+            self.failed_why[context_id] = f"drift: {e}"
+            return None
 
     async def _reprofile(self, context_id: str) -> None:
         ctx = self._index.contexts.get(context_id)
@@ -161,14 +169,18 @@ class ProfilingService:
 
     # -- prefill speed and records ---------------------------------------------------------------
 
-    def observe_served(self, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> bool:
+    def observe_served(
+        self, prompt_tokens: int, cached_tokens: int, ttft_s: float, tenant: str = ""
+    ) -> bool:
         """A served request's timing (the router's ``KVStore.ReportServed``): a prefill sample
-        when vLLM computed most of its prompt (``prefill_fit.py``)."""
-        return self.prefill_fit.observe(prompt_tokens, cached_tokens, ttft_s)
+        when vLLM computed most of its prompt; only the default tenant's price every context
+        (``prefill_fit.py``, ``ServedReports``)."""
+        return self.served.observe(tenant, prompt_tokens, cached_tokens, ttft_s)
 
-    def prefill_tokens_per_s(self) -> float:
-        """The prefill speed recomputes are priced at: learned, else configured."""
-        learned = self.prefill_fit.estimate()
+    def prefill_tokens_per_s(self, tenant: str = "") -> float:
+        """The prefill speed recomputes are priced at (``tenant``: as its own reports say):
+        learned, else configured."""
+        learned = self.served.fit(tenant).estimate()
         return learned.tokens_per_s if learned else self._config.prefill_tokens_per_s
 
     def record(self, context_id: str) -> ProfileRecord | None:
@@ -209,6 +221,7 @@ class ProfilingService:
         num_tokens = self.options.forget(context_id)
         self.tokens.forget(context_id)
         self.servable.forget(context_id)
+        self.failed_why.pop(context_id, None)
         self._changed.pop(context_id, None)
         if self.profiler is not None and self._running:
             if not num_tokens:
@@ -302,6 +315,13 @@ class ProfilingService:
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
+        except Exception as e:
+            # What a client stored may break a profile in ways no check foresaw: that context
+            # is set aside (its reason in DescribeContext), the loop and health go on; an
+            # escaped error stopped the loop and marked the daemon NOT_SERVING (issue 27.4).
+            logger.exception("profiling %r failed unexpectedly", ctx.context_id)
+            return self._failed(ctx, started, f"{type(e).__name__}: {e}")
+        self.failed_why.pop(ctx.context_id, None)
         self.runs["ok"] += 1
         self.options.changed()
         elapsed = time.perf_counter() - started
@@ -316,6 +336,10 @@ class ProfilingService:
             except CapacityError as e:  # its best place is full of pinned or held contexts
                 logger.warning("context %s: profiled, and stays where it is: %s",
                                ctx.context_id, e)  # fmt: skip
+            except Exception as e:  # the placer refused its profile: it stays where it is
+                logger.exception("context %s: profiled, and the placer failed on it",
+                                 ctx.context_id)  # fmt: skip
+                self.failed_why[ctx.context_id] = f"the placer failed on its profile: {e}"
         # queries that arrived while it ran found no finished profile to compare against
         self.inputs.recheck(ctx.context_id)
         return True
@@ -323,6 +347,7 @@ class ProfilingService:
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
         self.runs["failed"] += 1
         self.last_error = f"{ctx.context_id}: {reason}"
+        self.failed_why[ctx.context_id] = reason
         self._metrics.observe_profile_run(time.perf_counter() - started, ok=False)
         logger.error("profiling %r failed: %s", ctx.context_id, reason)
         return False

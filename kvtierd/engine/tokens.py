@@ -21,9 +21,13 @@ MAX_TOKENS_PER_REQUEST = 1 << 20
 MAX_QUERY_TOKENS = 8192
 """A prompt's tokens past its context longer than this are not kept as a profiling query."""
 MAX_PENDING_PROMPTS = 4096
-"""Prompts registered by request id (kvtierd router) and not yet linked to a context: the
-oldest are forgotten beyond this many (a link then fails with NOT_FOUND)."""
+"""Prompts a tenant registered by request id (kvtierd router) and not yet linked to a context:
+its oldest are forgotten beyond this many (a link then fails with NOT_FOUND). Per tenant: one
+shared cap let one tenant push out every other's prompts (issue 27.7)."""
 TOKEN_BYTES = 4  # a token id as kept: uint32
+MAX_QUERY_BYTES_PER_CONTEXT = 4 << 20
+"""Profiling query text (``KVStore.AddQueries``) counted for one context at most: the query
+store keeps its newest (``max_user`` of them, 16 KiB each at most)."""
 
 
 def check_request_tokens(n: int) -> None:
@@ -46,38 +50,63 @@ class TokenBudget:
 
     def __init__(self, bytes_per_tenant: int) -> None:
         self.bytes_per_tenant = bytes_per_tenant
-        self._prompts: OrderedDict[str, tuple[str, array[int]]] = OrderedDict()
+        # tenant -> request id -> ids, oldest first (request ids are scoped by their tenant)
+        self._prompts: dict[str, OrderedDict[str, array[int]]] = {}
         self._prompt_bytes: Counter[str] = Counter()
         self._contexts: dict[str, tuple[str, int]] = {}  # context id -> (tenant, ids kept)
         self._context_bytes: Counter[str] = Counter()
+        self._queries: dict[str, tuple[str, int]] = {}  # context id -> (tenant, query bytes)
 
     # -- prompts by request id ---------------------------------------------------------------
 
     def note_prompt(self, tenant: str, request_id: str, tokens: array[int]) -> None:
-        """Keep a prompt until linked; the tenant's oldest go first beyond its budget."""
-        nbytes = len(tokens) * TOKEN_BYTES
+        """Keep a prompt until linked; the tenant's oldest go first beyond its budget or
+        :data:`MAX_PENDING_PROMPTS` (its request id counts too: 8 MiB ids of 1-token prompts
+        cost 431 MiB uncounted, issue 27.6)."""
+        nbytes = _prompt_bytes(request_id, tokens)
         if nbytes > self.bytes_per_tenant:
             raise CapacityError(
                 f"a prompt of {len(tokens)} token ids ({nbytes} bytes) is larger than the "
                 f"{self.bytes_per_tenant} bytes of prompts a tenant may register"
             )
         self._drop_prompt(request_id)
-        self._prompts[request_id] = (tenant, tokens)
+        mine = self._prompts.setdefault(tenant, OrderedDict())
+        mine[request_id] = tokens
         self._prompt_bytes[tenant] += nbytes
-        while self._prompt_bytes[tenant] > self.bytes_per_tenant:
-            oldest = next(r for r, (t, _) in self._prompts.items() if t == tenant)
-            self._drop_prompt(oldest)
-        while len(self._prompts) > MAX_PENDING_PROMPTS:
-            self._drop_prompt(next(iter(self._prompts)))
+        while self._prompt_bytes[tenant] > self.bytes_per_tenant or len(mine) > MAX_PENDING_PROMPTS:
+            self._drop_prompt(next(iter(mine)))
 
     def prompt(self, request_id: str) -> array[int] | None:
-        entry = self._prompts.get(request_id)
-        return None if entry is None else entry[1]
+        for mine in self._prompts.values():
+            if request_id in mine:
+                return mine[request_id]
+        return None
+
+    def pending_prompts(self, tenant: str) -> int:
+        return len(self._prompts.get(tenant, ()))
 
     def _drop_prompt(self, request_id: str) -> None:
-        entry = self._prompts.pop(request_id, None)
-        if entry is not None:
-            self._prompt_bytes[entry[0]] -= len(entry[1]) * TOKEN_BYTES
+        for tenant, mine in self._prompts.items():
+            tokens = mine.pop(request_id, None)
+            if tokens is not None:
+                self._prompt_bytes[tenant] -= _prompt_bytes(request_id, tokens)
+                return
+
+    # -- profiling query text --------------------------------------------------------------------
+
+    def charge_queries(self, context_id: str, tenant: str, nbytes: int) -> None:
+        """Count ``nbytes`` more query text for a context (at most
+        :data:`MAX_QUERY_BYTES_PER_CONTEXT` each) in its tenant's budget, or ``CapacityError``."""
+        _, kept = self._queries.get(context_id, (tenant, 0))
+        grow = min(kept + nbytes, MAX_QUERY_BYTES_PER_CONTEXT) - kept
+        held = self._context_bytes[tenant]
+        if held + grow > self.bytes_per_tenant:
+            raise CapacityError(
+                f"tenant {tenant!r} keeps {held} bytes of token ids and queries; {nbytes} more "
+                f"bytes of queries would exceed token_bytes_per_tenant ({self.bytes_per_tenant})"
+            )
+        self._queries[context_id] = (tenant, kept + grow)
+        self._context_bytes[tenant] += grow
 
     # -- token ids kept for contexts -----------------------------------------------------------
 
@@ -108,3 +137,10 @@ class TokenBudget:
         entry = self._contexts.pop(context_id, None)
         if entry is not None:
             self._context_bytes[entry[0]] -= entry[1] * TOKEN_BYTES
+        queries = self._queries.pop(context_id, None)
+        if queries is not None:
+            self._context_bytes[queries[0]] -= queries[1]
+
+
+def _prompt_bytes(request_id: str, tokens: array[int]) -> int:
+    return len(tokens) * TOKEN_BYTES + len(request_id)

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.engine.context_kv import MARKER_LAYOUT
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError
+from kvtierd.kernels.chunk_codec import LAYOUT_PREFIX, ChunkFormat
+from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT
 from kvtierd.sizes import DTYPE_BYTES
 from kvtierd.types import ObjectMeta
+from kvtierd.variants import parse_variant
 
 MAX_KEY_BYTES = 1024
+# Layouts without a format to check: none, an LMCache chunk whose format is not given, a model
+# card, a daemon-made variant's marker. Any other layout must be a KV_2LTD chunk format.
+OPAQUE_LAYOUTS = ("", LAYOUT_PREFIX, MODEL_CARD_LAYOUT, MARKER_LAYOUT)
 
 
 def validate_meta(meta: ObjectMeta, max_size_bytes: int) -> None:
@@ -46,8 +53,42 @@ def validate_meta(meta: ObjectMeta, max_size_bytes: int) -> None:
                 f"object {meta.key!r}: layout mismatch: shape {list(meta.shape)} of {meta.dtype} "
                 f"is {int(expected)} bytes but size_bytes is {meta.size_bytes}"
             )
+    _check_variant_and_layout(meta)
     if len(meta.kept_indices) % 4:
         raise InvalidArgumentError(
             f"object {meta.key!r}: kept_indices must hold int32 values, "
             f"got {len(meta.kept_indices)} bytes"
+        )
+
+
+def _check_variant_and_layout(meta: ObjectMeta) -> None:
+    """The variant and layout are parsed here, before anything is allocated: a variant the
+    daemon cannot parse (``zzz@9.9+int99``) or a layout with ``h=0`` was stored, then failed
+    in the placer (INTERNAL, the object kept) and stopped profiling (issue 27.4, 27.5)."""
+    try:
+        parse_variant(meta.variant)
+    except ValueError as e:
+        raise InvalidArgumentError(f"object {meta.key!r}: variant: {e}") from None
+    if meta.layout == MODEL_CARD_LAYOUT and meta.size_bytes > MAX_CARD_BYTES:
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: a model card is at most {MAX_CARD_BYTES} bytes, "
+            f"got size_bytes {meta.size_bytes}"
+        )
+    if meta.layout in OPAQUE_LAYOUTS:
+        return
+    allowed = ", ".join(repr(x) for x in OPAQUE_LAYOUTS)
+    if not meta.layout.startswith(f"{LAYOUT_PREFIX};"):
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: layout {meta.layout[:200]!r} is not one kvtierd knows: "
+            f"allowed are {allowed} or a chunk format "
+            f"'{LAYOUT_PREFIX};<2>x<L>x<T>x<H*D>;<dtype>;h=<H>[;<int8|int4>;g=<G>]'"
+        )
+    try:
+        fmt = ChunkFormat.parse(meta.layout)
+    except CorruptObjectError as e:
+        raise InvalidArgumentError(f"object {meta.key!r}: layout: {e}") from None
+    if fmt.encoded_bytes() != meta.size_bytes:
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: layout {meta.layout!r} is {fmt.encoded_bytes()} bytes, "
+            f"but size_bytes is {meta.size_bytes}"
         )

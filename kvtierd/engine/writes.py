@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from kvtierd.config import DaemonConfig
 from kvtierd.engine.durable import DurableGuard
@@ -18,13 +20,21 @@ from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.servable import save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
-from kvtierd.errors import AlreadyExistsError, InvalidArgumentError
-from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard
+from kvtierd.errors import (
+    AlreadyExistsError,
+    CapacityError,
+    InvalidArgumentError,
+    KvtierError,
+    PermissionDeniedError,
+)
+from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard, model_card_key
 from kvtierd.metrics import Metrics
 from kvtierd.storage.ssd_format import data_checksum
 from kvtierd.types import ObjectMeta, Operation, OpKind, Placement, Plan
 
 logger = logging.getLogger(__name__)
+
+MAX_CARDS_PER_TENANT = 8
 
 
 class WritePath:
@@ -54,7 +64,9 @@ class WritePath:
         self._executor = executor
         self._profiling = profiling
         self._metrics = metrics
-        self._model_cards = model_cards
+        self._model_cards = model_cards  # by <tenant>/<model> (<model>: the default tenant's)
+        self._card_sizes: dict[str, int] = {}
+        self._tenants = frozenset(t.name for t in config.tenants)
 
     def allocate(self, metas: Sequence[ObjectMeta]) -> list[AllocationRecord]:
         largest = max((t.capacity_bytes or 1 << 62) for t in self._mover.tiers.values())
@@ -65,21 +77,38 @@ class WritePath:
             if meta.key in self._index.objects or meta.key in seen or table.allocating(meta.key):
                 raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
             seen.add(meta.key)
-        self._index.check_quota(metas, table.in_flight_bytes())
+        held = Counter(table.in_flight_bytes())
+        held.update(self._card_bytes())  # a tenant's cards count against its quota
+        self._index.check_quota(metas, held)
         return table.allocate(metas, self._config.allocation_timeout_s)
+
+    def _card_bytes(self) -> Counter[str]:
+        """The bytes of the model cards each tenant keeps."""
+        out: Counter[str] = Counter()
+        for name, card in self._model_cards.items():
+            size = self._card_sizes.get(name)
+            if size is None:  # a card kept from an earlier run
+                size = self._card_sizes[name] = len(card.to_bytes())
+            out[self._card_tenant(name)] += size
+        return out
+
+    def _card_tenant(self, name: str) -> str:
+        owner, sep, _ = name.partition("/")
+        return owner if sep and owner in self._tenants else ""
 
     async def commit(
         self, allocation_ids: Sequence[str], durable: bool = False
     ) -> list[ObjectMeta]:
         recs = self._leases.to_commit(allocation_ids)
         self._verify_checksums(recs)
+        cards = self._read_cards(recs)
         metas = []
         grown: dict[str, ContextRecord] = {}
         for rec in recs:
             self._leases.committed(rec)
-            if rec.meta.layout == MODEL_CARD_LAYOUT:  # kept by the engine, no object
-                self.learn_card(rec.meta, bytes(self._cpu.view(rec.block)))
+            if rec.allocation_id in cards:  # kept by the engine, no object
                 self._cpu.free_block(rec.block)
+                self._keep_card(rec.meta, cards[rec.allocation_id])
                 metas.append(rec.meta)
                 continue
             ctx = self._add_object(self._cpu.adopt(rec.meta, rec.block), self._cpu.name)
@@ -100,6 +129,55 @@ class WritePath:
                 await self.delete([m.key for m in metas])
                 raise
         return metas
+
+    def _read_cards(self, recs: Sequence[AllocationRecord]) -> dict[str, ModelCard]:
+        """The model cards of a commit, by allocation id, each parsed and checked before
+        anything of the commit is stored: a bad one aborts the commit (its blocks back to the
+        arena) with INVALID_ARGUMENT. A card that raised mid-commit leaked its arena block:
+        46 of them and every tenant's put failed "arena full" (issue 27.2)."""
+        cards: dict[str, ModelCard] = {}
+        for rec in recs:
+            if rec.meta.layout != MODEL_CARD_LAYOUT:
+                continue
+            try:
+                card = ModelCard.from_bytes(bytes(self._cpu.view(rec.block)))
+                cards[rec.allocation_id] = self._tenants_card(rec.meta, card, cards.values())
+            except KvtierError as e:
+                self._leases.abort([r.allocation_id for r in recs])
+                raise type(e)(
+                    f"object {rec.meta.key!r}: {e}; nothing of this commit was stored"
+                ) from None
+        return cards
+
+    def _tenants_card(
+        self, meta: ObjectMeta, card: ModelCard, others: Iterable[ModelCard]
+    ) -> ModelCard:
+        """``card`` under its tenant's name for the model (``<tenant>/<model>``, the name the
+        tenant's LMCache keys carry): a tenant's card applies to its own contexts only. It
+        was kept under the name the card gave, so tenant A's card for ``B/<model>`` rotated
+        B's contexts, and B's own card never applied to them (issue 27.3). A tenant keeps at
+        most MAX_CARDS_PER_TENANT cards; they count against its quota (``allocate``)."""
+        prefix = f"{meta.tenant}/" if meta.tenant else ""
+        if meta.key != prefix + model_card_key(card.model):
+            raise InvalidArgumentError(
+                f"a model card of {card.model[:200]!r} is put under the key "
+                f"{model_card_key(card.model)[:200]!r}, not another"
+            )
+        owner = self._card_tenant(card.model)
+        if not meta.tenant and owner:
+            raise PermissionDeniedError(
+                f"model {card.model[:200]!r} is in tenant {owner!r}'s namespace: the default "
+                "tenant may not register cards for it"
+            )
+        name = prefix + card.model
+        names = {c.model for c in others} | {n for n in self._model_cards if n != name}
+        kept = sum(self._card_tenant(n) == meta.tenant for n in names)
+        if kept >= MAX_CARDS_PER_TENANT:
+            raise CapacityError(
+                f"tenant {meta.tenant!r} keeps {kept} model cards; at most "
+                f"{MAX_CARDS_PER_TENANT} (one per served model)"
+            )
+        return replace(card, model=name)
 
     def _verify_checksums(self, recs: Sequence[AllocationRecord]) -> None:
         """A checksum the client gave (xxh3_64 of the bytes; 0: none) must match what it
@@ -157,13 +235,14 @@ class WritePath:
     def learn_card(self, meta: ObjectMeta, data: bytes) -> None:
         """A model card a plugin registered (a put of layout ``MODEL_CARD_LAYOUT``, kept in
         memory and in ``data_dir``, never as an object the placer would see): token-dropped
-        variants of its model's contexts can now be written in the servable form."""
-        try:
-            card = ModelCard.from_bytes(data)
-        except InvalidArgumentError as e:
-            logger.warning("model card %r ignored: %s", meta.key, e)
-            return
+        variants of its model's contexts can now be written in the servable form.
+        ``InvalidArgumentError`` for a card that is not valid."""
+        self._keep_card(meta, self._tenants_card(meta, ModelCard.from_bytes(data), ()))
+
+    def _keep_card(self, meta: ObjectMeta, card: ModelCard) -> None:
+        """Keep a card :meth:`_tenants_card` named."""
         self._model_cards[card.model] = card
+        self._card_sizes[card.model] = meta.size_bytes
         save_card(self._config.data_dir, card)
         self._profiling.options.changed()  # token-dropped variants may be servable now
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 # on its start-up path and should not pay torch's import for that.
 
 LAYOUT_PREFIX = "KV_2LTD"
+CHUNK_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}  # what vLLM's KV is kept in
+QUANTS = ("", "int8", "int4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,25 +70,50 @@ class ChunkFormat:
             raise CorruptObjectError(f"not a kvtierd chunk layout: {layout!r}") from e
         if len(shape) != 4:
             raise CorruptObjectError(f"chunk layout {layout!r} does not have 4 dimensions")
-        return cls((shape[0], shape[1], shape[2], shape[3]), parts[2], heads, quant, group)
+        fmt = cls((shape[0], shape[1], shape[2], shape[3]), parts[2], heads, quant, group)
+        if why := fmt._invalid():
+            # A layout is a client's word: one with h=0 or g=0 divided by zero in the placer
+            # and stopped the profiling loop (issue 27.4), so every reader gets it checked.
+            raise CorruptObjectError(f"chunk layout {layout!r}: {why}")
+        return fmt
 
-    def _quant_parts(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        import torch
+    def _invalid(self) -> str:
+        """Why this format cannot describe a chunk, or ``""``."""
+        if self.shape[0] != 2 or min(self.shape) < 1:
+            return f"the shape must be [2, L, T, H*D] with every dimension >= 1, got {self.shape}"
+        if self.dtype not in CHUNK_DTYPE_BYTES:
+            return f"dtype {self.dtype!r} is not one of {', '.join(CHUNK_DTYPE_BYTES)}"
+        if self.num_kv_heads < 1 or self.shape[3] % self.num_kv_heads:
+            return f"h={self.num_kv_heads} must be >= 1 and divide H*D = {self.shape[3]}"
+        if self.quant not in QUANTS:
+            return f"quantization {self.quant!r} is not one of int8, int4"
+        g = self.group_size
+        if g < 2 or g & (g - 1):
+            return f"g={g}: the group size must be a power of two >= 2"
+        return ""
 
+    def _part_shapes(self) -> list[tuple[tuple[int, ...], str]]:
+        """The quantized parts' shapes and dtypes (``uint8`` codes, ``float16`` parameters)."""
         _, lyr, t, _ = self.shape
         h, d, g = self.num_kv_heads, self.head_dim, self.group_size
         code_d = math.ceil(d * self.bits / 8)
         k_param = (lyr, h, math.ceil(t / g), d)
         v_param = (lyr, h, t, math.ceil(d / g))
         codes = (lyr, h, t, code_d)
-        f16, u8 = torch.float16, torch.uint8
+        f16, u8 = "float16", "uint8"
         return [(codes, u8), (k_param, f16), (k_param, f16), (codes, u8), (v_param, f16),
                 (v_param, f16)]  # fmt: skip
 
+    def _quant_parts(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return [(shape, _torch_dtype(dt)) for shape, dt in self._part_shapes()]
+
     def encoded_bytes(self) -> int:
+        """Bytes of the stored chunk (torch-free: checked at every put)."""
         if not self.quant:
-            return math.prod(self.shape) * _torch_dtype(self.dtype).itemsize
-        return sum(math.prod(s) * dt.itemsize for s, dt in self._quant_parts())
+            size = CHUNK_DTYPE_BYTES.get(self.dtype) or _torch_dtype(self.dtype).itemsize
+            return math.prod(self.shape) * size
+        item = {"uint8": 1, "float16": 2}
+        return sum(math.prod(s) * item[dt] for s, dt in self._part_shapes())
 
 
 def _torch_dtype(name: str) -> torch.dtype:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,13 @@ if TYPE_CHECKING:
 MANIFEST_PREFIX = "kvtierd-ph@"
 MODEL_CARD_PREFIX = "kvtierd-model@"
 MODEL_CARD_LAYOUT = "kvtierd-model-card"
+# A card is a model name, head_dim / 2 frequencies and a few special ids: ~6 KiB for a head
+# of 256. The bound keeps a client's card from costing the daemon more than its quota says.
+MAX_CARD_BYTES = 64 << 10
+MAX_CARD_HEAD_DIM = 1024
+MAX_CARD_SPECIAL_IDS = 1024
+MAX_CARD_VOCAB = 1 << 24
+MAX_CARD_TEXT = 4096  # model name and refusal reason, in characters
 
 SNAPKV_UNAVAILABLE = (
     "snapkv through the LMCache plugin needs the context's last window of token ids (vLLM's "
@@ -241,19 +249,51 @@ class ModelCard:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ModelCard:
+        """Parse and check a card a client sent: size-bounded before JSON reads it (a card
+        nested 100,000 deep raised RecursionError mid-commit and leaked its arena block,
+        issue 27.2), every field of the type and range a card has."""
+        if len(data) > MAX_CARD_BYTES:
+            raise InvalidArgumentError(f"model card is {len(data)} bytes; at most {MAX_CARD_BYTES}")
         try:
             d = json.loads(data)
-            return cls(
-                model=str(d["model"]),
-                head_dim=int(d["head_dim"]),
-                inv_freq=tuple(float(x) for x in d["inv_freq"]),
-                vocab_size=int(d["vocab_size"]),
-                special_ids=tuple(int(x) for x in d["special_ids"]),
-                refused=str(d.get("refused", "")),
-                style=str(d.get("style", "neox")),
+            if not isinstance(d, dict):
+                raise TypeError(f"a card is a JSON object, got {type(d).__name__}")
+            card = cls(
+                model=_text(d["model"], "model"),
+                head_dim=_integer(d["head_dim"], "head_dim"),
+                inv_freq=tuple(_number(x, "inv_freq") for x in _array(d["inv_freq"], "inv_freq")),
+                vocab_size=_integer(d["vocab_size"], "vocab_size"),
+                special_ids=tuple(
+                    _integer(x, "special_ids") for x in _array(d["special_ids"], "special_ids")
+                ),
+                refused=_text(d.get("refused", ""), "refused"),
+                style=_text(d.get("style", "neox"), "style"),
             )
-        except (ValueError, KeyError, TypeError) as e:
-            raise InvalidArgumentError(f"model card is not valid: {e}") from e
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            raise InvalidArgumentError(f"model card is not valid: {type(e).__name__}: {e}") from e
+        if why := card._invalid():
+            raise InvalidArgumentError(f"model card of {card.model[:200]!r} is not valid: {why}")
+        return card
+
+    def _invalid(self) -> str:
+        """Why the card's values cannot describe a model, or ``""``."""
+        if not self.model or len(self.model) > MAX_CARD_TEXT:
+            return f"model must be a name of 1 to {MAX_CARD_TEXT} characters"
+        if self.refused:
+            return ""  # a refused card carries only the reason
+        if not 2 <= self.head_dim <= MAX_CARD_HEAD_DIM or self.head_dim % 2:
+            return f"head_dim {self.head_dim} must be even, in [2, {MAX_CARD_HEAD_DIM}]"
+        if not 1 <= len(self.inv_freq) <= self.head_dim // 2:
+            return f"inv_freq has {len(self.inv_freq)} values; 1 to head_dim / 2 are allowed"
+        if not all(math.isfinite(f) and f > 0 for f in self.inv_freq):
+            return "every inv_freq value must be a finite number > 0"
+        if not 2 <= self.vocab_size <= MAX_CARD_VOCAB:
+            return f"vocab_size {self.vocab_size} must be in [2, {MAX_CARD_VOCAB}]"
+        if len(self.special_ids) > MAX_CARD_SPECIAL_IDS or not all(
+            0 <= i < self.vocab_size for i in self.special_ids
+        ):
+            return f"special_ids must be at most {MAX_CARD_SPECIAL_IDS} ids in [0, vocab_size)"
+        return ""
 
     def rope(self) -> RopeSpec:
         """The rotation the kept keys get (``kernels.rope``)."""
@@ -264,3 +304,27 @@ class ModelCard:
         if self.style != "neox":
             raise InvalidArgumentError(f"model {self.model}: rope style {self.style!r} is not neox")
         return RopeSpec(inv_freq=self.inv_freq, head_dim=self.head_dim)
+
+
+def _text(x: object, name: str) -> str:
+    if not isinstance(x, str) or len(x) > MAX_CARD_TEXT:
+        raise TypeError(f"{name} must be a string of at most {MAX_CARD_TEXT} characters")
+    return x
+
+
+def _integer(x: object, name: str) -> int:
+    if not isinstance(x, int) or isinstance(x, bool):
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__}")
+    return x
+
+
+def _number(x: object, name: str) -> float:
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        raise TypeError(f"{name} must hold numbers, got {type(x).__name__}")
+    return float(x)
+
+
+def _array(x: object, name: str) -> list[object]:
+    if not isinstance(x, list):
+        raise TypeError(f"{name} must be a list, got {type(x).__name__}")
+    return x

@@ -65,17 +65,10 @@ class AnswerEvaluator(QualityEvaluator):
         """The model and tokenizer, loaded once from ``model_path`` (never from the hub)."""
         with self._lock:
             if self._model is None:
-                from transformers import AutoModelForCausalLM, AutoTokenizer
+                from kvtierd.profiler.checkpoint import load_causal_lm, load_tokenizer
 
-                try:
-                    tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-                    model: Any = AutoModelForCausalLM.from_pretrained(
-                        self.model_path, local_files_only=True
-                    )
-                except OSError as e:
-                    raise InvalidArgumentError(
-                        f"cannot load a causal LM from {self.model_path!r}: {e}"
-                    ) from e
+                tok = load_tokenizer(self.model_path)
+                model: Any = load_causal_lm(self.model_path)
                 self._model, self._tokenizer = model.to(self.device).eval(), tok
             return self._model, self._tokenizer
 

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtierd.errors import InvalidArgumentError
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.profiler.quality import (
@@ -142,6 +143,11 @@ class Profiler:
                 group_size=form.group_size,
             )
             quality = 1.0 if result is None or v == ORIGINAL_VARIANT else result[v]
+            if not 0.0 <= quality <= 1.0:  # NaN too: a placer must never see one (issue 27.4)
+                raise InvalidArgumentError(
+                    f"context {context_id}: the quality of {v} came out {quality!r}, not a "
+                    "number in [0, 1] (are its stored bytes KV? NaN or huge values in them)"
+                )
             profiles.append(VariantProfile(v, size, quality, self.ttft.restore_s(v, size)))
         now = self.wall_clock()
         if self.frequency.frequency(context_id, now) == 0.0:

@@ -137,14 +137,9 @@ _run_lock = threading.Lock()
 
 @functools.cache
 def _cached_model(model_dir: str, dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import AutoModelForCausalLM
+    from kvtierd.profiler.checkpoint import load_causal_lm
 
-    try:
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=dtype, attn_implementation="sdpa", local_files_only=True
-        )
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot load a causal LM from {model_dir!r}: {e}") from e
+    model: Any = load_causal_lm(model_dir, dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 

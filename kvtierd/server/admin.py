@@ -10,12 +10,14 @@ from kvtierd import __version__
 from kvtierd.engine import Engine
 from kvtierd.engine.views import ContextSummary
 from kvtierd.errors import InvalidArgumentError, NotFoundError
+from kvtierd.model_fetch import model_cache_dir
 from kvtierd.policies.loader import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server.convert import record_info
 from kvtierd.server.health import HealthMonitor
 from kvtierd.server.identity import Caller
+from kvtierd.server.model_dirs import check_model_dir
 from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import OpKind
 
@@ -31,6 +33,9 @@ class AdminServicer(pb_grpc.AdminServicer):
     def __init__(self, engine: Engine, health: HealthMonitor) -> None:
         self.engine = engine
         self.health = health
+        # what ApplyPolicy may name as profiling.model_dir (server/model_dirs.py)
+        self._model_dirs = engine.config.model_dirs or (str(model_cache_dir()),)
+        self._started_model_dir = engine.policy.evaluator_model_dir
 
     def _summary(self, s: ContextSummary) -> pb.ContextSummary:
         return pb.ContextSummary(
@@ -154,6 +159,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         self, request: pb.ApplyPolicyRequest, rpc_context: Any
     ) -> pb.PolicyResponse:
         policy = parse_policy(request.yaml, request.source or "policy")
+        check_model_dir(policy.evaluator_model_dir, self._model_dirs, self._started_model_dir)
         if not request.dry_run:
             await self.engine.apply_policy(policy)
         return pb.PolicyResponse(name=policy.name, yaml=policy.text, source=policy.source)

@@ -37,8 +37,12 @@ logger = logging.getLogger(__name__)
 
 GRACE_S = 5.0
 MAX_MESSAGE_BYTES = 64 << 20
+# Bounded at the transport: gRPC refuses a larger request (RESOURCE_EXHAUSTED) before reading
+# it. A stream part is 4 MiB (MAX_PART_BYTES 16 at most), a batch of keys a few MiB; smaller
+# bounds per method: interceptors.MAX_REQUEST_BYTES.
+MAX_RECEIVE_BYTES = 24 << 20
 _OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 

@@ -15,7 +15,7 @@ from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDenied
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
-from kvtierd.server.convert import device_region, info, meta_from_spec, record_info, region
+from kvtierd.server.convert import device_region, info, meta_from_spec, region
 from kvtierd.server.identity import CALLER, Caller
 from kvtierd.storage.gpu import GpuTier
 
@@ -26,6 +26,8 @@ MIN_PART_BYTES = 64 << 10  # part_bytes=1 sent 65,537 messages for a 64 KiB obje
 MAX_PART_BYTES = 16 << 20
 MAX_BATCH = 100_000
 MAX_QUERIES_PER_REQUEST = 1000  # kvtierctl queries add batches by the same number
+MAX_QUERY_TEXT_BYTES = 16 << 10  # a profiling query is a question, not a document
+MAX_ID_BYTES = 1024  # a request id or context id, as object keys (engine/validate.py)
 
 
 def _check_batch(n: int, what: str) -> None:
@@ -158,7 +160,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             self.engine.abort([rec.allocation_id])
             raise
         (meta,) = await self.engine.commit([rec.allocation_id], first.durable)
-        return pb.PutResponse(object=record_info(self.engine.objects[meta.key], caller))
+        # A model card is kept by the engine, not as an object: reported in no tier (looking
+        # it up among the objects answered INTERNAL for a card that was kept, issue 27.3).
+        stored = self.engine.objects.get(meta.key)
+        return pb.PutResponse(object=info(meta, stored.tier if stored else "", caller))
 
     # Yields pre-serialized data frames next to messages (see data_frame).
     async def GetStream(  # type: ignore[override]
@@ -198,9 +203,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(
                 f"AddQueries: at most {MAX_QUERIES_PER_REQUEST} queries per request"
             )
-        stored = await self.engine.profiling.inputs.add_queries(
-            cid, list(request.texts), request.from_traffic
-        )
+        sizes = [len(t.encode()) for t in request.texts]
+        if max(sizes, default=0) > MAX_QUERY_TEXT_BYTES:
+            raise InvalidArgumentError(
+                f"AddQueries: a query of {max(sizes)} bytes; at most {MAX_QUERY_TEXT_BYTES}"
+            )
+        inputs = self.engine.profiling.inputs
+        inputs.charge_queries(cid, caller.tenant, sum(sizes))  # within its token budget
+        stored = await inputs.add_queries(cid, list(request.texts), request.from_traffic)
         return pb.AddQueriesResponse(stored=stored)
 
     async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
@@ -250,6 +260,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 "context_id + request_id"
             )
         check_request_tokens(len(request.token_ids))
+        for name, value in (("request_id", request.request_id), ("context_id", request.context_id)):
+            if len(value.encode()) > MAX_ID_BYTES:
+                raise InvalidArgumentError(
+                    f"SetContextTokens: {name} is longer than {MAX_ID_BYTES} bytes"
+                )
         cid = caller.scoped(request.context_id)
         inputs = self.engine.profiling.inputs
         # a prompt may also link to a context dropped since its put (ProfileInputs.set_aside)
@@ -271,10 +286,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def ReportServed(
         self, request: pb.ReportServedRequest, rpc_context: Any
     ) -> pb.ReportServedResponse:
-        sample = self.engine.profiling.observe_served(
-            request.prompt_tokens, request.cached_tokens, request.ttft_s
+        tenant = CALLER.get().tenant  # a named tenant's reports price nobody else's contexts
+        profiling = self.engine.profiling
+        sample = profiling.observe_served(
+            request.prompt_tokens, request.cached_tokens, request.ttft_s, tenant
         )
-        rate = self.engine.profiling.prefill_tokens_per_s()
+        rate = profiling.prefill_tokens_per_s(tenant)
         return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
 
     async def Touch(self, request: pb.TouchRequest, rpc_context: Any) -> pb.TouchResponse:

@@ -61,6 +61,8 @@ def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) ->
         text += "; pinned"
     if why := engine.profiling.servable.why.get(ctx.context_id):
         text += f"; token-dropped variants left out until they can be served ({why})"
+    if failed := engine.profiling.failed_why.get(ctx.context_id):
+        text += f"; not profiled, set aside until it changes: {failed}"
     return text + _untrusted(engine, ctx)
 
 

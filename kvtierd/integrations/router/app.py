@@ -28,6 +28,7 @@ A malformed request is a 400, an unreachable vLLM a 502.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -63,6 +64,8 @@ class RouterConfig:
     chunk_tokens: int = 256
     hold_s: float = 30.0
     lookup_timeout_s: float = 2.0  # a request waits this long for its manifest lookup
+    tenant: str = ""  # the daemon tenant the router stores and looks up contexts as
+    api_token: str = ""  # when set, every request needs "Authorization: Bearer <api_token>"
 
 
 class Router:
@@ -80,7 +83,7 @@ class Router:
     def client(self) -> AsyncKVClient:
         # grpc.aio channels belong to the loop they are made on: make it inside the server's.
         if self._client is None:
-            self._client = AsyncKVClient(self.config.socket_path or None)
+            self._client = AsyncKVClient(self.config.socket_path or None, tenant=self.config.tenant)
         return self._client
 
     @property
@@ -143,7 +146,7 @@ class Router:
         note: PromptNote | None = None
         try:
             try:
-                body = await _json_object(request)
+                body = _client_params(await _json_object(request))
                 field = body.pop("kvtierd", None)
                 spec = ContextRequest() if field is None else ContextRequest.from_json(field)
                 tokens = await self._tokenize(body)
@@ -383,14 +386,54 @@ async def _chained(first: list[bytes], rest: AsyncIterable[bytes]) -> AsyncItera
         yield line
 
 
+MAX_JSON_DEPTH = 64  # an OpenAI request nests a few levels (messages, content parts, tools)
+MAX_TOKEN_ID = (1 << 32) - 1
+# kv_transfer_params entries only the router and the kvtierd plugin write: a client's own
+# (lmcache.tag.kvtierd_manifest: load another context's variant) went to vLLM unchanged.
+INTERNAL_PARAM_PREFIXES = ("lmcache.",)
+
+
 async def _json_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object nested at most :data:`MAX_JSON_DEPTH` deep (deeper answered
+    500 with a traceback: RecursionError), a prompt of token ids being ids."""
     try:
         body = await request.json()
-    except ValueError as e:
-        raise InvalidArgumentError(f"the request body is not JSON: {e}") from e
+    except (ValueError, RecursionError) as e:
+        raise InvalidArgumentError(f"the request body is not JSON: {type(e).__name__}") from None
     if not isinstance(body, dict):
         raise InvalidArgumentError(f"the request body must be a JSON object, not {body!r:.80}")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise InvalidArgumentError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and any(
+        isinstance(x, int) and not 0 <= x <= MAX_TOKEN_ID for x in prompt
+    ):
+        raise InvalidArgumentError(f"prompt token ids must be integers in [0, {MAX_TOKEN_ID}]")
     return body
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests, without recursion (iteratively, level by level)."""
+    depth, level = 0, [value]
+    while level and depth <= MAX_JSON_DEPTH:
+        depth += 1
+        level = [c for v in level if isinstance(v, dict | list)
+                 for c in (v.values() if isinstance(v, dict) else v)]  # fmt: skip
+    return depth
+
+
+def _client_params(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the ``kv_transfer_params`` entries only kvtierd writes."""
+    params = body.get("kv_transfer_params")
+    if params is None:
+        return body
+    if not isinstance(params, dict):
+        raise InvalidArgumentError("kv_transfer_params must be a JSON object")
+    kept = {k: v for k, v in params.items() if not str(k).startswith(INTERNAL_PARAM_PREFIXES)}
+    if len(kept) < len(params):
+        logger.info("dropped %d kvtierd-internal kv_transfer_params entries a client sent",
+                    len(params) - len(kept))  # fmt: skip
+    return {**body, "kv_transfer_params": kept}
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -463,9 +506,24 @@ ROUTER = web.AppKey("router", Router)
 """The app's :class:`Router` (its counters), for tests and embedding."""
 
 
+def _bearer(token: str) -> Any:
+    """A middleware that answers 401 to a request without ``Authorization: Bearer <token>``."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return _error("missing or wrong bearer token (Authorization: Bearer <token>)", 401)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
 def make_app(config: RouterConfig) -> web.Application:
     router = Router(config)
-    app = web.Application()
+    app = web.Application(middlewares=[_bearer(config.api_token)] if config.api_token else [])
     app.router.add_get("/health", router.health)
     app.router.add_get("/v1/models", router.models)
     app.router.add_post("/v1/completions", router.completions)

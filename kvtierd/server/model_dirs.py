@@ -1,0 +1,38 @@
+"""Which checkpoints a policy applied at run time may load (issue 27.8): ``ApplyPolicy`` is an
+admin's call, over TCP too, and ``profiling.model_dir`` is a directory the daemon loads weights
+from, so it must lie in a directory the daemon's own configuration names (``model_dirs``;
+kvtierd's model cache when none) or be the one the daemon started with, and no other user may
+be able to write it (``/etc`` was accepted, and so was a directory another user can write).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from kvtierd.errors import PermissionDeniedError
+
+
+def check_model_dir(model_dir: str, allowed: Sequence[str], started_with: str = "") -> None:
+    """Raise ``PermissionDeniedError`` unless ``model_dir`` (``""``: none) may be loaded."""
+    if not model_dir or model_dir == started_with:
+        return
+    real = Path(model_dir).resolve()
+    roots = [Path(a).resolve() for a in allowed]
+    if not any(real == r or r in real.parents for r in roots):
+        raise PermissionDeniedError(
+            f"profiling.model_dir {model_dir!r} is not in a directory the daemon allows "
+            f"({', '.join(map(str, roots)) or 'none'}): name it in the daemon's config "
+            "(model_dirs), or in its policy_file"
+        )
+    try:
+        st = real.stat()
+    except OSError as e:
+        raise PermissionDeniedError(f"profiling.model_dir {model_dir!r}: {e.strerror}") from e
+    if st.st_uid not in (0, os.getuid()) or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionDeniedError(
+            f"profiling.model_dir {model_dir!r} is writable by other users or belongs to "
+            f"uid {st.st_uid}: another user could change the weights the daemon loads"
+        )
