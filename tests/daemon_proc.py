@@ -143,6 +143,9 @@ class DaemonProcess:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     wrapper: tuple[str, ...] = ()  # runs the daemon under this command, e.g. prlimit
+    # Every tier's load time from its kind's figure, not from this machine's calibration
+    # (tests/given_bandwidths.py): for tests whose placement is not about speed.
+    given_bandwidths: bool = False
 
     def start(self, timeout_s: float = 90.0) -> DaemonProcess:
         from kvtierd.client import KVClient
@@ -154,7 +157,7 @@ class DaemonProcess:
                     *self.wrapper,
                     sys.executable,
                     "-m",
-                    "kvtierd.server.main",
+                    "tests.given_bandwidths" if self.given_bandwidths else "kvtierd.server.main",
                     "serve",
                     "--config",
                     str(self.config),
