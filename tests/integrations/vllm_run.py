@@ -3,7 +3,7 @@
 ``python -m tests.integrations.vllm_run SPEC.json OUT.json`` — run by the tests in a
 subprocess with a timeout (a broken vLLM tends to hang). SPEC::
 
-    {"model": DIR, "lmcache": {...LMCache config...} | null,
+    {"model": DIR, "lmcache": {...LMCache config...} | null, "dtype": "bfloat16" | "float32",
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
                 "logprobs": 5, "kv_transfer_params": {...}},
                {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"}]}
@@ -79,7 +79,7 @@ def main(spec_path: str, out_path: str) -> None:
     llm = LLM(
         model=spec["model"],
         load_format="safetensors",
-        dtype="bfloat16",
+        dtype=spec.get("dtype", "bfloat16"),
         enforce_eager=True,
         max_model_len=2048,
         max_num_seqs=4,
