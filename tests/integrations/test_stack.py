@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtierd.errors import ConfigError
+from kvtierd.errors import ConfigError, UnavailableError
 from kvtierd.integrations import stack as stack_module
 from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags, given_dtype
 from kvtierd.integrations.stack import Stack, StackConfig
@@ -250,3 +250,61 @@ def test_the_stack_prints_its_dtype_choice(
 def test_ports_must_be_0_to_65535(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="router_port must be 0 \\(any free port\\) to 65535"):
         StackConfig(model=tmp_path, work_dir=tmp_path, router_port=70000)
+
+
+FAKE_VLLM = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+try:
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+except OSError as e:
+    sys.exit(f"ERROR: [Errno 98] {e}")  # vLLM's words when its port is taken
+server.serve_forever()
+"""
+
+
+class _FakeVllmStack(Stack):
+    """The stack with a few-line HTTP server in vLLM's place, started on the port the stack
+    offers, failing as vLLM does when that port is taken."""
+
+    def vllm_command(self) -> list[str]:
+        return [sys.executable, "-c", FAKE_VLLM, str(self.vllm_port)]
+
+
+def test_vllm_on_port_0_is_started_again_when_its_port_was_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM cannot bind port 0 and say which port it got: the stack offers it a free port,
+    which another process can take before vLLM binds it (the router's "address already in
+    use" of issue 25). Then vLLM exits at once and the stack offers another."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        offers = [taken.getsockname()[1]]
+        real_free_port = stack_module.free_port
+
+        def offer(host: str) -> int:
+            return offers.pop(0) if offers else real_free_port(host)
+
+        monkeypatch.setattr(stack_module, "free_port", offer)
+        config = StackConfig(model=tmp_path, work_dir=tmp_path, backend="none", vllm_port=0)
+        with _FakeVllmStack(config) as stack:
+            assert stack.vllm_port not in (0, taken.getsockname()[1])
+            assert get_json_ok(f"{stack.vllm_url}/health")
+        assert "Address already in use" in (tmp_path / "vllm.log").read_text()
+        # a port the user chose is not changed: taken, the start fails
+        fixed = StackConfig(model=tmp_path, work_dir=tmp_path / "fixed", backend="none",
+                            vllm_port=taken.getsockname()[1])  # fmt: skip
+        with pytest.raises(UnavailableError, match="vllm exited with 1 while starting"):
+            _FakeVllmStack(fixed).start(timeout_s=30)
+
+
+def get_json_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return bool(r.status == 200)
