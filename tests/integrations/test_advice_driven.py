@@ -162,10 +162,10 @@ def test_all_chunks_of_the_longer_prompt_load(scenario: dict[str, Any]) -> None:
     assert r4["stats"]["errors"] == 0, r4["stats"]["last_error"]
     assert r4["stats"]["get_chunks"] - r3["stats"]["get_chunks"] == len(LONGER) // CHUNK
     assert r4["token_ids"][0] == r3["token_ids"][0]
-    # r3 already stood on the int8 prefix; r4 adds the plugin's two int8 chunks. bf16
-    # logprobs move here in steps of 0.06-0.125: measured 0.017 on the chosen token, 0.142
-    # at most over the top 5.
+    # r3 already stood on the int8 prefix; r4 adds the plugin's two int8 chunks: what moves
+    # is int8's rounding of those two chunks (float32 here, so the same on every CPU).
     diffs = first_token_logprob_diffs(r3, r4)
+    print(f"r4 against r3: {diffs[0]:.3f} on the chosen token, {max(diffs):.3f} over the top 5")
     assert diffs[0] < INT8_TOLERANCE and max(diffs) < 2 * INT8_TOLERANCE, diffs
 
 
