@@ -6,6 +6,11 @@ Without them every bf16 value is widened to float32 in software around each oper
 bfloat16 and 24.9 s in float32, and cache hits 10-11 s against 3.2-4.7 s. So: bfloat16 where
 the CPU has ``avx512_bf16`` or ``amx_bf16``, float32 otherwise; a ``--dtype`` among vLLM's own
 arguments wins.
+
+One exception: on a CPU with AMX tiles vLLM-CPU keeps bfloat16 KV in the block layout of its
+AMX attention kernels, which the kvtierd CPU connector refuses (``paged_cpu.check_cpu_isa``:
+LMCache then fails to start and vLLM serves without any cache). Where vLLM runs with that
+connector (``connector=True``), such a CPU gets float32 too.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo's names for the bf16 instructions
+AMX_FLAG = "amx_tile"  # torch.cpu._is_amx_tile_supported(): vLLM's AMX attention for bf16 KV
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -53,12 +59,23 @@ def given_dtype(vllm_args: Sequence[str]) -> str | None:
     return found
 
 
-def choose_dtype(flags: Iterable[str], vllm_args: Sequence[str] = ()) -> DtypeChoice:
-    """vLLM-CPU's dtype for a CPU with ``flags``, unless ``vllm_args`` give one."""
+def choose_dtype(
+    flags: Iterable[str], vllm_args: Sequence[str] = (), *, connector: bool = True
+) -> DtypeChoice:
+    """vLLM-CPU's dtype for a CPU with ``flags``, unless ``vllm_args`` give one; ``connector``:
+    vLLM runs with the kvtierd CPU connector (every stack backend but ``none``)."""
     given = given_dtype(vllm_args)
     if given is not None:
         return DtypeChoice(given, "given by --vllm-arg --dtype", given=True)
-    have = sorted(set(flags) & set(BF16_FLAGS))
+    flags = set(flags)
+    if connector and AMX_FLAG in flags:
+        return DtypeChoice(
+            "float32",
+            f"the CPU has {AMX_FLAG}: vLLM-CPU would keep bfloat16 KV in its AMX block layout, "
+            "which the kvtierd CPU connector does not read",
+            given=False,
+        )
+    have = sorted(flags & set(BF16_FLAGS))
     if have:
         return DtypeChoice("bfloat16", f"the CPU has {' and '.join(have)}", given=False)
     return DtypeChoice(

