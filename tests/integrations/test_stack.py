@@ -52,9 +52,15 @@ class StackProcess:
         return "".join(self.lines) + out
 
     def kill(self) -> None:
+        """Stop the stack as Ctrl-C does, so that it stops its parts (each in a session of its
+        own: a SIGKILL of the stack alone left the daemon, vLLM and the router running)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def _listed_port(text: str, part: str) -> int:
