@@ -92,7 +92,7 @@ def run_system(
     import yaml
 
     from kvtierd.integrations.stack import Stack, StackConfig
-    from tests.daemon_proc import free_port, write_config
+    from tests.daemon_proc import write_config
 
     work = args.out / "work" / system.name
     # a run starts empty: a daemon would adopt an earlier run's SSD objects, LMCache its disk
@@ -107,11 +107,13 @@ def run_system(
     config = StackConfig(
         model=model, work_dir=work, daemon_config=daemon_config, backend=system.backend,
         chunk_size=args.chunk, max_model_len=8192, kv_cache_gib=1, prefix_caching=False,
-        vllm_port=free_port(), router_port=free_port(),
+        vllm_port=0, router_port=0,
         lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
         daemon_log_level=args.daemon_log_level,
     )  # fmt: skip
     with Stack(config) as stack:
+        if (dtype := stack.dtype_choice()) is not None:  # the CPU's choice (cpu_dtype.py)
+            print(f"  {system.name}: vLLM dtype {dtype.dtype} ({dtype.reason})", flush=True)
         warm = _first_asks(table, args.warmup_questions)
         t0 = time.perf_counter()
         for r in warm:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from benchmarks.common import print_machine
 from kvtierd.kernels.base import gather_kv, select_kept
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.quant import dequantize, quantize_kv
@@ -117,6 +118,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default="", help="also write the rows to this file")
     a = ap.parse_args()
+    print_machine("bench_kernels")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokens = a.tokens or ([8192, 32768] if device.type == "cuda" else [8192])
     layers = a.layers or (32 if device.type == "cuda" else 4)

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import print_machine
+
 KiB, MiB = 1 << 10, 1 << 20
 OPS = ("put", "put_durable", "put_stream", "put_stream_durable", "get", "get_stream", "lookup",
        "touch", "delete")  # fmt: skip
@@ -359,6 +361,7 @@ def main() -> None:
     ap.add_argument("--restart-every", type=float, default=0.0, help="seconds; 0 = never")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    print_machine("bench_load")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         config = write_config(directory, cpu="32MiB", ssd="2GiB")

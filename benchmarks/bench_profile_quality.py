@@ -150,13 +150,13 @@ def served_scores(
     from kvtierd.integrations.served_eval import ServedEvaluator
     from kvtierd.integrations.stack import Stack, StackConfig
     from kvtierd.profiler import ContextKV, ProfilingQuery
-    from tests.daemon_proc import free_port, write_config
+    from tests.daemon_proc import write_config
 
     work = out / "stack"
     config = StackConfig(
         model=model, work_dir=work, chunk_size=CHUNK, max_model_len=8192, kv_cache_gib=2,
         daemon_config=write_config(work / "daemon", cpu="8GiB", ssd="16GiB"),
-        vllm_port=free_port(), router_port=free_port(), prefix_caching=False,
+        vllm_port=0, router_port=0, prefix_caching=False,
     )  # fmt: skip
     scores = {}
     with Stack(config) as stack:

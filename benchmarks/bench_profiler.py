@@ -27,6 +27,7 @@ import torch
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+from benchmarks.common import print_machine
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.variants import expand_variants
 from tests.profiler.tiny_models import build_tiny_llama
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--served", action="store_true", help="served vs answer (real vLLM)")
     args = ap.parse_args()
+    print_machine("bench_profiler")
     torch.manual_seed(0)
     if args.served:
         served_vs_answer((256, 1024) if args.quick else (256, 1024, 1792))

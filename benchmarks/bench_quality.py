@@ -225,7 +225,7 @@ def serve_cases(
 ) -> dict[str, dict[str, Any]]:
     """Served rows by case name; ``served.jsonl`` is appended as cases finish (resumable)."""
     from kvtierd.integrations.stack import Stack, StackConfig
-    from tests.daemon_proc import free_port, write_config
+    from tests.daemon_proc import write_config
 
     log = args.out / "served.jsonl"
     done = load_done(log)
@@ -236,7 +236,7 @@ def serve_cases(
     config = StackConfig(
         model=model, work_dir=work, chunk_size=16, max_model_len=8192, kv_cache_gib=2,
         daemon_config=write_config(work / "daemon", cpu="8GiB", ssd="16GiB"),
-        vllm_port=free_port(), router_port=free_port(), prefix_caching=False,
+        vllm_port=0, router_port=0, prefix_caching=False,
     )  # fmt: skip
     with Stack(config) as stack:
         served = ServedCases(stack, model, tokenizer, args.max_new_tokens)

@@ -27,6 +27,7 @@ from pathlib import Path
 import redis.asyncio.cluster as aio_cluster
 import redis.cluster as sync_cluster
 
+from benchmarks.common import print_machine
 from kvtierd.config import TierConfig
 from kvtierd.storage.remote import RemoteTier
 from kvtierd.types import ObjectMeta
@@ -141,6 +142,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--size-mib", type=int, default=64)
     args = parser.parse_args()
+    print_machine("bench_remote")
     with tempfile.TemporaryDirectory(prefix="bench-remote-") as base:
         cluster = RedisClusterProcs(Path(base))
         cluster.start()

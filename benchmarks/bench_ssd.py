@@ -28,6 +28,7 @@ from pathlib import Path
 import aiofiles
 import numpy as np
 
+from benchmarks.common import print_machine
 from kvtierd.config import TierConfig
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.types import ObjectMeta
@@ -232,7 +233,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--queue-depth", type=int, default=4)
     parser.add_argument("--dir", default=None, help="where to put files (an ext4 path)")
-    return asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    print_machine("bench_ssd")
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

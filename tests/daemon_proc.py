@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -75,25 +76,36 @@ def certificate(
 
 @dataclass(frozen=True)
 class TcpListener:
-    """A TCP listener with TLS and a daemon token, for ``write_config(**listener.settings)``;
-    clients connect to ``address`` trusting ``ca_file``."""
+    """A TCP listener with TLS and a daemon token, for ``write_config(**listener.settings)``,
+    on port 0 (the daemon binds any free port); clients connect to ``address(daemon)``
+    trusting ``ca_file``."""
 
-    address: str
     ca_file: Path
     settings: dict[str, Any]
+
+    def address(self, daemon: DaemonProcess) -> str:
+        return f"localhost:{tcp_port(daemon)}"
+
+
+def tcp_port(daemon: DaemonProcess) -> int:
+    """The TCP port a started daemon bound: its start-up line names it ("serving on unix:...
+    and tcp 127.0.0.1:PORT")."""
+    found = re.search(r"serving on unix:\S+ and tcp \S+:(\d+) ", daemon.logs())
+    if found is None:
+        raise AssertionError(f"no TCP listener in the daemon's log:\n{daemon.logs()[-2000:]}")
+    return int(found.group(1))
 
 
 def tcp_listener(directory: Path, token: str = "t0ken") -> TcpListener:
     cert, key = certificate(directory)
     token_file = directory / "daemon.token"
     token_file.write_text(token)
-    port = free_port()
     settings = {
-        "tcp_address": f"127.0.0.1:{port}",
+        "tcp_address": "127.0.0.1:0",
         "tls": {"cert_file": str(cert), "key_file": str(key)},
         "token_file": str(token_file),
     }
-    return TcpListener(f"localhost:{port}", cert, settings)
+    return TcpListener(cert, settings)
 
 
 def write_config(
@@ -143,6 +155,9 @@ class DaemonProcess:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     wrapper: tuple[str, ...] = ()  # runs the daemon under this command, e.g. prlimit
+    # Every tier's load time from its kind's figure, not from this machine's calibration
+    # (tests/given_bandwidths.py): for tests whose placement is not about speed.
+    given_bandwidths: bool = False
 
     def start(self, timeout_s: float = 90.0) -> DaemonProcess:
         from kvtierd.client import KVClient
@@ -154,7 +169,7 @@ class DaemonProcess:
                     *self.wrapper,
                     sys.executable,
                     "-m",
-                    "kvtierd.server.main",
+                    "tests.given_bandwidths" if self.given_bandwidths else "kvtierd.server.main",
                     "serve",
                     "--config",
                     str(self.config),

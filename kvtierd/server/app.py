@@ -104,6 +104,9 @@ class Daemon:
         self.health = HealthMonitor(self.engine)
         self.identities = Identities(config)
         self.servers: list[aio.Server] = []
+        # The TCP address listened on, its port as bound: a configured port 0 is any free port,
+        # and the start-up line names the one grpc took (tests read it there).
+        self.tcp_address = ""
         self.socket_path = Path(config.socket_path)
         self.health_port = 0  # bound port of ``health_address``, when configured
         self._stop = asyncio.Event()
@@ -142,7 +145,7 @@ class Daemon:
         self.health.start()
         logger.info("kvtierd %s serving on unix:%s%s (placer %s, tiers: %s)",
                     self.engine.instance_id, self.socket_path,
-                    f" and tcp {self.config.tcp_address}" if self.config.tcp_address else "",
+                    f" and tcp {self.tcp_address}" if self.tcp_address else "",
                     self.engine.placing.name, ", ".join(self.engine.tiers))  # fmt: skip
 
     async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
@@ -192,7 +195,7 @@ class Daemon:
             creds = grpc.ssl_server_credentials(
                 [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
             )
-            server.add_secure_port(self.config.tcp_address, creds)
+            port = server.add_secure_port(self.config.tcp_address, creds)
         except RuntimeError as e:  # grpc refuses the key/certificate, or cannot bind
             given = self.config.tls
             tls_files = f"{given.key_file}, {given.cert_file}" if given else ""
@@ -201,6 +204,8 @@ class Daemon:
                 f"certificate ({tls_files}) or the address is taken: {e}"
             ) from e
         await server.start()
+        host = self.config.tcp_address.rsplit(":", 1)[0]
+        self.tcp_address = f"{host}:{port}"
         return server
 
     def request_stop(self) -> None:

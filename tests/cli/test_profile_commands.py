@@ -39,7 +39,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     policy = directory / "evicpress.yaml"
     policy.write_text(POLICY)
     config = write_config(directory, cpu="1MiB", ssd="64MiB", policy_file=str(policy))
-    d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log")
+    d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log",
+                      given_bandwidths=True)  # fmt: skip
     d.start()
     try:
         with KVClient(d.socket_path) as c:

@@ -158,7 +158,7 @@ def test_token_registrations_are_bounded(start_daemon, tmp_path) -> None:
         token_bytes_per_tenant="64KiB",  # 16,384 ids
         **tcp.settings,
     )
-    with KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="a-token") as a:
+    with KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="a-token") as a:
         with pytest.raises(errors.NotFoundError, match="context 'nowhere' not found"):
             a.set_context_tokens("nowhere", [1, 2, 3])
         a.note_prompt("r", [1, 2, 3])

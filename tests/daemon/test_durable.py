@@ -132,7 +132,7 @@ def test_durable_on_the_stream_path_survives_sigkill(start_daemon, tmp_path):
 
     async def over_tcp() -> None:
         ca = str(tcp.ca_file)
-        async with AsyncKVClient(address=tcp.address, tls_ca_file=ca, token="t0ken") as ac:
+        async with AsyncKVClient(address=tcp.address(d), tls_ca_file=ca, token="t0ken") as ac:
             await ac.put("tcp-aio", payload("tcp-aio", MiB), durable=True)
 
     asyncio.run(over_tcp())

@@ -21,7 +21,7 @@ from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
 from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, certificate, free_port, write_config
+from tests.daemon_proc import REPO, DaemonProcess, certificate, write_config
 
 
 @pytest.mark.parametrize("seconds", [1e300, math.inf, math.nan, -1.0, 3601.0])
@@ -87,11 +87,12 @@ def test_a_bad_tcp_listener_is_a_clean_start_up_error(tmp_path, problem):
         key = tmp_path / "no-such.key"
     elif problem == "garbage key":
         key.write_text("not a key")
-    port = free_port()
+    port = 0  # any free port, or the one the holder took (bound here, never chosen before)
     holder = socket.socket()
     if problem == "address in use":
-        holder.bind(("127.0.0.1", port))
+        holder.bind(("127.0.0.1", 0))
         holder.listen()
+        port = holder.getsockname()[1]
     try:
         config = write_config(
             tmp_path / "d",

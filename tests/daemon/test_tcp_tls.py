@@ -11,19 +11,20 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
-from tests.daemon_proc import DaemonProcess, certificate, free_port, tcp_listener, write_config
+from tests.daemon_proc import DaemonProcess, certificate, tcp_listener, tcp_port, write_config
 
 
 def test_tcp_with_tls_and_token(start_daemon, tmp_path):
     cert, key = certificate(tmp_path)
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
-    port = free_port()
     d = start_daemon(
-        tcp_address=f"127.0.0.1:{port}",
+        tcp_address="127.0.0.1:0",  # any free port: the daemon's start-up line names it
         tls={"cert_file": str(cert), "key_file": str(key)},
         token_file=str(token_file),
     )
+    port = tcp_port(d)
+    assert port != 0
     x = np.arange(3 << 20, dtype=np.int32)
     with KVClient(address=f"localhost:{port}", tls_ca_file=str(cert), token="s3cret-token") as c:
         assert not c.use_arena  # another host's view: bytes are streamed
@@ -56,14 +57,13 @@ def test_mutual_tls_requires_a_client_certificate(start_daemon, tmp_path):
     server_cert, server_key = certificate(tmp_path, "server", issuer=ca)
     client_cert, client_key = certificate(tmp_path, "client", issuer=ca)
     (tmp_path / "token").write_text("t0ken")
-    port = free_port()
-    start_daemon(
-        tcp_address=f"127.0.0.1:{port}",
+    d = start_daemon(
+        tcp_address="127.0.0.1:0",
         tls={"cert_file": str(server_cert), "key_file": str(server_key),
              "client_ca_file": str(ca_path)},
         token_file=str(tmp_path / "token"),
     )  # fmt: skip
-    addr = f"localhost:{port}"
+    addr = f"localhost:{tcp_port(d)}"
     with KVClient(address=addr, tls_ca_file=str(ca_path), token="t0ken", timeout_s=5,
                   tls_cert_file=str(client_cert), tls_key_file=str(client_key)) as c:  # fmt: skip
         c.put("m", b"mutual")
@@ -89,7 +89,7 @@ def test_reflection_needs_the_token_on_tcp(start_daemon, tmp_path):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
     tcp = tcp_listener(tmp_path)
-    start_daemon(**tcp.settings)
+    d = start_daemon(**tcp.settings)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
 
     def services(token: str) -> list[str]:
@@ -98,7 +98,7 @@ def test_reflection_needs_the_token_on_tcp(start_daemon, tmp_path):
             creds = grpc.composite_channel_credentials(
                 creds, grpc.access_token_call_credentials(token)
             )
-        with grpc.secure_channel(tcp.address, creds) as channel:
+        with grpc.secure_channel(tcp.address(d), creds) as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
             (reply,) = list(stub.ServerReflectionInfo(iter([request]), timeout=10))
             return [s.name for s in reply.list_services_response.service]

@@ -11,7 +11,7 @@ import yaml
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon_proc import certificate, free_port, tcp_listener
+from tests.daemon_proc import certificate, tcp_listener, tcp_port
 
 MiB = 1 << 20
 TENANTS = [
@@ -73,16 +73,15 @@ def test_tenant_token_over_tcp_without_admin(start_daemon, tmp_path):
     cert, key = certificate(tmp_path)
     (tmp_path / "admin.token").write_text("admin-token")
     (tmp_path / "b.token").write_text("b-token")
-    port = free_port()
     d = start_daemon(
-        tcp_address=f"127.0.0.1:{port}",
+        tcp_address="127.0.0.1:0",
         tls={"cert_file": str(cert), "key_file": str(key)},
         token_file=str(tmp_path / "admin.token"),
         tenants=[{"name": "b", "token_file": str(tmp_path / "b.token")}],
     )
     with KVClient(d.socket_path, tenant="b") as local:
         local.put("shared-name", b"b's bytes")
-    addr = f"localhost:{port}"
+    addr = f"localhost:{tcp_port(d)}"
     with KVClient(address=addr, tls_ca_file=str(cert), token="b-token") as b:
         assert bytes(b.get("shared-name")) == b"b's bytes"
         with pytest.raises(errors.PermissionDeniedError, match="may not call the Admin"):
@@ -102,7 +101,7 @@ def test_the_default_tenant_cannot_enter_a_named_tenants_namespace(start_daemon,
     with (
         KVClient(d.socket_path, tenant="a") as a,
         KVClient(d.socket_path) as default,
-        KVClient(address=tcp.address, tls_ca_file=ca, token="admin-token") as daemon_token,
+        KVClient(address=tcp.address(d), tls_ca_file=ca, token="admin-token") as daemon_token,
     ):
         a.put("secret", b"a's secret", context_id="doc")
         for c in (default, daemon_token):

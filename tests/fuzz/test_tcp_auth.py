@@ -50,7 +50,7 @@ def tcp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, bytes]]
     config = write_config(directory / "d", **tcp.settings)
     d = DaemonProcess(config, str(directory / "d" / "kvtierd.sock"), directory / "log").start()
     try:
-        yield tcp.address, tcp.ca_file.read_bytes()
+        yield tcp.address(d), tcp.ca_file.read_bytes()
     finally:
         d.kill()
 

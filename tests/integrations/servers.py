@@ -42,19 +42,21 @@ def get_json(url: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def router_stack(
-    work: Path, model: Path, vllm_args: tuple[str, ...] = ()
+    work: Path, model: Path, vllm_args: tuple[str, ...] = (), dtype: str = ""
 ) -> Iterator[dict[str, Any]]:
     """A daemon (LRU test config), vLLM with the kvtierd LMCache plugin (and ``vllm_args``),
-    and ``kvtierd router`` in front of it, started by the product's own :class:`Stack`; torn
-    down in reverse order."""
+    and ``kvtierd router`` in front of it, started by the product's own :class:`Stack` on
+    ports of its own choosing (0); torn down in reverse order. ``dtype``: "" is the stack's
+    choice for this CPU (``cpu_dtype.py``: bf16 only where it is fast and the connector can
+    read it); tests whose figures need one dtype name it."""
     from kvtierd.integrations.stack import Stack, StackConfig
-    from tests.daemon_proc import free_port, write_config
+    from tests.daemon_proc import write_config
     from tests.integrations.harness import CHUNK
 
     config = StackConfig(
         model=model, work_dir=work, daemon_config=write_config(work / "daemon"),
-        vllm_port=free_port(), router_port=free_port(), chunk_size=CHUNK, max_model_len=2048,
-        vllm_args=vllm_args,
+        vllm_port=0, router_port=0, chunk_size=CHUNK, max_model_len=2048,
+        vllm_args=vllm_args, dtype=dtype,
     )  # fmt: skip
     with Stack(config) as stack:
         yield {"router": stack.router_url, "vllm": stack.vllm_url, "socket": stack.socket_path,

@@ -25,7 +25,6 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kvtierd.integrations.router.app import ROUTER, RouterConfig, make_app
-from tests.daemon_proc import free_port
 
 ANSWER = {"id": "c1", "object": "text_completion",
           "choices": [{"index": 0, "text": " w1", "finish_reason": "length"}]}  # fmt: skip
@@ -249,15 +248,16 @@ async def test_a_client_closing_after_done_is_no_error(
     router (the ``kvtierd router`` process, as deployed) logged a ``ClientConnectionResetError``
     traceback for each. A client going away is expected: no error, no traceback."""
     up, url = upstream
-    port = free_port()
-    log = tmp_path / "router.log"
+    log, port_file = tmp_path / "router.log", tmp_path / "router.port"
     with log.open("wb") as out:
         router = subprocess.Popen(
-            [sys.executable, "-m", "kvtierd.main", "router", "--upstream", url, "--port",
-             str(port), "--socket", str(tmp_path / "no-daemon.sock")],
+            [sys.executable, "-m", "kvtierd.main", "router", "--upstream", url, "--port", "0",
+             "--port-file", str(port_file), "--socket", str(tmp_path / "no-daemon.sock")],
             stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
+        port = await _bound_port(router, port_file, log)
+        assert f"kvtierd router: listening on http://127.0.0.1:{port}" in log.read_text()
         body = json.dumps({"model": "m", "prompt": _prompt(4), "stream": True}).encode()
         head = (f"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Length: "
                 f"{len(body)}\r\nContent-Type: application/json\r\n\r\n").encode()  # fmt: skip
@@ -291,3 +291,30 @@ async def test_a_client_closing_after_done_is_no_error(
     text = log.read_text()
     assert text.count('"POST /v1/completions HTTP/1.1" 200') == 5, text
     assert "Traceback" not in text and "Error handling request" not in text, text
+
+
+async def _bound_port(router: subprocess.Popen[bytes], port_file: Path, log: Path) -> int:
+    """The port a router started with ``--port 0`` bound, from its ``--port-file``."""
+    for _ in range(300):
+        if port_file.exists():
+            return int(port_file.read_text())
+        assert router.poll() is None, log.read_text()
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no {port_file} after 30 s; log:\n{log.read_text()}")
+
+
+def test_a_taken_port_is_refused_with_its_number(tmp_path: Path) -> None:
+    """``--port N`` where N is taken: one line naming the address, exit status 1."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "kvtierd.main", "router", "--upstream", "http://127.0.0.1:1",
+             "--port", str(port), "--socket", str(tmp_path / "no-daemon.sock")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"kvtierd router: cannot listen on 127.0.0.1:{port}" in done.stderr

