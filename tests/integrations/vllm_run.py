@@ -3,15 +3,17 @@
 ``python -m tests.integrations.vllm_run SPEC.json OUT.json`` — run by the tests in a
 subprocess with a timeout (a broken vLLM tends to hang). SPEC::
 
-    {"model": DIR, "lmcache": {...LMCache config...} | null, "dtype": "bfloat16" | "float16" | "float32",
+    {"model": DIR, "lmcache": {...LMCache config...} | null,
+     "dtype": "bfloat16" | "float16" | "float32",
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
                 "logprobs": 5, "kv_transfer_params": {...}},
                {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"},
                {"op": "sync", "name": "s1"}]}
 
-The harness fills ``dtype`` with the one ``kvtierd stack`` picks for the CPU (``cpu_dtype.py``:
-the CPU connector refuses bf16 KV on a CPU with AMX tiles, ``paged_cpu.check_cpu_isa``). ``sync`` lets the test act between steps
-(restart the daemon under vLLM): the step creates ``s1.reached`` beside OUT and waits for the
+The harness fills ``dtype`` with the one ``kvtierd stack`` picks for the CPU
+(``cpu_dtype.py``: the CPU connector refuses bf16 KV on a CPU with AMX tiles,
+``paged_cpu.check_cpu_isa``). ``sync`` lets the test act between steps (restart the daemon
+under vLLM): the step creates ``s1.reached`` beside OUT and waits for the
 test to create ``s1.go``.
 
 OUT: per named generate step its ``token_ids``, per-position ``logprobs`` (id -> logprob) and
