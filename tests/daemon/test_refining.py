@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -64,10 +64,10 @@ def refiner() -> Iterator[type[LowRefiner]]:
 
 
 @pytest.fixture
-async def engine(tmp_path: Path) -> Engine:
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
     e = Engine(_config(tmp_path))
     await e.start()
-    yield e  # type: ignore[misc]
+    yield e
     await e.close()
 
 
