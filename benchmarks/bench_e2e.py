@@ -24,6 +24,13 @@ the facts) and MiniLM similarity to the ``prefill`` system's answer to the same 
 Writes ``--out`` (``benchmarks/out/e2e``): ``<system>.json`` per system (resumable: a system
 whose file exists is not run again), ``summary.md`` and ``frontier.png`` (mean TTFT against
 quality, the paper's Fig. 7, from measurements).
+
+When profiles run (issue 26): for a kvtierd system the daemon's profile runs (wall-clock start
+and end, evaluator, why: ``Admin.ProfileStatus``) are set beside every request's send, first
+token and end (:func:`profile_schedule`): how many profiles ran inside the timed window while
+vLLM had a request in flight, and whether every context had a profile by its second request.
+Each context's daemon ids are learned during the warm-up, which asks one context at a time
+(the contexts that appeared at the daemon during its request).
 """
 
 from __future__ import annotations
@@ -111,14 +118,25 @@ def run_system(
         lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
         daemon_log_level=args.daemon_log_level,
     )  # fmt: skip
+    kvtierd = system.backend == "kvtierd"
     with Stack(config) as stack:
         if (dtype := stack.dtype_choice()) is not None:  # the CPU's choice (cpu_dtype.py)
             print(f"  {system.name}: vLLM dtype {dtype.dtype} ({dtype.reason})", flush=True)
         warm = _first_asks(table, args.warmup_questions)
         t0 = time.perf_counter()
+        warm_sent: list[dict[str, Any]] = []  # per warm-up request: its context and times
+        daemon_ids: dict[int, list[str]] = {}  # bench context -> the daemon's context ids
+        known = _daemon_contexts(stack.socket_path) if kvtierd else set()
         for r in warm:
-            asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
-                                     max_tokens=args.max_tokens))  # fmt: skip
+            sent_unix = time.time()
+            (out,) = asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
+                                              max_tokens=args.max_tokens))  # fmt: skip
+            warm_sent.append({"context": r.context, "sent_unix_s": sent_unix + out.sent_s,
+                              "ttft_s": out.ttft_s, "total_s": out.total_s})  # fmt: skip
+            if kvtierd:
+                now = _daemon_contexts(stack.socket_path)
+                daemon_ids.setdefault(r.context, []).extend(sorted(now - known))
+                known |= now
         warm_s = time.perf_counter() - t0
         settle_s = 0.0
         if system.backend == "kvtierd":
@@ -126,6 +144,7 @@ def run_system(
         print(f"  {system.name}: warm-up {len(warm)} requests in {warm_s:.0f} s, settled in "
               f"{settle_s:.0f} s; workload ...", flush=True)  # fmt: skip
         t0 = time.perf_counter()
+        timed_start_unix = time.time()  # the outcomes' sent_s count from here (within ms)
         outcomes = asyncio.run(run_requests(stack.serve_url, str(model), table, requests,
                                             max_tokens=args.max_tokens))  # fmt: skip
         wall = time.perf_counter() - t0
@@ -139,10 +158,91 @@ def run_system(
             _settle(stack.socket_path, 120, profiles=False)
             after_holds = _stored_bytes(work)
             daemon_view = _daemon_view(stack.socket_path)
+        runs = _profile_runs(stack.socket_path) if kvtierd else []
     return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
             "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
+            "timed_start_unix_s": timed_start_unix, "warmup": warm_sent,
+            "daemon_ids": {str(k): v for k, v in daemon_ids.items()}, "profile_runs": runs,
             "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
+
+
+def _daemon_contexts(socket_path: str) -> set[str]:
+    """The daemon's context ids now (a context's forms, ``<id>/<form>``, under its own id)."""
+    from kvtierd.client import KVClient
+
+    with KVClient(socket_path, timeout_s=30) as client:
+        return {c.context_id.split("/")[0] for c in client.contexts()}
+
+
+def _profile_runs(socket_path: str) -> list[dict[str, Any]]:
+    """The daemon's profile runs (``Admin.ProfileStatus``, the newest 4096), oldest first."""
+    from kvtierd.client import KVClient
+    from kvtierd.rpc import kvtier_pb2 as pb
+
+    with KVClient(socket_path, timeout_s=30) as client:
+        status = client.call(client.admin.ProfileStatus, pb.ProfileStatusRequest())
+    return [{"context": r.context_id.split("/")[0], "evaluator": r.evaluator, "kind": r.kind,
+             "started_unix_s": r.started_unix_s, "ended_unix_s": r.ended_unix_s,
+             "waited_s": r.waited_s, "ok": r.ok} for r in status.runs]  # fmt: skip
+
+
+def profile_schedule(result: dict[str, Any]) -> dict[str, Any] | None:
+    """When the daemon profiled, against the requests (issue 26's two checks); ``None`` for a
+    system without a daemon, or a result from before these were recorded.
+
+    * ``in_window``: profile runs that overlap the timed window; ``beside_requests``: those
+      that overlap a request in flight at vLLM (sent to last token), ``overlap_s`` the seconds
+      of such overlap summed over requests, ``waited_s`` what those runs spent waiting at the
+      daemon's yield gate (a run's steps pause while it serves);
+      ``requests_beside``: requests whose time to first token overlapped a profile.
+    * ``contexts``: contexts whose daemon ids the warm-up learned; ``profiled_by_second``:
+      those whose first successful profile had ended when their second request was sent
+      (``late``: the others, by bench context)."""
+    if "profile_runs" not in result:
+        return None
+    runs = [r for r in result["profile_runs"] if r["ok"]]
+    start = result["timed_start_unix_s"]
+    outs = result["outcomes"]
+    window = (start, start + result["wall_s"])
+    flights = [(start + o["sent_s"], start + o["sent_s"] + o["total_s"]) for o in outs]
+    firsts = [(start + o["sent_s"], start + o["sent_s"] + o["ttft_s"]) for o in outs]
+    spans = [(r["started_unix_s"], r["ended_unix_s"]) for r in runs]
+    inside = [i for i, s in enumerate(spans) if _overlap(s, window) > 0]
+    beside = [i for i in inside if any(_overlap(spans[i], f) > 0 for f in flights)]
+    return {
+        "in_window": len(inside),
+        "beside_requests": len(beside),
+        "overlap_s": sum(_overlap(spans[i], f) for i in beside for f in flights),
+        "waited_s": sum(runs[i]["waited_s"] for i in beside),
+        "requests_beside": sum(any(_overlap(s, f) > 0 for s in spans) for f in firsts),
+        **_profiled_by_second(result, runs),
+    }
+
+
+def _profiled_by_second(result: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    start = result["timed_start_unix_s"]
+    sends: dict[int, list[float]] = {}
+    for w in result["warmup"]:
+        sends.setdefault(w["context"], []).append(w["sent_unix_s"])
+    for o in sorted(result["outcomes"], key=lambda o: o["sent_s"]):
+        sends.setdefault(o["context"], []).append(start + o["sent_s"])
+    ended: dict[str, float] = {}
+    for r in runs:
+        ended[r["context"]] = min(ended.get(r["context"], float("inf")), r["ended_unix_s"])
+    late = []
+    mapped = {int(c): ids for c, ids in result["daemon_ids"].items() if ids}
+    for c, ids in mapped.items():
+        second = sorted(sends.get(c, []))[1:2]
+        done = min((ended.get(i, float("inf")) for i in ids), default=float("inf"))
+        if second and done > second[0]:
+            late.append(c)
+    return {"contexts": len(mapped), "profiled_by_second": len(mapped) - len(late),
+            "late": sorted(late)}  # fmt: skip
+
+
+def _overlap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
 def _stored_bytes(work: Path) -> dict[str, int]:
@@ -188,8 +288,9 @@ def _prefill_model(socket_path: str) -> dict[str, Any]:
 
 
 def _first_asks(table: list[list[Prompt]], questions: int) -> list[Any]:
-    """Each context's first ``questions`` questions, one at a time: stores every context, and
-    gives the daemon real queries of it (a profile needs ``profiling.min_queries``, 3)."""
+    """Each context's first ``questions`` questions, one at a time: stores every context (the
+    daemon's estimator profiles each after its first put), and gives the daemon real queries
+    of it (the refining evaluator needs ``profiling.min_queries``, 3)."""
     from benchmarks.e2e_workload import Request
 
     return [Request(i, 0.0, i, q) for q in range(questions) for i in range(len(table))
@@ -250,6 +351,7 @@ def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> 
             "accuracy": statistics.fmean(accs), "similarity": statistics.fmean(sims),
             "from_variant": sum(bool(o.served_from) for o in ok),
             "classes": _classes(ok, res.get("prefill_model")),
+            "profiles": profile_schedule(res),
         }  # fmt: skip
     return rows
 
@@ -324,6 +426,22 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         for kind, c in r["classes"].items():
             pred = f"{c['predicted_s']:.3f}" if "predicted_s" in c else "-"
             lines.append(f"| {name} | {kind} | {c['n']:.0f} | {c['measured_s']:.3f} | {pred} |")
+    lines += [
+        "\nWhen the daemon profiled (issue 26): profile runs inside the timed window, those "
+        "beside a request in flight at vLLM (sent to last token; seconds of overlap, and of "
+        "it the runs' waits at the yield gate), requests whose TTFT overlapped a profile, and "
+        "contexts whose first profile had ended before their second request:\n",
+        "| system | profiles in window | beside a request | overlap (s) | of it waiting (s) "
+        "| requests beside | profiled by 2nd request |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        p = r.get("profiles")
+        if p is not None:
+            late = f" (late: {p['late'][:10]})" if p["late"] else ""
+            lines.append(f"| {name} | {p['in_window']} | {p['beside_requests']} | "
+                         f"{p['overlap_s']:.1f} | {p['waited_s']:.1f} | {p['requests_beside']} "
+                         f"| {p['profiled_by_second']} of {p['contexts']}{late} |")  # fmt: skip
     lines += ["\nTTFT reduction at equal quality (similarity within 3 points):\n",
               "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
               "|---|---|---|---|", *reductions(rows)]  # fmt: skip
@@ -370,8 +488,11 @@ def workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warmup-questions",
         type=int,
-        default=3,
-        help="questions per context asked before the timed workload",
+        default=1,
+        help="questions per context asked, one request at a time, before the timed workload "
+        "(issue 26: 1, so that each context's second request comes after the settle that "
+        "waits for its first profile; the warm-up leaves vLLM no idle time to profile in; "
+        "runs before issue 26 used 3, which the confidence rule needed)",
     )
     p.add_argument(
         "--evicpress-methods",

@@ -22,8 +22,12 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
-      evaluator: attention     # attention (model-free) | answer (needs model_dir) | served
-      min_queries: 3           # a profile from fewer queries moves no context
+      estimator: attention     # the cheap estimator: every context's profile at its first put,
+                               # trusted from the start (any evaluator but answer and served)
+      evaluator: answer        # refines those profiles while vLLM is idle, where a decision is
+                               # within estimator_error (answer | served); omitted: none
+      estimator_error: 0.1     # the estimator's quality error: a closer call is refined
+      min_queries: 3           # a refined profile from fewer queries moves no context
       model_dir: ""            # the served model's local checkpoint: answer decodes with it,
                                # snapkv's window queries are recomputed with it (required)
       router_url: ""           # served: the kvtierd router in front of vLLM (required)
@@ -66,6 +70,16 @@ EVALUATORS: tuple[str, ...] = ("attention", "answer", "served")
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``served`` ``profiling.router_url``
 (the daemon refuses ``served`` for a context whose token ids it was not given,
 docs/profiler.md)."""
+EXPENSIVE_EVALUATORS: tuple[str, ...] = ("answer", "served")
+"""Evaluators that decode answers (one to several prefills per context): they only refine
+the cheap estimator's profiles (``profiling.evaluator``), never give a context its first."""
+DEFAULT_ESTIMATOR = "attention"
+"""The cheap estimator a policy gets when it names none (``profiling.estimator``): the one
+that orders variants as accuracy does most often at a small share of a prefill (issue 26,
+``benchmarks/bench_estimators.py``)."""
+DEFAULT_ESTIMATOR_ERROR = 0.1
+"""``profiling.estimator_error`` when a policy gives none: the quality error the estimator is
+taken to have until it is measured on labelled cases (issue 26)."""
 RENAMED_EVALUATORS: Mapping[str, str] = MappingProxyType({"engine": "served"})
 """Old evaluator names a policy may still carry, refused with the new name (issue 17: "engine"
 is only kvtierd's ``Engine``); never read as an alias."""
@@ -84,8 +98,8 @@ PROFILED_KEYS: tuple[str, ...] = ("variants", "profiling", "frequency")
 """The sections :func:`read_profiled` reads, for a placer that places by profiles."""
 PROFILED_FIELDS: tuple[str, ...] = (
     "methods", "ratios", "variants", "reprofile_threshold", "reprofile_interval_s", "evaluator",
-    "evaluator_model_dir", "evaluator_router_url", "evaluator_vllm_url", "min_queries",
-    "frequency_half_life_s",
+    "estimator", "estimator_error", "evaluator_model_dir", "evaluator_router_url",
+    "evaluator_vllm_url", "min_queries", "frequency_half_life_s",
 )  # fmt: skip
 """The ``PolicyConfig`` attributes :func:`read_profiled` sets."""
 
@@ -103,6 +117,8 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "reprofile_threshold",
             "interval_s",
             "evaluator",
+            "estimator",
+            "estimator_error",
             "min_queries",
             "max_share",
             "model_dir",
@@ -132,7 +148,11 @@ class PolicyConfig:
     fixed_variant: str = ""
     reprofile_threshold: float = 0.05
     reprofile_interval_s: float = 300.0
-    evaluator: str = "attention"
+    # The cheap estimator profiles every context; ``evaluator`` refines where it can change a
+    # decision. The same name in both: nothing refines (:attr:`refines`).
+    estimator: str = DEFAULT_ESTIMATOR
+    evaluator: str = DEFAULT_ESTIMATOR
+    estimator_error: float = DEFAULT_ESTIMATOR_ERROR
     evaluator_model_dir: str = ""
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
@@ -141,6 +161,12 @@ class PolicyConfig:
     frequency_half_life_s: float = 3600.0
     source: str = "embedded"
     text: str = ""
+
+    @property
+    def refines(self) -> bool:
+        """Whether an expensive evaluator refines the estimator's profiles (docs/profiler.md,
+        "Refining")."""
+        return self.evaluator != self.estimator
 
 
 class PolicyDocument:
@@ -277,9 +303,36 @@ def read_profiled(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
     return _with_evaluator(doc, policy)
 
 
+def _estimators(doc: PolicyDocument) -> tuple[str, str]:
+    """``(estimator, evaluator)``. A cheap name in ``profiling.evaluator`` is that key's meaning
+    before issue 26, the estimator itself (nothing refines it); ``profiling.estimator`` may
+    not then name another. No ``evaluator``: nothing refines."""
+    cheap = tuple(e for e in EVALUATORS if e not in EXPENSIVE_EVALUATORS)
+    at, at_estimator = ("profiling", "evaluator"), ("profiling", "estimator")
+    evaluator = doc.choice(at, EVALUATORS, "", RENAMED_EVALUATORS) if doc.has(at) else ""
+    if doc.get(at_estimator, None) in EXPENSIVE_EVALUATORS:
+        raise ConfigError(
+            f"{doc.where(at_estimator)}: {doc.get(at_estimator, '')!r} decodes answers (one to "
+            f"several prefills a context), too costly for every context's first profile: name "
+            f"it in profiling.evaluator, which refines the estimator's profiles; allowed "
+            f"estimators: {', '.join(cheap)}"
+        )
+    if doc.has(at_estimator):
+        estimator = doc.choice(at_estimator, cheap)
+    else:
+        estimator = evaluator if evaluator in cheap else DEFAULT_ESTIMATOR
+    if evaluator in cheap and evaluator != estimator:
+        raise ConfigError(
+            f"{doc.where(at)}: {evaluator!r} is a cheap estimator and profiling.estimator is "
+            f"{estimator!r}: profiling.evaluator refines the estimator's profiles with "
+            f"{' or '.join(EXPENSIVE_EVALUATORS)}; leave it out to refine nothing"
+        )
+    return estimator, evaluator or estimator
+
+
 def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
     at = ("profiling", "evaluator")
-    evaluator = doc.choice(at, EVALUATORS, "attention", RENAMED_EVALUATORS)
+    estimator, evaluator = _estimators(doc)
     router_url = _url(doc, ("profiling", "router_url"))
     if evaluator == "served" and not router_url:
         raise ConfigError(
@@ -292,9 +345,13 @@ def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
     if policy.ratios != (1.0,):  # at ratio 1.0 alone a method keeps every token
         grid = [parse_grid_method(m) for m in policy.methods]
         check_snapkv_model(doc, ("variants", "methods"), policy.methods, grid, model_dir)
+    error = doc.number(("profiling", "estimator_error"), DEFAULT_ESTIMATOR_ERROR,
+                       lambda x: 0 <= x <= 1, "in [0, 1]")  # fmt: skip
     return replace(
         policy,
+        estimator=estimator,
         evaluator=evaluator,
+        estimator_error=error,
         evaluator_model_dir=model_dir,
         evaluator_router_url=router_url,
         evaluator_vllm_url=_url(doc, ("profiling", "vllm_url")),

@@ -214,6 +214,68 @@ def test_evaluator_names_are_the_registered_built_ins() -> None:
     assert set(EVALUATORS) == set(REGISTRY.names())
 
 
+def test_expensive_evaluators_are_the_ones_that_decode_answers() -> None:
+    from kvtierd.policy_config import DEFAULT_ESTIMATOR, EXPENSIVE_EVALUATORS
+
+    assert set(EXPENSIVE_EVALUATORS) == {"answer", "served"} <= set(EVALUATORS)
+    assert DEFAULT_ESTIMATOR in EVALUATORS and DEFAULT_ESTIMATOR not in EXPENSIVE_EVALUATORS
+
+
+EVICPRESS = "placer: evicpress\n"
+
+
+@pytest.mark.parametrize(
+    ("profiling", "estimator", "evaluator", "error"),
+    [
+        ("", "attention", "attention", 0.1),  # the estimator alone: nothing refines
+        ("{evaluator: answer, model_dir: /m}", "attention", "answer", 0.1),
+        ("{evaluator: attention}", "attention", "attention", 0.1),  # before issue 26's keys
+        ("{estimator: attention, evaluator: answer, estimator_error: 0.25}", "attention",
+         "answer", 0.25),
+        ("{estimator: attention, evaluator: attention}", "attention", "attention", 0.1),
+    ],
+)  # fmt: skip
+def test_the_estimator_and_the_evaluator_that_refines_it(
+    profiling: str, estimator: str, evaluator: str, error: float
+) -> None:
+    text = EVICPRESS + (f"profiling: {profiling}\n" if profiling else "")
+    p = parse_policy(text, "p.yaml")
+    assert (p.estimator, p.evaluator, p.estimator_error) == (estimator, evaluator, error)
+    assert p.refines == (evaluator != estimator)
+
+
+@pytest.mark.parametrize(
+    ("profiling", "match"),
+    [
+        ("{estimator: answer}", r"p.yaml:2: profiling.estimator: 'answer' decodes answers"),
+        ("{estimator: served}", r"profiling.estimator: 'served' decodes answers .* attention"),
+        ("{estimator: nope}", r"profiling.estimator: 'nope' is not allowed; allowed values: "
+                              r"attention"),
+        ("{estimator_error: 1.5}", r"profiling.estimator_error: must be in \[0, 1\]"),
+        ("{estimator_error: x}", r"profiling.estimator_error: expected a number"),
+    ],
+)  # fmt: skip
+def test_a_bad_estimator_is_refused_naming_the_key(profiling: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_policy(EVICPRESS + f"profiling: {profiling}\n", "p.yaml")
+
+
+def test_a_cheap_evaluator_beside_another_estimator_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two cheap names: which one profiles? (A refiner is ``answer`` or ``served``.) Another
+    cheap estimator is what issue 26 adds beside ``attention``."""
+    import kvtierd.policy_config as config
+
+    monkeypatch.setattr(config, "EVALUATORS", (*config.EVALUATORS, "cheap-b"))
+    text = EVICPRESS + "profiling: {estimator: attention, evaluator: cheap-b}\n"
+    with pytest.raises(ConfigError, match=r"profiling.evaluator: 'cheap-b' is a cheap estimator "
+                                          r"and profiling.estimator is 'attention'"):  # fmt: skip
+        parse_policy(text, "p.yaml")
+    alone = parse_policy(EVICPRESS + "profiling: {evaluator: cheap-b}\n", "p.yaml")
+    assert (alone.estimator, alone.refines) == ("cheap-b", False)  # the old spelling
+
+
 def test_each_placer_reads_only_its_own_keys() -> None:
     """The loader asks the placer: a key another placer reads is refused, naming the keys this
     placer allows, and a placer registered with its own schema is read by it."""

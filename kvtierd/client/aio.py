@@ -217,6 +217,13 @@ class AsyncKVClient:
         resp: pb.ReportServedResponse = await self.call(self.kv.ReportServed, req)
         return resp
 
+    async def report_in_flight(self, reporter: str, in_flight: int) -> float:
+        """``reporter`` (a router instance) has ``in_flight`` requests in flight at vLLM; the
+        seconds a nonzero count holds without a new report."""
+        req = pb.ReportInFlightRequest(reporter=reporter, in_flight=in_flight)
+        resp: pb.ReportInFlightResponse = await self.call(self.kv.ReportInFlight, req)
+        return resp.hold_s
+
     async def advise(
         self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
     ) -> pb.WriteAdvice:

@@ -249,6 +249,13 @@ class KVClient:
         req = pb.SetContextTokensRequest(context_id=context_id, request_id=request_id)
         self.call(self.kv.SetContextTokens, req)
 
+    def report_in_flight(self, reporter: str, in_flight: int) -> float:
+        """``reporter`` (a router instance) has ``in_flight`` requests in flight at vLLM
+        (``KVStore.ReportInFlight``); the seconds a nonzero count holds without a new report."""
+        req = pb.ReportInFlightRequest(reporter=reporter, in_flight=in_flight)
+        hold_s: float = self.call(self.kv.ReportInFlight, req).hold_s
+        return hold_s
+
     def advise(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.WriteAdvice:
         """The daemon's write advice for ``context_id``: the variant to store it in
         (docs/daemon.md, "Write advice"); the sizes matter only for a context the daemon does

@@ -30,8 +30,10 @@ from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
+from kvtierd.engine.in_flight import InFlightReports
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
+from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
@@ -61,6 +63,7 @@ from kvtierd.errors import (
 )
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
+from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.storage import CpuTier, Tier, create_tier
@@ -95,6 +98,7 @@ class Engine:
         )
         self.index = ContextIndex({t.name: t.quota_bytes for t in config.tenants})
         self.lease_table = LeaseTable(self.instance_id, self.cpu, self.tiers)
+        self.in_flight = InFlightReports()  # vLLM's requests, as the routers report them
         tiers, cpu, index, metrics = self.tiers, self.cpu, self.index, self.metrics
         self.mover = TierMover(
             tiers=tiers, cpu=cpu, index=index, leases=self.lease_table, metrics=metrics
@@ -140,6 +144,7 @@ class Engine:
         self.mover.on_forgotten = self._keep_placer_in_step
         self.mover.on_context_gone = self.profiling.forget
         self.profiling.on_profiled = self._place_again
+        self.profiling.refinement.margin_of = self._margin
         self._reaper: asyncio.Task[None] | None = None
 
     # -- read-only views for the servicers -----------------------------------------------------
@@ -298,9 +303,21 @@ class Engine:
     def _place_again(self, ctx: ContextRecord) -> None:
         self.executor.submit(self.placing.insert(ctx))
 
+    def _margin(self, ctx: ContextRecord) -> float:
+        """How close the placer's decision on ``ctx`` is, in quality (``margin.py``)."""
+        placing = self.placing
+        profile, chosen = placing.profile(ctx), placing.target(ctx.context_id)
+        tiers = placing.tier_models()
+        placer = placing.placer
+        used = placer.used_bytes() if isinstance(placer, EvicPressPlacer) else [0.0] * len(tiers)
+        room = room_bytes(profile, chosen, tiers, used)
+        return decision_margin(profile, chosen, tiers, self.running.current.alpha, room)
+
     def loads_busy(self) -> bool:
-        """Requests are being served (``ReadPath.busy``): background profiling waits."""
-        return self.reads.busy
+        """Requests are being served — the daemon's own reads (``ReadPath.busy``), or vLLM's
+        requests in flight as the routers report them (``in_flight.py``): background
+        profiling waits."""
+        return self.reads.busy or self.in_flight.busy
 
     # -- reads and operator actions (ReadPath, AdminOps) ----------------------------------------
 

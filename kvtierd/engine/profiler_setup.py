@@ -17,16 +17,16 @@ if TYPE_CHECKING:
     from kvtierd.profiler import Profiler
 
 
-def evaluator_options(policy: PolicyConfig, daemon_socket: str) -> dict[str, str]:
-    """What the policy's evaluator is built with (``make_evaluator``): ``answer`` decodes with
-    the policy's model; ``served`` asks the policy's router (and vLLM) and evicts what it
-    stored from the daemon at ``daemon_socket``; ``attention`` needs nothing."""
+def evaluator_options(policy: PolicyConfig, name: str, daemon_socket: str) -> dict[str, str]:
+    """What the policy's evaluator ``name`` is built with (``make_evaluator``): ``answer``
+    decodes with the policy's model; ``served`` asks the policy's router (and vLLM) and
+    evicts what it stored from the daemon at ``daemon_socket``; ``attention`` needs nothing."""
     return {
         "answer": {"model_path": policy.evaluator_model_dir},
         "served": {"router_url": policy.evaluator_router_url,
                    "vllm_url": policy.evaluator_vllm_url,
                    "daemon_socket": daemon_socket},
-    }.get(policy.evaluator, {})  # fmt: skip
+    }.get(name, {})  # fmt: skip
 
 
 def make_profiler(
@@ -38,12 +38,18 @@ def make_profiler(
     is_busy: Callable[[], bool],
 ) -> Profiler:
     """A profiler for ``policy`` (not loaded yet), keeping its files in the daemon's
-    ``data_dir``; its evaluator's steps wait at ``yield_gate`` while requests are served."""
-    from kvtierd.profiler import Profiler, TtftModel, make_evaluator
+    ``data_dir``: the policy's estimator, and its refining evaluator when it names one
+    (``PolicyConfig.refines``); their steps wait at ``yield_gate`` while requests are served."""
+    from kvtierd.profiler import Profiler, QualityEvaluator, TtftModel, make_evaluator
+
+    def made(name: str) -> QualityEvaluator:
+        evaluator = make_evaluator(name, evaluator_options(policy, name, config.socket_path))
+        evaluator.yield_gate = yield_gate
+        return evaluator
 
     # Restore and prefill times; the load times are the tiers' own (``tier_models``).
     ttft = TtftModel(prefill_tokens_per_s=config.prefill_tokens_per_s, fit=prefill_fit)
-    evaluator = make_evaluator(policy.evaluator, evaluator_options(policy, config.socket_path))
-    evaluator.yield_gate = yield_gate
+    refiner = made(policy.evaluator) if policy.refines else None
     directory = Path(config.data_dir) / "profiler"
-    return Profiler(evaluator, ttft, policy=policy, directory=directory, is_busy=is_busy)
+    return Profiler(made(policy.estimator), ttft, policy=policy, refiner=refiner,
+                    directory=directory, is_busy=is_busy)  # fmt: skip

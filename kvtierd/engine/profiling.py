@@ -1,10 +1,14 @@
 """The engine's profiling service (EvicPress §4.1, §4.3): it keeps the profiler of the running
 policy and runs it on the contexts that need a profile.
 
-Contexts arrive chunk by chunk, so a context is profiled once it has been quiet for
-``settle_s`` and no load is queued; the :class:`~kvtierd.profiler.Profiler` runs on one worker
-thread (it is not thread-safe; its query store is, and routed prompts' tokens and queries are
-recorded on a thread of their own, ``profile_inputs.py``) and its results reach the placer as
+Contexts arrive chunk by chunk, so a context is profiled — by the policy's cheap estimator,
+trusted from the start — once it has been quiet for ``settle_s`` and vLLM is idle (no load
+queued, no request in flight at a router, ``in_flight.py``), after its put was answered. Where
+the placer's decision on a context is within the estimator's error (``margin.py``), the
+policy's refining evaluator (``answer``, ``served``) profiles it again while vLLM is idle
+(``refine.py``). The :class:`~kvtierd.profiler.Profiler` runs on one worker thread (it is not
+thread-safe; its query store is, and routed prompts' tokens and queries are recorded on a
+thread of their own, ``profile_inputs.py``) and its results reach the placer as
 a new profile: the options of the context (``context_options.py``). ``snapkv`` variants are
 scored and built with window queries recomputed from the policy's ``profiling.model_dir``
 (``window.py``).
@@ -28,7 +32,9 @@ from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.profile_inputs import ProfileInputs
+from kvtierd.engine.profile_runs import ProfileRun, RunKind, RunLog
 from kvtierd.engine.profiler_setup import make_profiler
+from kvtierd.engine.refine import Refinement
 from kvtierd.engine.servable import Servability
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.engine.tokens import TokenBudget
@@ -92,6 +98,7 @@ class ProfilingService:
         self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
         self.served = ServedReports(self.prefill_fit)  # reports by tenant, rate-limited
         self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
+        self.run_log = RunLog()
         self.tokens = TokenBudget(config.token_bytes_per_tenant)
         self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
         self.options = ContextOptions(
@@ -103,6 +110,9 @@ class ProfilingService:
             # on_profiled read at each call: the engine sets it after building the service
             place_again=lambda ctx: self.on_profiled(ctx),  # noqa: PLW0108
         )  # fmt: skip
+        self.refinement = Refinement(
+            index=index, options=self.options, policy=policy, profiler=lambda: self.profiler
+        )
         self._task: asyncio.Task[None] | None = None
         self._drift: asyncio.Task[None] | None = None
         self._loop: ReprofileLoop | None = None
@@ -122,12 +132,13 @@ class ProfilingService:
                                       is_busy=self._loads_busy)  # fmt: skip
         self.profiler.load()
         self.options.changed()
-        if self.profiler.evaluator.needs_token_ids:
-            logger.warning(
-                "evaluator %r needs the context's token ids: only contexts whose tokens are "
-                "registered (KVStore.SetContextTokens; kvtierd router does it) are profiled",
-                policy.evaluator,
-            )
+        for evaluator in (self.profiler.evaluator, self.profiler.refiner):
+            if evaluator is not None and evaluator.needs_token_ids:
+                logger.warning(
+                    "evaluator %r needs the context's token ids: only contexts whose tokens "
+                    "are registered (KVStore.SetContextTokens; kvtierd router does it) are "
+                    "profiled by it", evaluator.name,
+                )  # fmt: skip
         self._restart_drift_loop()
 
     def _restart_drift_loop(self) -> None:
@@ -135,7 +146,10 @@ class ProfilingService:
         if self._drift is not None:
             self._drift.cancel()
             self._drift = None
-        if self.profiler is None or self._policy.current.placer != "evicpress" or not self._running:
+        policy = self._policy.current
+        if self.profiler is None or policy.placer != "evicpress" or not self._running:
+            return
+        if policy.refines:  # the refining evaluator re-profiles where it matters (refine.py)
             return
         self._loop = self.profiler.reprofile_loop(self._measure, self._reprofile)
         self._drift = asyncio.create_task(self._loop.run_forever(), name="kvtierd-reprofile")
@@ -165,7 +179,7 @@ class ProfilingService:
         ctx = self._index.contexts.get(context_id)
         if ctx is not None:
             self.reprofiled += 1
-            await self.profile_context(ctx)
+            await self.profile_context(ctx, kind=RunKind.DRIFT)
 
     # -- prefill speed and records ---------------------------------------------------------------
 
@@ -223,6 +237,7 @@ class ProfilingService:
         self.servable.forget(context_id)
         self.failed_why.pop(context_id, None)
         self._changed.pop(context_id, None)
+        self.refinement.forget(context_id)
         if self.profiler is not None and self._running:
             if not num_tokens:
                 record = self.profiler.record(context_id)
@@ -253,9 +268,9 @@ class ProfilingService:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        self._worker.shutdown(wait=True)  # first: a profile running there writes its files too
         if self.profiler is not None:
             self.profiler.flush()
-        self._worker.shutdown(wait=True)
         self.inputs.close()
 
     @property
@@ -265,34 +280,63 @@ class ProfilingService:
     async def _run_forever(self, period_s: float = 0.2) -> None:
         while True:
             await asyncio.sleep(period_s)
-            now = time.monotonic()
-            ready = [c for c, t in self._changed.items() if now - t >= self.settle_s]
             if self._policy.current.placer != "evicpress":
                 self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
                 continue
-            for cid in ready:
-                if self._loads_busy() or time.monotonic() < self.resume_at:
-                    break  # profiling yields to loads (EvicPress §4.3: only when idle)
-                self._changed.pop(cid, None)
-                ctx = self._index.contexts.get(cid)
-                # (asked again: a context that returns in several puts is short of its kept
-                # profile's length at the first)
-                if ctx is not None and not self._kept_profile(ctx):
-                    started = time.monotonic()
-                    await self.profile_context(ctx)
-                    self.rest_after(time.monotonic() - started)
+            await self._first_profiles()
+            if not self._changed:  # every context has its first profile: refine one
+                await self._refine_one()
+
+    async def _first_profiles(self) -> None:
+        """The estimator's profile of every context that settled since its put, while vLLM is
+        idle (EvicPress §4.3: with free cycles). It is cheap, and every context should have it
+        before its next request: under traffic with no gap one starts after
+        ``yield_gate.max_wait_s`` anyway (its steps still wait at the gate)."""
+        now = time.monotonic()
+        ready = [(c, t) for c, t in self._changed.items() if now - t >= self.settle_s]
+        for cid, since in ready:
+            overdue = time.monotonic() - since >= self.settle_s + self.yield_gate.max_wait_s
+            if self._loads_busy() and not overdue:
+                break
+            self._changed.pop(cid, None)
+            ctx = self._index.contexts.get(cid)
+            # (asked again: a context that returns in several puts is short of its kept
+            # profile's length at the first)
+            if ctx is not None and not self._kept_profile(ctx):
+                await self.profile_context(ctx, kind=RunKind.FIRST)
+
+    async def _refine_one(self) -> None:
+        """One refinement by the policy's refining evaluator, only while vLLM is idle and
+        the daemon's own profiling is within ``max_share`` (``refine.py``)."""
+        p = self.profiler
+        if p is None or p.refiner is None or not self._running:
+            return
+        if self._loads_busy() or time.monotonic() < self.resume_at:
+            return
+        ctx = self.refinement.next()
+        if ctx is None:
+            return
+        started = time.monotonic()
+        await self.profile_context(ctx, kind=RunKind.REFINE)
+        self.rest_after(time.monotonic() - started)
 
     def rest_after(self, elapsed_s: float) -> None:
-        """A profile of the daemon's own took ``elapsed_s``: the next starts after a rest that
-        keeps profiling to ``profiling.max_share`` of the time (a profile takes compute from
-        the requests being served: docs/profiler.md)."""
+        """A refinement of the daemon's own took ``elapsed_s``: the next starts after a rest
+        that keeps refining to ``profiling.max_share`` of the time (an expensive profile takes
+        compute from the requests being served: docs/profiler.md)."""
         share = self._policy.current.profiling_share
         self.resume_at = time.monotonic() + elapsed_s * (1.0 / share - 1.0)
 
     async def profile_context(
-        self, ctx: ContextRecord, queries: tuple[ProfilingQuery, ...] = ()
+        self,
+        ctx: ContextRecord,
+        queries: tuple[ProfilingQuery, ...] = (),
+        *,
+        kind: RunKind = RunKind.ASKED,
     ) -> bool:
-        """Profile now; a failure is counted, logged and reported, never raised to the loop."""
+        """Profile now — with the estimator for a first profile or a drift, else with the
+        refiner when the policy has one; a failure is counted, logged and reported, never
+        raised to the loop."""
         if self.profiler is None:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
         why = self.options.unchoosable(ctx)
@@ -300,18 +344,37 @@ class ProfilingService:
             logger.info("context %s: not profiled: it is stored only as %r, %s", ctx.context_id,
                         ctx.variant, why)  # fmt: skip
             return False
+        refine = kind in (RunKind.REFINE, RunKind.ASKED)
+        evaluator = self.profiler.evaluator_for(refine)
+        started_unix_s = time.time()
+        waited_before = self.yield_gate.waited_s
+        if refine:
+            self.refinement.tried(ctx.context_id)
+        ok = await self._run(self.profiler, ctx, queries, refine)
+        self.run_log.add(ProfileRun(ctx.context_id, evaluator.name, kind, started_unix_s,
+                                    time.time(), self.yield_gate.waited_s - waited_before,
+                                    ok))  # fmt: skip
+        return ok
+
+    async def _run(
+        self,
+        profiler: Profiler,
+        ctx: ContextRecord,
+        queries: tuple[ProfilingQuery, ...],
+        refine: bool,
+    ) -> bool:
         started = time.perf_counter()
         waited_before = self.yield_gate.waited_s
-        evaluator = self.profiler.evaluator
+        evaluator = profiler.evaluator_for(refine)
         try:
             keys, values = await self._mover.context_tensors(ctx)
             n = int(keys.shape[2])
-            if evaluator.needs_token_ids and not self.profiler.queries.tokens(ctx.context_id, n):
+            if evaluator.needs_token_ids and not profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
-            run = partial(window.profile, self.profiler, self._policy.current.evaluator_model_dir,
+            run = partial(window.profile, profiler, self._policy.current.evaluator_model_dir,
                           ctx.context_id, keys, values, queries=queries,
                           variants=self.options.profiled_variants(ctx),
-                          form=self.options.stored_form_of(ctx))  # fmt: skip
+                          form=self.options.stored_form_of(ctx), refine=refine)  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
@@ -327,8 +390,9 @@ class ProfilingService:
         elapsed = time.perf_counter() - started
         self._metrics.observe_profile_run(elapsed, ok=True)
         waited = self.yield_gate.waited_s - waited_before
-        logger.info("context %s: profiled in %.1f s, of which %.1f s waiting for requests to "
-                    "be served", ctx.context_id, elapsed, waited)  # fmt: skip
+        logger.info("context %s: profiled by %s in %.1f s, of which %.1f s waiting for "
+                    "requests to be served", ctx.context_id, evaluator.name, elapsed,
+                    waited)  # fmt: skip
         if ctx.context_id in self._index.contexts and not ctx.durable_held:
             # (a context held for its unread durable objects is placed again once read)
             try:

@@ -78,6 +78,7 @@ def profile(
     queries: Sequence[ProfilingQuery],
     variants: Sequence[str],
     form: StoredForm,
+    refine: bool = False,
 ) -> ContextProfile:
     """:meth:`Profiler.profile` with the window queries the grid's snapkv variants need; the
     snapkv variants are left out when they cannot be computed (module docstring)."""
@@ -88,7 +89,8 @@ def profile(
                     _why_not(model_dir, len(tokens), int(keys.shape[2])))  # fmt: skip
         variants = [v for v in variants if not window_of(v)]
     return profiler.profile(context_id, keys, values, queries=queries, variants=variants,
-                            window_queries=window_queries, form=form)  # fmt: skip
+                            window_queries=window_queries, form=form,
+                            refine=refine)  # fmt: skip
 
 
 def check_drift(

@@ -11,6 +11,11 @@
 A profile holds, per variant of the policy's grid, its exact size (``variant_size_bytes``), its
 quality (the evaluator, on the context's profiling queries) and its restore cost (the TTFT
 model); plus the context's prefill time and decayed access frequency.
+
+Two evaluators (issue 26): ``evaluator``, the cheap estimator, gives every context its first
+profile, trusted from the start; ``refiner`` (``answer`` or ``served``, optional) refines it
+where a decision is close (``profile(..., refine=True)``), and only its profiles are held to
+``profiling.min_queries`` (the confidence rule).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class Profiler:
         ttft: TtftModel,
         *,
         policy: PolicyConfig,
+        refiner: QualityEvaluator | None = None,
         directory: str | os.PathLike[str] | None = None,
         form: StoredForm = DEFAULT_FORM,
         is_busy: Callable[[], bool] = lambda: False,
@@ -79,7 +85,8 @@ class Profiler:
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.evaluator = evaluator
+        self.evaluator = evaluator  # the cheap estimator: every context's first profile
+        self.refiner = refiner  # refines where a decision is close (None: nothing refines)
         self.ttft = ttft
         self.policy = policy
         self.form = form
@@ -115,11 +122,13 @@ class Profiler:
         variants: Sequence[str] | None = None,
         window_queries: torch.Tensor | None = None,
         form: StoredForm | None = None,
+        refine: bool = False,
     ) -> ContextProfile:
         """Profile one context's ``[L, H, N, D]`` KV on its profiling queries (``queries`` are
         added to the user-supplied ones first) over ``variants`` (default: the policy's grid),
-        compressed as they are stored (``form``, default the profiler's); persist and return
-        the :class:`ContextProfile`."""
+        compressed as they are stored (``form``, default the profiler's), with the estimator
+        (with the refiner when ``refine``); persist and return the :class:`ContextProfile`."""
+        evaluator = self.evaluator_for(refine)
         form = form or self.form
         if queries:
             self.queries.add_user(context_id, list(queries))
@@ -128,7 +137,7 @@ class Profiler:
         names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
         source, qs = self.queries.profiling_set(context_id)
         lossy = [v for v in names if v != ORIGINAL_VARIANT]
-        result = self.evaluator.evaluate(kv, lossy, qs, form=form) if lossy else None
+        result = evaluator.evaluate(kv, lossy, qs, form=form) if lossy else None
         lyr, h, n, d = (int(s) for s in keys.shape)
         profiles = []
         for v in names:
@@ -154,7 +163,7 @@ class Profiler:
             self.record_access(context_id)  # the put that brought the context is its first use
         record = ProfileRecord(
             profile=ContextProfile(context_id, tuple(profiles), prefill_s=self.ttft.prefill_s(n)),
-            evaluator=self.evaluator.name,
+            evaluator=evaluator.name,
             query_source=source,
             num_queries=result.num_queries if result else 0,
             num_tokens=n,
@@ -173,23 +182,37 @@ class Profiler:
         self._save(context_id)
         return self.profile_of(context_id)
 
+    def evaluator_for(self, refine: bool) -> QualityEvaluator:
+        """The refiner when ``refine`` and there is one, else the estimator."""
+        return self.refiner if refine and self.refiner is not None else self.evaluator
+
     def trusted(self, context_id: str) -> bool:
-        """Whether the context's profile may move it (the confidence rule): it was scored on at
-        least ``policy.min_queries`` queries, or on queries that each came at least twice in
-        at least that many requests (docs/profiler.md). A profile from fewer is kept and
-        shown, but a placer must treat the context as unprofiled; it never replaces one that
-        was trusted."""
+        """Whether the context's profile may move it (the confidence rule): the estimator's
+        always (it is every context's first, with whatever probes it has); the refiner's when
+        scored on at least ``policy.min_queries`` queries, or on queries that each came at
+        least twice in at least that many requests (docs/profiler.md). A refined profile
+        from fewer is kept and shown, but a placer must treat the context as unprofiled; it
+        never replaces one that was trusted."""
         record = self._records.get(context_id)
         return record is not None and self._confident(record)
 
+    def refined(self, context_id: str) -> bool:
+        """Whether the context's profile is the refiner's."""
+        record = self._records.get(context_id)
+        return self.refiner is not None and record is not None and (
+            record.evaluator == self.refiner.name
+        )  # fmt: skip
+
     def _confident(self, record: ProfileRecord) -> bool:
+        if self.refiner is None or record.evaluator != self.refiner.name:
+            return True  # the estimator's: trusted from the start (issue 26)
         lossy = any(v.variant != ORIGINAL_VARIANT for v in record.profile.variants)
         least = self.policy.min_queries
         return not lossy or record.num_queries >= least or record.repeated_requests >= least
 
     def enough_queries(self, context_id: str) -> bool:
-        """Whether a profile made now would be trusted (the confidence rule, on the context's
-        current profiling set)."""
+        """Whether a refined profile made now would be trusted (the confidence rule, on the
+        context's current profiling set)."""
         _, queries = self.queries.profiling_set(context_id)
         least = self.policy.min_queries
         return len(queries) >= least or self.queries.repeated_requests(context_id, queries) >= least

@@ -46,6 +46,7 @@ class _Entry:
     user: list[ProfilingQuery]
     traffic: deque[ProfilingQuery]
     new_since_profile: int = 0
+    changes: int = 0  # queries added or recorded since this process started (QueryStore.version)
     # The context's token ids, when a writer told us; packed (4 bytes an id: a tuple of
     # Python ints takes ~10x that, and the daemon bounds what a tenant registers in bytes).
     tokens: array[int] = field(default_factory=lambda: array("I"))
@@ -82,6 +83,7 @@ class QueryStore:
         with self._lock:
             e = self._entry(context_id)
             e.user = [*e.user, *queries][-self.max_user :]
+            e.changes += 1
             self._save(context_id)
 
     def record(self, context_id: str, query: ProfilingQuery, *, persist: bool = True) -> None:
@@ -90,6 +92,7 @@ class QueryStore:
             e = self._entry(context_id)
             e.traffic.append(query)
             e.new_since_profile += 1
+            e.changes += 1
             if persist:
                 self._save(context_id)
 
@@ -143,6 +146,13 @@ class QueryStore:
         with self._lock:
             e = self._entries.get(context_id)
             return tuple(e.traffic) if e is not None else ()
+
+    def version(self, context_id: str) -> int:
+        """Grows with every query added or recorded for the context (in this process): a
+        profile tried on one version need not be tried again until it changes."""
+        with self._lock:
+            e = self._entries.get(context_id)
+            return 0 if e is None else e.changes
 
     def new_since_profile(self, context_id: str) -> int:
         with self._lock:

@@ -901,6 +901,57 @@ class ReportServedResponse(_message.Message):
 Global___ReportServedResponse: _TypeAlias = ReportServedResponse  # noqa: Y015
 
 @_typing.final
+class ReportInFlightRequest(_message.Message):
+    """ReportInFlight: how many real-traffic requests a router has sent to vLLM and not seen finish
+    (kvtierd router, on every change; its profiling requests are not counted). The daemon's
+    background profiling starts, and each of its steps goes on, only while no reporter of any
+    tenant has one in flight: vLLM is shared (docs/profiler.md, "When vLLM is idle"). Kept per
+    tenant and reporter; a nonzero count lapses after `hold_s` unless reported again.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPORTER_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    reporter: _builtins.str
+    """the router instance: 1 to 64 characters [A-Za-z0-9._-]"""
+    in_flight: _builtins.int
+    """at most 1,000,000"""
+    def __init__(
+        self,
+        *,
+        reporter: _builtins.str = ...,
+        in_flight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["in_flight", b"in_flight", "reporter", b"reporter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportInFlightRequest: _TypeAlias = ReportInFlightRequest  # noqa: Y015
+
+@_typing.final
+class ReportInFlightResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOLD_S_FIELD_NUMBER: _builtins.int
+    hold_s: _builtins.float
+    """how long a nonzero count holds without a new report"""
+    def __init__(
+        self,
+        *,
+        hold_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_s", b"hold_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportInFlightResponse: _TypeAlias = ReportInFlightResponse  # noqa: Y015
+
+@_typing.final
 class AdviseQuery(_message.Message):
     """Advise: the write advice for contexts a writer is about to store (docs/daemon.md, "Write
     advice"): the variant the placer would choose, so that the writer can compress on its own
@@ -1839,6 +1890,8 @@ class ProfileStatusResponse(_message.Message):
     KNOWN_TOKENS_FIELD_NUMBER: _builtins.int
     MIN_QUERIES_FIELD_NUMBER: _builtins.int
     TRUSTED_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    ESTIMATOR_FIELD_NUMBER: _builtins.int
     evaluator: _builtins.str
     runs_ok: _builtins.int
     runs_failed: _builtins.int
@@ -1861,8 +1914,14 @@ class ProfileStatusResponse(_message.Message):
     """
     trusted: _builtins.bool
     """the profile has at least min_queries (the placer uses it)"""
+    estimator: _builtins.str
+    """the policy's profiling.estimator (evaluator: its refiner)"""
     @_builtins.property
     def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantQuality]: ...
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ProfileRun]:
+        """Without a context_id: the daemon's newest profile runs (at most 4096), oldest first."""
+
     def __init__(
         self,
         *,
@@ -1881,11 +1940,54 @@ class ProfileStatusResponse(_message.Message):
         known_tokens: _builtins.int = ...,
         min_queries: _builtins.int = ...,
         trusted: _builtins.bool = ...,
+        runs: _abc.Iterable[Global___ProfileRun] | None = ...,
+        estimator: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "min_queries", b"min_queries", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "trusted", b"trusted", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimator", b"estimator", "evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "min_queries", b"min_queries", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs", b"runs", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "trusted", b"trusted", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ProfileStatusResponse: _TypeAlias = ProfileStatusResponse  # noqa: Y015
+
+@_typing.final
+class ProfileRun(_message.Message):
+    """One profile run: when it ran (wall clock), what ran it and why."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    EVALUATOR_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STARTED_UNIX_S_FIELD_NUMBER: _builtins.int
+    ENDED_UNIX_S_FIELD_NUMBER: _builtins.int
+    WAITED_S_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    context_id: _builtins.str
+    evaluator: _builtins.str
+    kind: _builtins.str
+    """"first" (the estimator, after a put), "refine", "asked", "drift" """
+    started_unix_s: _builtins.float
+    ended_unix_s: _builtins.float
+    waited_s: _builtins.float
+    """of it, steps waiting while requests were served"""
+    ok: _builtins.bool
+    def __init__(
+        self,
+        *,
+        context_id: _builtins.str = ...,
+        evaluator: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        started_unix_s: _builtins.float = ...,
+        ended_unix_s: _builtins.float = ...,
+        waited_s: _builtins.float = ...,
+        ok: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "ended_unix_s", b"ended_unix_s", "evaluator", b"evaluator", "kind", b"kind", "ok", b"ok", "started_unix_s", b"started_unix_s", "waited_s", b"waited_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileRun: _TypeAlias = ProfileRun  # noqa: Y015

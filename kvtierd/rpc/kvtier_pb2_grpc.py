@@ -109,6 +109,11 @@ class KVStoreStub(object):
                 request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportServedRequest.SerializeToString,
                 response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportServedResponse.FromString,
                 _registered_method=True)
+        self.ReportInFlight = channel.unary_unary(
+                '/kvtierd.v1.KVStore/ReportInFlight',
+                request_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightRequest.SerializeToString,
+                response_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer(object):
@@ -207,6 +212,12 @@ class KVStoreServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportInFlight(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +295,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.ReportServed,
                     request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportServedRequest.FromString,
                     response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportServedResponse.SerializeToString,
+            ),
+            'ReportInFlight': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportInFlight,
+                    request_deserializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightRequest.FromString,
+                    response_serializer=kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -691,6 +707,33 @@ class KVStore(object):
             '/kvtierd.v1.KVStore/ReportServed',
             kvtierd_dot_v1_dot_kvtier__pb2.ReportServedRequest.SerializeToString,
             kvtierd_dot_v1_dot_kvtier__pb2.ReportServedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportInFlight(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvtierd.v1.KVStore/ReportInFlight',
+            kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightRequest.SerializeToString,
+            kvtierd_dot_v1_dot_kvtier__pb2.ReportInFlightResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -68,6 +68,7 @@ class KVStoreStub:
         """
     SetContextTokens: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]
     ReportServed: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]
+    ReportInFlight: _grpc.UnaryUnaryMultiCallable[_kvtier_pb2.ReportInFlightRequest, _kvtier_pb2.ReportInFlightResponse]
 
 @_typing.type_check_only
 class KVStoreAsyncStub(KVStoreStub):
@@ -93,6 +94,7 @@ class KVStoreAsyncStub(KVStoreStub):
         """
     SetContextTokens: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.SetContextTokensRequest, _kvtier_pb2.SetContextTokensResponse]  # type: ignore[assignment]
     ReportServed: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ReportServedRequest, _kvtier_pb2.ReportServedResponse]  # type: ignore[assignment]
+    ReportInFlight: _aio.UnaryUnaryMultiCallable[_kvtier_pb2.ReportInFlightRequest, _kvtier_pb2.ReportInFlightResponse]  # type: ignore[assignment]
 
 class KVStoreServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -204,6 +206,13 @@ class KVStoreServicer(metaclass=_abc_1.ABCMeta):
         request: _kvtier_pb2.ReportServedRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_kvtier_pb2.ReportServedResponse, _abc.Awaitable[_kvtier_pb2.ReportServedResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReportInFlight(
+        self,
+        request: _kvtier_pb2.ReportInFlightRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_kvtier_pb2.ReportInFlightResponse, _abc.Awaitable[_kvtier_pb2.ReportInFlightResponse]]: ...
 
 def add_KVStoreServicer_to_server(servicer: KVStoreServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

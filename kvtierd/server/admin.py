@@ -192,7 +192,15 @@ class AdminServicer(pb_grpc.AdminServicer):
             runs_failed=p.runs["failed"],
             reprofiled=p.reprofiled,
             last_error=p.last_error,
+            estimator=self.engine.policy.estimator,
         )
+        if not request.context_id:  # the daemon's newest runs (engine/profile_runs.py)
+            resp.runs.extend(
+                pb.ProfileRun(context_id=r.context_id, evaluator=r.evaluator, kind=r.kind.value,
+                              started_unix_s=r.started_unix_s, ended_unix_s=r.ended_unix_s,
+                              waited_s=r.waited_s, ok=r.ok)
+                for r in p.run_log.runs()
+            )  # fmt: skip
         if request.context_id:
             if request.context_id not in self.engine.contexts:
                 raise NotFoundError(f"context {request.context_id!r} not found")

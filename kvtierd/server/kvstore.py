@@ -294,6 +294,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         rate = profiling.prefill_tokens_per_s(tenant)
         return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
 
+    async def ReportInFlight(
+        self, request: pb.ReportInFlightRequest, rpc_context: Any
+    ) -> pb.ReportInFlightResponse:
+        """A router's requests in flight at vLLM (``engine/in_flight.py``): kept under the
+        caller's tenant, so that a client only ever replaces its own counts."""
+        reports = self.engine.in_flight
+        reports.report(CALLER.get().tenant, request.reporter, request.in_flight)
+        return pb.ReportInFlightResponse(hold_s=reports.hold_s)
+
     async def Touch(self, request: pb.TouchRequest, rpc_context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")
         caller = CALLER.get()

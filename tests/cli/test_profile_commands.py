@@ -171,11 +171,11 @@ def test_human_duration_keeps_microseconds(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
 
 
-def test_status_says_when_a_profile_has_too_few_queries_to_move_the_context(
+def test_min_queries_does_not_hold_back_the_estimators_profile(
     daemon: DaemonProcess, ctl: Callable, tmp_path: Path
 ) -> None:
-    """The confidence rule (docs/profiler.md): attention's 32 probes are below a
-    min_queries of 64, so the profile is shown but does not move the context."""
+    """The confidence rule (docs/profiler.md) is for the refining evaluator only (issue 26):
+    attention's 32 probes are below a min_queries of 64, and its profile moves the context."""
     run: Ctl = ctl(daemon)
     strict = tmp_path / "strict.yaml"
     strict.write_text(POLICY + "profiling: {min_queries: 64}\n")
@@ -184,12 +184,12 @@ def test_status_says_when_a_profile_has_too_few_queries_to_move_the_context(
         assert run("profile", "run", "shown").code == 0
         s = run("profile", "status", "shown", "--json").json()
         assert (s["profiled"], s["num_queries"], s["trusted"], s["min_queries"]) == (
-            True, 32, False, 64,
+            True, 32, True, 64,
         )  # fmt: skip
         human = run("profile", "status", "shown").out
-        assert "moves the context" in human and "fewer than profiling.min_queries 64" in human
+        assert "moves the context" in human and "fewer than profiling.min_queries" not in human
         why = run("contexts", "show", "shown", "--json").json()["reason"]
-        assert "below profiling.min_queries 64" in why
+        assert "min_queries" not in why
     finally:
         policy = tmp_path / "evicpress.yaml"
         policy.write_text(POLICY)

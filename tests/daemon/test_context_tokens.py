@@ -96,7 +96,9 @@ async def test_profiled_only_once_its_tokens_are_registered(tmp_path: Path) -> N
         policy = parse_policy(
             "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [0.5]\n", "p.yaml"
         )
-        await engine.apply_policy(replace(policy, evaluator=TokenEcho.name))
+        await engine.apply_policy(
+            replace(policy, estimator=TokenEcho.name, evaluator=TokenEcho.name)
+        )
         await _put_chunk(engine, "doc")
         ctx = engine.contexts["doc"]
         TokenEcho.seen.clear()

@@ -83,7 +83,9 @@ async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Pat
     await engine.start()
     try:
         policy = parse_policy("placer: evicpress\nvariants: {methods: [knorm]}\n", "p.yaml")
-        await engine.apply_policy(replace(policy, evaluator=HeldEvaluator.name))
+        await engine.apply_policy(
+            replace(policy, estimator=HeldEvaluator.name, evaluator=HeldEvaluator.name)
+        )
         await _put_context(engine, "doc")
         profiling = asyncio.ensure_future(engine.profiling.profile_context(engine.contexts["doc"]))
         await _until(lambda: engine.profiling.profiler is not None and not profiling.done())
@@ -103,11 +105,12 @@ async def test_links_and_queries_do_not_wait_for_a_running_profile(tmp_path: Pat
         await engine.close()
 
 
-async def test_queries_that_arrive_during_a_profile_bring_the_next_one(tmp_path: Path) -> None:
-    """A profile from fewer than ``min_queries`` queries is profiled again once traffic brings
-    enough; the queries that arrived while it ran count too. Before, they were checked
-    against no finished profile and forgotten, so the context stayed untrusted until another
-    query came (bench_e2e waited its whole settle for one)."""
+async def test_queries_that_arrive_during_a_refinement_bring_the_next_one(
+    tmp_path: Path,
+) -> None:
+    """A context refined on some queries is refined again once new ones come; those that
+    arrived while it ran count too. Before, they were checked against no finished profile and
+    forgotten, so the context waited for another query (bench_e2e waited its whole settle)."""
     RELEASE.clear()
     STARTED.clear()
     CountingEvaluator.runs.clear()
@@ -115,19 +118,20 @@ async def test_queries_that_arrive_during_a_profile_bring_the_next_one(tmp_path:
     await engine.start()
     try:
         policy = parse_policy(
-            "placer: evicpress\nvariants: {methods: [knorm]}\nprofiling: {min_queries: 3}\n",
+            "placer: evicpress\nvariants: {methods: [knorm]}\n"
+            "profiling: {min_queries: 1, estimator_error: 1.0}\n",
             "p.yaml",
-        )
+        )  # an error of 1: every decision is close enough to refine
         await engine.apply_policy(replace(policy, evaluator=CountingEvaluator.name))
         await engine.profiling.inputs.add_queries("doc", ["one"], True)  # before it exists
-        await _put_context(engine, "doc")  # the daemon profiles it once it settles
+        await _put_context(engine, "doc")  # estimated once it settles, then refined
         assert await asyncio.to_thread(STARTED.wait, 60)
         await engine.profiling.inputs.add_queries("doc", ["two", "three"], True)
         RELEASE.set()
         await _until(lambda: len(CountingEvaluator.runs) >= 2)
         assert CountingEvaluator.runs == [1, 3]
         profiler = engine.profiling.profiler
-        await _until(lambda: profiler is not None and profiler.trusted("doc"))
+        assert profiler is not None and profiler.refined("doc") and profiler.trusted("doc")
     finally:
         RELEASE.set()
         await engine.close()

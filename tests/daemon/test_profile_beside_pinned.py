@@ -40,7 +40,9 @@ async def test_a_profile_that_cannot_be_placed_leaves_the_context_and_the_loop(
             "placer: evicpress\nvariants: {methods: [knorm], ratios: [0.5]}\n"
             "profiling: {min_queries: 1}\n", "p.yaml",
         )  # fmt: skip
-        await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+        await engine.apply_policy(
+            replace(policy, estimator=TailTopicEvaluator.name, evaluator=TailTopicEvaluator.name)
+        )
         await _put_context(engine, "a")  # the CPU tier's only context
         await engine.executor.idle()
         assert engine.index.placement_of(engine.contexts["a"]).tier == "cpu"

@@ -134,10 +134,14 @@ async def engine(tmp_path: Path):
     await e.close()
 
 
-async def _apply_knorm_policy(engine: Engine, profiling: str) -> None:
+async def _apply_knorm_policy(
+    engine: Engine, profiling: str, estimator: str = "", evaluator: str = ""
+) -> None:
     """EvicPress over knorm@{1.0, 0.5} with alpha from the measured tiers: keeping the original
     on SSD must cost more TTFT than a 5% quality loss is worth, and less than a 50% loss (see
-    the module docstring)."""
+    the module docstring); so the placer's margin on knorm@0.5 in cpu at quality q is
+    ``q - 1 + 1/6`` (``engine/margin.py``). The estimator is ``TailTopicEvaluator`` unless
+    named; nothing refines it unless ``evaluator`` is named."""
     cpu, ssd = engine.placing.tier_models()
     dt = (
         2 * CHUNKS * CHUNK_BYTES / ssd.load_bandwidth_bytes_per_s
@@ -149,7 +153,10 @@ async def _apply_knorm_policy(engine: Engine, profiling: str) -> None:
         f"  ratios: [1.0, 0.5]\nprofiling:\n{profiling}",
         "test.yaml",
     )
-    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    estimator = estimator or TailTopicEvaluator.name
+    await engine.apply_policy(
+        replace(policy, estimator=estimator, evaluator=evaluator or estimator)
+    )
 
 
 async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
@@ -220,7 +227,9 @@ async def test_grid_counts_chunks_added_in_compressed_form(engine: Engine) -> No
         "placer: evicpress\nvariants:\n  methods: [knorm, int8]\n  ratios: [0.5]\n",
         "test.yaml",
     )
-    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    await engine.apply_policy(
+        replace(policy, estimator=TailTopicEvaluator.name, evaluator=TailTopicEvaluator.name)
+    )
     await _put_context(engine, "doc")
     ctx = engine.contexts["doc"]
     await engine.executor.idle()
@@ -244,7 +253,9 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
     policy = parse_policy(
         "placer: evicpress\nvariants:\n  methods: [knorm]\n  ratios: [1.0, 0.3]\n", "t.yaml"
     )
-    await engine.apply_policy(replace(policy, evaluator=LayoutEvaluator.name))
+    await engine.apply_policy(
+        replace(policy, estimator=LayoutEvaluator.name, evaluator=LayoutEvaluator.name)
+    )
     seen = LayoutEvaluator.seen  # the copy registered_evaluators registered for this test
     seen.clear()
     await _put_context(engine, "doc")

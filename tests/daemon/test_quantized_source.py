@@ -123,7 +123,9 @@ async def test_evicpress_profiles_an_int8_only_context(engine: Engine) -> None:
         "  ratios: [0.5]\nprofiling:\n  min_queries: 1\n",
         "e.yaml",
     )
-    await engine.apply_policy(replace(policy, evaluator=TailTopicEvaluator.name))
+    await engine.apply_policy(
+        replace(policy, estimator=TailTopicEvaluator.name, evaluator=TailTopicEvaluator.name)
+    )
     await _put_int8_context(engine, "doc")
     await engine.executor.idle()
     ctx = engine.contexts["doc"]

@@ -1,7 +1,8 @@
-"""The confidence rule (issue 18.11): a profile scored on fewer than ``profiling.min_queries``
-queries is kept and shown, but it moves no context, and it never replaces one that had
-enough. On the real model one query scored keydiff@0.5 at 1.000 and the placer acted on it;
-with three the ranking was right."""
+"""The confidence rule (issue 18.11): a refined profile (``answer``, ``served``) scored on fewer
+than ``profiling.min_queries`` queries is kept and shown, but it moves no context, and it never
+replaces one that had enough. On the real model one query scored keydiff@0.5 at 1.000 and the
+placer acted on it; with three the ranking was right. The cheap estimator's profile is trusted
+from the start (issue 26): every context has one from its first put."""
 
 from __future__ import annotations
 
@@ -56,11 +57,15 @@ def registered_evaluator() -> Iterator[None]:
 
 
 def profiler(min_queries: str = "") -> Profiler:
+    """The attention estimator, refined by :class:`QueryCountEvaluator`."""
+    from kvtierd.profiler import make_evaluator
+
     text = POLICY + (f"profiling: {{min_queries: {min_queries}}}\n" if min_queries else "")
     return Profiler(
-        QueryCountEvaluator(),
+        make_evaluator("attention"),
         TtftModel(prefill_tokens_per_s=1e3),
         policy=parse_policy(text, "p.yaml"),
+        refiner=QueryCountEvaluator(),
     )
 
 
@@ -76,14 +81,23 @@ def ask(p: Profiler, n: int) -> None:
         p.queries.record("doc", ProfilingQuery(text=f"question {i}"))
 
 
+def test_the_estimators_profile_is_trusted_from_one_query_or_none() -> None:
+    p = profiler()
+    p.profile("doc", *kv())  # the estimator's, at the first put: no query yet
+    assert p.trusted("doc") and not p.refined("doc")
+    ask(p, 1)
+    p.profile("doc", *kv(), refine=True)  # a refinement from one query does not replace it
+    assert p.record("doc").evaluator == "attention" and p.trusted("doc")
+
+
 def test_a_profile_from_too_few_queries_is_kept_but_not_trusted() -> None:
     p = profiler()
     ask(p, 1)
-    profile = p.profile("doc", *kv())
+    profile = p.profile("doc", *kv(), refine=True)
     assert profile.variant("knorm@0.5").quality == 1.0  # shown as measured ...
     assert (p.record("doc").num_queries, p.trusted("doc")) == (1, False)  # ... not trusted
     ask(p, 2)
-    assert p.profile("doc", *kv()).variant("knorm@0.5").quality == 0.6
+    assert p.profile("doc", *kv(), refine=True).variant("knorm@0.5").quality == 0.6
     assert (p.record("doc").num_queries, p.trusted("doc")) == (3, True)
 
 
@@ -92,11 +106,11 @@ def test_a_trusted_profile_is_not_replaced_by_one_from_fewer_queries(
 ) -> None:
     p = profiler()
     ask(p, 3)
-    p.profile("doc", *kv())
+    p.profile("doc", *kv(), refine=True)
     p.queries.forget("doc")  # the profiling set is now a single new query
     ask(p, 1)
     with caplog.at_level("INFO", "kvtierd.profiler.profiler"):
-        kept = p.profile("doc", *kv())
+        kept = p.profile("doc", *kv(), refine=True)
     assert kept.variant("knorm@0.5").quality == 0.6 and p.record("doc").num_queries == 3
     assert "a profile from 1 queries (traffic) is below profiling.min_queries 3" in caplog.text
     assert p.queries.new_since_profile("doc") == 0  # its queries were scored
@@ -111,13 +125,13 @@ def test_traffic_that_repeats_its_queries_trusts_a_profile_on_them() -> None:
     for q in (first, second, first):  # "second" came once: not all of the traffic repeats
         p.queries.record("doc", q)
     assert not p.enough_queries("doc")
-    p.profile("doc", *kv())
+    p.profile("doc", *kv(), refine=True)
     assert (p.record("doc").num_queries, p.record("doc").repeated_requests) == (2, 0)
     assert not p.trusted("doc")
     p.queries.record("doc", second)  # now each came twice, in 4 requests >= min_queries 3
     assert p.queries.repeated_requests("doc", (first, second)) == 4
     assert p.enough_queries("doc")
-    p.profile("doc", *kv())
+    p.profile("doc", *kv(), refine=True)
     assert (p.record("doc").num_queries, p.record("doc").repeated_requests) == (2, 4)
     assert p.trusted("doc")
     assert not profiler("5").queries.repeated_requests("doc", (first,))  # no traffic: 0
@@ -129,7 +143,7 @@ def test_repeated_requests_survive_a_restart(tmp_path: Path) -> None:
     p = profiler()
     for q in ("a", "b", "a", "b"):
         p.queries.record("doc", ProfilingQuery(text=q))
-    p.profile("doc", *kv())
+    p.profile("doc", *kv(), refine=True)
     store = ProfileStore(tmp_path)
     store.save(p.record("doc"))
     (again,) = store.records()
@@ -139,7 +153,7 @@ def test_repeated_requests_survive_a_restart(tmp_path: Path) -> None:
 def test_min_queries_is_configurable_and_checked() -> None:
     p = profiler("1")
     ask(p, 1)
-    p.profile("doc", *kv())
+    p.profile("doc", *kv(), refine=True)
     assert p.trusted("doc")
     assert parse_policy(POLICY, "p.yaml").min_queries == 3  # the default
     for bad in ("0", "2.5", "x"):
@@ -156,10 +170,13 @@ def test_max_share_is_configurable_and_checked() -> None:
 
 
 def test_an_original_only_grid_needs_no_queries() -> None:
-    p = Profiler(QueryCountEvaluator(), TtftModel(prefill_tokens_per_s=1e3),
-                 policy=parse_policy("placer: lru\n", "p.yaml"))  # fmt: skip
-    p.profile("doc", *kv())
-    assert p.record("doc").num_queries == 0 and p.trusted("doc")
+    from kvtierd.profiler import make_evaluator
+
+    p = Profiler(make_evaluator("attention"), TtftModel(prefill_tokens_per_s=1e3),
+                 policy=parse_policy("placer: lru\n", "p.yaml"),
+                 refiner=QueryCountEvaluator())  # fmt: skip
+    p.profile("doc", *kv(), refine=True)
+    assert p.refined("doc") and p.record("doc").num_queries == 0 and p.trusted("doc")
 
 
 def test_min_queries_is_documented() -> None:

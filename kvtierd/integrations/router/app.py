@@ -41,6 +41,7 @@ from aiohttp import web
 
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, KvtierError
+from kvtierd.integrations.router.in_flight import InFlightReporter
 from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
@@ -78,6 +79,8 @@ class Router:
         self.fallbacks = 0
         self.lookup_errors = 0  # requests sent as they are because the daemon did not answer
         self._links: set[asyncio.Future[None]] = set()  # PromptNote.link tasks in flight
+        # real-traffic requests at vLLM, reported to the daemon (its profiling waits for 0)
+        self.in_flight = InFlightReporter(lambda: self.client)
 
     @property
     def client(self) -> AsyncKVClient:
@@ -136,10 +139,18 @@ class Router:
         return await self._forward("/v1/models", None, request)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._counted(request, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._counted(request, chat=True)
+
+    async def _counted(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        """:meth:`_generate`, counted in flight unless it is a profiler's scoped request
+        (``in_flight.py``; the body is read once, aiohttp keeps it for ``_generate``)."""
+        if await _scoped(request):
+            return await self._generate(request, chat=chat)
+        with self.in_flight.request():
+            return await self._generate(request, chat=chat)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -393,6 +404,17 @@ MAX_TOKEN_ID = (1 << 32) - 1
 INTERNAL_PARAM_PREFIXES = ("lmcache.",)
 
 
+async def _scoped(request: web.Request) -> bool:
+    """Whether the request names a profiling scope (``"kvtierd": {"scope": ...}``); a body
+    that is not such an object is real traffic (``_generate`` answers it)."""
+    try:
+        body = await request.json()
+    except (ValueError, RecursionError):
+        return False  # _generate answers it with the reason
+    field = body.get("kvtierd") if isinstance(body, dict) else None
+    return isinstance(field, dict) and bool(field.get("scope"))
+
+
 async def _json_object(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object nested at most :data:`MAX_JSON_DEPTH` deep (deeper answered
     500 with a traceback: RecursionError), a prompt of token ids being ids."""
@@ -532,6 +554,7 @@ def make_app(config: RouterConfig) -> web.Application:
     async def close(_: web.Application) -> None:
         if router.session is not None:
             await router.session.close()
+        await router.in_flight.close()
         if router._client is not None:
             await router._client.close()
 
