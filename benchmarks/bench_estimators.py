@@ -1,0 +1,386 @@
+"""Quality estimators judged by the labels: agreement with accuracy, and cost (issue 26).
+
+    .venv/bin/python -m benchmarks.bench_estimators                  # score the labelled cases
+    .venv/bin/python -m benchmarks.bench_estimators --report         # table + plot of what is there
+
+Every labelled case of ``benchmarks/data/quality_labels.jsonl`` (``quality_labels.py``; the
+prompt regenerated and checked against its digest) is prefilled once on the real model
+(SmolLM2-135M-Instruct, float32, the label run's thread count), timed: that is the context's
+own prefill, the unit of cost. Then each estimator scores the label grid (the default policy's
+variants and the streamingllm controls), each timed on the same cores in the same process:
+
+* ``attention/window``: the ``attention`` evaluator on the context's last 64 queries (captured
+  in the prefill, so free here; the daemon recomputes them: a pass of 64 tokens);
+* ``attention/question``: the same on the question's own queries (query-aware: the router sees
+  every question's tokens), the question's pass through the model included;
+* ``attention/keys``: the same on the context's last 32 keys (its fallback today);
+* ``query_attention/question``: the new estimator (``kvtierd/profiler/query_attention.py``),
+  uncalibrated, its question pass included; with two other aggregations of the same errors
+  (``/last``: the question's last token only; ``/headmax``: per layer and token the worst head)
+  to judge the a-priori choice (the mean) on held-out cases;
+* ``query_attention/window``: its fallback without a question — the context's last 32 queries,
+  recomputed from the weights (a pass of 32 tokens after the stored prefix, timed);
+* ``query_attention/keys``: its last fallback, the context's last 32 keys;
+* ``answer/similarity``, ``answer/exact`` on the case's own question: the labels' answers (the
+  label run decoded them), so their cost is the label run's decode time over its prefill time
+  (same machine, same threads) plus MiniLM here; ``/exact`` *is* the exact-match label;
+* ``answer/other-*``: the ``answer`` evaluator asked another question about the same document
+  (the case's first other question): what a profile learns from one question about the next.
+  Decoding the whole grid costs several prefills, so only ``--answer-cases`` cases get it;
+* ``prior``: per variant, the mean accuracy of the other labelled cases (leave-one-out): free,
+  and blind to the context.
+
+``served`` (the same metric through vLLM + router + daemon) is not run: it needs the serving
+stack and took 61 s per context for six variants (RESULTS.md, issue 26) — 32 variants on 60
+cases would not fit this run; its agreement is ``answer``'s up to vLLM's numerics.
+
+Scores go to ``benchmarks/data/estimator_scores.jsonl`` (a line per case, appended as it
+finishes: resumable). ``--report`` prints the table — per estimator: of all pairs of variants of
+one case whose accuracy differs, the share it orders the same way (ties count half), the same on
+pairs whose accuracy differs by >= 0.25, the mean per-case Spearman (cases where every variant
+has the same accuracy are left out), and cost as a multiple of the case's prefill (median, and
+90th percentile) — and draws ``benchmarks/figures/estimators.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import REPO, machine
+from benchmarks.quality_labels import (
+    CHUNK,
+    WINDOW,
+    LabelledCase,
+    load_labels,
+)
+
+SCORES = REPO / "benchmarks/data/estimator_scores.jsonl"
+FIGURE = REPO / "benchmarks/figures/estimators.png"
+BIG_GAP = 0.25
+Scorer = Callable[[], dict[str, float]]
+
+
+def timed(fn: Scorer) -> tuple[dict[str, float], float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def score_case(ctx: dict[str, Any], lc: LabelledCase, other_answer: bool) -> dict[str, Any]:
+    """Every estimator's scores of the case's labelled variants, with its cost (module doc)."""
+    import torch
+
+    from kvtierd.profiler.attention import AttentionEvaluator
+    from kvtierd.profiler.quality import ContextKV, ProfilingQuery, StoredForm
+    from kvtierd.profiler.query_attention import QueryAttentionEvaluator
+    from kvtierd.profiler.window_queries import pass_for_context
+
+    tok, answer, model_dir = ctx["tokenizer"], ctx["answer"], ctx["model_dir"]
+    variants = list(lc.accuracy)
+    split = lc.split(tok)
+    form = StoredForm(chunk_tokens=CHUNK)
+    t0 = time.perf_counter()
+    kv = answer.encode_context(split.context, window=WINDOW)
+    prefill_s = time.perf_counter() - t0
+    bare = ContextKV(kv.keys, kv.values)  # what the daemon holds: no queries
+    with_ids = ContextKV(kv.keys, kv.values, token_ids=kv.token_ids)
+    attention = AttentionEvaluator()
+    qa = QueryAttentionEvaluator(model_dir=model_dir, calibrate=False)
+    qa_keys = QueryAttentionEvaluator(calibrate=False)
+    scores: dict[str, dict[str, float]] = {}
+    cost: dict[str, float] = {}
+
+    def run(name: str, fn: Scorer) -> None:
+        scores[name], cost[name] = timed(fn)
+
+    def quality(ev: Any, kv_: ContextKV, queries: Sequence[ProfilingQuery] = ()) -> Scorer:
+        return lambda: dict(ev.evaluate(kv_, variants, queries, form=form).quality)
+
+    run("attention/window", quality(attention, kv))
+    run("attention/keys", quality(attention, bare))
+
+    def attention_question() -> dict[str, float]:
+        seen = pass_for_context(model_dir, kv.keys, kv.values, split.query)
+        return quality(attention, ContextKV(kv.keys, kv.values, seen.queries))()
+
+    run("attention/question", attention_question)
+    errors: dict[str, torch.Tensor] = {}
+
+    def qa_question() -> dict[str, float]:
+        probes = qa.question_probes(kv, split.query)
+        errors.update(qa.errors(bare, variants, probes, form))
+        return {v: 1.0 - float(e.mean()) for v, e in errors.items()}
+
+    run("query_attention/question", qa_question)
+    for name, agg in _aggregations(errors, len(split.query)).items():
+        scores[f"query_attention/question/{name}"] = agg
+        cost[f"query_attention/question/{name}"] = cost["query_attention/question"]
+    run("query_attention/window", quality(qa, with_ids))
+    run("query_attention/keys", quality(qa_keys, bare))
+    if other_answer and lc.case(tok).more_questions:
+        other, _ = lc.case(tok).more_questions[0]
+        from benchmarks.quality_tasks import split_prompt
+
+        ids = split_prompt(tok, lc.case(tok), question=other).query
+        t1 = time.perf_counter()
+        got = answer.answer_ids(kv, ["none", *variants], [ProfilingQuery(token_ids=tuple(ids))],
+                                form=form)[0]  # fmt: skip
+        decode_s = time.perf_counter() - t1
+        exact = [float(a == got[0]) for a in got[1:]]
+        scores["answer/other-exact"] = dict(zip(variants, exact, strict=True))
+        cost["answer/other-exact"] = decode_s
+        texts = [tok.decode(a, skip_special_tokens=True).strip() for a in got]
+        sims, embed_s = timed(lambda: _similarity(answer, texts[0], texts[1:], variants))
+        scores["answer/other-similarity"] = sims
+        cost["answer/other-similarity"] = decode_s + embed_s
+    own = [lc.answers[v] for v in variants]
+    sims, embed_s = timed(lambda: _similarity(answer, lc.answers["none"], own, variants))
+    label_decode_s = lc.row["full_decode_s"] + lc.row["variants_s"]
+    scores["answer/similarity"] = sims
+    cost["answer/similarity"] = label_decode_s / lc.row["prefill_s"] * prefill_s + embed_s
+    scores["answer/exact"] = {v: float(lc.exact[v]) for v in variants}
+    cost["answer/exact"] = label_decode_s / lc.row["prefill_s"] * prefill_s
+    return {
+        "case": lc.name, "context_tokens": lc.context_tokens, "query_tokens": len(split.query),
+        "prefill_s": round(prefill_s, 4),
+        "cost_s": {k: round(c, 4) for k, c in cost.items()},
+        "scores": {k: {v: round(x, 5) for v, x in s.items()} for k, s in scores.items()},
+    }  # fmt: skip
+
+
+def _similarity(answer: Any, full: str, others: list[str], variants: list[str]) -> dict[str, float]:
+    sims = answer.embedder.similarity([full] * len(others), others)
+    return dict(zip(variants, sims, strict=True))
+
+
+def _aggregations(errors: dict[str, Any], tokens: int) -> dict[str, dict[str, float]]:
+    """Other a-priori readings of the same ``[L, H, G*T]`` errors (module docstring)."""
+    out: dict[str, dict[str, float]] = {"last": {}, "headmax": {}}
+    for v, e in errors.items():
+        lyr, h, gt = (int(s) for s in e.shape)
+        per = e.reshape(lyr, h, gt // tokens, tokens)  # [L, H, G, T]
+        out["last"][v] = 1.0 - float(per[..., -1].mean())
+        out["headmax"][v] = 1.0 - float(per.amax(dim=(1, 2)).mean())
+    return out
+
+
+# ---- agreement -------------------------------------------------------------------------------
+
+
+def pair_agreement(
+    truth: dict[str, float], est: dict[str, float], min_gap: float = 1e-9
+) -> tuple[float, int]:
+    """(agreeing weight, pairs) over variant pairs whose ``truth`` differs by >= ``min_gap``:
+    a pair counts 1 when ``est`` orders it as ``truth`` does, 0.5 when ``est`` ties it."""
+    names = [v for v in truth if v in est]
+    agree, pairs = 0.0, 0
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            dt = truth[a] - truth[b]
+            if abs(dt) < min_gap:
+                continue
+            pairs += 1
+            de = est[a] - est[b]
+            agree += 0.5 if de == 0 else float((de > 0) == (dt > 0))
+    return agree, pairs
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rho with average ranks; ``None`` when either side is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return float(sxy / (sxx * syy) ** 0.5)
+
+
+def _ranks(xs: Sequence[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def prior_scores(labels: list[LabelledCase]) -> dict[str, dict[str, float]]:
+    """Leave-one-out mean accuracy per variant (over the other cases labelled with it), by
+    case name."""
+    total: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for c in labels:
+        for v, a in c.accuracy.items():
+            total[v] = total.get(v, 0.0) + a
+            count[v] = count.get(v, 0) + 1
+    return {
+        c.name: {v: (total[v] - a) / max(count[v] - 1, 1) for v, a in c.accuracy.items()}
+        for c in labels
+    }
+
+
+def summary_rows(
+    rows: list[dict[str, Any]], labels: dict[str, LabelledCase]
+) -> list[dict[str, Any]]:
+    """Per estimator: agreement (all pairs, big-gap pairs), Spearman, cost, cases."""
+    names: list[str] = []
+    for row in rows:
+        names += [k for k in row["scores"] if k not in names]
+    out = []
+    for name in names:
+        have = [r for r in rows if name in r["scores"]]
+        agree = pairs = big_agree = big_pairs = 0.0
+        rhos, costs = [], []
+        for r in have:
+            truth = labels[r["case"]].accuracy
+            est = r["scores"][name]
+            a, p = pair_agreement(truth, est)
+            b, q = pair_agreement(truth, est, BIG_GAP)
+            agree, pairs, big_agree, big_pairs = agree + a, pairs + p, big_agree + b, big_pairs + q
+            names = [v for v in truth if v in est]
+            rho = spearman([truth[v] for v in names], [est[v] for v in names])
+            if rho is not None:
+                rhos.append(rho)
+            if name in r.get("cost_s", {}):
+                costs.append(r["cost_s"][name] / r["prefill_s"])
+        out.append({
+            "estimator": name, "cases": len(have), "pairs": int(pairs),
+            "agree": agree / pairs if pairs else float("nan"),
+            "big_pairs": int(big_pairs),
+            "big_agree": big_agree / big_pairs if big_pairs else float("nan"),
+            "spearman": statistics.fmean(rhos) if rhos else float("nan"),
+            "spearman_cases": len(rhos),
+            "cost_median": statistics.median(costs) if costs else 0.0,
+            "cost_p90": _quantile(costs, 0.9) if costs else 0.0,
+        })  # fmt: skip
+    return out
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def table(summary: list[dict[str, Any]]) -> str:
+    lines = [
+        "| estimator | cases | pairs agreeing (ties ½) | pairs with Δacc ≥ 0.25 agreeing "
+        "| mean Spearman (cases) | cost / prefill, median (p90) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        lines.append(
+            f"| {s['estimator']} | {s['cases']} | {s['agree']:.3f} ({s['pairs']}) | "
+            f"{s['big_agree']:.3f} ({s['big_pairs']}) | {s['spearman']:.3f} "
+            f"({s['spearman_cases']}) | {s['cost_median']:.3f} ({s['cost_p90']:.3f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for s in summary:
+        x = max(s["cost_median"], 1e-3)
+        ax.scatter(x, s["agree"], s=30)
+        ax.annotate(s["estimator"], (x, s["agree"]), fontsize=7, xytext=(4, 2),
+                    textcoords="offset points")  # fmt: skip
+    ax.axvline(0.10, color="grey", ls="--", lw=0.8)
+    ax.text(0.105, ax.get_ylim()[0] + 0.01, "10% of a prefill", fontsize=7, color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("cost per context for the grid / the context's prefill (median, log)")
+    ax.set_ylabel("share of variant pairs ordered as accuracy")
+    ax.set_title("Quality estimators on the labelled cases")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path) -> str:
+    labels = {c.name: c for c in load_labels()}
+    rows = [r for r in _read(out) if r["case"] in labels]
+    priors = prior_scores(list(labels.values()))
+    for r in rows:
+        r["scores"]["prior"] = priors[r["case"]]
+        r["cost_s"]["prior"] = 0.0
+    summary = summary_rows(rows, labels)
+    plot(summary, FIGURE)
+    return table(summary)
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=SCORES)
+    parser.add_argument("--answer-cases", type=int, default=8,
+                        help="cases also scored by `answer` on another question")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads: 1, as the label run (2 threads on 2 shared cores "
+                             "ran small ops ~9x slower here)")  # fmt: skip
+    parser.add_argument("--limit", type=int, default=0, help="at most this many cases")
+    parser.add_argument("--report", action="store_true", help="only the table and the plot")
+    args = parser.parse_args()
+    if not args.report:
+        run(args)
+    print(report(args.out))
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from kvtierd.model_fetch import fetch_model
+    from kvtierd.profiler.answer import AnswerEvaluator
+
+    torch.set_num_threads(args.threads)
+    model = fetch_model(log=print)
+    answer = AnswerEvaluator(str(model), max_new_tokens=16, max_batch=33)
+    answer.load()[0].to(torch.float32)
+    from kvtierd.profiler.window_queries import window_model
+
+    window_model(str(model), torch.float32, torch.device("cpu"))  # loaded before any timing
+    ctx = {"tokenizer": AutoTokenizer.from_pretrained(model), "answer": answer,
+           "model_dir": str(model)}  # fmt: skip
+    labels = load_labels()
+    if args.limit:
+        labels = labels[: args.limit]
+    done = {r["case"] for r in _read(args.out)}
+    with_other = sum("answer/other-exact" in r["scores"] for r in _read(args.out))
+    print(f"{len(labels)} labelled cases, {len(done)} scored; {machine()}", flush=True)
+    for lc in labels:
+        if lc.name in done:
+            continue
+        other = with_other < args.answer_cases
+        row = score_case(ctx, lc, other)
+        with_other += "answer/other-exact" in row["scores"]
+        with args.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        costs = ", ".join(f"{k} {c / row['prefill_s']:.3f}" for k, c in row["cost_s"].items()
+                          if "/" in k and k.count("/") == 1)  # fmt: skip
+        print(f"{lc.name}: prefill {row['prefill_s']:.2f} s; cost/prefill {costs}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

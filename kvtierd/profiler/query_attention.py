@@ -1,0 +1,315 @@
+"""``query_attention``: the question's own attention, full KV against every variant, for every
+ratio at once (issue 26).
+
+The question's tokens run once through the model with the context's full KV as cache
+(:func:`.window_queries.pass_for_context`: ``|q|`` tokens, a few % of the context's prefill), and
+every layer's RoPE-applied queries ``q`` of those tokens are kept, with the question's own keys
+and values. For every layer, query head (reading KV head ``j // G``, GQA) and question token::
+
+    o_full = softmax(q [K; K_q]^T / sqrt(D)) [V; V_q]      the N context keys + the question's
+    o_var  = the same over the variant's kept (dequantized) context keys + the question's
+    error  = min(1, ||o_var - o_full|| / ||o_full||)
+    raw    = 1 - mean of error over (layer, head, token)
+
+(the question's keys causally: token ``t`` sees question tokens ``<= t``). This is what the
+model's attention computes at each layer for the question with the full KV's hidden states
+(teacher forcing: a layer's error is not carried to the next).
+
+Every ratio at once: a token-dropping method keeps the ``M`` highest of its per-token scores
+(:mod:`kvtierd.kernels.base`), so its kept sets are nested by ratio. The context's keys are
+sorted once by the method's own score (the kernels' torch reference), and the softmax numerator
+``sum e_t v_t`` and denominator ``sum e_t`` over the first ``M`` tokens in that order are prefix
+sums, taken at the grid's kept counts: one attention pass per method, whatever the ratios.
+Quantized variants attend over the dequantized K/V (the kernels' round trip); a drop composed
+with a quantization (``knorm@0.5+int8``) over the full context's round trip in the method's keep
+order — the stored object quantizes keys per channel in groups of 32 *kept* tokens, a grouping
+this estimate does not follow (its error is of the same size).
+
+``quality`` is ``raw`` through a monotone calibration to the share of questions whose answer is
+unchanged (exact match of the greedy answer's first 16 tokens) measured on the labelled cases of
+``benchmarks/data/quality_labels.jsonl`` (:data:`CALIBRATION`, where it comes from is said
+there): the placer's ``alpha * quality`` then reads "share of questions still answered".
+``calibrate=False`` returns ``raw``.
+
+Without a question (a context's first put): the queries of the context's last tokens
+(``ContextKV.window_queries``; recomputed from ``model_dir`` and the context's token ids when the
+KV has none), else its last keys as probes, over the context's keys only — a weaker stand-in,
+measured in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.quant import dequantize, quantize_kv
+from kvtierd.kernels.registry import get_method
+from kvtierd.profiler.quality import (
+    DEFAULT_FORM,
+    ContextKV,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    StoredForm,
+)
+from kvtierd.variants import parse_variant
+
+CALIBRATION: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
+"""``(raw, quality)`` knots, raw ascending, quality non-decreasing; linear between knots."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Probes:
+    """Query vectors to attend with: ``queries`` ``[L, Hq, T, D]``; ``own_keys``/``own_values``
+    ``[L, H, T, D]`` when they are tokens after the context (a question), attended causally
+    beside the context; ``None`` for probes from inside the context."""
+
+    queries: torch.Tensor
+    own_keys: torch.Tensor | None = None
+    own_values: torch.Tensor | None = None
+
+
+def calibrate(raw: float, knots: Sequence[tuple[float, float]] = CALIBRATION) -> float:
+    """``raw`` through the piecewise-linear monotone map ``knots`` (clamped at its ends)."""
+    xs = [x for x, _ in knots]
+    i = bisect.bisect_right(xs, raw)
+    if i == 0:
+        return knots[0][1]
+    if i == len(knots):
+        return knots[-1][1]
+    (x0, y0), (x1, y1) = knots[i - 1], knots[i]
+    return y0 + (y1 - y0) * (raw - x0) / (x1 - x0)
+
+
+class QueryAttentionEvaluator(QualityEvaluator):
+    """Attention-output error of the question's queries, every ratio at once (module doc)."""
+
+    name = "query_attention"
+
+    def __init__(
+        self,
+        model_dir: str = "",
+        window: int = 32,
+        fallback_probes: int = 32,
+        calibrate: bool = True,
+    ) -> None:
+        if window < 1 or fallback_probes < 1:
+            raise InvalidArgumentError(
+                f"window and fallback_probes must be >= 1, got {window}, {fallback_probes}"
+            )
+        self.model_dir = model_dir
+        self.window = window
+        self.fallback_probes = fallback_probes
+        self.calibrate = calibrate
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery] = (),
+        *,
+        form: StoredForm = DEFAULT_FORM,
+    ) -> QualityResult:
+        """Quality per variant, the mean over ``queries`` that carry token ids (each one pass
+        through the model in ``model_dir``); without any, over the fallback probes."""
+        t0 = time.perf_counter()
+        asked = [q for q in queries if q.token_ids]
+        probe_sets = [self.question_probes(kv, q.token_ids) for q in asked] or [self.probes(kv)]
+        per_query: dict[str, list[float]] = {v: [] for v in variants}
+        for probes in probe_sets:
+            raw = self.raw_scores(kv, variants, probes, form)
+            for v in variants:
+                per_query[v].append(calibrate(raw[v]) if self.calibrate else raw[v])
+        # as `attention` counts its probes when no question is known
+        used = len(asked) or int(probe_sets[0].queries.shape[2])
+        return QualityResult.mean_of(self.name, per_query, used, time.perf_counter() - t0)
+
+    def question_probes(self, kv: ContextKV, token_ids: Sequence[int]) -> Probes:
+        """The question's queries and own K/V after the context (one pass of its tokens)."""
+        from kvtierd.profiler.window_queries import pass_for_context
+
+        if not self.model_dir:
+            raise InvalidArgumentError(
+                "query_attention needs model_dir (the served model's local checkpoint) to run "
+                "a question through the model"
+            )
+        seen = pass_for_context(self.model_dir, kv.keys, kv.values, token_ids)
+        return Probes(seen.queries, seen.keys, seen.values)
+
+    def probes(self, kv: ContextKV) -> Probes:
+        """Fallback probes: window queries (given, or recomputed when ``model_dir`` and the
+        context's token ids are known), else the last keys."""
+        if kv.window_queries is not None:
+            return Probes(kv.window_queries)
+        if self.model_dir and len(kv.token_ids) >= kv.num_tokens:
+            from kvtierd.profiler.window_queries import queries_for_context
+
+            ids = kv.token_ids[: kv.num_tokens]
+            return Probes(queries_for_context(self.model_dir, kv.keys, kv.values, ids, self.window))
+        w = min(self.fallback_probes, kv.num_tokens)
+        return Probes(kv.keys[:, :, kv.num_tokens - w :])
+
+    def raw_scores(
+        self, kv: ContextKV, variants: Sequence[str], probes: Probes, form: StoredForm
+    ) -> dict[str, float]:
+        """``raw`` per variant (module docstring), uncalibrated."""
+        errors = self.errors(kv, variants, probes, form)
+        return {v: 1.0 - float(e.mean()) for v, e in errors.items()}
+
+    def errors(
+        self, kv: ContextKV, variants: Sequence[str], probes: Probes, form: StoredForm
+    ) -> dict[str, torch.Tensor]:
+        """Clamped relative error per variant, float32 ``[L, H, G*T]`` (query heads grouped by
+        the KV head they read, ``G`` per group, then the probe tokens)."""
+        plans = _plans(kv, variants, form)
+        bits = sorted({p.bits for p in plans} | {0})
+        per_layer: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
+        for layer in range(int(kv.keys.shape[0])):
+            self.pause()
+            q = _scaled(probes.queries[layer], int(kv.keys.shape[1]))
+            own = _own_terms(q, probes, layer)
+            k, v = kv.keys[layer].float(), kv.values[layer].float()
+            terms = {b: _Terms.of(q, (k, v), (b, form.group_size), own) for b in bits}
+            full = terms[0].outputs(None, [kv.num_tokens])[0]
+            for plan in plans:
+                order = None if plan.order is None else plan.order[layer]
+                outs = terms[plan.bits].outputs(order, plan.counts)
+                for names, o in zip(plan.by_count, outs, strict=True):
+                    err = _relative_error(o, full)
+                    for name in names:
+                        per_layer[name].append(err)
+        return {v: torch.stack(errs) for v, errs in per_layer.items()}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Plan:
+    """Variants sharing one keep order (``None``: every token, in place) and one quantization
+    (``bits``, 0 for none), and the kept counts they take of that order."""
+
+    order: torch.Tensor | None  # int64 [L, H, N]: token indices, most important first
+    bits: int
+    counts: list[int]  # ascending, distinct
+    by_count: list[list[str]]  # variant names per count
+
+
+def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Plan]:
+    parsed = {v: parse_variant(v) for v in variants}
+    groups: dict[tuple[str, int], list[str]] = {}
+    for v, p in parsed.items():
+        groups.setdefault((p.drop_method if p.drops_tokens else "", p.quant_bits), []).append(v)
+    orders: dict[str, torch.Tensor] = {}
+    n = kv.num_tokens
+    plans = []
+    for (drop, bits), names in groups.items():
+        count_of = {v: n for v in names}
+        order = None
+        if drop:
+            first = parsed[names[0]]
+            method = get_method(first.method, first.options)
+            if drop not in orders:
+                method.check_queries(
+                    KVSource.from_contiguous(kv.keys, kv.values), kv.window_queries
+                )
+                scores = method.score_reference(kv.keys, kv.values, kv.window_queries)
+                orders[drop] = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+            order = orders[drop]
+            unit = form.chunk_tokens
+            count_of = {v: method.kept_count(n, parsed[v].ratio, unit) for v in names}
+        counts = sorted(set(count_of.values()))
+        by_count = [[v for v in names if count_of[v] == c] for c in counts]
+        plans.append(_Plan(order, bits, counts, by_count))
+    return plans
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Terms:
+    """One layer's softmax terms over the context for one quantization: ``e`` ``[H, G*T, N]``
+    (``exp`` of the logits less a per-row constant, which cancels), the values ``[H, N, D]``,
+    and the question's own numerator ``[H, G*T, D]`` and denominator ``[H, G*T]`` (zeros for
+    probes from inside the context)."""
+
+    e: torch.Tensor
+    values: torch.Tensor
+    own_num: torch.Tensor
+    own_den: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        q: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        quant: tuple[int, int],
+        own: _Own,
+    ) -> _Terms:
+        """``kv``: the layer's float32 keys and values ``[H, N, D]``; ``quant``: ``(bits,
+        group_size)``, bits 0 for none."""
+        k, v = kv
+        bits, group_size = quant
+        if bits:
+            qk, qv = quantize_kv(k[None], v[None], bits, group_size, "torch")
+            k, v = dequantize(qk, "torch")[0], dequantize(qv, "torch")[0]
+        logits = q @ k.transpose(-1, -2)  # [H, G*T, N]
+        top = logits.amax(dim=-1)
+        if own is None:
+            e = torch.exp(logits - top[..., None])
+            return cls(e, v, torch.zeros_like(q), torch.zeros(q.shape[:2]))
+        own_logits, own_values, own_top = own
+        top = torch.maximum(top, own_top)
+        e = torch.exp(logits - top[..., None])
+        e_own = torch.exp(own_logits - top[..., None])
+        return cls(e, v, e_own @ own_values, e_own.sum(dim=-1))
+
+    def outputs(self, order: torch.Tensor | None, counts: Sequence[int]) -> list[torch.Tensor]:
+        """Attention outputs ``[H, G*T, D]`` over the first ``c`` context entries of ``order``
+        (``[H, N]``; ``None``: in place) and the own terms, for every ``c`` in ``counts``
+        (ascending): prefix sums, one pass."""
+        e, v = self.e, self.values
+        if order is not None:
+            e = e.gather(-1, order[:, None, :].expand(-1, e.shape[1], -1))
+            v = v.gather(1, order[..., None].expand(-1, -1, v.shape[-1]))
+        num, den = self.own_num, self.own_den
+        outs, start = [], 0
+        for c in counts:
+            num = num + e[..., start:c] @ v[:, start:c]
+            den = den + e[..., start:c].sum(dim=-1)
+            outs.append(num / den[..., None])
+            start = c
+        return outs
+
+
+def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[Hq, T, D]`` -> float32 ``[H, G*T, D] / sqrt(D)`` (query heads grouped by KV head)."""
+    hq, t, d = (int(s) for s in queries.shape)
+    if hq % kv_heads:
+        raise InvalidArgumentError(f"{hq} query heads are not a multiple of {kv_heads} KV heads")
+    return queries.float().reshape(kv_heads, hq // kv_heads * t, d) / math.sqrt(d)
+
+
+_Own = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+
+def _own_terms(q: torch.Tensor, probes: Probes, layer: int) -> _Own:
+    """The question's own keys, causally: ``(logits [H, G*T, T] with -inf above the diagonal,
+    values [H, T, D], row max [H, G*T])``, or ``None`` for probes from inside the context."""
+    if probes.own_keys is None or probes.own_values is None:
+        return None
+    k, v = probes.own_keys[layer].float(), probes.own_values[layer].float()
+    t = int(k.shape[1])
+    logits = q @ k.transpose(-1, -2)  # [H, G*T, T]
+    row = torch.arange(int(q.shape[1]), device=q.device) % t  # token index of each query row
+    future = torch.arange(t, device=q.device)[None, :] > row[:, None]
+    logits = logits.masked_fill(future[None], float("-inf"))
+    return logits, v, logits.amax(dim=-1)
+
+
+def _relative_error(o: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``min(1, ||o - full|| / ||full||)`` per row, ``[H, G*T]``."""
+    err: torch.Tensor = (o - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-12)
+    return err.clamp(max=1.0)
