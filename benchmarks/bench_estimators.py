@@ -55,6 +55,7 @@ from typing import Any
 from benchmarks.common import REPO, machine
 from benchmarks.quality_labels import (
     CHUNK,
+    LABELS,
     WINDOW,
     LabelledCase,
     load_labels,
@@ -269,6 +270,96 @@ def summary_rows(
     return out
 
 
+# ---- calibration -----------------------------------------------------------------------------
+
+
+def isotonic(points: Sequence[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """Pool-adjacent-violators over ``(x, y, weight)`` sorted by x: blocks ``(x, y, weight)``
+    (weighted means) whose ``y`` is non-decreasing in ``x``."""
+    blocks: list[list[float]] = []
+    for x, y, w in sorted(points):
+        blocks.append([x * w, y * w, w])
+        while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] > blocks[-1][1] / blocks[-1][2]:
+            x2, y2, w2 = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + x2, blocks[-1][1] + y2, blocks[-1][2] + w2]
+    return [(bx / w, by / w, w) for bx, by, w in blocks]
+
+
+def fit_calibration(
+    pairs: Sequence[tuple[float, float]], bins: int = 10
+) -> tuple[tuple[float, float], ...]:
+    """Monotone knots ``(raw, quality)`` from ``(raw score, label)`` pairs: equal-count bins of
+    the raw score, their mean labels made non-decreasing (isotonic), and ``(1, 1)`` at the end
+    (the original scores 1 and answers as itself)."""
+    ordered = sorted(pairs)
+    size = max(1, len(ordered) // bins)
+    points = []
+    for i in range(0, len(ordered), size):
+        chunk = ordered[i : i + size]
+        xs = [x for x, _ in chunk]
+        ys = [y for _, y in chunk]
+        points.append((statistics.fmean(xs), statistics.fmean(ys), float(len(chunk))))
+    knots = [(round(x, 4), round(y, 4)) for x, y, _ in isotonic(points)]
+    knots = [k for k in knots if k[0] < 1.0]
+    return (*knots, (1.0, 1.0))
+
+
+def calibration_report(rows: list[dict[str, Any]], labels: dict[str, LabelledCase]) -> str:
+    """The calibration of ``query_attention/question`` to exact match and to accuracy: fitted
+    on the even cases, judged on the odd (mean absolute error per variant of the predicted
+    share, against the unfitted raw score), then the knots fitted on every case."""
+    from kvtierd.profiler.query_attention import calibrate
+
+    name = "query_attention/question"
+    have = [r for r in rows if name in r["scores"]]
+
+    def pairs(rs: list[dict[str, Any]], label: str) -> list[tuple[float, float]]:
+        out = []
+        for r in rs:
+            lc = labels[r["case"]]
+            truth = lc.exact if label == "exact" else lc.accuracy
+            out += [(r["scores"][name][v], float(truth[v])) for v in truth]
+        return out
+
+    lines = ["\n**Calibration of query_attention/question** (raw score -> share)\n"]
+    for label in ("exact", "accuracy"):
+        fit, test = have[0::2], have[1::2]
+        knots = fit_calibration(pairs(fit, label))
+        test_pairs = pairs(test, label)
+        mae_cal = statistics.fmean(abs(calibrate(x, knots) - y) for x, y in test_pairs)
+        mae_raw = statistics.fmean(abs(x - y) for x, y in test_pairs)
+        share = _variant_share_error(test, labels, name, knots, label)
+        lines.append(
+            f"- {label}: fitted on {len(fit)} cases, held-out {len(test)}: per (case, variant) "
+            f"mean |predicted - label| {mae_cal:.3f} (raw score as the prediction: "
+            f"{mae_raw:.3f}); per variant, |mean predicted - mean label| {share:.3f}"
+        )
+        lines.append(f"  - knots on all {len(have)} cases: {fit_calibration(pairs(have, label))}")
+    return "\n".join(lines) + "\n"
+
+
+def _variant_share_error(
+    rows: list[dict[str, Any]],
+    labels: dict[str, LabelledCase],
+    name: str,
+    knots: tuple[tuple[float, float], ...],
+    label: str,
+) -> float:
+    from kvtierd.profiler.query_attention import calibrate
+
+    pred: dict[str, list[float]] = {}
+    true: dict[str, list[float]] = {}
+    for r in rows:
+        lc = labels[r["case"]]
+        truth = lc.exact if label == "exact" else lc.accuracy
+        for v in truth:
+            pred.setdefault(v, []).append(calibrate(r["scores"][name][v], knots))
+            true.setdefault(v, []).append(float(truth[v]))
+    return statistics.fmean(
+        abs(statistics.fmean(pred[v]) - statistics.fmean(true[v])) for v in pred
+    )
+
+
 def _quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -313,8 +404,8 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def report(out: Path) -> str:
-    labels = {c.name: c for c in load_labels()}
+def report(out: Path, label_files: Sequence[Path] = (LABELS,)) -> str:
+    labels = {c.name: c for path in label_files for c in load_labels(path)}
     rows = [r for r in _read(out) if r["case"] in labels]
     priors = prior_scores(list(labels.values()))
     for r in rows:
@@ -322,7 +413,14 @@ def report(out: Path) -> str:
         r["cost_s"]["prior"] = 0.0
     summary = summary_rows(rows, labels)
     plot(summary, FIGURE)
-    return table(summary)
+    odd = summary_rows(rows[1::2], labels)
+    held = [s for s in odd if s["estimator"].startswith("query_attention/question")]
+    return (
+        table(summary)
+        + "\n**query_attention/question aggregations on the odd cases only**\n\n"
+        + table(held)
+        + calibration_report(rows, labels)
+    )
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -334,6 +432,8 @@ def _read(path: Path) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=SCORES)
+    parser.add_argument("--labels", type=Path, nargs="+", default=[LABELS],
+                        help="label files (quality_labels.py)")  # fmt: skip
     parser.add_argument("--answer-cases", type=int, default=8,
                         help="cases also scored by `answer` on another question")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1,
@@ -344,7 +444,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.report:
         run(args)
-    print(report(args.out))
+    print(report(args.out, args.labels))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -363,7 +463,7 @@ def run(args: argparse.Namespace) -> None:
     window_model(str(model), torch.float32, torch.device("cpu"))  # loaded before any timing
     ctx = {"tokenizer": AutoTokenizer.from_pretrained(model), "answer": answer,
            "model_dir": str(model)}  # fmt: skip
-    labels = load_labels()
+    labels = [c for path in args.labels for c in load_labels(path)]
     if args.limit:
         labels = labels[: args.limit]
     done = {r["case"] for r in _read(args.out)}

@@ -127,10 +127,10 @@ def load_labels(path: Path = LABELS) -> list[LabelledCase]:
 
 
 def case_order(
-    tasks: Sequence[str], lengths: Sequence[int], seeds: int
+    tasks: Sequence[str], lengths: Sequence[int], seeds: int, first_seed: int = 0
 ) -> Iterator[tuple[str, int, int]]:
     """Seeds outermost, so a run cut short still covers every task and length."""
-    for seed in range(seeds):
+    for seed in range(first_seed, seeds):
         for length in lengths:
             for task in tasks:
                 yield task, length, seed
@@ -213,6 +213,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--seeds", type=int, default=12, help="seeds per task and length")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="start at this seed (a second process on other cases)")  # fmt: skip
     parser.add_argument("--want", type=int, default=80, help="stop after this many labelled cases")
     parser.add_argument(
         "--ratios", type=float, nargs="+", default=None, help="the grid's ratios (policy's)"
@@ -252,7 +254,7 @@ def run(args: argparse.Namespace, variants: list[str]) -> None:
     labelled = sum(r["full_accuracy"] == 1.0 for r in rows)
     print(f"{len(variants)} variants on {machine()}, dtype {evaluator.load()[0].dtype}; "
           f"{labelled} labelled cases already in {args.out}", flush=True)  # fmt: skip
-    for task, length, seed in case_order(args.tasks, args.lengths, args.seeds):
+    for task, length, seed in case_order(args.tasks, args.lengths, args.seeds, args.first_seed):
         if labelled >= args.want:
             break
         case = make_case(tokenizer, task, length, seed)

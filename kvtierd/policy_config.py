@@ -23,6 +23,8 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
       reprofile_threshold: 0.05
       interval_s: 300
       evaluator: attention     # attention (model-free) | answer (needs model_dir) | served
+                               # | query_attention (questions through model_dir)
+      scoring: similarity      # answer, served: similarity (MiniLM) | exact_match
       min_queries: 3           # a profile from fewer queries moves no context
       model_dir: ""            # the served model's local checkpoint: answer decodes with it,
                                # snapkv's window queries are recomputed with it (required)
@@ -61,11 +63,16 @@ from kvtierd.variants import (
     parse_variant,
 )
 
-EVALUATORS: tuple[str, ...] = ("attention", "answer", "served")
+EVALUATORS: tuple[str, ...] = ("attention", "answer", "served", "query_attention")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``served`` ``profiling.router_url``
 (the daemon refuses ``served`` for a context whose token ids it was not given,
-docs/profiler.md)."""
+docs/profiler.md); ``query_attention`` runs questions through ``profiling.model_dir`` and
+falls back to the context's last keys without it."""
+SCORINGS: tuple[str, ...] = ("similarity", "exact_match")
+"""How ``answer`` and ``served`` compare a variant's answer with the full KV's
+(``profiling.scoring``, ``kvtierd.profiler.quality.SCORINGS``): MiniLM similarity (the paper's)
+or exact match (issue 26)."""
 RENAMED_EVALUATORS: Mapping[str, str] = MappingProxyType({"engine": "served"})
 """Old evaluator names a policy may still carry, refused with the new name (issue 17: "engine"
 is only kvtierd's ``Engine``); never read as an alias."""
@@ -85,7 +92,7 @@ PROFILED_KEYS: tuple[str, ...] = ("variants", "profiling", "frequency")
 PROFILED_FIELDS: tuple[str, ...] = (
     "methods", "ratios", "variants", "reprofile_threshold", "reprofile_interval_s", "evaluator",
     "evaluator_model_dir", "evaluator_router_url", "evaluator_vllm_url", "min_queries",
-    "frequency_half_life_s",
+    "frequency_half_life_s", "evaluator_scoring",
 )  # fmt: skip
 """The ``PolicyConfig`` attributes :func:`read_profiled` sets."""
 
@@ -108,6 +115,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "model_dir",
             "router_url",
             "vllm_url",
+            "scoring",
         ),
         "frequency": ("half_life_s",),
     }
@@ -136,6 +144,7 @@ class PolicyConfig:
     evaluator_model_dir: str = ""
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
+    evaluator_scoring: str = "similarity"
     min_queries: int = 3
     profiling_share: float = 1.0
     frequency_half_life_s: float = 3600.0
@@ -298,6 +307,7 @@ def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
         evaluator_model_dir=model_dir,
         evaluator_router_url=router_url,
         evaluator_vllm_url=_url(doc, ("profiling", "vllm_url")),
+        evaluator_scoring=doc.choice(("profiling", "scoring"), SCORINGS, "similarity"),
     )
 
 

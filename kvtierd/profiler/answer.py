@@ -31,6 +31,7 @@ from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.greedy import greedy_decode
 from kvtierd.profiler.quality import (
     DEFAULT_FORM,
+    SCORINGS,
     ContextKV,
     ProfilingQuery,
     QualityEvaluator,
@@ -39,8 +40,6 @@ from kvtierd.profiler.quality import (
 )
 from kvtierd.profiler.variant_kv import pad_left, variant_kvs
 from kvtierd.profiler.window_queries import prefill_with_window_queries
-
-SCORINGS = ("similarity", "exact_match")
 
 
 class AnswerEvaluator(QualityEvaluator):

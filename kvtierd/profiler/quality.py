@@ -78,6 +78,10 @@ class StoredForm:
 
 DEFAULT_FORM = StoredForm()
 
+SCORINGS = ("similarity", "exact_match")
+"""How the answer-comparing evaluators (``answer``, ``served``) score a variant's answer against
+the full KV's: MiniLM cosine similarity (the paper's), or exact match (1.0 when unchanged)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ProfilingQuery:

@@ -118,9 +118,10 @@ class QueryAttentionEvaluator(QualityEvaluator):
         form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
         """Quality per variant, the mean over ``queries`` that carry token ids (each one pass
-        through the model in ``model_dir``); without any, over the fallback probes."""
+        through the model in ``model_dir``); without any, or without ``model_dir``, over the
+        fallback probes."""
         t0 = time.perf_counter()
-        asked = [q for q in queries if q.token_ids]
+        asked = [q for q in queries if q.token_ids] if self.model_dir else []
         probe_sets = [self.question_probes(kv, q.token_ids) for q in asked] or [self.probes(kv)]
         per_query: dict[str, list[float]] = {v: [] for v in variants}
         for probes in probe_sets:

@@ -134,7 +134,7 @@ def test_policy_served_keys() -> None:
         (
             "  evaluator: engine\n  router_url: http://r:1\n",
             r"^p.yaml:3: profiling.evaluator: 'engine' was renamed to 'served'; allowed values: "
-            r"attention, answer, served$",
+            r"attention, answer, served, query_attention$",
         ),
     ],
 )

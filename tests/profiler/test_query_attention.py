@@ -110,10 +110,15 @@ def test_fallback_probes_without_a_question() -> None:
     assert 0.0 < res["knorm@0.5"] < res["int8"] < 1.0
 
 
-def test_a_question_needs_the_model() -> None:
+def test_without_the_model_questions_give_way_to_key_probes() -> None:
+    """A policy without profiling.model_dir cannot run questions: the last keys stand in."""
     kv, _ = structured()
+    ev = QueryAttentionEvaluator(fallback_probes=16)
+    res = ev.evaluate(kv, ["int8"], [ProfilingQuery(token_ids=(1, 2))])
+    assert res.num_queries == 16
+    assert res["int8"] == ev.evaluate(kv, ["int8"])["int8"]
     with pytest.raises(InvalidArgumentError, match="model_dir"):
-        QueryAttentionEvaluator().evaluate(kv, ["int8"], [ProfilingQuery(token_ids=(1, 2))])
+        ev.question_probes(kv, (1, 2))
 
 
 def test_calibration_is_monotone_and_clamped() -> None:
