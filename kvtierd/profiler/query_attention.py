@@ -49,7 +49,6 @@ import torch
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.quant import dequantize, quantize_kv
 from kvtierd.kernels.registry import get_method
 from kvtierd.profiler.quality import (
     DEFAULT_FORM,
@@ -99,11 +98,14 @@ class QueryAttentionEvaluator(QualityEvaluator):
         window: int = 32,
         fallback_probes: int = 32,
         calibrate: bool = True,
+        layers_per_step: int = 10,
     ) -> None:
-        if window < 1 or fallback_probes < 1:
+        if min(window, fallback_probes, layers_per_step) < 1:
             raise InvalidArgumentError(
-                f"window and fallback_probes must be >= 1, got {window}, {fallback_probes}"
+                f"window, fallback_probes and layers_per_step must be >= 1, got {window}, "
+                f"{fallback_probes}, {layers_per_step}"
             )
+        self.layers_per_step = layers_per_step
         self.model_dir = model_dir
         self.window = window
         self.fallback_probes = fallback_probes
@@ -171,22 +173,27 @@ class QueryAttentionEvaluator(QualityEvaluator):
         the KV head they read, ``G`` per group, then the probe tokens)."""
         plans = _plans(kv, variants, form)
         bits = sorted({p.bits for p in plans} | {0})
-        per_layer: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
-        for layer in range(int(kv.keys.shape[0])):
+        per_step: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
+        layers = int(kv.keys.shape[0])
+        for first in range(0, layers, self.layers_per_step):
             self.pause()
-            q = _scaled(probes.queries[layer], int(kv.keys.shape[1]))
-            own = _own_terms(q, probes, layer)
-            k, v = kv.keys[layer].float(), kv.values[layer].float()
-            terms = {b: _Terms.of(q, (k, v), (b, form.group_size), own) for b in bits}
+            at = slice(first, min(layers, first + self.layers_per_step))
+            q = _scaled(probes.queries[at], int(kv.keys.shape[1]))
+            own = _own_terms(q, probes, at)
+            k, v = kv.keys[at].float(), kv.values[at].float()
+            lossy = [b for b in bits if b]
+            ks = {0: k, **round_trips(k, lossy, form.group_size, "channel")}
+            vs = {0: v, **round_trips(v, lossy, form.group_size, "token")}
+            terms = {b: _Terms.of(q, (ks[b], vs[b]), own) for b in bits}
             full = terms[0].outputs(None, [kv.num_tokens])[0]
             for plan in plans:
-                order = None if plan.order is None else plan.order[layer]
+                order = None if plan.order is None else plan.order[at]
                 outs = terms[plan.bits].outputs(order, plan.counts)
                 for names, o in zip(plan.by_count, outs, strict=True):
                     err = _relative_error(o, full)
                     for name in names:
-                        per_layer[name].append(err)
-        return {v: torch.stack(errs) for v, errs in per_layer.items()}
+                        per_step[name].append(err)
+        return {v: torch.cat(errs) for v, errs in per_step.items()}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -231,10 +238,10 @@ def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Pl
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Terms:
-    """One layer's softmax terms over the context for one quantization: ``e`` ``[H, G*T, N]``
-    (``exp`` of the logits less a per-row constant, which cancels), the values ``[H, N, D]``,
-    and the question's own numerator ``[H, G*T, D]`` and denominator ``[H, G*T]`` (zeros for
-    probes from inside the context)."""
+    """Some layers' softmax terms over the context for one quantization: ``e``
+    ``[L', H, G*T, N]`` (``exp`` of the logits less a per-row constant, which cancels), the
+    values ``[L', H, N, D]``, and the question's own numerator ``[L', H, G*T, D]`` and
+    denominator ``[L', H, G*T]`` (zeros for probes from inside the context)."""
 
     e: torch.Tensor
     values: torch.Tensor
@@ -246,21 +253,16 @@ class _Terms:
         cls,
         q: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
-        quant: tuple[int, int],
         own: _Own,
     ) -> _Terms:
-        """``kv``: the layer's float32 keys and values ``[H, N, D]``; ``quant``: ``(bits,
-        group_size)``, bits 0 for none."""
+        """``kv``: the layers' float32 keys and values ``[L', H, N, D]`` (dequantized for a
+        quantized variant)."""
         k, v = kv
-        bits, group_size = quant
-        if bits:
-            qk, qv = quantize_kv(k[None], v[None], bits, group_size, "torch")
-            k, v = dequantize(qk, "torch")[0], dequantize(qv, "torch")[0]
-        logits = q @ k.transpose(-1, -2)  # [H, G*T, N]
+        logits = q @ k.transpose(-1, -2)  # [L', H, G*T, N]
         top = logits.amax(dim=-1)
         if own is None:
             e = torch.exp(logits - top[..., None])
-            return cls(e, v, torch.zeros_like(q), torch.zeros(q.shape[:2]))
+            return cls(e, v, torch.zeros_like(q), torch.zeros(q.shape[:-1]))
         own_logits, own_values, own_top = own
         top = torch.maximum(top, own_top)
         e = torch.exp(logits - top[..., None])
@@ -268,49 +270,84 @@ class _Terms:
         return cls(e, v, e_own @ own_values, e_own.sum(dim=-1))
 
     def outputs(self, order: torch.Tensor | None, counts: Sequence[int]) -> list[torch.Tensor]:
-        """Attention outputs ``[H, G*T, D]`` over the first ``c`` context entries of ``order``
-        (``[H, N]``; ``None``: in place) and the own terms, for every ``c`` in ``counts``
-        (ascending): prefix sums, one pass."""
+        """Attention outputs ``[L', H, G*T, D]`` over the first ``c`` context entries of
+        ``order`` (``[L', H, N]``; ``None``: in place) and the own terms, for every ``c`` in
+        ``counts`` (ascending): prefix sums, one pass."""
         e, v = self.e, self.values
         if order is not None:
-            e = e.gather(-1, order[:, None, :].expand(-1, e.shape[1], -1))
-            v = v.gather(1, order[..., None].expand(-1, -1, v.shape[-1]))
+            e = e.gather(-1, order[:, :, None, :].expand(-1, -1, e.shape[2], -1))
+            v = v.gather(2, order[..., None].expand(-1, -1, -1, v.shape[-1]))
         num, den = self.own_num, self.own_den
         outs, start = [], 0
         for c in counts:
-            num = num + e[..., start:c] @ v[:, start:c]
+            num = num + e[..., start:c] @ v[:, :, start:c]
             den = den + e[..., start:c].sum(dim=-1)
             outs.append(num / den[..., None])
             start = c
         return outs
 
 
+def round_trips(
+    x: torch.Tensor, bits: Sequence[int], group_size: int, axis: str
+) -> dict[int, torch.Tensor]:
+    """float32 ``x`` ``[..., N, D]`` quantized and dequantized at each of ``bits`` as the
+    kernels' KIVI quantizer does (:mod:`kvtierd.kernels.quant`: the same float32 arithmetic, so
+    the same values), without packing codes, the groups' min and max found once for every
+    ``bits``: keys per channel in groups of ``group_size`` tokens (``axis="channel"``), values
+    per token in groups of channels (``"token"``)."""
+    dim = -2 if axis == "channel" else -1  # the grouped axis
+    n = int(x.shape[dim])
+    groups = -(-n // group_size)
+    pad = groups * group_size - n
+    if pad:  # the last entry again: a partial group's min and max are its own
+        last = x.narrow(dim, n - 1, 1)
+        x = torch.cat([x, last.expand(*(pad if i == x.dim() + dim else s for i, s in
+                                         enumerate(x.shape)))], dim=dim)  # fmt: skip
+    if axis == "channel":
+        grouped = x.reshape(*x.shape[:-2], groups, group_size, x.shape[-1])
+    else:
+        grouped = x.reshape(*x.shape[:-1], groups, group_size)
+    at = dim  # the within-group axis of `grouped` (-2: tokens of a channel group; -1: channels)
+    lo, hi = grouped.amin(at, keepdim=True), grouped.amax(at, keepdim=True)
+    zero = lo.to(torch.float16).to(torch.float32)
+    out = {}
+    for b in bits:
+        qmax = float(2**b - 1)
+        scale = ((hi - lo) / qmax).to(torch.float16).to(torch.float32)
+        codes = torch.floor((grouped - zero) / scale + 0.5)
+        codes = torch.where(scale > 0, codes, 0.0).clamp_(0.0, qmax)
+        out[b] = (codes * scale + zero).reshape(x.shape).narrow(dim, 0, n)
+    return out
+
+
 def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """``[Hq, T, D]`` -> float32 ``[H, G*T, D] / sqrt(D)`` (query heads grouped by KV head)."""
-    hq, t, d = (int(s) for s in queries.shape)
+    """``[L', Hq, T, D]`` -> float32 ``[L', H, G*T, D] / sqrt(D)`` (query heads grouped by the
+    KV head they read)."""
+    lyr, hq, t, d = (int(s) for s in queries.shape)
     if hq % kv_heads:
         raise InvalidArgumentError(f"{hq} query heads are not a multiple of {kv_heads} KV heads")
-    return queries.float().reshape(kv_heads, hq // kv_heads * t, d) / math.sqrt(d)
+    return queries.float().reshape(lyr, kv_heads, hq // kv_heads * t, d) / math.sqrt(d)
 
 
 _Own = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
-def _own_terms(q: torch.Tensor, probes: Probes, layer: int) -> _Own:
-    """The question's own keys, causally: ``(logits [H, G*T, T] with -inf above the diagonal,
-    values [H, T, D], row max [H, G*T])``, or ``None`` for probes from inside the context."""
+def _own_terms(q: torch.Tensor, probes: Probes, at: slice) -> _Own:
+    """The question's own keys, causally: ``(logits [L', H, G*T, T] with -inf above the
+    diagonal, values [L', H, T, D], row max [L', H, G*T])`` for the layers ``at``, or ``None``
+    for probes from inside the context."""
     if probes.own_keys is None or probes.own_values is None:
         return None
-    k, v = probes.own_keys[layer].float(), probes.own_values[layer].float()
-    t = int(k.shape[1])
-    logits = q @ k.transpose(-1, -2)  # [H, G*T, T]
-    row = torch.arange(int(q.shape[1]), device=q.device) % t  # token index of each query row
+    k, v = probes.own_keys[at].float(), probes.own_values[at].float()
+    t = int(k.shape[2])
+    logits = q @ k.transpose(-1, -2)  # [L', H, G*T, T]
+    row = torch.arange(int(q.shape[2]), device=q.device) % t  # token index of each query row
     future = torch.arange(t, device=q.device)[None, :] > row[:, None]
-    logits = logits.masked_fill(future[None], float("-inf"))
+    logits = logits.masked_fill(future, float("-inf"))
     return logits, v, logits.amax(dim=-1)
 
 
 def _relative_error(o: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
-    """``min(1, ||o - full|| / ||full||)`` per row, ``[H, G*T]``."""
+    """``min(1, ||o - full|| / ||full||)`` per row, ``[L', H, G*T]``."""
     err: torch.Tensor = (o - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-12)
     return err.clamp(max=1.0)

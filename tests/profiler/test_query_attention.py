@@ -162,3 +162,16 @@ def test_question_pass_sees_what_the_model_computes(tiny_llama_dir: Path) -> Non
     assert isinstance(ev, QueryAttentionEvaluator)
     direct = ev.raw_scores(kv, ["knorm@0.5", "int8"], probes, StoredForm())
     assert res["knorm@0.5"] == pytest.approx(direct["knorm@0.5"], abs=1e-5)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("axis", ["channel", "token"])
+def test_round_trip_is_the_kernels_quantizer(bits: int, axis: str) -> None:
+    from kvtierd.kernels.quant import dequantize, quantize
+    from kvtierd.profiler.query_attention import round_trips
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 77, 64, generator=g) * torch.linspace(0.1, 3.0, 64)
+    x[0, 0, :40, 5] = 0.25  # a constant group: scale 0
+    want = dequantize(quantize(x, bits, 32, axis, "torch"), "torch")  # type: ignore[arg-type]
+    assert torch.equal(round_trips(x, [8, 4], 32, axis)[bits], want)
