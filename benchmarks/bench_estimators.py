@@ -17,7 +17,8 @@ variants and the streamingllm controls), each timed on the same cores in the sam
 * ``query_attention/question``: the new estimator (``kvtierd/profiler/query_attention.py``),
   uncalibrated, its question pass included; with two other aggregations of the same errors
   (``/last``: the question's last token only; ``/last8``: its last 8 tokens; ``/headmax``: per
-  layer and token the worst head)
+  layer and token the worst head; ``/stride2``, ``/stride3``: every second or third layer only,
+  which would halve or third the cost of the errors)
   to judge the a-priori choice (the mean) on held-out cases;
 * ``query_attention/window``: its fallback without a question — the context's last 32 queries,
   recomputed from the weights (a pass of 32 tokens after the stored prefix, timed);
@@ -78,7 +79,9 @@ def timed(fn: Scorer) -> tuple[dict[str, float], float]:
     return out, time.process_time() - t0
 
 
-def score_case(ctx: dict[str, Any], lc: LabelledCase, other_answer: bool) -> dict[str, Any]:
+def score_case(
+    ctx: dict[str, Any], lc: LabelledCase, other_answer: bool, attention: bool
+) -> dict[str, Any]:
     """Every estimator's scores of the case's labelled variants, with its cost (module doc)."""
     import torch
 
@@ -96,7 +99,7 @@ def score_case(ctx: dict[str, Any], lc: LabelledCase, other_answer: bool) -> dic
     prefill_s, prefill_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     bare = ContextKV(kv.keys, kv.values)  # what the daemon holds: no queries
     with_ids = ContextKV(kv.keys, kv.values, token_ids=kv.token_ids)
-    attention = AttentionEvaluator()
+    attn = AttentionEvaluator()
     qa = QueryAttentionEvaluator(model_dir=model_dir, calibrate=False)
     qa_keys = QueryAttentionEvaluator(calibrate=False)
     scores: dict[str, dict[str, float]] = {}
@@ -108,14 +111,14 @@ def score_case(ctx: dict[str, Any], lc: LabelledCase, other_answer: bool) -> dic
     def quality(ev: Any, kv_: ContextKV, queries: Sequence[ProfilingQuery] = ()) -> Scorer:
         return lambda: dict(ev.evaluate(kv_, variants, queries, form=form).quality)
 
-    run("attention/window", quality(attention, kv))
-    run("attention/keys", quality(attention, bare))
-
     def attention_question() -> dict[str, float]:
         seen = pass_for_context(model_dir, kv.keys, kv.values, split.query)
-        return quality(attention, ContextKV(kv.keys, kv.values, seen.queries))()
+        return quality(attn, ContextKV(kv.keys, kv.values, seen.queries))()
 
-    run("attention/question", attention_question)
+    if attention:
+        run("attention/window", quality(attn, kv))
+        run("attention/keys", quality(attn, bare))
+        run("attention/question", attention_question)
     errors: dict[str, torch.Tensor] = {}
 
     def qa_question() -> dict[str, float]:
@@ -168,12 +171,16 @@ def _similarity(answer: Any, full: str, others: list[str], variants: list[str]) 
 
 def _aggregations(errors: dict[str, Any], tokens: int) -> dict[str, dict[str, float]]:
     """Other a-priori readings of the same ``[L, H, G*T]`` errors (module docstring)."""
-    out: dict[str, dict[str, float]] = {"last": {}, "last8": {}, "headmax": {}}
+    names = ("last", "last8", "headmax", "stride2", "stride3", "last8-stride2")
+    out: dict[str, dict[str, float]] = {n: {} for n in names}
     for v, e in errors.items():
         lyr, h, gt = (int(s) for s in e.shape)
         per = e.reshape(lyr, h, gt // tokens, tokens)  # [L, H, G, T]
         out["last"][v] = 1.0 - float(per[..., -1].mean())
         out["last8"][v] = 1.0 - float(per[..., -8:].mean())
+        out["stride2"][v] = 1.0 - float(per[::2].mean())
+        out["stride3"][v] = 1.0 - float(per[::3].mean())
+        out["last8-stride2"][v] = 1.0 - float(per[::2, ..., -8:].mean())
         out["headmax"][v] = 1.0 - float(per.amax(dim=(1, 2)).mean())
     return out
 
@@ -447,6 +454,9 @@ def main() -> None:
                         help="torch threads: 1, as the label run (2 threads on 2 shared cores "
                              "ran small ops ~9x slower here)")  # fmt: skip
     parser.add_argument("--limit", type=int, default=0, help="at most this many cases")
+    parser.add_argument("--attention-every", type=int, default=1,
+                        help="the `attention` evaluators (1-4 prefills each) on every k-th "
+                             "case only")  # fmt: skip
     parser.add_argument("--report", action="store_true", help="only the table and the plot")
     args = parser.parse_args()
     if not args.report:
@@ -480,7 +490,8 @@ def run(args: argparse.Namespace) -> None:
         if lc.name in done:
             continue
         other = with_other < args.answer_cases
-        row = score_case(ctx, lc, other)
+        index = labels.index(lc)
+        row = score_case(ctx, lc, other, attention=index % args.attention_every == 0)
         with_other += "answer/other-exact" in row["scores"]
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -66,9 +66,10 @@ CALIBRATION: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Probes:
-    """Query vectors to attend with: ``queries`` ``[L, Hq, T, D]``; ``own_keys``/``own_values``
-    ``[L, H, T, D]`` when they are tokens after the context (a question), attended causally
-    beside the context; ``None`` for probes from inside the context."""
+    """Query vectors to attend with: ``queries`` ``[L, Hq, T', D]``; ``own_keys``/``own_values``
+    ``[L, H, T, D]`` when they are tokens after the context (a question of ``T`` tokens whose
+    last ``T' <= T`` are the probes), attended causally beside the context; ``None`` for probes
+    from inside the context."""
 
     queries: torch.Tensor
     own_keys: torch.Tensor | None = None
@@ -95,17 +96,22 @@ class QueryAttentionEvaluator(QualityEvaluator):
     def __init__(
         self,
         model_dir: str = "",
+        *,
         window: int = 32,
         fallback_probes: int = 32,
         calibrate: bool = True,
         layers_per_step: int = 10,
+        question_tokens: int = 0,
     ) -> None:
         if min(window, fallback_probes, layers_per_step) < 1:
             raise InvalidArgumentError(
                 f"window, fallback_probes and layers_per_step must be >= 1, got {window}, "
                 f"{fallback_probes}, {layers_per_step}"
             )
+        if question_tokens < 0:
+            raise InvalidArgumentError(f"question_tokens must be >= 0, got {question_tokens}")
         self.layers_per_step = layers_per_step
+        self.question_tokens = question_tokens
         self.model_dir = model_dir
         self.window = window
         self.fallback_probes = fallback_probes
@@ -144,7 +150,8 @@ class QueryAttentionEvaluator(QualityEvaluator):
                 "a question through the model"
             )
         seen = pass_for_context(self.model_dir, kv.keys, kv.values, token_ids)
-        return Probes(seen.queries, seen.keys, seen.values)
+        last = self.question_tokens or len(token_ids)
+        return Probes(seen.queries[:, :, -last:], seen.keys, seen.values)
 
     def probes(self, kv: ContextKV) -> Probes:
         """Fallback probes: window queries (given, or recomputed when ``model_dir`` and the
@@ -340,8 +347,9 @@ def _own_terms(q: torch.Tensor, probes: Probes, at: slice) -> _Own:
         return None
     k, v = probes.own_keys[at].float(), probes.own_values[at].float()
     t = int(k.shape[2])
-    logits = q @ k.transpose(-1, -2)  # [L', H, G*T, T]
-    row = torch.arange(int(q.shape[2]), device=q.device) % t  # token index of each query row
+    asked = int(probes.queries.shape[2])  # the question's last tokens, of its t
+    logits = q @ k.transpose(-1, -2)  # [L', H, G*T', T]
+    row = torch.arange(int(q.shape[2]), device=q.device) % asked + (t - asked)  # each row's token
     future = torch.arange(t, device=q.device)[None, :] > row[:, None]
     logits = logits.masked_fill(future, float("-inf"))
     return logits, v, logits.amax(dim=-1)

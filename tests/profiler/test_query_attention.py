@@ -175,3 +175,18 @@ def test_round_trip_is_the_kernels_quantizer(bits: int, axis: str) -> None:
     x[0, 0, :40, 5] = 0.25  # a constant group: scale 0
     want = dequantize(quantize(x, bits, 32, axis, "torch"), "torch")  # type: ignore[arg-type]
     assert torch.equal(round_trips(x, [8, 4], 32, axis)[bits], want)
+
+
+def test_the_last_question_tokens_alone_score_as_they_do_among_all() -> None:
+    """Probing with the question's last K tokens (``question_tokens``) gives exactly their
+    errors among all T: each still sees every question token before it."""
+    kv, probes = structured()
+    ev = QueryAttentionEvaluator(calibrate=False)
+    names = ["knorm@0.5", "int4", "streamingllm@0.25"]
+    every = ev.errors(kv, names, probes, FORM)
+    last = Probes(probes.queries[:, :, -2:], probes.own_keys, probes.own_values)
+    some = ev.errors(kv, names, last, FORM)
+    g = HQ // H
+    for v in names:
+        want = every[v].reshape(L, H, g, T)[..., -2:]
+        assert torch.allclose(some[v].reshape(L, H, g, 2), want, atol=1e-6)
