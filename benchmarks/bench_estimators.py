@@ -131,7 +131,11 @@ def score_case(
         scores[f"query_attention/question/{name}"] = agg
         cost[f"query_attention/question/{name}"] = cost["query_attention/question"]
     run("query_attention/window", quality(qa, with_ids))
-    run("query_attention/keys", quality(qa_keys, bare))
+    # the key probes themselves (evaluate() would answer from the labels' prior without a model)
+    run(
+        "query_attention/keys",
+        lambda: qa_keys.raw_scores(bare, variants, qa_keys.probes(bare), form),
+    )
     if other_answer and lc.case(tok).more_questions:
         other, _ = lc.case(tok).more_questions[0]
         from benchmarks.quality_tasks import split_prompt
@@ -269,7 +273,7 @@ def summary_rows(
             rho = spearman([truth[v] for v in names], [est[v] for v in names])
             if rho is not None:
                 rhos.append(rho)
-            if name in r.get("cost_cpu_s", {}):
+            if name in r.get("cost_cpu_s", {}) and "prefill_cpu_s" in r:
                 costs.append(r["cost_cpu_s"][name] / r["prefill_cpu_s"])
         out.append({
             "estimator": name, "cases": len(have), "pairs": int(pairs),
@@ -374,6 +378,30 @@ def _variant_share_error(
     )
 
 
+def constants(rows: list[dict[str, Any]], labels: dict[str, LabelledCase]) -> str:
+    """``CALIBRATION`` (exact match, every scored case) and ``PRIOR`` (mean exact match per
+    method and ratio over every labelled case, ratios labelled on 5 cases or more, made
+    non-decreasing in the ratio) for ``kvtierd/profiler/query_attention.py``."""
+    from kvtierd.variants import parse_variant
+
+    name = "query_attention/question"
+    pairs = [(r["scores"][name][v], float(labels[r["case"]].exact[v]))
+             for r in rows if name in r["scores"] for v in labels[r["case"]].exact]  # fmt: skip
+    shares: dict[str, dict[float, list[int]]] = {}
+    for c in labels.values():
+        for v, e in c.exact.items():
+            p = parse_variant(v)
+            shares.setdefault(p.method_name, {}).setdefault(p.ratio, []).append(e)
+    # ratios labelled on at least 5 cases, the share made non-decreasing in the ratio
+    prior = {
+        m: tuple((round(r, 3), round(y, 3)) for r, y, _ in
+                 isotonic([(r, statistics.fmean(es), len(es)) for r, es in by.items()
+                           if len(es) >= 5]))
+        for m, by in sorted(shares.items())
+    }  # fmt: skip
+    return f"CALIBRATION = {fit_calibration(pairs)}\nPRIOR = {prior}\n"
+
+
 def _quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -458,7 +486,13 @@ def main() -> None:
                         help="the `attention` evaluators (1-4 prefills each) on every k-th "
                              "case only")  # fmt: skip
     parser.add_argument("--report", action="store_true", help="only the table and the plot")
+    parser.add_argument("--constants", action="store_true",
+                        help="print CALIBRATION and PRIOR fitted on the labels")  # fmt: skip
     args = parser.parse_args()
+    if args.constants:
+        labels = {c.name: c for path in args.labels for c in load_labels(path)}
+        print(constants([r for r in _read(args.out) if r["case"] in labels], labels))
+        return
     if not args.report:
         run(args)
     print(report(args.out, args.labels))

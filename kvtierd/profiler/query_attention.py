@@ -33,8 +33,10 @@ there): the placer's ``alpha * quality`` then reads "share of questions still an
 
 Without a question (a context's first put): the queries of the context's last tokens
 (``ContextKV.window_queries``; recomputed from ``model_dir`` and the context's token ids when the
-KV has none), else its last keys as probes, over the context's keys only — a weaker stand-in,
-measured in benchmarks/RESULTS.md.
+KV has none), over the context's keys only — a weaker stand-in, measured in
+benchmarks/RESULTS.md. Without those either (no model): the labels' mean share per variant
+(:data:`PRIOR`, blind to the context), which ordered pairs better than the context's last keys
+as probes; the last keys only for a variant the prior does not know.
 """
 
 from __future__ import annotations
@@ -62,6 +64,26 @@ from kvtierd.variants import parse_variant
 
 CALIBRATION: tuple[tuple[float, float], ...] = ((0.0, 0.0), (1.0, 1.0))
 """``(raw, quality)`` knots, raw ascending, quality non-decreasing; linear between knots."""
+
+PRIOR: dict[str, tuple[tuple[float, float], ...]] = {}
+"""Per method (``Variant.method_name``), ``(ratio, share of questions answered unchanged)``
+knots, ratio ascending, from the labels (where they come from is said at the values)."""
+
+
+def prior_quality(variants: Sequence[str]) -> dict[str, float] | None:
+    """Each variant's share from :data:`PRIOR` (linear in the ratio between its knots, clamped
+    at the ends); ``None`` when a variant's method has none (the caller probes instead)."""
+    out = {}
+    for v in variants:
+        parsed = parse_variant(v)
+        if parsed.method_name == "none":
+            out[v] = 1.0
+            continue
+        knots = PRIOR.get(parsed.method_name)
+        if knots is None:
+            return None
+        out[v] = calibrate(parsed.ratio, knots)
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -130,6 +152,13 @@ class QueryAttentionEvaluator(QualityEvaluator):
         fallback probes."""
         t0 = time.perf_counter()
         asked = [q for q in queries if q.token_ids] if self.model_dir else []
+        can_probe = kv.window_queries is not None or (
+            self.model_dir and len(kv.token_ids) >= kv.num_tokens
+        )
+        if not asked and not can_probe and (known := prior_quality(variants)) is not None:
+            # no question and no model: the labels' per-variant share beats the last keys
+            per = {v: [q] for v, q in known.items()}
+            return QualityResult.mean_of(self.name, per, 0, time.perf_counter() - t0)
         probe_sets = [self.question_probes(kv, q.token_ids) for q in asked] or [self.probes(kv)]
         per_query: dict[str, list[float]] = {v: [] for v in variants}
         for probes in probe_sets:

@@ -98,7 +98,10 @@ def test_original_scores_one_and_harder_drops_score_less() -> None:
     assert 1.0 > raw["int8"] > raw["int4"]
 
 
-def test_fallback_probes_without_a_question() -> None:
+def test_fallback_probes_without_a_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtierd.profiler import query_attention
+
+    monkeypatch.setattr(query_attention, "PRIOR", {})  # the probes, not the labels
     kv, _ = structured()
     windowed = ContextKV(kv.keys, kv.values, window_queries=torch.randn(L, HQ, 8, D))
     ev = QueryAttentionEvaluator(fallback_probes=16, calibrate=False)
@@ -110,7 +113,12 @@ def test_fallback_probes_without_a_question() -> None:
     assert 0.0 < res["knorm@0.5"] < res["int8"] < 1.0
 
 
-def test_without_the_model_questions_give_way_to_key_probes() -> None:
+def test_without_the_model_questions_give_way_to_key_probes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvtierd.profiler import query_attention
+
+    monkeypatch.setattr(query_attention, "PRIOR", {})  # the probes, not the labels
     """A policy without profiling.model_dir cannot run questions: the last keys stand in."""
     kv, _ = structured()
     ev = QueryAttentionEvaluator(fallback_probes=16)
@@ -190,3 +198,19 @@ def test_the_last_question_tokens_alone_score_as_they_do_among_all() -> None:
     for v in names:
         want = every[v].reshape(L, H, g, T)[..., -2:]
         assert torch.allclose(some[v].reshape(L, H, g, 2), want, atol=1e-6)
+
+
+def test_without_model_or_probes_the_labels_prior_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No question, no window queries, no model: the per-method prior (linear in the ratio
+    between its knots); a variant it does not know sends every variant to the key probes."""
+    from kvtierd.profiler import query_attention
+
+    table = {"knorm": ((0.1, 0.0), (0.5, 0.6)), "int8": ((1.0, 0.95),)}
+    monkeypatch.setattr(query_attention, "PRIOR", table)
+    kv, _ = structured()
+    ev = QueryAttentionEvaluator()
+    res = ev.evaluate(kv, ["knorm@0.3", "knorm@0.9", "int8"])
+    assert res.quality == pytest.approx({"knorm@0.3": 0.3, "knorm@0.9": 0.6, "int8": 0.95})
+    assert res.num_queries == 0
+    probed = ev.evaluate(kv, ["knorm@0.3", "keydiff@0.5"])
+    assert probed.num_queries == ev.fallback_probes
