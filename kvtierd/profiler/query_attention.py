@@ -29,7 +29,10 @@ this estimate does not follow (its error is of the same size).
 unchanged (exact match of the greedy answer's first 16 tokens) measured on the labelled cases of
 ``benchmarks/data/quality_labels.jsonl`` (:data:`CALIBRATION`, where it comes from is said
 there): the placer's ``alpha * quality`` then reads "share of questions still answered".
-``calibrate=False`` returns ``raw``.
+``calibrate=False`` returns ``raw``. Calibrated, the score is averaged (``prior_weight``, 0.5:
+equal weights, chosen before measuring) with the labels' share for the variant (:data:`PRIOR`)
+when the prior knows every variant: on the labels the prior alone ordered pairs better than the
+context's own evidence, and the two together a little better still (RESULTS.md).
 
 Without a question (a context's first put): the queries of the context's last tokens
 (``ContextKV.window_queries``; recomputed from ``model_dir`` and the context's token ids when the
@@ -124,6 +127,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         calibrate: bool = True,
         layers_per_step: int = 10,
         question_tokens: int = 0,
+        prior_weight: float = 0.5,
     ) -> None:
         if min(window, fallback_probes, layers_per_step) < 1:
             raise InvalidArgumentError(
@@ -132,6 +136,9 @@ class QueryAttentionEvaluator(QualityEvaluator):
             )
         if question_tokens < 0:
             raise InvalidArgumentError(f"question_tokens must be >= 0, got {question_tokens}")
+        if not 0.0 <= prior_weight <= 1.0:
+            raise InvalidArgumentError(f"prior_weight must be in [0, 1], got {prior_weight}")
+        self.prior_weight = prior_weight
         self.layers_per_step = layers_per_step
         self.question_tokens = question_tokens
         self.model_dir = model_dir
@@ -161,10 +168,14 @@ class QueryAttentionEvaluator(QualityEvaluator):
             return QualityResult.mean_of(self.name, per, 0, time.perf_counter() - t0)
         probe_sets = [self.question_probes(kv, q.token_ids) for q in asked] or [self.probes(kv)]
         per_query: dict[str, list[float]] = {v: [] for v in variants}
+        prior = prior_quality(variants) if self.calibrate else None
+        w = self.prior_weight if prior is not None else 0.0
         for probes in probe_sets:
             raw = self.raw_scores(kv, variants, probes, form)
             for v in variants:
-                per_query[v].append(calibrate(raw[v]) if self.calibrate else raw[v])
+                score = calibrate(raw[v]) if self.calibrate else raw[v]
+                # the context's evidence and the labels' record of the variant, equal weights
+                per_query[v].append((1 - w) * score + w * (prior or {}).get(v, 0.0))
         # as `attention` counts its probes when no question is known
         used = len(asked) or int(probe_sets[0].queries.shape[2])
         return QualityResult.mean_of(self.name, per_query, used, time.perf_counter() - t0)

@@ -214,3 +214,19 @@ def test_without_model_or_probes_the_labels_prior_answers(monkeypatch: pytest.Mo
     assert res.num_queries == 0
     probed = ev.evaluate(kv, ["knorm@0.3", "keydiff@0.5"])
     assert probed.num_queries == ev.fallback_probes
+
+
+def test_calibrated_scores_are_averaged_with_the_prior(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtierd.profiler import query_attention
+
+    monkeypatch.setattr(query_attention, "PRIOR", {"knorm": ((0.1, 0.2), (0.9, 0.8))})
+    monkeypatch.setattr(query_attention, "CALIBRATION", ((0.0, 0.0), (1.0, 1.0)))
+    kv, _ = structured()
+    windowed = ContextKV(kv.keys, kv.values, window_queries=torch.randn(L, HQ, 8, D))
+    names = ["knorm@0.5", "knorm@0.9"]
+    raw = QueryAttentionEvaluator(calibrate=False).evaluate(windowed, names)
+    both = QueryAttentionEvaluator().evaluate(windowed, names)
+    alone = QueryAttentionEvaluator(prior_weight=0.0).evaluate(windowed, names)
+    assert both["knorm@0.5"] == pytest.approx(0.5 * raw["knorm@0.5"] + 0.5 * 0.5)
+    assert both["knorm@0.9"] == pytest.approx(0.5 * raw["knorm@0.9"] + 0.5 * 0.8)
+    assert alone["knorm@0.5"] == pytest.approx(raw["knorm@0.5"])
