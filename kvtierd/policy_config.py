@@ -22,11 +22,12 @@ Keys (every one documented in docs/configuration.md; unknown keys are errors)::
     profiling:                 # evicpress: re-profile when online quality drops by > threshold
       reprofile_threshold: 0.05
       interval_s: 300
-      estimator: attention     # the cheap estimator: every context's profile at its first put,
-                               # trusted from the start (any evaluator but answer and served)
+      estimator: query_attention  # the cheap estimator: every context's profile at its first
+                               # put, trusted from the start (any evaluator but answer and served)
       evaluator: answer        # refines those profiles while vLLM is idle, where a decision is
                                # within estimator_error (answer | served); omitted: none
       estimator_error: 0.1     # the estimator's quality error: a closer call is refined
+      scoring: similarity      # answer, served: similarity (MiniLM) | exact_match
       min_queries: 3           # a refined profile from fewer queries moves no context
       model_dir: ""            # the served model's local checkpoint: answer decodes with it,
                                # snapkv's window queries are recomputed with it (required)
@@ -65,21 +66,26 @@ from kvtierd.variants import (
     parse_variant,
 )
 
-EVALUATORS: tuple[str, ...] = ("attention", "answer", "served")
+EVALUATORS: tuple[str, ...] = ("attention", "answer", "served", "query_attention")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
 ``profiling.model_dir`` (a local Hugging Face causal LM), ``served`` ``profiling.router_url``
 (the daemon refuses ``served`` for a context whose token ids it was not given,
-docs/profiler.md)."""
+docs/profiler.md); ``query_attention`` runs questions through ``profiling.model_dir`` and
+falls back to the context's last queries, else to the labels' per-variant prior, without it."""
 EXPENSIVE_EVALUATORS: tuple[str, ...] = ("answer", "served")
 """Evaluators that decode answers (one to several prefills per context): they only refine
 the cheap estimator's profiles (``profiling.evaluator``), never give a context its first."""
-DEFAULT_ESTIMATOR = "attention"
+DEFAULT_ESTIMATOR = "query_attention"
 """The cheap estimator a policy gets when it names none (``profiling.estimator``): the one
 that orders variants as accuracy does most often at a small share of a prefill (issue 26,
 ``benchmarks/bench_estimators.py``)."""
 DEFAULT_ESTIMATOR_ERROR = 0.1
 """``profiling.estimator_error`` when a policy gives none: the quality error the estimator is
 taken to have until it is measured on labelled cases (issue 26)."""
+SCORINGS: tuple[str, ...] = ("similarity", "exact_match")
+"""How ``answer`` and ``served`` compare a variant's answer with the full KV's
+(``profiling.scoring``, ``kvtierd.profiler.quality.SCORINGS``): MiniLM similarity (the paper's)
+or exact match (issue 26)."""
 RENAMED_EVALUATORS: Mapping[str, str] = MappingProxyType({"engine": "served"})
 """Old evaluator names a policy may still carry, refused with the new name (issue 17: "engine"
 is only kvtierd's ``Engine``); never read as an alias."""
@@ -99,7 +105,7 @@ PROFILED_KEYS: tuple[str, ...] = ("variants", "profiling", "frequency")
 PROFILED_FIELDS: tuple[str, ...] = (
     "methods", "ratios", "variants", "reprofile_threshold", "reprofile_interval_s", "evaluator",
     "estimator", "estimator_error", "evaluator_model_dir", "evaluator_router_url",
-    "evaluator_vllm_url", "min_queries", "frequency_half_life_s",
+    "evaluator_vllm_url", "min_queries", "frequency_half_life_s", "evaluator_scoring",
 )  # fmt: skip
 """The ``PolicyConfig`` attributes :func:`read_profiled` sets."""
 
@@ -124,6 +130,7 @@ _SECTION_KEYS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "model_dir",
             "router_url",
             "vllm_url",
+            "scoring",
         ),
         "frequency": ("half_life_s",),
     }
@@ -156,6 +163,7 @@ class PolicyConfig:
     evaluator_model_dir: str = ""
     evaluator_router_url: str = ""
     evaluator_vllm_url: str = ""
+    evaluator_scoring: str = "similarity"
     min_queries: int = 3
     profiling_share: float = 1.0
     frequency_half_life_s: float = 3600.0
@@ -355,6 +363,7 @@ def _with_evaluator(doc: PolicyDocument, policy: PolicyConfig) -> PolicyConfig:
         evaluator_model_dir=model_dir,
         evaluator_router_url=router_url,
         evaluator_vllm_url=_url(doc, ("profiling", "vllm_url")),
+        evaluator_scoring=doc.choice(("profiling", "scoring"), SCORINGS, "similarity"),
     )
 
 

@@ -327,3 +327,18 @@ def test_a_placer_declares_every_attribute_its_schema_sets(path: Path) -> None:
     changed = {f.name for f in dataclasses.fields(PolicyConfig)
                if getattr(policy, f.name) != getattr(bare, f.name)}  # fmt: skip
     assert changed <= set(PLACERS.get(policy.placer).policy_fields)
+
+
+def test_profiling_scoring_reaches_the_answer_evaluators() -> None:
+    """``profiling.scoring`` (issue 26): similarity by default, exact_match on request, built
+    into ``answer``; anything else is refused naming the allowed values."""
+    from kvtierd.engine.profiler_setup import evaluator_options
+
+    base = "placer: evicpress\nprofiling:\n  evaluator: answer\n  model_dir: /m\n"
+    assert parse_policy(base, "p.yaml").evaluator_scoring == "similarity"
+    exact = parse_policy(base + "  scoring: exact_match\n", "p.yaml")
+    assert evaluator_options(exact, "/s") == {"model_path": "/m", "scoring": "exact_match"}
+    with pytest.raises(ConfigError, match="'bleu' is not allowed; allowed values: similarity"):
+        parse_policy(base + "  scoring: bleu\n", "p.yaml")
+    qa = parse_policy("placer: evicpress\nprofiling:\n  evaluator: query_attention\n", "p.yaml")
+    assert evaluator_options(qa, "/s") == {"model_dir": ""}

@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 def evaluator_options(policy: PolicyConfig, name: str, daemon_socket: str) -> dict[str, str]:
     """What the policy's evaluator ``name`` is built with (``make_evaluator``): ``answer``
     decodes with the policy's model; ``served`` asks the policy's router (and vLLM) and
-    evicts what it stored from the daemon at ``daemon_socket``; ``attention`` needs nothing."""
+    evicts what it stored from the daemon at ``daemon_socket``; ``query_attention`` runs
+    questions through the policy's model; ``attention`` needs nothing."""
     return {
-        "answer": {"model_path": policy.evaluator_model_dir},
+        "answer": {"model_path": policy.evaluator_model_dir,
+                   "scoring": policy.evaluator_scoring},
         "served": {"router_url": policy.evaluator_router_url,
                    "vllm_url": policy.evaluator_vllm_url,
                    "daemon_socket": daemon_socket},
+        "query_attention": {"model_dir": policy.evaluator_model_dir},
     }.get(name, {})  # fmt: skip
 
 

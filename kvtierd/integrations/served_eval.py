@@ -56,6 +56,7 @@ from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError, Una
 from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.quality import (
     DEFAULT_FORM,
+    SCORINGS,
     ContextKV,
     ProfilingQuery,
     QualityEvaluator,
@@ -146,6 +147,7 @@ class ServedEvaluator(QualityEvaluator):
         max_concurrency: int = 4,
         timeout_s: float = 120.0,
         embedder: MiniLmEmbedder | None = None,
+        scoring: str = "similarity",
     ) -> None:
         if not router_url:
             raise InvalidArgumentError("the served evaluator needs router_url (kvtierd router)")
@@ -161,9 +163,19 @@ class ServedEvaluator(QualityEvaluator):
         self.max_new_tokens = max_new_tokens
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
+        if scoring not in SCORINGS:
+            raise InvalidArgumentError(
+                f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}"
+            )
+        self.scoring = scoring
         self.embedder = embedder or MiniLmEmbedder()
 
     # -- the metric ---------------------------------------------------------------------------
+
+    def _scores(self, reference: Sequence[str], answers: Sequence[str]) -> tuple[float, ...]:
+        if self.scoring == "exact_match":
+            return tuple(float(a == r) for r, a in zip(reference, answers, strict=True))
+        return tuple(self.embedder.similarity(reference, answers))
 
     def evaluate(
         self,
@@ -173,8 +185,9 @@ class ServedEvaluator(QualityEvaluator):
         *,
         form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
-        """Mean answer similarity per variant over ``queries`` (at least one); ``form`` is
-        unused: the stack compresses with its own."""
+        """Mean answer score per variant over ``queries`` (at least one) by ``scoring``
+        (MiniLM similarity, or exact match: the variant's answer text equals the full KV's);
+        ``form`` is unused: the stack compresses with its own."""
         context = self._context_ids(kv)
         if not queries:
             raise InvalidArgumentError("the served evaluator needs at least one profiling query")
@@ -194,9 +207,7 @@ class ServedEvaluator(QualityEvaluator):
         reference = self._reference(run)
         stored = [v for v in dict.fromkeys(names.values()) if v != ORIGINAL_VARIANT]
         answers = {ORIGINAL_VARIANT: reference, **self._variant_answers(run, stored)}
-        per_query = {
-            v: tuple(self.embedder.similarity(reference, answers[names[v]])) for v in variants
-        }
+        per_query = {v: self._scores(reference, answers[names[v]]) for v in variants}
         return QualityResult.mean_of(self.name, per_query, len(queries), time.perf_counter() - t0)
 
     @staticmethod

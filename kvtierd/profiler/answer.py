@@ -1,8 +1,14 @@
 """``answer``: the paper's quality metric (EvicPress §4.2, §6.1).
 
 For each profiling query, greedy-decode an answer from the full KV and from every variant's KV
-(:mod:`.greedy`, variants batched), embed the answers with MiniLM-L6-v2 (:mod:`.embedder`) and
-score ``cos(answer_full, answer_variant)``; a variant's quality is the mean over queries.
+(:mod:`.greedy`, variants batched) and score the variant's answer against the full KV's; a
+variant's quality is the mean over queries. Two scorings (``scoring``):
+
+* ``similarity`` (the paper's): ``cos(answer_full, answer_variant)`` of MiniLM-L6-v2 embeddings
+  (:mod:`.embedder`);
+* ``exact_match``: 1.0 when the variant's greedy answer is token-identical to the full KV's over
+  the ``max_new_tokens`` decoded, else 0.0 — so quality is the share of profiled questions whose
+  answer is unchanged, the scale users feel (issue 26). No embedder is loaded.
 
 The model is any Hugging Face causal LM in a local directory (``model_path``), loaded on first
 use with ``local_files_only=True``; its KV geometry (layers, KV heads, head dim) must match the
@@ -25,6 +31,7 @@ from kvtierd.profiler.embedder import MiniLmEmbedder
 from kvtierd.profiler.greedy import greedy_decode
 from kvtierd.profiler.quality import (
     DEFAULT_FORM,
+    SCORINGS,
     ContextKV,
     ProfilingQuery,
     QualityEvaluator,
@@ -47,19 +54,33 @@ class AnswerEvaluator(QualityEvaluator):
         max_batch: int = 8,
         device: str = "cpu",
         embedder: MiniLmEmbedder | None = None,
+        *,
+        scoring: str = "similarity",
     ) -> None:
         if max_new_tokens < 1 or max_batch < 1:
             raise InvalidArgumentError(
                 f"max_new_tokens and max_batch must be >= 1, got {max_new_tokens}, {max_batch}"
             )
+        if scoring not in SCORINGS:
+            raise InvalidArgumentError(
+                f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}"
+            )
         self.model_path = model_path
         self.max_new_tokens = max_new_tokens
         self.max_batch = max_batch
         self.device = device
-        self.embedder = embedder or MiniLmEmbedder(device=device)
+        self.scoring = scoring
+        self._embedder = embedder
         self._model: Any = None
         self._tokenizer: Any = None
         self._lock = threading.Lock()
+
+    @property
+    def embedder(self) -> MiniLmEmbedder:
+        """MiniLM, built on first use (``exact_match`` scoring never needs it)."""
+        if self._embedder is None:
+            self._embedder = MiniLmEmbedder(device=self.device)
+        return self._embedder
 
     def load(self) -> tuple[Any, Any]:
         """The model and tokenizer, loaded once from ``model_path`` (never from the hub)."""
@@ -111,16 +132,22 @@ class AnswerEvaluator(QualityEvaluator):
         *,
         form: StoredForm = DEFAULT_FORM,
     ) -> QualityResult:
-        """Mean answer similarity per variant over ``queries`` (at least one)."""
+        """Mean score per variant over ``queries`` (at least one), by ``scoring``."""
         if not queries:
             raise InvalidArgumentError("the answer evaluator needs at least one profiling query")
         t0 = time.perf_counter()
         per_query: dict[str, list[float]] = {v: [] for v in variants}
-        for texts in self.answers(kv, ["none", *variants], queries, form=form):
-            sims = self.embedder.similarity([texts[0]] * len(variants), texts[1:])
-            for v, s in zip(variants, sims, strict=True):
+        for ids in self.answer_ids(kv, ["none", *variants], queries, form=form):
+            for v, s in zip(variants, self._scores(ids[0], ids[1:]), strict=True):
                 per_query[v].append(s)
         return QualityResult.mean_of(self.name, per_query, len(queries), time.perf_counter() - t0)
+
+    def _scores(self, full: list[int], others: Sequence[list[int]]) -> list[float]:
+        if self.scoring == "exact_match":
+            return [float(other == full) for other in others]
+        _, tok = self.load()
+        texts = [tok.decode(a, skip_special_tokens=True).strip() for a in [full, *others]]
+        return self.embedder.similarity([texts[0]] * len(others), texts[1:])
 
     def answers(
         self,
@@ -130,17 +157,29 @@ class AnswerEvaluator(QualityEvaluator):
         *,
         form: StoredForm = DEFAULT_FORM,
     ) -> list[list[str]]:
-        """Greedy answer texts, ``[query][variant]``: each variant compressed once, every
-        query decoded over all of them in batches of ``max_batch``."""
-        model, tok = self.load()
+        """Greedy answer texts, ``[query][variant]`` (:meth:`answer_ids`, decoded)."""
+        _, tok = self.load()
+        return [
+            [tok.decode(a, skip_special_tokens=True).strip() for a in answers]
+            for answers in self.answer_ids(kv, variants, queries, form=form)
+        ]
+
+    def answer_ids(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery],
+        *,
+        form: StoredForm = DEFAULT_FORM,
+    ) -> list[list[list[int]]]:
+        """Greedy answer token ids, ``[query][variant]``, each cut before its first EOS: each
+        variant compressed once, every query decoded over all of them in batches of
+        ``max_batch``."""
+        model, _ = self.load()
         self._check_geometry(model, kv)
         kv = _on(kv, self.device, model.dtype)
         items = variant_kvs(kv, variants, form)
-        out = []
-        for query in queries:
-            answers = self._answers(model, kv, items, self.query_ids(query))
-            out.append([tok.decode(a, skip_special_tokens=True).strip() for a in answers])
-        return out
+        return [self._answers(model, kv, items, self.query_ids(query)) for query in queries]
 
     def _answers(
         self, model: Any, kv: ContextKV, items: list[Any], query_ids: list[int]

@@ -6,16 +6,82 @@ entries but the query's positions continue from the ORIGINAL context length ``N`
 their original positions — are those of the uncompressed run. Rows are left-padded to ``M_max``
 and the padding is masked out with a 2-D attention mask; Hugging Face derives the cache slots
 (``cache_position``) from the cache length, which is what the mask indexes.
+
+Attention runs through :func:`grouped_attention` (registered with transformers'
+``AttentionInterface``): with a padding mask, transformers' ``sdpa`` copies every KV head once
+per query head it serves (``repeat_kv``) at every layer and step — on a batch of long variants
+most of a decode's time on CPU (issue 26: 21 of 44 s). Stacking a KV head's query heads into
+one matrix attends to the KV in place instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from kvtierd.profiler.variant_kv import PaddedBatch
+
+GROUPED = "kvtierd_grouped"
+
+
+def grouped_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``softmax(q k^T * scaling + mask) v`` for ``query`` ``[B, Hq, Tq, D]`` over ``key`` /
+    ``value`` ``[B, H, N, D]`` (query head ``j`` reads KV head ``j // (Hq / H)``), returned as
+    ``[B, Tq, Hq, D]`` (what the model's attention module expects). ``attention_mask``: bool
+    (True = attend) or additive, ``[B, 1, Tq, N]``; ``None`` means causal, the queries being
+    the last ``Tq`` positions."""
+    b, hq, tq, d = (int(s) for s in query.shape)
+    h, n = int(key.shape[1]), int(key.shape[2])
+    g = hq // h
+    q = query.reshape(b, h, g * tq, d)  # rows: (group member, token)
+    scores = (q @ key.transpose(-1, -2)) * (scaling if scaling is not None else d**-0.5)
+    if attention_mask is None:
+        if tq > 1:
+            rows = torch.arange(tq, device=q.device) + (n - tq)
+            causal = torch.arange(n, device=q.device)[None, :] <= rows[:, None]
+            scores = scores.masked_fill(~causal.repeat(g, 1), float("-inf"))
+    else:
+        mask = attention_mask.expand(b, 1, tq, n).repeat(1, 1, g, 1)  # rows as in q
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask
+    out = torch.softmax(scores, dim=-1) @ value  # [B, H, G*Tq, D]
+    return out.reshape(b, hq, tq, d).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    if GROUPED not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GROUPED, grouped_attention)
+    if GROUPED not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(GROUPED, sdpa_mask)  # bool masks, as sdpa's
+
+
+@contextlib.contextmanager
+def _grouped(model: Any) -> Iterator[None]:
+    _register()
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = GROUPED
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
 
 
 @torch.inference_mode()
@@ -47,9 +113,10 @@ def greedy_decode(
     done = torch.zeros(b, dtype=torch.bool)
     for step in range(max_new_tokens):
         pause()
-        out = model(
-            input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask
-        )
+        with _grouped(model):
+            out = model(
+                input_ids=ids, past_key_values=cache, position_ids=positions, attention_mask=mask
+            )
         nxt = out.logits[:, -1].argmax(-1)
         for row, tok in enumerate(nxt.tolist()):
             if not done[row]:

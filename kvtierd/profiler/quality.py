@@ -3,6 +3,7 @@
 An evaluator answers "how close is the model's behaviour over a variant's KV to its behaviour
 over the original KV?" for one context, for many variants at once, as a number in ``[0, 1]``
 (1.0 = indistinguishable). Built-ins: ``attention`` (model-free, :mod:`.attention`),
+``query_attention`` (the question's attention, every ratio at once, :mod:`.query_attention`),
 ``answer`` (the paper's metric, :mod:`.answer`) and ``served`` (the same metric measured through
 vLLM and ``kvtierd router``, :mod:`kvtierd.integrations.served_eval`). Register more in
 :data:`EVALUATORS`; every evaluator is constructed as ``cls(**options)``.
@@ -76,6 +77,10 @@ class StoredForm:
 
 
 DEFAULT_FORM = StoredForm()
+
+SCORINGS = ("similarity", "exact_match")
+"""How the answer-comparing evaluators (``answer``, ``served``) score a variant's answer against
+the full KV's: MiniLM cosine similarity (the paper's), or exact match (1.0 when unchanged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,7 @@ EVALUATORS: Registry[QualityEvaluator] = Registry(
     {
         "attention": "kvtierd.profiler.attention:AttentionEvaluator",
         "answer": "kvtierd.profiler.answer:AnswerEvaluator",
+        "query_attention": "kvtierd.profiler.query_attention:QueryAttentionEvaluator",
         # A client of the serving stack (daemon through kvtierd.client, router over HTTP): it
         # sits in a layer above this package, which may not import it, so it is found by name.
         "served": "kvtierd.integrations.served_eval:ServedEvaluator",

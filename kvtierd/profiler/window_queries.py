@@ -23,6 +23,7 @@ import contextvars
 import functools
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -104,6 +105,25 @@ def window_queries_after_prefix(
     that follow a prefix whose stored KV is ``keys``/``values`` ``[L, H, P, D]`` (RoPE applied,
     as the model cached them; ``P`` may be 0): the window runs through the model at positions
     ``P .. P + W - 1`` with the prefix as its cache (module docstring)."""
+    return pass_after_prefix(model, keys, values, window_ids).queries
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class WindowPass:
+    """What one pass of ``W`` tokens after a stored prefix saw, per layer: their RoPE-applied
+    queries ``[L, Hq, W, D]`` and their own keys/values ``[L, H, W, D]`` (keys RoPE-applied)."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@torch.inference_mode()
+def pass_after_prefix(
+    model: Any, keys: torch.Tensor, values: torch.Tensor, window_ids: torch.Tensor
+) -> WindowPass:
+    """:func:`window_queries_after_prefix`, also returning the window's own keys and values
+    (an estimator attends with the window's queries over the prefix *and* the window)."""
     from transformers import DynamicCache
 
     if window_ids.dim() != 2 or window_ids.shape[0] != 1 or window_ids.shape[1] < 1:
@@ -128,7 +148,10 @@ def window_queries_after_prefix(
             f"captured queries of layers {sorted(store)}, expected 0..{layers - 1}: the model "
             "does not dispatch attention through transformers' AttentionInterface"
         )
-    return torch.stack([store[i] for i in range(layers)])
+    stored: Any = cache.layers  # full-attention layers: each holds its keys and values
+    own_k = torch.stack([stored[i].keys[0, :, -window:] for i in range(layers)])
+    own_v = torch.stack([stored[i].values[0, :, -window:] for i in range(layers)])
+    return WindowPass(torch.stack([store[i] for i in range(layers)]), own_k, own_v)
 
 
 _load_lock = threading.Lock()
@@ -178,6 +201,27 @@ def queries_for_context(
     # profiles on one thread and builds variants on another)
     with _run_lock:
         return window_queries_after_prefix(model, keys[:, :, : n - w], values[:, :, : n - w], ids)
+
+
+def pass_for_context(
+    model_dir: str, keys: torch.Tensor, values: torch.Tensor, token_ids: Sequence[int]
+) -> WindowPass:
+    """The tokens ``token_ids`` (a question) run through the model in ``model_dir`` after a
+    context whose stored KV is ``keys``/``values`` ``[L, H, N, D]`` (RoPE applied), at positions
+    ``N ..``: their queries and own keys/values (:func:`pass_after_prefix`), in the KV's dtype
+    and device."""
+    if keys.dim() != 4 or keys.shape != values.shape:
+        raise InvalidArgumentError(
+            f"keys and values must be equal [L, H, N, D], got {tuple(keys.shape)} and "
+            f"{tuple(values.shape)}"
+        )
+    if not token_ids:
+        raise InvalidArgumentError("a pass after the context needs at least one token id")
+    model = window_model(model_dir, keys.dtype, keys.device)
+    _check_geometry(model, model_dir, keys)
+    ids = torch.tensor([list(token_ids)], dtype=torch.long)
+    with _run_lock:  # as queries_for_context: one capture at a time on the shared model
+        return pass_after_prefix(model, keys, values, ids)
 
 
 def _check_geometry(model: Any, model_dir: str, keys: torch.Tensor) -> None:

@@ -53,7 +53,7 @@ def test_the_old_evaluator_name_is_refused_with_the_new_one(ctl: Callable, tmp_p
     assert (r.code, r.out) == (5, "")
     assert r.err == (
         f"kvtierctl: {old}:6: profiling.evaluator: 'engine' was renamed to 'served'; "
-        "allowed values: attention, answer, served\n"
+        "allowed values: attention, answer, served, query_attention\n"
     )
 
 

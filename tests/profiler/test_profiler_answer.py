@@ -110,3 +110,28 @@ def test_missing_model_directory_fails_without_downloading(tmp_path: Path) -> No
     ev = AnswerEvaluator(model_path=str(tmp_path / "absent"))
     with pytest.raises(InvalidArgumentError, match="cannot load a causal LM"):
         ev.load()
+
+
+def test_exact_match_scores_the_share_of_unchanged_answers(tiny_llama_dir: Path) -> None:
+    """``scoring="exact_match"``: 1.0 where a variant's greedy answer is token-identical to the
+    full KV's, else 0.0, averaged over queries; no embedder is built."""
+    ev = make_evaluator(
+        "answer",
+        {"model_path": str(tiny_llama_dir), "max_new_tokens": 8, "scoring": "exact_match"},
+    )
+    assert isinstance(ev, AnswerEvaluator)
+    kv = ev.encode_context(CONTEXT)
+    names = ["none", "int8", "streamingllm@0.1", "knorm@0.1+int4"]
+    res = ev.evaluate(kv, names, QUERIES)
+    ids = ev.answer_ids(kv, names, QUERIES)
+    for i, v in enumerate(names):
+        want = sum(float(q[i] == q[0]) for q in ids) / len(QUERIES)
+        assert res[v] == want
+    assert res["none"] == 1.0
+    assert min(res.quality.values()) < 1.0  # some variant changed some answer
+    assert ev._embedder is None
+
+
+def test_unknown_scoring_is_refused(tiny_llama_dir: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="scoring must be one of similarity, exact"):
+        AnswerEvaluator(str(tiny_llama_dir), scoring="bleu")

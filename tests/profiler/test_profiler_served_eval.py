@@ -134,7 +134,7 @@ def test_policy_served_keys() -> None:
         (
             "  evaluator: engine\n  router_url: http://r:1\n",
             r"^p.yaml:3: profiling.evaluator: 'engine' was renamed to 'served'; allowed values: "
-            r"attention, answer, served$",
+            r"attention, answer, served, query_attention$",
         ),
     ],
 )
@@ -218,3 +218,21 @@ def test_policy_validation_refuses_exactly_what_the_served_evaluator_cannot_scor
             parse_policy(text, "p.yaml")
     else:
         assert parse_policy(text, "p.yaml").evaluator == "served"
+
+
+def test_exact_match_scoring_counts_unchanged_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``scoring="exact_match"`` (issue 26): a variant scores the share of queries whose served
+    answer text equals the full KV's; the stack's answers are stood in for here."""
+    from kvtierd.integrations import served_eval
+
+    ev = make_evaluator("served", {"router_url": _dead_url(), "scoring": "exact_match"})
+    assert isinstance(ev, ServedEvaluator)
+    monkeypatch.setattr(ev, "_stack", lambda: served_eval._Stack("m", "/m"))
+    monkeypatch.setattr(ev, "_reference", lambda run: ["Paris", "1867"])
+    answers = {"knorm@0.5": ["Paris", "1868"], "streamingllm@0.1": ["Lyon", "no"]}
+    monkeypatch.setattr(ev, "_variant_answers", lambda run, names: answers)
+    queries = [ProfilingQuery(token_ids=(1, 2)), ProfilingQuery(token_ids=(3,))]
+    res = ev.evaluate(_kv(), ["knorm@0.5", "streamingllm@0.1"], queries)
+    assert (res["knorm@0.5"], res["streamingllm@0.1"]) == (0.5, 0.0)
+    with pytest.raises(InvalidArgumentError, match="scoring must be one of"):
+        make_evaluator("served", {"router_url": _dead_url(), "scoring": "bleu"})

@@ -1,0 +1,427 @@
+"""``query_attention``: the question's own attention, full KV against every variant, for every
+ratio at once (issue 26).
+
+The question's tokens run once through the model with the context's full KV as cache
+(:func:`.window_queries.pass_for_context`: ``|q|`` tokens, a few % of the context's prefill), and
+every layer's RoPE-applied queries ``q`` of those tokens are kept, with the question's own keys
+and values. For every layer, query head (reading KV head ``j // G``, GQA) and question token::
+
+    o_full = softmax(q [K; K_q]^T / sqrt(D)) [V; V_q]      the N context keys + the question's
+    o_var  = the same over the variant's kept (dequantized) context keys + the question's
+    error  = min(1, ||o_var - o_full|| / ||o_full||)
+    raw    = 1 - mean of error over (layer, head, token)
+
+(the question's keys causally: token ``t`` sees question tokens ``<= t``). This is what the
+model's attention computes at each layer for the question with the full KV's hidden states
+(teacher forcing: a layer's error is not carried to the next).
+
+Every ratio at once: a token-dropping method keeps the ``M`` highest of its per-token scores
+(:mod:`kvtierd.kernels.base`), so its kept sets are nested by ratio. The context's keys are
+sorted once by the method's own score (the kernels' torch reference), and the softmax numerator
+``sum e_t v_t`` and denominator ``sum e_t`` over the first ``M`` tokens in that order are prefix
+sums, taken at the grid's kept counts: one attention pass per method, whatever the ratios.
+Quantized variants attend over the dequantized K/V (the kernels' round trip); a drop composed
+with a quantization (``knorm@0.5+int8``) over the full context's round trip in the method's keep
+order — the stored object quantizes keys per channel in groups of 32 *kept* tokens, a grouping
+this estimate does not follow (its error is of the same size).
+
+``quality`` is ``raw`` through a monotone calibration to the share of questions whose answer is
+unchanged (exact match of the greedy answer's first 16 tokens) measured on the labelled cases of
+``benchmarks/data/quality_labels.jsonl`` (:data:`CALIBRATION`, where it comes from is said
+there): the placer's ``alpha * quality`` then reads "share of questions still answered".
+``calibrate=False`` returns ``raw``. Calibrated, the score is averaged (``prior_weight``, 0.5:
+equal weights, chosen before measuring) with the labels' share for the variant (:data:`PRIOR`)
+when the prior knows every variant: on the labels the prior alone ordered pairs better than the
+context's own evidence, and the two together a little better still (RESULTS.md).
+
+Without a question (a context's first put): the queries of the context's last tokens
+(``ContextKV.window_queries``; recomputed from ``model_dir`` and the context's token ids when the
+KV has none), over the context's keys only — a weaker stand-in, measured in
+benchmarks/RESULTS.md. Without those either (no model): the labels' mean share per variant
+(:data:`PRIOR`, blind to the context), which ordered pairs better than the context's last keys
+as probes; the last keys only for a variant the prior does not know.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.kernels.layout import KVSource
+from kvtierd.kernels.registry import get_method
+from kvtierd.profiler.quality import (
+    DEFAULT_FORM,
+    ContextKV,
+    ProfilingQuery,
+    QualityEvaluator,
+    QualityResult,
+    StoredForm,
+)
+from kvtierd.variants import parse_variant
+
+CALIBRATION: tuple[tuple[float, float], ...] = (
+    (0.6474, 0.0992),
+    (0.6992, 0.1221),
+    (0.7687, 0.3053),
+    (0.8331, 0.4656),
+    (0.8646, 0.5954),
+    (0.9054, 0.7176),
+    (0.929, 0.855),
+    (0.9596, 0.8855),
+    (0.981, 0.9237),
+    (0.9966, 1.0),
+    (1.0, 1.0),
+)
+"""``(raw, quality)`` knots, raw ascending, quality non-decreasing; linear between knots.
+Fitted on the exact-match labels of benchmarks/data/quality_labels.jsonl (65 cases of 1k tokens,
+SmolLM2-135M-Instruct, 20 variants each) against ``raw`` of benchmarks/data/
+estimator_scores.jsonl: equal-count bins made monotone (``python -m benchmarks.bench_estimators
+--constants``, 2026-11-26)."""
+
+PRIOR: dict[str, tuple[tuple[float, float], ...]] = {
+    "int4": ((1.0, 0.923),),
+    "int8": ((1.0, 0.985),),
+    "keydiff": ((0.1, 0.169), (0.3, 0.662), (0.6, 0.762), (0.9, 0.862)),
+    "knorm": ((0.1, 0.015), (0.3, 0.077), (0.5, 0.523), (0.7, 0.723), (0.9, 0.892)),
+    "knorm+int8": ((0.1, 0.015), (0.3, 0.077), (0.5, 0.523), (0.7, 0.738), (0.9, 0.892)),
+    "streamingllm": ((0.1, 0.138), (0.25, 0.215), (0.5, 0.585)),
+}
+"""Per method (``Variant.method_name``), ``(ratio, share of questions answered unchanged)``
+knots, ratio ascending: the mean exact-match label per method and ratio over the same 65
+cases (ratios labelled on 5 cases or more, made non-decreasing in the ratio; same command)."""
+
+
+def prior_quality(variants: Sequence[str]) -> dict[str, float] | None:
+    """Each variant's share from :data:`PRIOR` (linear in the ratio between its knots, clamped
+    at the ends); ``None`` when a variant's method has none (the caller probes instead)."""
+    out = {}
+    for v in variants:
+        parsed = parse_variant(v)
+        if parsed.method_name == "none":
+            out[v] = 1.0
+            continue
+        knots = PRIOR.get(parsed.method_name)
+        if knots is None:
+            return None
+        out[v] = calibrate(parsed.ratio, knots)
+    return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Probes:
+    """Query vectors to attend with: ``queries`` ``[L, Hq, T', D]``; ``own_keys``/``own_values``
+    ``[L, H, T, D]`` when they are tokens after the context (a question of ``T`` tokens whose
+    last ``T' <= T`` are the probes), attended causally beside the context; ``None`` for probes
+    from inside the context."""
+
+    queries: torch.Tensor
+    own_keys: torch.Tensor | None = None
+    own_values: torch.Tensor | None = None
+
+
+def calibrate(raw: float, knots: Sequence[tuple[float, float]] | None = None) -> float:
+    """``raw`` through the piecewise-linear monotone map ``knots`` (default
+    :data:`CALIBRATION`, clamped at its ends)."""
+    knots = CALIBRATION if knots is None else knots
+    xs = [x for x, _ in knots]
+    i = bisect.bisect_right(xs, raw)
+    if i == 0:
+        return knots[0][1]
+    if i == len(knots):
+        return knots[-1][1]
+    (x0, y0), (x1, y1) = knots[i - 1], knots[i]
+    return y0 + (y1 - y0) * (raw - x0) / (x1 - x0)
+
+
+class QueryAttentionEvaluator(QualityEvaluator):
+    """Attention-output error of the question's queries, every ratio at once (module doc)."""
+
+    name = "query_attention"
+
+    def __init__(
+        self,
+        model_dir: str = "",
+        *,
+        window: int = 32,
+        fallback_probes: int = 32,
+        calibrate: bool = True,
+        layers_per_step: int = 10,
+        question_tokens: int = 0,
+        prior_weight: float = 0.5,
+    ) -> None:
+        if min(window, fallback_probes, layers_per_step) < 1:
+            raise InvalidArgumentError(
+                f"window, fallback_probes and layers_per_step must be >= 1, got {window}, "
+                f"{fallback_probes}, {layers_per_step}"
+            )
+        if question_tokens < 0:
+            raise InvalidArgumentError(f"question_tokens must be >= 0, got {question_tokens}")
+        if not 0.0 <= prior_weight <= 1.0:
+            raise InvalidArgumentError(f"prior_weight must be in [0, 1], got {prior_weight}")
+        self.prior_weight = prior_weight
+        self.layers_per_step = layers_per_step
+        self.question_tokens = question_tokens
+        self.model_dir = model_dir
+        self.window = window
+        self.fallback_probes = fallback_probes
+        self.calibrate = calibrate
+
+    def evaluate(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        queries: Sequence[ProfilingQuery] = (),
+        *,
+        form: StoredForm = DEFAULT_FORM,
+    ) -> QualityResult:
+        """Quality per variant, the mean over ``queries`` that carry token ids (each one pass
+        through the model in ``model_dir``); without any, or without ``model_dir``, over the
+        fallback probes."""
+        t0 = time.perf_counter()
+        asked = [q for q in queries if q.token_ids] if self.model_dir else []
+        can_probe = kv.window_queries is not None or (
+            self.model_dir and len(kv.token_ids) >= kv.num_tokens
+        )
+        if not asked and not can_probe and (known := prior_quality(variants)) is not None:
+            # no question and no model: the labels' per-variant share beats the last keys
+            per = {v: [q] for v, q in known.items()}
+            return QualityResult.mean_of(self.name, per, 0, time.perf_counter() - t0)
+        probe_sets = [self.question_probes(kv, q.token_ids) for q in asked] or [self.probes(kv)]
+        per_query: dict[str, list[float]] = {v: [] for v in variants}
+        prior = prior_quality(variants) if self.calibrate else None
+        w = self.prior_weight if prior is not None else 0.0
+        for probes in probe_sets:
+            raw = self.raw_scores(kv, variants, probes, form)
+            for v in variants:
+                score = calibrate(raw[v]) if self.calibrate else raw[v]
+                # the context's evidence and the labels' record of the variant, equal weights
+                per_query[v].append((1 - w) * score + w * (prior or {}).get(v, 0.0))
+        # as `attention` counts its probes when no question is known
+        used = len(asked) or int(probe_sets[0].queries.shape[2])
+        return QualityResult.mean_of(self.name, per_query, used, time.perf_counter() - t0)
+
+    def question_probes(self, kv: ContextKV, token_ids: Sequence[int]) -> Probes:
+        """The question's queries and own K/V after the context (one pass of its tokens)."""
+        from kvtierd.profiler.window_queries import pass_for_context
+
+        if not self.model_dir:
+            raise InvalidArgumentError(
+                "query_attention needs model_dir (the served model's local checkpoint) to run "
+                "a question through the model"
+            )
+        seen = pass_for_context(self.model_dir, kv.keys, kv.values, token_ids)
+        last = self.question_tokens or len(token_ids)
+        return Probes(seen.queries[:, :, -last:], seen.keys, seen.values)
+
+    def probes(self, kv: ContextKV) -> Probes:
+        """Fallback probes: window queries (given, or recomputed when ``model_dir`` and the
+        context's token ids are known), else the last keys."""
+        if kv.window_queries is not None:
+            return Probes(kv.window_queries)
+        if self.model_dir and len(kv.token_ids) >= kv.num_tokens:
+            from kvtierd.profiler.window_queries import queries_for_context
+
+            ids = kv.token_ids[: kv.num_tokens]
+            return Probes(queries_for_context(self.model_dir, kv.keys, kv.values, ids, self.window))
+        w = min(self.fallback_probes, kv.num_tokens)
+        return Probes(kv.keys[:, :, kv.num_tokens - w :])
+
+    def raw_scores(
+        self, kv: ContextKV, variants: Sequence[str], probes: Probes, form: StoredForm
+    ) -> dict[str, float]:
+        """``raw`` per variant (module docstring), uncalibrated."""
+        errors = self.errors(kv, variants, probes, form)
+        return {v: 1.0 - float(e.mean()) for v, e in errors.items()}
+
+    def errors(
+        self, kv: ContextKV, variants: Sequence[str], probes: Probes, form: StoredForm
+    ) -> dict[str, torch.Tensor]:
+        """Clamped relative error per variant, float32 ``[L, H, G*T]`` (query heads grouped by
+        the KV head they read, ``G`` per group, then the probe tokens)."""
+        plans = _plans(kv, variants, form)
+        bits = sorted({p.bits for p in plans} | {0})
+        per_step: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
+        layers = int(kv.keys.shape[0])
+        for first in range(0, layers, self.layers_per_step):
+            self.pause()
+            at = slice(first, min(layers, first + self.layers_per_step))
+            q = _scaled(probes.queries[at], int(kv.keys.shape[1]))
+            own = _own_terms(q, probes, at)
+            k, v = kv.keys[at].float(), kv.values[at].float()
+            lossy = [b for b in bits if b]
+            ks = {0: k, **round_trips(k, lossy, form.group_size, "channel")}
+            vs = {0: v, **round_trips(v, lossy, form.group_size, "token")}
+            terms = {b: _Terms.of(q, (ks[b], vs[b]), own) for b in bits}
+            full = terms[0].outputs(None, [kv.num_tokens])[0]
+            for plan in plans:
+                order = None if plan.order is None else plan.order[at]
+                outs = terms[plan.bits].outputs(order, plan.counts)
+                for names, o in zip(plan.by_count, outs, strict=True):
+                    err = _relative_error(o, full)
+                    for name in names:
+                        per_step[name].append(err)
+        return {v: torch.cat(errs) for v, errs in per_step.items()}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Plan:
+    """Variants sharing one keep order (``None``: every token, in place) and one quantization
+    (``bits``, 0 for none), and the kept counts they take of that order."""
+
+    order: torch.Tensor | None  # int64 [L, H, N]: token indices, most important first
+    bits: int
+    counts: list[int]  # ascending, distinct
+    by_count: list[list[str]]  # variant names per count
+
+
+def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Plan]:
+    parsed = {v: parse_variant(v) for v in variants}
+    groups: dict[tuple[str, int], list[str]] = {}
+    for v, p in parsed.items():
+        groups.setdefault((p.drop_method if p.drops_tokens else "", p.quant_bits), []).append(v)
+    orders: dict[str, torch.Tensor] = {}
+    n = kv.num_tokens
+    plans = []
+    for (drop, bits), names in groups.items():
+        count_of = {v: n for v in names}
+        order = None
+        if drop:
+            first = parsed[names[0]]
+            method = get_method(first.method, first.options)
+            if drop not in orders:
+                method.check_queries(
+                    KVSource.from_contiguous(kv.keys, kv.values), kv.window_queries
+                )
+                scores = method.score_reference(kv.keys, kv.values, kv.window_queries)
+                orders[drop] = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+            order = orders[drop]
+            unit = form.chunk_tokens
+            count_of = {v: method.kept_count(n, parsed[v].ratio, unit) for v in names}
+        counts = sorted(set(count_of.values()))
+        by_count = [[v for v in names if count_of[v] == c] for c in counts]
+        plans.append(_Plan(order, bits, counts, by_count))
+    return plans
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Terms:
+    """Some layers' softmax terms over the context for one quantization: ``e``
+    ``[L', H, G*T, N]`` (``exp`` of the logits less a per-row constant, which cancels), the
+    values ``[L', H, N, D]``, and the question's own numerator ``[L', H, G*T, D]`` and
+    denominator ``[L', H, G*T]`` (zeros for probes from inside the context)."""
+
+    e: torch.Tensor
+    values: torch.Tensor
+    own_num: torch.Tensor
+    own_den: torch.Tensor
+
+    @classmethod
+    def of(
+        cls,
+        q: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        own: _Own,
+    ) -> _Terms:
+        """``kv``: the layers' float32 keys and values ``[L', H, N, D]`` (dequantized for a
+        quantized variant)."""
+        k, v = kv
+        logits = q @ k.transpose(-1, -2)  # [L', H, G*T, N]
+        top = logits.amax(dim=-1)
+        if own is None:
+            e = torch.exp(logits - top[..., None])
+            return cls(e, v, torch.zeros_like(q), torch.zeros(q.shape[:-1]))
+        own_logits, own_values, own_top = own
+        top = torch.maximum(top, own_top)
+        e = torch.exp(logits - top[..., None])
+        e_own = torch.exp(own_logits - top[..., None])
+        return cls(e, v, e_own @ own_values, e_own.sum(dim=-1))
+
+    def outputs(self, order: torch.Tensor | None, counts: Sequence[int]) -> list[torch.Tensor]:
+        """Attention outputs ``[L', H, G*T, D]`` over the first ``c`` context entries of
+        ``order`` (``[L', H, N]``; ``None``: in place) and the own terms, for every ``c`` in
+        ``counts`` (ascending): prefix sums, one pass."""
+        e, v = self.e, self.values
+        if order is not None:
+            e = e.gather(-1, order[:, :, None, :].expand(-1, -1, e.shape[2], -1))
+            v = v.gather(2, order[..., None].expand(-1, -1, -1, v.shape[-1]))
+        num, den = self.own_num, self.own_den
+        outs, start = [], 0
+        for c in counts:
+            num = num + e[..., start:c] @ v[:, :, start:c]
+            den = den + e[..., start:c].sum(dim=-1)
+            outs.append(num / den[..., None])
+            start = c
+        return outs
+
+
+def round_trips(
+    x: torch.Tensor, bits: Sequence[int], group_size: int, axis: str
+) -> dict[int, torch.Tensor]:
+    """float32 ``x`` ``[..., N, D]`` quantized and dequantized at each of ``bits`` as the
+    kernels' KIVI quantizer does (:mod:`kvtierd.kernels.quant`: the same float32 arithmetic, so
+    the same values), without packing codes, the groups' min and max found once for every
+    ``bits``: keys per channel in groups of ``group_size`` tokens (``axis="channel"``), values
+    per token in groups of channels (``"token"``)."""
+    dim = -2 if axis == "channel" else -1  # the grouped axis
+    n = int(x.shape[dim])
+    groups = -(-n // group_size)
+    pad = groups * group_size - n
+    if pad:  # the last entry again: a partial group's min and max are its own
+        last = x.narrow(dim, n - 1, 1)
+        x = torch.cat([x, last.expand(*(pad if i == x.dim() + dim else s for i, s in
+                                         enumerate(x.shape)))], dim=dim)  # fmt: skip
+    if axis == "channel":
+        grouped = x.reshape(*x.shape[:-2], groups, group_size, x.shape[-1])
+    else:
+        grouped = x.reshape(*x.shape[:-1], groups, group_size)
+    at = dim  # the within-group axis of `grouped` (-2: tokens of a channel group; -1: channels)
+    lo, hi = grouped.amin(at, keepdim=True), grouped.amax(at, keepdim=True)
+    zero = lo.to(torch.float16).to(torch.float32)
+    out = {}
+    for b in bits:
+        qmax = float(2**b - 1)
+        scale = ((hi - lo) / qmax).to(torch.float16).to(torch.float32)
+        codes = torch.floor((grouped - zero) / scale + 0.5)
+        codes = torch.where(scale > 0, codes, 0.0).clamp_(0.0, qmax)
+        out[b] = (codes * scale + zero).reshape(x.shape).narrow(dim, 0, n)
+    return out
+
+
+def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[L', Hq, T, D]`` -> float32 ``[L', H, G*T, D] / sqrt(D)`` (query heads grouped by the
+    KV head they read)."""
+    lyr, hq, t, d = (int(s) for s in queries.shape)
+    if hq % kv_heads:
+        raise InvalidArgumentError(f"{hq} query heads are not a multiple of {kv_heads} KV heads")
+    return queries.float().reshape(lyr, kv_heads, hq // kv_heads * t, d) / math.sqrt(d)
+
+
+_Own = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+
+def _own_terms(q: torch.Tensor, probes: Probes, at: slice) -> _Own:
+    """The question's own keys, causally: ``(logits [L', H, G*T, T] with -inf above the
+    diagonal, values [L', H, T, D], row max [L', H, G*T])`` for the layers ``at``, or ``None``
+    for probes from inside the context."""
+    if probes.own_keys is None or probes.own_values is None:
+        return None
+    k, v = probes.own_keys[at].float(), probes.own_values[at].float()
+    t = int(k.shape[2])
+    asked = int(probes.queries.shape[2])  # the question's last tokens, of its t
+    logits = q @ k.transpose(-1, -2)  # [L', H, G*T', T]
+    row = torch.arange(int(q.shape[2]), device=q.device) % asked + (t - asked)  # each row's token
+    future = torch.arange(t, device=q.device)[None, :] > row[:, None]
+    logits = logits.masked_fill(future, float("-inf"))
+    return logits, v, logits.amax(dim=-1)
+
+
+def _relative_error(o: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """``min(1, ||o - full|| / ||full||)`` per row, ``[L', H, G*T]``."""
+    err: torch.Tensor = (o - full).norm(dim=-1) / full.norm(dim=-1).clamp_min(1e-12)
+    return err.clamp(max=1.0)
