@@ -30,7 +30,13 @@ from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.exact import Problem
 from kvtierd.policies.greedy_state import DROP, GreedyState, Selection, Step
 from kvtierd.policies.knapsack import greedy_assign, greedy_solve
-from kvtierd.policies.model import Assignment, IntArray, UtilityTable, capacity_array
+from kvtierd.policies.model import (
+    Assignment,
+    IntArray,
+    OptionArrays,
+    UtilityTable,
+    capacity_array,
+)
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
@@ -123,7 +129,38 @@ class EvicPressPlacer(Placer):
         return Placement(s.names[slot][int(s.variant[slot])], self.tiers[t].name)
 
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        return self.rebalance_table(self._table(profiles))
+        return self.rebalance_options(OptionArrays.from_profiles(profiles))
+
+    def rebalance_options(self, options: OptionArrays) -> Plan:
+        """:meth:`rebalance` from arrays: each context at ``max(its frequency, the hits
+        counted here)``, priced in the tiers as measured now."""
+        s = self._state.slots
+        slot = np.array([s.index.get(c, -1) for c in options.context_ids], dtype=np.int64)
+        counted = np.where(slot >= 0, s.freq[np.maximum(slot, 0)] if s.freq.size else 0.0, 0.0)
+        freq = np.maximum(options.frequency, counted)
+        merged = replace(options, frequency=freq)
+        table = UtilityTable.from_options(merged, self.tiers, self.params.alpha)
+        return self.rebalance_table(table)
+
+    def placements(self, context_ids: Sequence[str]) -> list[Placement]:
+        """:meth:`placement` of each context from the arrays (``DROPPED`` when unknown)."""
+        s = self._state.slots
+        names = [t.name for t in self.tiers]
+        known: dict[tuple[str, int], Placement] = {}
+        out = []
+        index, tier, variant = s.index, s.tier.tolist(), s.variant.tolist()
+        for cid in context_ids:
+            slot = index.get(cid, -1)
+            t = -1 if slot < 0 else tier[slot]
+            if t < 0:
+                out.append(DROPPED)
+                continue
+            key = (s.names[slot][variant[slot]], t)
+            placement = known.get(key)
+            if placement is None:
+                placement = known[key] = Placement(key[0], names[t])
+            out.append(placement)
+        return out
 
     # -- extensions ------------------------------------------------------------------------
 
