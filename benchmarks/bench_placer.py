@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from benchmarks.common import machine, verdict
+from benchmarks.placer_daemon import run as daemon_rows
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.evicpress import EvicPressPlacer, solve
 from kvtierd.policies.exact import Problem, solve_exact
@@ -201,7 +202,8 @@ def rebalance_cost(n: int, n_var: int, repeats: int) -> None:
         placer.placement(f"c{i}")
     times["  placement() per context (x1000, from the arrays)"] = (time.perf_counter() - t0) / 1000
     print(
-        f"\nrebalance of {n} contexts x {n_var} variants x 3 tiers "
+        f"\narray path only (a prebuilt UtilityTable, no engine: the daemon's path is below) —"
+        f" rebalance of {n} contexts x {n_var} variants x 3 tiers "
         f"(numpy max+sum over the utilities: {t_ref * 1e3:.1f} ms)"
     )
     for label, t in times.items():
@@ -270,7 +272,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--instances", type=int, default=200)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--daemon-only", action="store_true", help="only the daemon-path rows (issue 28)"
+    )
     args = parser.parse_args()
+    if args.daemon_only:
+        print(f"machine: {machine()}")
+        daemon_rows([1000, 10000] if args.quick else [1000, 10000, 100000])
+        return
     count = 20 if args.quick else args.instances
     print(f"machine: {machine()}")
     failed: list[str] = []
@@ -287,6 +296,7 @@ def main() -> None:
     print("\ninsert cost (Algorithm 1, lazy heaps), tiers at 5% / 30% of the bytes + remote:")
     for sel in ("per_byte", "absolute"):
         insert_cost(2000 if args.quick else 20000, sel)
+    daemon_rows([1000, 10000] if args.quick else [1000, 10000, 100000])
     print(f"\nshare goals: {'all met' if not failed else 'FAIL: ' + ', '.join(failed)}")
 
 

@@ -100,11 +100,15 @@ class OptionRows:
         self._check_epoch()
         ctxs = list(contexts)
         stamps, slot_of, built = self._stamp, self._slot, self._build
-        stamp_of = self._stamp_of
+        profiler = self._options.profiler()
+        record = (lambda _: None) if profiler is None else profiler.record
         slots = []
         for ctx in ctxs:
-            stamp = stamp_of(ctx)
-            slot = slot_of.get(ctx.context_id)
+            cid = ctx.context_id
+            # _stamp_of inlined: this loop is the rebalance's one pass over every context.
+            stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()), ctx.size_bytes,
+                     record(cid))  # fmt: skip
+            slot = slot_of.get(cid)
             if slot is None or stamps[slot] != stamp:
                 slot = built(ctx, stamp, slot)
             slots.append(slot)
