@@ -49,8 +49,15 @@ from kvtierd.policy_config import (
 )
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
-INSERT_LIMITS = RefineLimits(time_limit_s=0.1, rounds=1)
-"""What an overflowing insert may spend on its repair: one HiGHS solve of at most 0.1 s."""
+INSERT_NODES = 1500
+"""Search nodes an overflowing insert's repair may visit: a work limit, not seconds (the same
+inserts give the same plan under any load). Measured on the merged trap instances of
+100-200 contexts (issue 28): within 0.7% of the LP bound, the longest insert well under
+50 ms on an idle core (``benchmarks/bench_placer.py``)."""
+
+INSERT_LIMITS = RefineLimits(max_nodes=INSERT_NODES, rounds=1, own_search=True)
+"""What an overflowing insert may spend on its repair: one search of the own branch-and-bound
+(:mod:`kvtierd.policies.branch_bound`; HiGHS's root work alone took 50-1000 ms on these)."""
 
 COARSE_SHARE = 0.05
 """Above ``EXACT_MAX`` contested contexts an insert is repaired only when its overflow pushed
