@@ -32,7 +32,13 @@ def test_triton_quant_matches_reference(
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(
     ("shape", "group"),
-    [((1, 2, 9, 24), 2), ((1, 2, 70, 128), 32), ((1, 1, 40, 24), 64), ((2, 1, 33, 48), 128)],
+    [
+        ((1, 2, 9, 24), 2),
+        ((1, 2, 70, 128), 32),
+        ((1, 1, 40, 24), 64),
+        ((2, 1, 33, 48), 128),
+        ((1, 1, 40, 160), 32),  # keys: two channel blocks (KEY_CHANNELS)
+    ],
     ids=str,
 )
 def test_triton_quant_group_sizes(
