@@ -34,7 +34,9 @@ metadata, ``4 * L * H * M`` bytes as int32 when a caller stores them)::
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from kvtierd.variants import CountRule, Variant, as_variant
@@ -177,3 +179,31 @@ def variant_size_bytes(  # noqa: PLR0917 - the signature the policies call
     if v.quant:
         return quantized_size_bytes(num_layers, num_kv_heads, head_dim, m, v.quant_bits, group_size)
     return 2 * num_layers * num_kv_heads * m * head_dim * dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KvGeometry:
+    """What a context's variant sizes depend on besides the variant: its KV's shape
+    (``num_layers`` x ``num_kv_heads`` x ``num_tokens`` x ``head_dim``, ``dtype_bytes`` each)
+    and the chunks it is stored in (``chunk_tokens`` tokens; a kept count is rounded to them)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_tokens: int
+    dtype_bytes: int
+    chunk_tokens: int = 1
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def grid_size_bytes(geometry: KvGeometry, variants: tuple[str, ...]) -> tuple[int, ...]:
+    """:func:`variant_size_bytes` of each of ``variants`` for a context of ``geometry``, stored
+    in its chunks (:func:`count_unit`). Cached: contexts of the same shape (the same token
+    count, say) share one computation, and a context's options ask for it again whenever they
+    are rebuilt (a rebalance of 100,000 contexts x 60 variants sized 6 million variants)."""
+    g = geometry
+    shape = (g.num_layers, g.num_kv_heads, g.head_dim, g.num_tokens, g.dtype_bytes)
+    return tuple(
+        variant_size_bytes(*shape, name, chunk_tokens=count_unit(name, g.chunk_tokens))
+        for name in variants
+    )

@@ -26,6 +26,7 @@ token-dropping step at ratio 1.0 keeps every token and is left out of a name the
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -245,9 +246,17 @@ def parse_drop_method(text: str) -> tuple[str, Options]:
 
 
 def parse_variant(text: str) -> Variant:
-    """Parse ``"knorm@0.5+int8"``-style strings; raises ``ValueError`` naming what is wrong."""
+    """Parse ``"knorm@0.5+int8"``-style strings; raises ``ValueError`` naming what is wrong.
+
+    Parsed once per name (a :class:`Variant` is immutable, so every caller may share it): the
+    placer's options size every variant of every context, and a grid names a few dozen."""
     if not isinstance(text, str) or not text.strip():
         raise _bad(str(text), "empty")
+    return _parse_cached(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(text: str) -> Variant:
     s = text.strip()
     if s == ORIGINAL_VARIANT:
         return Variant()

@@ -85,11 +85,11 @@ class AdminOps:
         return moved, dropped
 
     async def rebalance(self) -> Plan:
-        placing = self._placing
+        """Re-place every context from its kept options (``Placing.rebalance``) and run the
+        plan: the executor first finishes what it has, so the plan starts from where the bytes
+        are."""
         await self._executor.idle()
-        placing.placer.refresh_tiers(placing.tier_models())  # bandwidths measured since
-        placing.placer.rebalance(placing.placed_profiles())
-        plan = placing.reconcile("rebalance")
+        plan = self._placing.rebalance("rebalance")
         await self._executor.run(plan)
         return plan
 
@@ -101,7 +101,7 @@ class AdminOps:
         old = self._policy.current
         self._policy.current = policy  # profiles below list the new policy's variants
         try:
-            placer.rebalance(placing.placed_profiles())
+            placer.rebalance_options(placing.placed_options())
         except BaseException:
             self._policy.current = old
             raise

@@ -6,10 +6,10 @@ the running policy's grid, what can be served (``servable.py``) and the profiler
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.index import ContextIndex
@@ -17,7 +17,7 @@ from kvtierd.engine.servable import Servability, ServableForm
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.sizes import count_unit, dtype_bytes, variant_size_bytes
+from kvtierd.sizes import KvGeometry, dtype_bytes, grid_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
 
 if TYPE_CHECKING:
@@ -28,6 +28,17 @@ UNKNOWN_PREFILL_S = 60.0
 
 Geometry = tuple[ChunkFormat | None, int, int]
 """Chunk format, token count and original bytes of a context's sources."""
+
+
+@dataclass(frozen=True, slots=True)
+class GridRow:
+    """A context's options as columns: variant names, exact sizes, quality (0 until profiled)
+    and restore seconds, in the order the placer is offered them."""
+
+    names: tuple[str, ...]
+    size_bytes: tuple[int, ...]
+    quality: tuple[float, ...]
+    restore_s: tuple[float, ...]
 
 
 class ContextOptions:
@@ -75,6 +86,15 @@ class ContextOptions:
         return self._variants
 
     def grid(self, ctx: ContextRecord) -> tuple[VariantProfile, ...]:
+        """The context's variants with exact sizes and, once profiled, quality and restore
+        (:meth:`grid_row`, as objects)."""
+        row = self.grid_row(ctx)
+        return tuple(
+            VariantProfile(*v)
+            for v in zip(row.names, row.size_bytes, row.quality, row.restore_s, strict=True)
+        )
+
+    def grid_row(self, ctx: ContextRecord) -> GridRow:
         """The context's variants with exact sizes and, once profiled, quality and restore:
         what the executor can make from its sources (``ContextIndex.sources``). The whole grid
         while the original is at hand (stored, or kept as a reference copy). A context kept
@@ -83,30 +103,32 @@ class ContextOptions:
         which cannot be restored. Its profile measures quality against its dequantized KV, so
         the quantization's own loss is not in it (measured lossless-equivalent for int8 on
         SmolLM2, benchmarks/RESULTS.md). A token-dropped form without a reference copy has
-        only itself."""
+        only itself. Sizes come from :func:`~kvtierd.sizes.grid_size_bytes` (each variant
+        parsed and sized once per context shape)."""
         variants = self.variants()
         if len(variants) <= 1:  # eviction-only policy: nothing to size (the put path is hot)
-            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+            return GridRow((ctx.variant,), (ctx.size_bytes,), (1.0,), (0.0,))
         fmt, tokens, original_bytes = self.geometry_of(ctx)
         if fmt is None:
-            return (VariantProfile(ctx.variant, ctx.size_bytes),)
+            return GridRow((ctx.variant,), (ctx.size_bytes,), (1.0,), (0.0,))
         profiled = self.profiled(ctx.context_id)
         own = self._index.self_sourced(ctx)
-        out = [] if own else [VariantProfile(ORIGINAL_VARIANT, original_bytes)]
-        for name in self.servable_variants(ctx, variants):
-            layers, heads, dim = fmt.shape[1], fmt.num_kv_heads, fmt.head_dim
-            size = variant_size_bytes(
-                layers, heads, dim, tokens, _dtype_bytes(fmt.dtype), name,
-                chunk_tokens=count_unit(name, fmt.shape[2]),
-            )  # fmt: skip
+        names = tuple(self.servable_variants(ctx, variants))
+        geometry = KvGeometry(fmt.shape[1], fmt.num_kv_heads, fmt.head_dim, tokens,
+                              _dtype_bytes(fmt.dtype), fmt.shape[2])  # fmt: skip
+        sizes = grid_size_bytes(geometry, names)
+        quality, restore = [], []
+        for name in names:
             known = profiled.get(name)
             # Unprofiled: quality 0 keeps a quality-seeking placer away until it is measured;
             # a fixed-variant placer ignores quality. A self-sourced form is what its profile
             # is measured against: 1, as the original of any other context.
-            unknown = 1.0 if own and name == ctx.variant else 0.0
-            quality, restore = (known.quality, known.restore_s) if known else (unknown, 0.0)
-            out.append(VariantProfile(name, size, quality, restore))
-        return tuple(out)
+            quality.append(known.quality if known else 1.0 if own and name == ctx.variant else 0.0)
+            restore.append(known.restore_s if known else 0.0)
+        if own:
+            return GridRow(names, sizes, tuple(quality), tuple(restore))
+        return GridRow((ORIGINAL_VARIANT, *names), (original_bytes, *sizes),
+                       (1.0, *quality), (0.0, *restore))  # fmt: skip
 
     def servable_variants(self, ctx: ContextRecord, variants: list[str]) -> list[str]:
         """The lossy ``variants`` the context can be stored as (servable.py); for a
@@ -187,21 +209,44 @@ class ContextOptions:
         return {v.variant: v for v in profile.variants}
 
     def prefill_s(self, ctx: ContextRecord) -> float:
-        """Seconds to recompute the context when dropped: profiled; else from its token count
-        (chunk layouts, or the objects' ``token_count``); else :data:`UNKNOWN_PREFILL_S` — an
-        object whose tokens nobody told us cannot be assumed cheap to recompute (with 0, a
-        quality-seeking placer would rate dropping it as good as storing it)."""
+        """Seconds to recompute the context when dropped: from its token count
+        (:meth:`tokens_of`) at today's prefill speed; else profiled; else
+        :data:`UNKNOWN_PREFILL_S` — an object whose tokens nobody told us cannot be assumed
+        cheap to recompute (with 0, a quality-seeking placer would rate dropping it as good
+        as storing it)."""
         profiler = self._profiler()
         if profiler is None:
             return UNKNOWN_PREFILL_S
+        tokens = self.tokens_of(ctx)
+        if tokens:  # at today's prefill speed, which served requests may have taught since
+            return profiler.ttft.prefill_s(tokens)
+        profiled = self.profiled_prefill_s(ctx.context_id)
+        return UNKNOWN_PREFILL_S if profiled is None else profiled
+
+    def tokens_of(self, ctx: ContextRecord) -> int:
+        """The context's token count: from its chunk layouts, else its objects'
+        ``token_count`` (0 when neither says)."""
         _, tokens, _ = self.geometry_of(ctx)
         if not tokens:
             tokens = sum(self._index.objects[k].meta.token_count for k in ctx.keys)
-        if tokens:  # at today's prefill speed, which served requests may have taught since
-            return profiler.ttft.prefill_s(tokens)
-        with contextlib.suppress(KeyError):
-            return profiler.profile_of(ctx.context_id).prefill_s
-        return UNKNOWN_PREFILL_S
+        return tokens
+
+    def profiled_prefill_s(self, context_id: str) -> float | None:
+        """The recompute time the context's profile measured (``None``: not profiled)."""
+        profiler = self._profiler()
+        record = None if profiler is None else profiler.record(context_id)
+        return None if record is None else record.profile.prefill_s
+
+    def profiler(self) -> Profiler | None:
+        """The running profiler (``None`` before it is configured)."""
+        return self._profiler()
+
+    def epoch(self) -> tuple[object, ...]:
+        """What every context's options depend on alike: the policy (its grid), the profiler
+        (its records, speed model) and the model cards (what can be served). A change of any
+        makes every kept row stale (``option_rows.py``)."""
+        cards = tuple(map(id, self._servability.cards.values()))
+        return (self._policy.current, self._profiler(), cards)
 
     def prefill_tokens_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` tokens (:data:`UNKNOWN_PREFILL_S` when not known)."""

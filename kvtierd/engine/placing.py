@@ -4,14 +4,18 @@ them to the executor). A hot policy reload swaps the placer (``AdminOps.apply_po
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+import gc
+from collections.abc import Iterator, Mapping
 
 from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.option_rows import OptionRows
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import ConfigError
 from kvtierd.policies import Placer, PlacerParams, placer_class
+from kvtierd.policies.model import OptionArrays
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
 from kvtierd.storage import CpuTier, Tier
 from kvtierd.types import (
@@ -24,6 +28,18 @@ from kvtierd.types import (
     TierModel,
 )
 from kvtierd.utility import check_tiers
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (as it was after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def tier_models(tiers: Mapping[str, Tier], cpu: CpuTier) -> list[TierModel]:
@@ -59,6 +75,7 @@ class Placing:
         self._cpu = cpu
         self._policy = policy
         self.placer = self.make_placer(policy.current)
+        self.rows = OptionRows(options)
 
     @property
     def name(self) -> str:
@@ -79,26 +96,40 @@ class Placing:
         )
         return cls(self.tier_models(), params)
 
-    def profile(self, ctx: ContextRecord) -> ContextProfile:
+    def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
         """What the placer knows of a context: its variants (sizes; quality once profiled),
-        decayed frequency, recency, protection."""
-        options = self._options
-        decayed = options.frequency(ctx.context_id)
-        return ContextProfile(
-            context_id=ctx.context_id,
-            variants=options.grid(ctx),
-            frequency=decayed if decayed is not None else float(max(ctx.hits, 1)),
-            prefill_s=options.prefill_s(ctx),
-            last_access_s=ctx.last_access_s,
-            # Not a lookup's hold: it ends on its own, and a placer told of it would keep the
-            # context pinned after it (the executor defers what a hold forbids, executor.py).
-            pinned=ctx.pinned,
-        )
+        decayed frequency, recency, protection (``pinned``: not a lookup's hold, which ends on
+        its own — a placer told of it would keep the context pinned after it; the executor
+        defers what a hold forbids, executor.py). From the context's kept row
+        (``option_rows.py``), rebuilt first when ``fresh``."""
+        return self.rows.profile(ctx, fresh=fresh)
+
+    def placed(self) -> list[ContextRecord]:
+        """Every context the placer decides on (not those held for their unread durable
+        objects, durable.py)."""
+        return [c for c in self._index.contexts.values() if not c.durable_held]
+
+    def placed_options(self) -> OptionArrays:
+        """The options of every context the placer decides on, as arrays."""
+        contexts = self._index.contexts
+        if len(self.rows) > 2 * len(contexts) + 1024:  # rows of contexts gone outside remove()
+            self.rows.prune(contexts)
+        return self.rows.arrays(self.placed())
 
     def placed_profiles(self) -> list[ContextProfile]:
-        """Profiles of every context the placer decides on (not those held for their unread
-        durable objects, durable.py)."""
-        return [self.profile(c) for c in self._index.contexts.values() if not c.durable_held]
+        """:meth:`placed_options` as one profile per context (the general, slow path)."""
+        return self.placed_options().profiles()
+
+    def rebalance(self, reason: str = "rebalance") -> Plan:
+        """Recompute every placement from the contexts' kept options (the tiers' load models
+        refreshed first: bandwidths measured since) and return what brings every context
+        there (:meth:`reconcile`). Python's cyclic garbage collector waits meanwhile: the
+        pass allocates a few objects per context, and each full collection it would trigger
+        walks every object the daemon holds (millions at 100,000 contexts: seconds each)."""
+        with _collector_paused():
+            self.placer.refresh_tiers(self.tier_models())
+            self.placer.rebalance_options(self.placed_options())
+            return self.reconcile(reason)
 
     # -- telling the placer --------------------------------------------------------------------
 
@@ -121,27 +152,32 @@ class Placing:
         return self.adopt(ctx, self._index.placement_of(ctx))
 
     def insert(self, ctx: ContextRecord) -> Plan:
-        """Place the context afresh (new, grown, profiled, or back in the placer's view)."""
-        return self.placer.insert(self.profile(ctx))
+        """Place the context afresh (new, grown, profiled, or back in the placer's view): its
+        options are worked out again, whatever changed."""
+        return self.placer.insert(self.profile(ctx, fresh=True))
 
     def access(self, context_id: str, now_s: float) -> Plan:
         return self.placer.access(context_id, now_s)
 
     def remove(self, context_id: str) -> None:
         self.placer.remove(context_id)
+        self.rows.forget(context_id)
 
     def reconcile(self, reason: str) -> Plan:
         """Operations that bring every context to where the placer now wants it. Built from
         the placer's state, not its plan: a fresh placer's plan is relative to its own empty
-        view, while this is relative to where the bytes really are."""
+        view, while this is relative to where the bytes really are. One pass over the
+        contexts, comparing names (a :class:`Placement` is made only for a context that
+        moves)."""
+        contexts = self.placed()
+        targets = self.placer.placements([c.context_id for c in contexts])
+        objects = self._index.objects
         ops = []
-        for ctx in self._index.contexts.values():
-            if ctx.durable_held:
-                continue  # outside the placer's view until its durable objects are read
-            source = self._index.placement_of(ctx)
-            target = self.target(ctx.context_id)
-            if target == source:
+        for ctx, target in zip(contexts, targets, strict=True):
+            tier = objects[next(iter(ctx.keys))].tier if ctx.keys else None
+            if target.tier == tier and (tier is None or target.variant == ctx.variant):
                 continue
+            source = self._index.placement_of(ctx)
             if target.dropped:
                 kind = OpKind.DROP
             elif target.variant != source.variant:

@@ -26,6 +26,7 @@ Until then the placer is not offered the variant (``ContextOptions.grid``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -93,6 +94,8 @@ def servable_form_of(
     agreed_tokens: int,
     cards: Mapping[str, ModelCard],
     model_dir: str = "",
+    *,
+    lead: tuple[ChunkFormat | None, int] | None = None,
 ) -> ServableForm | str:
     """The servable form of ``variant`` for a context whose original objects are
     ``originals`` and whose registered prompts agree on their first ``agreed_tokens`` tokens,
@@ -108,9 +111,9 @@ def servable_form_of(
         )
     if card.refused:
         return card.refused
-    if window_of(variant) and not model_dir:
+    if _window(variant) and not model_dir:
         return SNAPKV_NEEDS_MODEL
-    fmt, count = leading_chunks(originals)
+    fmt, count = leading_chunks(originals) if lead is None else lead
     if fmt is None:
         return "its first object is not a KV_2LTD chunk"
     chunk = fmt.shape[2]
@@ -122,10 +125,21 @@ def servable_form_of(
             "directly leave them unknown)"
         )
     n = chunks * chunk
-    m = kept_tokens(n, parse_variant(variant), chunk)
+    m = _kept(variant, n, chunk)
     if m % chunk:
         return f"{variant} keeps {m} of {n} tokens, not whole chunks of {chunk}"
     return ServableForm(model, n, chunks, chunk, fmt.num_kv_heads, m, card, model_dir=model_dir)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _kept(variant: str, num_tokens: int, chunk_tokens: int) -> int:
+    """``kept_tokens``, once per (variant, length): every context's options ask for it."""
+    return kept_tokens(num_tokens, parse_variant(variant), chunk_tokens)
+
+
+@functools.lru_cache(maxsize=4096)
+def _window(variant: str) -> int:
+    return window_of(variant)
 
 
 def agreed_prefix(known: Sequence[int], new: Sequence[int]) -> int:
@@ -186,10 +200,14 @@ class Servability:
         """``lossy`` less the token-dropped variants that cannot be served yet (the one the
         context is stored as stays); the first reason is kept in :attr:`why`."""
         out, why = [], ""
+        lead: tuple[ChunkFormat | None, int] | None = None
+        agreed = 0
         for name in lossy:
             if name != stored_as and parse_variant(name).drops_tokens:
-                agreed = self.agreed(context_id, queries)
-                form = servable_form_of(name, originals, agreed, self.cards, self.model_dir())
+                if lead is None:  # once per context, not per variant: a pass over its chunks
+                    lead, agreed = leading_chunks(originals), self.agreed(context_id, queries)
+                form = servable_form_of(name, originals, agreed, self.cards, self.model_dir(),
+                                        lead=lead)  # fmt: skip
                 if isinstance(form, str):
                     why = why or f"{name}: {form}"
                     continue

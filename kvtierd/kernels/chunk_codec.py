@@ -13,6 +13,7 @@ Triton kernels run (``backend="auto"``), on CPU the torch reference.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,25 +58,10 @@ class ChunkFormat:
 
     @classmethod
     def parse(cls, layout: str) -> ChunkFormat:
-        parts = layout.split(";")
-        try:
-            if parts[0] != LAYOUT_PREFIX or len(parts) not in (4, 6):
-                raise ValueError(layout)
-            shape = tuple(int(d) for d in parts[1].split("x"))
-            heads = int(parts[3].removeprefix("h="))
-            quant, group = ("", DEFAULT_GROUP_SIZE)
-            if len(parts) == 6:
-                quant, group = parts[4], int(parts[5].removeprefix("g="))
-        except ValueError as e:
-            raise CorruptObjectError(f"not a kvtierd chunk layout: {layout!r}") from e
-        if len(shape) != 4:
-            raise CorruptObjectError(f"chunk layout {layout!r} does not have 4 dimensions")
-        fmt = cls((shape[0], shape[1], shape[2], shape[3]), parts[2], heads, quant, group)
-        if why := fmt._invalid():
-            # A layout is a client's word: one with h=0 or g=0 divided by zero in the placer
-            # and stopped the profiling loop (issue 27.4), so every reader gets it checked.
-            raise CorruptObjectError(f"chunk layout {layout!r}: {why}")
-        return fmt
+        """The format a layout string names; raises ``CorruptObjectError`` for one that is not
+        a kvtierd chunk layout. Parsed once per string (a format is immutable, and a daemon
+        holds many chunks of the same few layouts)."""
+        return _parse_layout(layout)
 
     def _invalid(self) -> str:
         """Why this format cannot describe a chunk, or ``""``."""
@@ -114,6 +100,30 @@ class ChunkFormat:
             return math.prod(self.shape) * size
         item = {"uint8": 1, "float16": 2}
         return sum(math.prod(s) * item[dt] for s, dt in self._part_shapes())
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_layout(layout: str) -> ChunkFormat:
+    parts = layout.split(";")
+    try:
+        if parts[0] != LAYOUT_PREFIX or len(parts) not in (4, 6):
+            raise ValueError(layout)
+        shape = tuple(int(d) for d in parts[1].split("x"))
+        heads = int(parts[3].removeprefix("h="))
+        quant, group = ("", DEFAULT_GROUP_SIZE)
+        if len(parts) == 6:
+            quant, group = parts[4], int(parts[5].removeprefix("g="))
+    except ValueError as e:
+        raise CorruptObjectError(f"not a kvtierd chunk layout: {layout!r}") from e
+    if len(shape) != 4:
+        raise CorruptObjectError(f"chunk layout {layout!r} does not have 4 dimensions")
+    fmt = ChunkFormat((shape[0], shape[1], shape[2], shape[3]), parts[2], heads, quant, group)
+    if why := fmt._invalid():
+        # A layout is a client's word: one with h=0 or g=0 divided by zero in the placer and
+        # stopped the profiling loop (issue 27.4), so every reader gets it checked. (Refused
+        # layouts raise, so the cache holds only valid ones.)
+        raise CorruptObjectError(f"chunk layout {layout!r}: {why}")
+    return fmt
 
 
 def _torch_dtype(name: str) -> torch.dtype:

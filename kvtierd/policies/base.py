@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from kvtierd.policies.model import OptionArrays
 from kvtierd.policy_config import PolicyConfig, PolicyDocument
 from kvtierd.registry import Registry
-from kvtierd.types import ContextProfile, Placement, Plan, TierModel
+from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,22 @@ class Placer(abc.ABC):
     @abc.abstractmethod
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
         """Recompute all placements from these profiles (every known context is included)."""
+
+    def rebalance_options(self, options: OptionArrays) -> Plan:
+        """:meth:`rebalance` from arrays (the daemon's path). This default builds the profiles;
+        a placer that prices arrays itself overrides it."""
+        return self.rebalance(options.profiles())
+
+    def placements(self, context_ids: Sequence[str]) -> list[Placement]:
+        """:meth:`placement` of each context, ``DROPPED`` for one the placer does not know
+        (what the engine reconciles every context with after a rebalance)."""
+        out = []
+        for cid in context_ids:
+            try:
+                out.append(self.placement(cid))
+            except KeyError:
+                out.append(DROPPED)
+        return out
 
     def refresh_tiers(self, tiers: Sequence[TierModel]) -> None:
         """Take the tiers' current load model (bandwidth, overhead: measured online) before a

@@ -30,7 +30,13 @@ from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.exact import Problem
 from kvtierd.policies.greedy_state import DROP, GreedyState, Selection, Step
 from kvtierd.policies.knapsack import greedy_assign, greedy_solve
-from kvtierd.policies.model import Assignment, IntArray, UtilityTable, capacity_array
+from kvtierd.policies.model import (
+    Assignment,
+    IntArray,
+    OptionArrays,
+    UtilityTable,
+    capacity_array,
+)
 from kvtierd.policies.plan_order import Change, order_changes
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
@@ -43,8 +49,15 @@ from kvtierd.policy_config import (
 )
 from kvtierd.types import DROPPED, ContextProfile, Placement, Plan, TierModel
 
-INSERT_LIMITS = RefineLimits(time_limit_s=0.1, rounds=1)
-"""What an overflowing insert may spend on its repair: one HiGHS solve of at most 0.1 s."""
+INSERT_NODES = 1500
+"""Search nodes an overflowing insert's repair may visit: a work limit, not seconds (the same
+inserts give the same plan under any load). Measured on the merged trap instances of
+100-200 contexts (issue 28): within 0.7% of the LP bound, the longest insert well under
+50 ms on an idle core (``benchmarks/bench_placer.py``)."""
+
+INSERT_LIMITS = RefineLimits(max_nodes=INSERT_NODES, rounds=1, own_search=True)
+"""What an overflowing insert may spend on its repair: one search of the own branch-and-bound
+(:mod:`kvtierd.policies.branch_bound`; HiGHS's root work alone took 50-1000 ms on these)."""
 
 COARSE_SHARE = 0.05
 """Above ``EXACT_MAX`` contested contexts an insert is repaired only when its overflow pushed
@@ -123,7 +136,38 @@ class EvicPressPlacer(Placer):
         return Placement(s.names[slot][int(s.variant[slot])], self.tiers[t].name)
 
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        return self.rebalance_table(self._table(profiles))
+        return self.rebalance_options(OptionArrays.from_profiles(profiles))
+
+    def rebalance_options(self, options: OptionArrays) -> Plan:
+        """:meth:`rebalance` from arrays: each context at ``max(its frequency, the hits
+        counted here)``, priced in the tiers as measured now."""
+        s = self._state.slots
+        slot = np.array([s.index.get(c, -1) for c in options.context_ids], dtype=np.int64)
+        counted = np.where(slot >= 0, s.freq[np.maximum(slot, 0)] if s.freq.size else 0.0, 0.0)
+        freq = np.maximum(options.frequency, counted)
+        merged = replace(options, frequency=freq)
+        table = UtilityTable.from_options(merged, self.tiers, self.params.alpha)
+        return self.rebalance_table(table)
+
+    def placements(self, context_ids: Sequence[str]) -> list[Placement]:
+        """:meth:`placement` of each context from the arrays (``DROPPED`` when unknown)."""
+        s = self._state.slots
+        names = [t.name for t in self.tiers]
+        known: dict[tuple[str, int], Placement] = {}
+        out = []
+        index, tier, variant = s.index, s.tier.tolist(), s.variant.tolist()
+        for cid in context_ids:
+            slot = index.get(cid, -1)
+            t = -1 if slot < 0 else tier[slot]
+            if t < 0:
+                out.append(DROPPED)
+                continue
+            key = (s.names[slot][variant[slot]], t)
+            placement = known.get(key)
+            if placement is None:
+                placement = known[key] = Placement(key[0], names[t])
+            out.append(placement)
+        return out
 
     # -- extensions ------------------------------------------------------------------------
 

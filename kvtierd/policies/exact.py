@@ -149,11 +149,15 @@ def solve_problem(
     mip_rel_gap: float = 1e-6,
     attempts: Sequence[HighsOptions] = ATTEMPTS,
     start: Assignment | None = None,
+    max_nodes: int | None = None,
 ) -> ExactResult:
     """:func:`solve_exact` of a :class:`Problem` (a sub-problem of a placer's contexts).
 
     ``start``, a feasible assignment, is handed to HiGHS as its first incumbent (a placer's
-    current placement: HiGHS then only has to beat or prove it).
+    current placement: HiGHS then only has to beat or prove it). ``max_nodes`` bounds the
+    branch-and-bound nodes (HiGHS's ``mip_max_nodes``): a limit in work, not seconds, so the
+    same problem gives the same answer however busy the machine is (pass
+    ``time_limit_s=math.inf`` with it).
     """
     import highspy
 
@@ -163,9 +167,11 @@ def solve_problem(
     for options in attempts:
         h = highspy.Highs()  # type: ignore[no-untyped-call]
         h.silent()
+        work = {} if max_nodes is None else {"mip_max_nodes": int(max_nodes)}
         for key, value in {
             "time_limit": float(time_limit_s),
             "mip_rel_gap": float(mip_rel_gap),
+            **work,
             **options,
         }.items():
             h.setOptionValue(key, value)

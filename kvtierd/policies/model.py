@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvtierd.types import ContextProfile, TierModel
+from kvtierd.types import ContextProfile, TierModel, VariantProfile
 from kvtierd.utility import check_tiers, dropped_utility, load_ttft_s, utility
 
 FloatArray = npt.NDArray[np.float64]
@@ -149,10 +149,61 @@ class UtilityTable:
         )
 
     @classmethod
+    def from_options(
+        cls, options: OptionArrays, tiers: Sequence[TierModel], alpha: float
+    ) -> UtilityTable:
+        """Price ``options`` in ``tiers`` (the daemon's path: its options are kept as arrays)."""
+        return cls.from_arrays(
+            tiers=tiers,
+            alpha=alpha,
+            size_bytes=options.size_bytes,
+            quality=options.quality,
+            restore_s=options.restore_s,
+            frequency=options.frequency,
+            prefill_s=options.prefill_s,
+            valid=options.valid,
+            context_ids=options.context_ids,
+            variant_names=options.variant_names,
+            pinned=options.pinned,
+        )
+
+    @classmethod
     def from_profiles(
         cls, profiles: Sequence[ContextProfile], tiers: Sequence[TierModel], alpha: float
     ) -> UtilityTable:
         """Build a table from profiles (one Python object per variant: the slow, general path)."""
+        return cls.from_options(OptionArrays.from_profiles(profiles), tiers, alpha)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class OptionArrays:
+    """What a placer is told of ``n`` contexts, as arrays: :class:`ContextProfile` values
+    without a Python object per variant (the daemon's rebalance of 100,000 contexts x 60
+    variants would build six million).
+
+    Shapes: ``size_bytes``, ``quality``, ``restore_s``, ``valid``: ``(n, V)`` (a context with
+    fewer variants is padded: ``valid`` False, size 0); ``frequency``, ``prefill_s``,
+    ``last_access_s``, ``pinned``: ``(n,)``. ``variant_names[i]`` names the valid slots of
+    context ``i``, in order.
+    """
+
+    context_ids: tuple[str, ...]
+    variant_names: tuple[tuple[str, ...], ...]
+    size_bytes: FloatArray
+    quality: FloatArray
+    restore_s: FloatArray
+    valid: BoolArray
+    frequency: FloatArray
+    prefill_s: FloatArray
+    last_access_s: FloatArray
+    pinned: BoolArray
+
+    @property
+    def n_contexts(self) -> int:
+        return len(self.context_ids)
+
+    @classmethod
+    def from_profiles(cls, profiles: Sequence[ContextProfile]) -> OptionArrays:
         n = len(profiles)
         n_var = max((len(p.variants) for p in profiles), default=1)
         size = np.zeros((n, n_var))
@@ -165,19 +216,42 @@ class UtilityTable:
             qual[i, :k] = [v.quality for v in p.variants]
             rest[i, :k] = [v.restore_s for v in p.variants]
             ok[i, :k] = True
-        return cls.from_arrays(
-            tiers=tiers,
-            alpha=alpha,
+        return cls(
+            context_ids=tuple(p.context_id for p in profiles),
+            variant_names=tuple(tuple(v.variant for v in p.variants) for p in profiles),
             size_bytes=size,
             quality=qual,
             restore_s=rest,
+            valid=ok,
             frequency=np.array([p.frequency for p in profiles], dtype=np.float64),
             prefill_s=np.array([p.prefill_s for p in profiles], dtype=np.float64),
-            valid=ok,
-            context_ids=[p.context_id for p in profiles],
-            variant_names=[[v.variant for v in p.variants] for p in profiles],
+            last_access_s=np.array([p.last_access_s for p in profiles], dtype=np.float64),
             pinned=np.array([p.pinned for p in profiles], dtype=bool),
         )
+
+    def profiles(self) -> list[ContextProfile]:
+        """One :class:`ContextProfile` per context (for a placer that reads objects)."""
+        out = []
+        for i, cid in enumerate(self.context_ids):
+            names = self.variant_names[i]
+            variants = tuple(
+                VariantProfile(name, int(size), float(q), float(r))
+                for name, size, q, r in zip(
+                    names, self.size_bytes[i].tolist(), self.quality[i].tolist(),
+                    self.restore_s[i].tolist(), strict=False,
+                )
+            )  # fmt: skip
+            out.append(
+                ContextProfile(
+                    cid,
+                    variants,
+                    float(self.frequency[i]),
+                    float(self.prefill_s[i]),
+                    float(self.last_access_s[i]),
+                    bool(self.pinned[i]),
+                )
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -22,7 +22,8 @@ more contexts at once. This module closes the gap with the MILP (:mod:`kvtierd.p
   entrants) and solves that sub-problem exactly with every other context fixed: a k-exchange
   with k up to :data:`NEIGHBOURHOOD`, repeated while it gains.
 
-Every solve has a time limit; an incumbent HiGHS returns at the limit is used when it is better.
+Every solve has a work limit (branch-and-bound nodes, :class:`RefineLimits`), never a
+wall clock; an incumbent HiGHS returns at the limit is used when it is better.
 A solver failure (:class:`~kvtierd.errors.SolverError`) keeps the greedy's answer, with a
 warning: the greedy's placement is valid, only possibly less good.
 """
@@ -30,11 +31,13 @@ warning: the greedy's placement is valid, only possibly less good.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvtierd.errors import SolverError
+from kvtierd.policies.branch_bound import branch_and_bound
 from kvtierd.policies.exact import Problem, solve_problem
 from kvtierd.policies.model import Assignment, FloatArray, IntArray
 
@@ -56,12 +59,22 @@ CERTIFIED_GAP = 1e-4
 as it is (no HiGHS call): how a rebalance of 100,000 contexts stays within its time."""
 
 
+REBALANCE_NODES = 200
+"""Branch-and-bound nodes a rebalance's HiGHS solve may use (:class:`RefineLimits`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RefineLimits:
-    """How much a refinement may spend: seconds per HiGHS solve and neighbourhood rounds."""
+    """How much a refinement may spend: branch-and-bound nodes per HiGHS solve
+    (``max_nodes``) and neighbourhood rounds. Work, not seconds: a wall-clock limit made the
+    plan depend on how busy the machine was (issue 28); the same inputs now give the same
+    plan."""
 
-    time_limit_s: float = 0.25
+    max_nodes: int = REBALANCE_NODES
     rounds: int = 4
+    # The own branch-and-bound (branch_bound.py) instead of HiGHS: no root work beyond the
+    # node budget, so an insert's repair is bounded in time as well as deterministic.
+    own_search: bool = False
     exact_max: int = EXACT_MAX
     neighbourhood: int = NEIGHBOURHOOD
     certified_gap: float = CERTIFIED_GAP
@@ -118,12 +131,12 @@ def refine(
     if rows.size == 0:
         return current
     if rows.size <= limits.exact_max:
-        return _resolve_rows(problem, current, rows, limits.time_limit_s)
+        return _resolve_rows(problem, current, rows, limits)
     for _ in range(limits.rounds):
         rows = boundary(problem, current, limits.neighbourhood)
         if rows.size == 0:
             break
-        better = _resolve_rows(problem, current, rows, limits.time_limit_s)
+        better = _resolve_rows(problem, current, rows, limits)
         if better is current:
             break
         current = better
@@ -211,7 +224,7 @@ def _value(problem: Problem, a: Assignment) -> FloatArray:
 
 
 def _resolve_rows(
-    problem: Problem, current: Assignment, rows: IntArray, time_limit_s: float
+    problem: Problem, current: Assignment, rows: IntArray, limits: RefineLimits
 ) -> Assignment:
     """``current`` with ``rows`` re-placed optimally given every other context where it is;
     ``current`` itself when that gains nothing (or the solver gives up)."""
@@ -222,21 +235,11 @@ def _resolve_rows(
     used = np.bincount(current.tier[fixed], weights=size[fixed], minlength=n_tiers)
     free = problem.capacity_bytes - used
     sub = problem.subset(rows, free)
-    try:
-        result = solve_problem(
-            sub,
-            time_limit_s=time_limit_s,
-            mip_rel_gap=MIP_REL_GAP,
-            start=_subset(current, rows),
-        )
-    except SolverError as e:
-        logger.warning("placement refinement skipped, the greedy's placement stands: %s", e)
-        return current
+    a, objective = _solve_sub(sub, _subset(current, rows), limits)
     before = float(_value(problem, current)[rows].sum())
     gain = before - float(sub.drop_util.sum())
-    if result.assignment is None or result.objective <= before + 1e-9 * max(1.0, abs(gain)):
+    if a is None or objective <= before + 1e-9 * max(1.0, abs(gain)):
         return current
-    a = result.assignment
     variant, tier, dropped = current.variant.copy(), current.tier.copy(), current.dropped.copy()
     variant[rows], tier[rows], dropped[rows] = a.variant, a.tier, a.dropped
     return Assignment(
@@ -244,3 +247,25 @@ def _resolve_rows(
         tier=np.where(dropped, 0, tier).astype(np.int64),
         dropped=dropped,
     )
+
+
+def _solve_sub(
+    sub: Problem, start: Assignment, limits: RefineLimits
+) -> tuple[Assignment | None, float]:
+    """The best assignment of a sub-problem found within ``limits.max_nodes`` nodes, and its
+    total utility (``None`` when the solver gave up)."""
+    if limits.own_search:
+        found = branch_and_bound(sub, start, limits.max_nodes)
+        return found.assignment, found.objective
+    try:
+        result = solve_problem(
+            sub,
+            time_limit_s=math.inf,
+            max_nodes=limits.max_nodes,
+            mip_rel_gap=MIP_REL_GAP,
+            start=start,
+        )
+    except SolverError as e:
+        logger.warning("placement refinement skipped, the greedy's placement stands: %s", e)
+        return None, -math.inf
+    return result.assignment, result.objective

@@ -137,6 +137,31 @@ def tie(seed: int, n: int) -> UtilityTable:
     )
 
 
+def merged_traps(seed: int, n: int, part: int = 15) -> UtilityTable:
+    """``trap`` instances of about ``part`` contexts each, merged into one of ``n`` contexts
+    whose tiers hold the sum of theirs: many large contexts competing at once, well above
+    the exact re-solve's threshold (the stress instances of issue 28)."""
+    parts = max(1, round(n / part))
+    sizes = [n // parts + (1 if j < n % parts else 0) for j in range(parts)]
+    tables = [trap(seed * 1000 + j, k) for j, k in enumerate(sizes)]
+    size = np.concatenate([t.size_bytes[:, 0] for t in tables])
+    freq = np.concatenate([t.frequency for t in tables])
+    caps = [sum(int(t.capacity_bytes[i] or 0) for t in tables) for i in range(2)]
+    tiers = [
+        TierModel("dram", caps[0], 20 * GB, 0.0005),
+        TierModel("ssd", caps[1], 1.4 * GB, 0.002),
+        TierModel("remote", None, 0.9 * GB, 0.01),
+    ]
+    return _table(
+        tiers,
+        1.0,
+        size=size[:, None],
+        quality=np.ones((size.size, 1)),
+        freq=freq,
+        prefill=size / GB,
+    )
+
+
 FAMILIES: dict[str, Family] = {
     "paper": paper,
     "uniform": uniform,

@@ -60,7 +60,7 @@ def _clients(start_daemon, tmp_path) -> Iterator[tuple[DaemonProcess, list[KVCli
     d = start_daemon(policy_file=str(policy), tenants=tenants, **tcp.settings)
     with (
         KVClient(d.socket_path, tenant="a", timeout_s=20) as a,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as b,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token") as b,
     ):
         yield d, [a, b]
 

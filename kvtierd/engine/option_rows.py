@@ -1,0 +1,231 @@
+"""Every context's options kept between rebalances, as rows of dense arrays (issue 28).
+
+A rebalance tells the placer the options of every context (``context_options.py``). Worked
+out afresh, that is a grid of variants to list, check for servability and size per context:
+about 2 ms a context with 60 variants, 250 s for 100,000. Most of it does not change between
+two rebalances, so each context keeps a row here: variant names, sizes, quality and restore
+seconds (``(V,)`` each, padded), its token count and the recompute time its profile gives. A
+row is rebuilt only when what it was built from changed:
+
+* the context itself (its form, its objects, its reference copy, its bytes: the row's stamp);
+* its profile (the profiler's record of it, compared by value; a new profiler is a new epoch);
+* the grid or what can be served (a new policy, a model card learnt: a new epoch, every row);
+* anything else the engine knows changed it (:meth:`OptionRows.row` with ``fresh=True``, which
+  ``Placing`` passes on every insert: a context whose token ids made a variant servable, say).
+
+What moves every time — frequency, recompute time at today's prefill speed, pinning, last
+access — is read live for each rebalance. :meth:`OptionRows.arrays` gathers the rows of the
+contexts asked for into :class:`~kvtierd.policies.model.OptionArrays` with numpy: no Python
+object per variant.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TypeVar
+
+import numpy as np
+
+from kvtierd.engine.context_options import UNKNOWN_PREFILL_S, ContextOptions
+from kvtierd.engine.state import ContextRecord
+from kvtierd.policies.model import BoolArray, FloatArray, IntArray, OptionArrays
+from kvtierd.types import ContextProfile, VariantProfile
+
+Stamp = tuple[object, ...]
+Array = TypeVar("Array", FloatArray, IntArray)
+
+
+class OptionRows:
+    """The rows of the contexts ``options`` prices (see the module doc)."""
+
+    def __init__(self, options: ContextOptions) -> None:
+        self._options = options
+        self._slot: dict[str, int] = {}
+        self._free: list[int] = []
+        self._stamp: list[Stamp | None] = []
+        self._names: list[tuple[str, ...]] = []
+        self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._epoch: tuple[object, ...] = ()
+        self.size: FloatArray = np.zeros((0, 1))
+        self.quality: FloatArray = np.zeros((0, 1))
+        self.restore: FloatArray = np.zeros((0, 1))
+        self.count: IntArray = np.zeros(0, dtype=np.int64)
+        self.tokens: IntArray = np.zeros(0, dtype=np.int64)
+        self.profile_prefill: FloatArray = np.zeros(0)
+        self.rebuilt = 0  # rows built since this object was made (tests and benchmarks read it)
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    # -- one context ----------------------------------------------------------------------------
+
+    def row(self, ctx: ContextRecord, *, fresh: bool = False) -> int:
+        """The slot of the context's row, rebuilt when stale (or ``fresh`` is asked for)."""
+        self._check_epoch()
+        slot = self._slot.get(ctx.context_id)
+        stamp = self._stamp_of(ctx)
+        if fresh or slot is None or self._stamp[slot] != stamp:
+            slot = self._build(ctx, stamp, slot)
+        return slot
+
+    def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
+        """The context's :class:`ContextProfile` from its row (the online path: one context)."""
+        slot = self.row(ctx, fresh=fresh)
+        k = int(self.count[slot])
+        variants = tuple(
+            VariantProfile(name, int(size), q, r)
+            for name, size, q, r in zip(
+                self._names[slot], self.size[slot, :k].tolist(), self.quality[slot, :k].tolist(),
+                self.restore[slot, :k].tolist(), strict=True,
+            )
+        )  # fmt: skip
+        freq = self._frequencies([ctx], time.time())
+        prefill = self._prefill(np.array([slot]))
+        return ContextProfile(ctx.context_id, variants, float(freq[0]), float(prefill[0]),
+                              ctx.last_access_s, ctx.pinned)  # fmt: skip
+
+    def forget(self, context_id: str) -> None:
+        slot = self._slot.pop(context_id, None)
+        if slot is not None:
+            self._stamp[slot] = None
+            self._names[slot] = ()
+            self._free.append(slot)
+
+    # -- every context --------------------------------------------------------------------------
+
+    def arrays(self, contexts: Iterable[ContextRecord]) -> OptionArrays:
+        """The options of ``contexts`` as arrays (rows rebuilt where stale); rows of contexts
+        no longer asked for are kept until :meth:`forget` (or :meth:`prune`)."""
+        self._check_epoch()
+        ctxs = list(contexts)
+        stamps, slot_of, built = self._stamp, self._slot, self._build
+        profiler = self._options.profiler()
+        record = (lambda _: None) if profiler is None else profiler.record
+        slots = []
+        for ctx in ctxs:
+            cid = ctx.context_id
+            # _stamp_of inlined: this loop is the rebalance's one pass over every context.
+            stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()), ctx.size_bytes,
+                     record(cid))  # fmt: skip
+            slot = slot_of.get(cid)
+            if slot is None or stamps[slot] != stamp:
+                slot = built(ctx, stamp, slot)
+            slots.append(slot)
+        at = np.array(slots, dtype=np.int64)
+        width = int(self.count[at].max()) if at.size else 1
+        valid: BoolArray = np.arange(width)[None, :] < self.count[at][:, None]
+        names = self._names
+        return OptionArrays(
+            context_ids=tuple(c.context_id for c in ctxs),
+            variant_names=tuple(names[s] for s in slots),
+            size_bytes=self.size[at, :width],
+            quality=self.quality[at, :width],
+            restore_s=self.restore[at, :width],
+            valid=valid,
+            frequency=self._frequencies(ctxs, time.time()),
+            prefill_s=self._prefill(at),
+            last_access_s=np.array([c.last_access_s for c in ctxs], dtype=np.float64),
+            pinned=np.array([c.pinned for c in ctxs], dtype=bool),
+        )
+
+    def prune(self, keep: Iterable[str]) -> int:
+        """Forget the rows of contexts not in ``keep``; returns how many went."""
+        kept = set(keep)
+        gone = [cid for cid in self._slot if cid not in kept]
+        for cid in gone:
+            self.forget(cid)
+        return len(gone)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _stamp_of(self, ctx: ContextRecord) -> Stamp:
+        """What a row was built from that belongs to the context (the rest is the epoch)."""
+        profiler = self._options.profiler()
+        record = None if profiler is None else profiler.record(ctx.context_id)
+        return (ctx.variant, len(ctx.keys), len(ctx.reference or ()), ctx.size_bytes, record)
+
+    def _check_epoch(self) -> None:
+        """Every row goes stale with a new grid, profiler or set of model cards."""
+        epoch = self._options.epoch()
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._stamp = [None] * len(self._stamp)
+
+    def _build(self, ctx: ContextRecord, stamp: Stamp, slot: int | None) -> int:
+        row = self._options.grid_row(ctx)
+        if slot is None:
+            slot = self._new_slot(ctx.context_id)
+        k = len(row.names)
+        self._fit(k)
+        self.size[slot, :k] = row.size_bytes
+        self.quality[slot, :k] = row.quality
+        self.restore[slot, :k] = row.restore_s
+        self.size[slot, k:] = 0.0
+        self.count[slot] = k
+        self.tokens[slot] = self._options.tokens_of(ctx)
+        fallback = self._options.profiled_prefill_s(ctx.context_id)
+        self.profile_prefill[slot] = UNKNOWN_PREFILL_S if fallback is None else fallback
+        self._names[slot] = self._interned.setdefault(row.names, row.names)
+        self._stamp[slot] = stamp
+        self.rebuilt += 1
+        return slot
+
+    def _prefill(self, at: IntArray) -> FloatArray:
+        """Seconds to recompute each row's context at today's prefill speed."""
+        profiler = self._options.profiler()
+        if profiler is None:
+            return np.full(at.size, UNKNOWN_PREFILL_S)
+        rate = profiler.ttft.prefill_s
+        tokens = self.tokens[at].tolist()
+        fallback = self.profile_prefill[at].tolist()
+        return np.array([rate(t) if t else f for t, f in zip(tokens, fallback, strict=True)],
+                        dtype=np.float64)  # fmt: skip
+
+    def _frequencies(self, ctxs: list[ContextRecord], now_s: float) -> FloatArray:
+        """Decayed access frequency (``ContextOptions.frequency``), else the hits counted."""
+        profiler = self._options.profiler()
+        if profiler is None:
+            return np.array([float(max(c.hits, 1)) for c in ctxs], dtype=np.float64)
+        decayed = profiler.frequency.frequency
+        out = []
+        for c in ctxs:
+            f = decayed(c.context_id, now_s)
+            out.append(f if f > 0 else float(max(c.hits, 1)))
+        return np.array(out, dtype=np.float64)
+
+    def _new_slot(self, context_id: str) -> int:
+        if not self._free:
+            self._grow(max(16, 2 * self.count.size))
+        slot = self._free.pop()
+        self._slot[context_id] = slot
+        return slot
+
+    def _grow(self, capacity: int) -> None:
+        old = self.count.size
+
+        def more(a: Array) -> Array:
+            b = np.zeros((capacity, *a.shape[1:]), dtype=a.dtype)
+            b[:old] = a
+            return b
+
+        self.size, self.quality, self.restore = (
+            more(self.size),
+            more(self.quality),
+            more(self.restore),
+        )
+        self.count, self.tokens = more(self.count), more(self.tokens)
+        self.profile_prefill = more(self.profile_prefill)
+        self._stamp += [None] * (capacity - old)
+        self._names += [()] * (capacity - old)
+        self._free.extend(range(capacity - 1, old - 1, -1))
+
+    def _fit(self, width: int) -> None:
+        """Room for ``width`` variants per row."""
+        have = self.size.shape[1]
+        if width <= have:
+            return
+        pad = ((0, 0), (0, width - have))
+        self.size = np.pad(self.size, pad)
+        self.quality = np.pad(self.quality, pad)
+        self.restore = np.pad(self.restore, pad)

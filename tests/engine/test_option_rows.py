@@ -1,0 +1,94 @@
+"""Each context's options kept between rebalances (issue 28, ``engine/option_rows.py``): a
+row equals what ``ContextOptions.grid`` works out, is reused while nothing it was built from
+changed, and is rebuilt when the context, the grid or a caller says it changed."""
+
+from __future__ import annotations
+
+from kvtierd.engine.context_options import ContextOptions
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.option_rows import OptionRows
+from kvtierd.engine.servable import Servability
+from kvtierd.engine.state import ContextRecord, ObjectRecord, RunningPolicy
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.policies.loader import parse_policy
+from kvtierd.sizes import KvGeometry, count_unit, grid_size_bytes, variant_size_bytes
+from kvtierd.types import ObjectMeta
+
+L, T, H, D = 2, 16, 2, 32
+GRID = "placer: evicpress\nvariants: {methods: [knorm, int8, int4], ratios: [0.5, 0.25]}\n"
+
+
+def _setup(policy_text: str = GRID) -> tuple[ContextIndex, RunningPolicy, OptionRows]:
+    index = ContextIndex()
+    policy = RunningPolicy(parse_policy(policy_text, "p.yaml"))
+    options = ContextOptions(
+        index=index, policy=policy, servable=Servability({}), profiler=lambda: None
+    )
+    return index, policy, OptionRows(options)
+
+
+def _chunk(index: ContextIndex, cid: str, i: int) -> ContextRecord:
+    layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
+    meta = ObjectMeta(key=f"{cid}/{i}", size_bytes=2 * L * T * H * D * 2, context_id=cid,
+                      layout=layout, token_count=T)  # fmt: skip
+    return index.add(ObjectRecord(meta, "cpu"))
+
+
+def test_rows_are_the_grid_as_arrays_and_are_kept_between_rebalances():
+    index, _, rows = _setup()
+    a = _chunk(index, "a", 0)
+    b = _chunk(index, "b", 0)
+    _chunk(index, "b", 1)
+    got = rows.arrays([a, b])
+    options = rows._options
+    for i, ctx in enumerate([a, b]):
+        grid = options.grid(ctx)
+        k = len(grid)
+        assert got.variant_names[i] == tuple(v.variant for v in grid)
+        assert got.size_bytes[i, :k].tolist() == [v.size_bytes for v in grid]
+        assert got.quality[i, :k].tolist() == [v.quality for v in grid]
+        assert got.valid[i].sum() == k
+    assert rows.rebuilt == 2
+    rows.arrays([a, b])
+    assert rows.rebuilt == 2  # nothing changed: no row is worked out again
+
+
+def test_a_row_is_rebuilt_when_its_context_grows_or_a_caller_says_so():
+    index, _, rows = _setup()
+    a = _chunk(index, "a", 0)
+    before = rows.arrays([a]).size_bytes[0, 0]
+    _chunk(index, "a", 1)
+    after = rows.arrays([a])
+    assert rows.rebuilt == 2 and after.size_bytes[0, 0] == 2 * before
+    rows.row(a, fresh=True)
+    assert rows.rebuilt == 3
+
+
+def test_a_new_policy_makes_every_row_stale():
+    index, policy, rows = _setup()
+    ctxs = [_chunk(index, c, 0) for c in "abc"]
+    rows.arrays(ctxs)
+    policy.current = parse_policy("placer: evicpress\nvariants: {methods: [int8]}\n", "q.yaml")
+    got = rows.arrays(ctxs)
+    assert rows.rebuilt == 6
+    assert got.variant_names[0] == ("none", "int8")
+    assert not got.valid[:, 2:].any()  # rows narrower than before are padded
+
+
+def test_forgotten_rows_are_reused_and_pruned():
+    index, _, rows = _setup()
+    ctxs = [_chunk(index, c, 0) for c in "abcd"]
+    rows.arrays(ctxs)
+    rows.forget("a")
+    assert len(rows) == 3
+    assert rows.prune(["b"]) == 2 and len(rows) == 1
+    e = _chunk(index, "e", 0)
+    rows.arrays([e])
+    assert len(rows) == 2
+
+
+def test_grid_sizes_are_each_variants_exact_size():
+    geometry = KvGeometry(L, H, D, 3 * T, 2, T)
+    names = ("knorm@0.5", "int8", "int4", "knorm@0.25+int8")
+    want = [variant_size_bytes(L, H, D, 3 * T, 2, n, chunk_tokens=count_unit(n, T)) for n in names]
+    assert list(grid_size_bytes(geometry, names)) == want
