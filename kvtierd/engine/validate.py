@@ -7,15 +7,23 @@ import math
 from kvtierd.engine.context_kv import MARKER_LAYOUT
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import LAYOUT_PREFIX, ChunkFormat
-from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT
+from kvtierd.kernels.placeholder import (
+    KEPT_LAYOUT,
+    MANIFEST_LAYOUT,
+    MAX_CARD_BYTES,
+    MODEL_CARD_LAYOUT,
+)
 from kvtierd.sizes import DTYPE_BYTES
 from kvtierd.types import ObjectMeta
 from kvtierd.variants import parse_variant
 
 MAX_KEY_BYTES = 1024
 # Layouts without a format to check: none, an LMCache chunk whose format is not given, a model
-# card, a daemon-made variant's marker. Any other layout must be a KV_2LTD chunk format.
-OPAQUE_LAYOUTS = ("", LAYOUT_PREFIX, MODEL_CARD_LAYOUT, MARKER_LAYOUT)
+# card, a daemon-made variant's marker, a placeholder variant's kept indices and manifest (the
+# plugin's store request). Any other layout must be a KV_2LTD chunk format.
+OPAQUE_LAYOUTS = (
+    "", LAYOUT_PREFIX, MODEL_CARD_LAYOUT, MARKER_LAYOUT, KEPT_LAYOUT, MANIFEST_LAYOUT,
+)  # fmt: skip
 
 
 def validate_meta(meta: ObjectMeta, max_size_bytes: int) -> None:

@@ -26,6 +26,8 @@ from kvtierd.kernels.api import compress_kv, dense_kv, to_kv_2ltd
 from kvtierd.kernels.chunk_codec import ChunkFormat, chunk_format, decode_chunk, encode_chunk
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.placeholder import (
+    KEPT_LAYOUT,
+    MANIFEST_LAYOUT,
     SNAPKV_UNAVAILABLE,
     Manifest,
     ModelRope,
@@ -217,9 +219,9 @@ def _variant_items(
         shape = tuple(enc.shape) if not fmt.quant else ()
         items.append(PutItem(key, enc, context_id, str(v), fmt.layout(), chunk, b"", shape))
     kept = dropped.kept.to(torch.int32).cpu().contiguous()
-    items.append(PutItem(kept_key(manifest.digest, keyed), kept, context_id, str(v), "kept[L,H,M]",
+    items.append(PutItem(kept_key(manifest.digest, keyed), kept, context_id, str(v), KEPT_LAYOUT,
                          manifest.num_kept, b"", tuple(kept.shape)))  # fmt: skip
     meta = torch.frombuffer(bytearray(manifest.to_bytes()), dtype=torch.uint8)
     key = manifest_key(manifest.digest, keyed)
-    items.append(PutItem(key, meta, context_id, str(v), "manifest", 0))
+    items.append(PutItem(key, meta, context_id, str(v), MANIFEST_LAYOUT, 0))
     return items

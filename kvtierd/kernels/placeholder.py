@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 MANIFEST_PREFIX = "kvtierd-ph@"
 MODEL_CARD_PREFIX = "kvtierd-model@"
 MODEL_CARD_LAYOUT = "kvtierd-model-card"
+# Layouts of a placeholder variant's other objects as the plugin stores them: its kept indices
+# (int32 [L, H, M]) and its manifest (bytes). Stored in objects' metadata: never renamed.
+KEPT_LAYOUT = "kept[L,H,M]"
+MANIFEST_LAYOUT = "manifest"
 # A card is a model name, head_dim / 2 frequencies and a few special ids: ~6 KiB for a head
 # of 256. The bound keeps a client's card from costing the daemon more than its quota says.
 MAX_CARD_BYTES = 64 << 10
