@@ -105,6 +105,12 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
     dropped = np.ones(n, dtype=bool)
     remaining = np.arange(n)
     order = _size_order(table.size_bytes)
+    # Each row's sizes in that order, gathered once: every tier sorts the same sizes.
+    size_sorted = (
+        table.size_bytes[:, order]
+        if order.ndim == 1
+        else np.take_along_axis(table.size_bytes, order, axis=1)
+    )
     # Best utility in tiers t..T-1 or dropped, for the "leave tier t-1" option.
     below = np.empty((n, n_tiers + 1))
     below[:, n_tiers] = table.drop_util
@@ -121,6 +127,7 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
             table.util[:, :, t] if every else table.util[remaining, :, t],
             table.size_bytes if every else table.size_bytes[remaining],
             order if every or order.ndim == 1 else order[remaining],
+            size_sorted if every else size_sorted[remaining],
         )
         leave = below[remaining, t + 1]
         pinned = table.pinned[remaining]
@@ -153,13 +160,19 @@ class _Points:
     util: FloatArray
     size: FloatArray
     order: IntArray  # (V,) for all rows, or (m, V)
+    size_sorted: FloatArray | None = None  # size in that order, when the caller has it
 
     def sorted(self) -> tuple[FloatArray, FloatArray, IntArray]:
         """Sizes, utilities and variant indices, each row by size ascending."""
         if self.order.ndim == 1:
             var = np.broadcast_to(self.order, self.size.shape)
-            return self.size[:, self.order], self.util[:, self.order], var
-        xs = np.take_along_axis(self.size, self.order, axis=1)
+            xs = self.size[:, self.order] if self.size_sorted is None else self.size_sorted
+            return xs, self.util[:, self.order], var
+        xs = (
+            np.take_along_axis(self.size, self.order, axis=1)
+            if self.size_sorted is None
+            else self.size_sorted
+        )
         return xs, np.take_along_axis(self.util, self.order, axis=1), self.order
 
 
@@ -188,7 +201,8 @@ def _solve_tier(
         return choice, 0.0
     if rows.size < m:
         order = points.order if points.order.ndim == 1 else points.order[rows]
-        points = _Points(util[rows], points.size[rows], order)
+        xs = None if points.size_sorted is None else points.size_sorted[rows]
+        points = _Points(util[rows], points.size[rows], order, xs)
     choice[rows], price = _hull_greedy(points, leave[rows], free)
     return choice, price
 
@@ -240,10 +254,13 @@ def _pareto(
     count = np.bincount(r, minlength=m)
     width = int(count.max()) + 1 if m else 1
     col = np.arange(r.size) - (np.cumsum(count) - count)[r] + 1
-    cx = np.zeros((m, width))
-    cy = np.full((m, width), -np.inf)
-    cv = np.full((m, width), -1, dtype=np.int64)
-    cy[:, 0] = leave
+    # Only each row's first count + 1 columns are ever read (the hulls and the greedy index
+    # kept points only), so the rest is left unwritten: at 100,000 rows x a wide grid,
+    # filling it cost more than the points themselves (issue 28).
+    cx = np.empty((m, width))
+    cy = np.empty((m, width))
+    cv = np.empty((m, width), dtype=np.int64)
+    cx[:, 0], cy[:, 0], cv[:, 0] = 0.0, leave, LEAVE
     cx[r, col], cy[r, col], cv[r, col] = xs[r, c], ys[r, c], var[r, c]
     return cx, cy, cv, count.astype(np.int64)
 
