@@ -209,7 +209,12 @@ def _solve_tier(
 
 def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArray, float]:
     """Greedy on the upper concave hulls of ``(size, util)``, leave point at ``(0, leave)``."""
-    cx, cy, cv, count = _pareto(points, leave, cap)
+    xs, ys, var = points.sorted()
+    ys = np.where(xs <= cap, ys, -np.inf)
+    every_best = _when_all_fit(xs, ys, var, leave, cap)
+    if every_best is not None:
+        return every_best, 0.0
+    cx, cy, cv, count = _pareto(xs, ys, var, leave)
     m = cx.shape[0]
     ckeep = np.arange(cx.shape[1])[None, :] <= count[:, None]
     hull, top = _upper_hulls(cx, cy, ckeep)
@@ -234,17 +239,33 @@ def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArr
     return np.where(result < 0, LEAVE, result).astype(np.int64), price
 
 
+def _when_all_fit(
+    xs: FloatArray, ys: FloatArray, var: IntArray, leave: FloatArray, cap: float
+) -> IntArray | None:
+    """The greedy's answer when every row's best point fits at once (a large slower tier),
+    else ``None``. Then the greedy takes every hull edge and ends at each row's last useful
+    point: its best utility, the smallest such point (``ys`` sorted by size, ``-inf`` where it
+    does not fit), or leaving when nothing beats ``leave``. Skips the hulls and the sort of
+    their edges. The margin keeps the edges' cumulative sum (rounded differently from the sum
+    of the points' sizes) clearly within ``cap``, so the answer is the greedy's exactly."""
+    rows = np.arange(xs.shape[0])
+    at = ys.argmax(axis=1)
+    here = ys[rows, at] > leave
+    if float(xs[rows, at][here].sum()) > cap * (1.0 - 1e-9):
+        return None
+    return np.where(here, var[rows, at], LEAVE).astype(np.int64)
+
+
 def _pareto(
-    points: _Points, leave: FloatArray, cap: float
+    xs: FloatArray, ys: FloatArray, var: IntArray, leave: FloatArray
 ) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
-    """Each row's useful points, compacted: a point is useful when it fits in ``cap`` and beats
-    every smaller point and the leave point (strictly). Column 0 is the leave point ``(0,
-    leave)``; row ``i`` has ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave)
-    ``(m, K + 1)`` and ``count``. Only ~10 of 60 variants survive on paper-like profiles,
-    which keeps the hull work small."""
-    xs, ys, var = points.sorted()
+    """Each row's useful points, compacted: ``xs``, ``ys``, ``var`` sorted by size, ``ys``
+    ``-inf`` where the point does not fit; a point is useful when it beats every smaller point
+    and the leave point (strictly). Column 0 is the leave point ``(0, leave)``; row ``i`` has
+    ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave) ``(m, K + 1)`` and
+    ``count``. Only ~10 of 60 variants survive on paper-like profiles, which keeps the hull
+    work small."""
     m = xs.shape[0]
-    ys = np.where(xs <= cap, ys, -np.inf)
     prev = np.empty_like(ys)
     prev[:, 0] = leave
     np.maximum.accumulate(ys[:, :-1], axis=1, out=prev[:, 1:])

@@ -27,7 +27,7 @@ def _instance(seed: int, n: int = 300, v: int = 12):
     tiers = [
         TierModel("cpu", int(0.05 * total), 10e9, 1e-4),
         TierModel("ssd", int(0.3 * total), 2e9, 1e-3),
-        TierModel("disk", None if seed % 3 == 0 else int(0.4 * total), 1e9, 2e-3),
+        TierModel("disk", [None, 4 * int(total), int(0.4 * total)][seed % 3], 1e9, 2e-3),
     ]
     freq = rng.zipf(1.5, n).clip(max=1000).astype(np.float64)
     pinned = rng.random(n) < 0.02
@@ -47,12 +47,9 @@ def _reference_util(tiers, size, quality, restore, freq, *, valid):
     return util
 
 
-def _reference_pareto(points: _Points, leave, cap):
-    """``knapsack._pareto`` as it was: sorting every call, every cell initialised."""
-    plain = _Points(points.util, points.size, points.order)
-    xs, ys, var = plain.sorted()
+def _reference_pareto(xs, ys, var, leave):
+    """``knapsack._pareto`` as it was: every cell initialised."""
     m = xs.shape[0]
-    ys = np.where(xs <= cap, ys, -np.inf)
     prev = np.empty_like(ys)
     prev[:, 0] = leave
     np.maximum.accumulate(ys[:, :-1], axis=1, out=prev[:, 1:])
@@ -77,29 +74,43 @@ def test_utilities_are_bit_for_bit_the_plain_expression(seed: int) -> None:
     assert table.util.tobytes() == expected.tobytes()
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_greedy_places_as_the_plain_pareto_did(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("seed", range(12))
+def test_greedy_places_as_the_plain_hull_greedy_did(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sizes sorted once, Pareto cells left unwritten and the all-fit shortcut place every
+    context as the plain per-tier hull greedy did (the old ``_pareto``, no shortcut)."""
     table = _instance(seed)[0]
+    shortcut = knapsack._when_all_fit
+    taken = []
+
+    def spy(*args):
+        out = shortcut(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(knapsack, "_when_all_fit", spy)
     fast = greedy_solve(table)
-    # The kept points of every row are those of the plain code.
-    order = _size_order(table.size_bytes)
-    sorted_size = (
-        table.size_bytes[:, order] if order.ndim == 1
-        else np.take_along_axis(table.size_bytes, order, axis=1)
-    )  # fmt: skip
-    leave = table.drop_util
-    cap = float(table.capacity_bytes[1] or 0)
-    got = knapsack._pareto(_Points(table.util[:, :, 1], table.size_bytes, order, sorted_size),
-                           leave, cap)  # fmt: skip
-    want = _reference_pareto(_Points(table.util[:, :, 1], table.size_bytes, order), leave, cap)
-    kept = np.arange(got[0].shape[1])[None, :] <= got[3][:, None]
-    assert np.array_equal(got[3], want[3])
-    for a, b in zip(got[:3], want[:3], strict=True):
-        assert np.array_equal(a[kept], b[kept])
-    # And the whole greedy with the plain _pareto places every context the same.
+    if seed % 3 == 1:  # a bounded bottom tier that holds everything: the shortcut answers
+        assert any(taken)
+    monkeypatch.setattr(knapsack, "_when_all_fit", lambda *args: None)
     monkeypatch.setattr(knapsack, "_pareto", _reference_pareto)
     plain = greedy_solve(table)
     assert np.array_equal(fast.assignment.tier, plain.assignment.tier)
     assert np.array_equal(fast.assignment.variant, plain.assignment.variant)
     assert np.array_equal(fast.assignment.dropped, plain.assignment.dropped)
     assert np.array_equal(fast.prices, plain.prices)
+
+
+def test_pareto_keeps_the_plain_points() -> None:
+    """The compacted points agree with the plain code's wherever they are read."""
+    table = _instance(1)[0]
+    order = _size_order(table.size_bytes)
+    xs, ys, var = _Points(table.util[:, :, 1], table.size_bytes, order).sorted()
+    ys = np.where(xs <= float(table.capacity_bytes[1] or 0), ys, -np.inf)
+    got = knapsack._pareto(xs, ys, var, table.drop_util)
+    want = _reference_pareto(xs, ys, var, table.drop_util)
+    kept = np.arange(got[0].shape[1])[None, :] <= got[3][:, None]
+    assert np.array_equal(got[3], want[3])
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert np.array_equal(a[kept], b[kept])
