@@ -79,6 +79,22 @@ def timed(fn: Scorer) -> tuple[dict[str, float], float]:
     return out, time.process_time() - t0
 
 
+def serving_prefill_cpu_s(answer: Any, ids: Sequence[int]) -> float:
+    """CPU seconds of the context's prefill as a server runs it: one forward pass in the
+    model's dtype that keeps the KV and computes the logits of the last token only (vLLM
+    samples from the last position). ``encode_context`` also computes every position's logits
+    (a 49k-word LM head over the whole context) and the window queries, so its time
+    overstates a prefill and understates every cost ratio taken against it."""
+    import torch
+
+    model, _ = answer.load()
+    x = torch.tensor([list(ids)], dtype=torch.long)
+    with torch.inference_mode():
+        c0 = time.process_time()
+        model(input_ids=x, use_cache=True, logits_to_keep=1)
+        return time.process_time() - c0
+
+
 def score_case(
     ctx: dict[str, Any], lc: LabelledCase, other_answer: bool, attention: bool
 ) -> dict[str, Any]:
@@ -100,8 +116,11 @@ def score_case(
     bare = ContextKV(kv.keys, kv.values)  # what the daemon holds: no queries
     with_ids = ContextKV(kv.keys, kv.values, token_ids=kv.token_ids)
     attn = AttentionEvaluator()
-    qa = QueryAttentionEvaluator(model_dir=model_dir, calibrate=False)
-    qa_keys = QueryAttentionEvaluator(calibrate=False)
+    # every layer, the KV's dtype: the reading before issue 26's speed-up, whose errors the
+    # aggregations below read in other ways (the default's: --query-attention-only)
+    qa = QueryAttentionEvaluator(model_dir=model_dir, calibrate=False, layer_stride=1,
+                                 question_dtype="")  # fmt: skip
+    qa_keys = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
     scores: dict[str, dict[str, float]] = {}
     cost: dict[str, float] = {}
 
@@ -165,6 +184,55 @@ def score_case(
         "prefill_s": round(prefill_s, 4), "prefill_cpu_s": round(prefill_cpu_s, 4),
         "cost_cpu_s": {k: round(c, 4) for k, c in cost.items()},
         "scores": {k: {v: round(x, 5) for v, x in s.items()} for k, s in scores.items()},
+    }  # fmt: skip
+
+
+def score_cost_case(ctx: dict[str, Any], lc: LabelledCase) -> dict[str, Any]:
+    """``--query-attention-only``: the case's prefill, then ``query_attention`` on its question
+    before issue 26's speed-up (``/before``: the LM head in the pass, ``gather`` and prefix
+    sums; :mod:`kvtierd.profiler.query_attention_reference`) and after (the default, and with
+    ``layer_stride`` 2 and 3: every second or third layer's errors, the pass included), each
+    timed in this process beside the prefill."""
+    from kvtierd.profiler.quality import ContextKV, StoredForm
+    from kvtierd.profiler.query_attention import Probes, QueryAttentionEvaluator
+    from kvtierd.profiler.query_attention_reference import reference_errors
+    from kvtierd.profiler.window_queries import pass_for_context
+
+    answer, model_dir = ctx["answer"], ctx["model_dir"]
+    variants = list(lc.accuracy)
+    split = lc.split(ctx["tokenizer"])
+    form = StoredForm(chunk_tokens=CHUNK)
+    t0, c0 = time.perf_counter(), time.process_time()
+    kv = answer.encode_context(split.context, window=WINDOW)
+    prefill_s, prefill_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    serving_cpu_s = serving_prefill_cpu_s(answer, split.context)
+    bare = ContextKV(kv.keys, kv.values)
+    scores: dict[str, dict[str, float]] = {}
+    cost: dict[str, float] = {}
+
+    def before() -> dict[str, float]:
+        seen = pass_for_context(model_dir, kv.keys, kv.values, split.query, lm_head=True)
+        probes = Probes(seen.queries, seen.keys, seen.values)
+        errors = reference_errors(bare, variants, probes, form)
+        return {v: 1.0 - float(e.mean()) for v, e in errors.items()}
+
+    def after(stride: int, dtype: str = "") -> Scorer:
+        qa = QueryAttentionEvaluator(model_dir=model_dir, calibrate=False, layer_stride=stride,
+                                     question_dtype=dtype)  # fmt: skip
+        return lambda: qa.raw_scores(bare, variants, qa.question_probes(kv, split.query), form)
+
+    name = "query_attention/question"
+    for key, fn in ((f"{name}/before", before), (name, after(1)),
+                    (f"{name}/stride2", after(2)), (f"{name}/stride3", after(3)),
+                    (f"{name}/bf16", after(1, "bfloat16")),
+                    (f"{name}/stride3-bf16", after(3, "bfloat16"))):  # fmt: skip
+        scores[key], cost[key] = timed(fn)
+    return {
+        "case": lc.name, "context_tokens": lc.context_tokens, "query_tokens": len(split.query),
+        "prefill_s": round(prefill_s, 4), "prefill_cpu_s": round(prefill_cpu_s, 4),
+        "serving_prefill_cpu_s": round(serving_cpu_s, 4),
+        "cost_cpu_s": {k: round(c, 4) for k, c in cost.items()},
+        "scores": {k: {v: round(x, 6) for v, x in s.items()} for k, s in scores.items()},
     }  # fmt: skip
 
 
@@ -378,13 +446,17 @@ def _variant_share_error(
     )
 
 
-def constants(rows: list[dict[str, Any]], labels: dict[str, LabelledCase]) -> str:
+def constants(
+    rows: list[dict[str, Any]],
+    labels: dict[str, LabelledCase],
+    name: str = "query_attention/question",
+) -> str:
     """``CALIBRATION`` (exact match, every scored case) and ``PRIOR`` (mean exact match per
     method and ratio over every labelled case, ratios labelled on 5 cases or more, made
-    non-decreasing in the ratio) for ``kvtierd/profiler/query_attention.py``."""
+    non-decreasing in the ratio) for ``kvtierd/profiler/query_attention.py``; the calibration
+    of the raw scores of the reading ``name``."""
     from kvtierd.variants import parse_variant
 
-    name = "query_attention/question"
     pairs = [(r["scores"][name][v], float(labels[r["case"]].exact[v]))
              for r in rows if name in r["scores"] for v in labels[r["case"]].exact]  # fmt: skip
     shares: dict[str, dict[float, list[int]]] = {}
@@ -457,7 +529,8 @@ def report(out: Path, label_files: Sequence[Path] = (LABELS,)) -> str:
         r.setdefault("cost_cpu_s", {})["prior"] = 0.0
     add_blends(rows, labels, priors)
     summary = summary_rows(rows, labels)
-    plot(summary, FIGURE)
+    if out == SCORES:  # the figure is of the full run's estimators only
+        plot(summary, FIGURE)
     odd = summary_rows(rows[1::2], labels)
     held = [s for s in odd if s["estimator"].startswith("query_attention/question")]
     return (
@@ -476,8 +549,13 @@ def add_blends(
     with the leave-one-out prior — at its raw score's cost."""
     from kvtierd.profiler.query_attention import calibrate
 
-    for name in ("query_attention/question", "query_attention/window"):
+    blended = ("query_attention/question", "query_attention/window",
+               *(f"query_attention/question/{k}" for k in ("before", "stride2", "stride3", "bf16",
+                                                          "stride3-bf16")))  # fmt: skip
+    for name in blended:
         fit = [r for r in rows[0::2] if name in r["scores"]]
+        if not fit:
+            continue
         knots = fit_calibration([(r["scores"][name][v], float(labels[r["case"]].exact[v]))
                                  for r in fit for v in labels[r["case"]].exact])  # fmt: skip
         for r in rows:
@@ -511,13 +589,19 @@ def main() -> None:
     parser.add_argument("--attention-every", type=int, default=1,
                         help="the `attention` evaluators (1-4 prefills each) on every k-th "
                              "case only")  # fmt: skip
+    parser.add_argument("--query-attention-only", action="store_true",
+                        help="only query_attention on the question, before and after issue "
+                             "26's speed-up (score_cost_case); use another --out")  # fmt: skip
     parser.add_argument("--report", action="store_true", help="only the table and the plot")
+    parser.add_argument("--constants-of", default="query_attention/question",
+                        help="the reading whose raw scores --constants calibrates")  # fmt: skip
     parser.add_argument("--constants", action="store_true",
                         help="print CALIBRATION and PRIOR fitted on the labels")  # fmt: skip
     args = parser.parse_args()
     if args.constants:
         labels = {c.name: c for path in args.labels for c in load_labels(path)}
-        print(constants([r for r in _read(args.out) if r["case"] in labels], labels))
+        rows = [r for r in _read(args.out) if r["case"] in labels]
+        print(constants(rows, labels, args.constants_of))
         return
     if not args.report:
         run(args)
@@ -538,6 +622,8 @@ def run(args: argparse.Namespace) -> None:
     from kvtierd.profiler.window_queries import window_model
 
     window_model(str(model), torch.float32, torch.device("cpu"))  # loaded before any timing
+    if args.query_attention_only:  # the bf16 readings' pass
+        window_model(str(model), torch.bfloat16, torch.device("cpu"))
     ctx = {"tokenizer": AutoTokenizer.from_pretrained(model), "answer": answer,
            "model_dir": str(model)}  # fmt: skip
     labels = [c for path in args.labels for c in load_labels(path)]
@@ -551,7 +637,10 @@ def run(args: argparse.Namespace) -> None:
             continue
         other = with_other < args.answer_cases
         index = labels.index(lc)
-        row = score_case(ctx, lc, other, attention=index % args.attention_every == 0)
+        if args.query_attention_only:
+            row = score_cost_case(ctx, lc)
+        else:
+            row = score_case(ctx, lc, other, attention=index % args.attention_every == 0)
         with_other += "answer/other-exact" in row["scores"]
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")

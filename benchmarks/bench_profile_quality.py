@@ -293,8 +293,8 @@ async def run(args: argparse.Namespace) -> None:
     try:
         for case in cases:
             t0 = time.perf_counter()
-            profile = await profile_case(engine, engine.profiling.profiler.evaluator, tokenizer,
-                                         case)  # fmt: skip
+            answer = engine.profiling.profiler.evaluator_for(True)  # the refiner (issue 26)
+            profile = await profile_case(engine, answer, tokenizer, case)
             t1 = time.perf_counter()
             bench_rows = benchmark_case(bench, tokenizer, case, args.variants)
             rows.append({"case": case.name, "task": case.task, "profile": profile,

@@ -88,12 +88,12 @@ class TcpListener:
 
 
 def tcp_port(daemon: DaemonProcess) -> int:
-    """The TCP port a started daemon bound: its start-up line names it ("serving on unix:...
-    and tcp 127.0.0.1:PORT")."""
-    found = re.search(r"serving on unix:\S+ and tcp \S+:(\d+) ", daemon.logs())
-    if found is None:
+    """The TCP port a started daemon bound: its newest start-up line names it ("serving on
+    unix:... and tcp 127.0.0.1:PORT"; a restarted daemon binds another free port)."""
+    found = re.findall(r"serving on unix:\S+ and tcp \S+:(\d+) ", daemon.logs())
+    if not found:
         raise AssertionError(f"no TCP listener in the daemon's log:\n{daemon.logs()[-2000:]}")
-    return int(found.group(1))
+    return int(found[-1])
 
 
 def tcp_listener(directory: Path, token: str = "t0ken") -> TcpListener:

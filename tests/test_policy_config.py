@@ -227,8 +227,9 @@ EVICPRESS = "placer: evicpress\n"
 @pytest.mark.parametrize(
     ("profiling", "estimator", "evaluator", "error"),
     [
-        ("", "attention", "attention", 0.1),  # the estimator alone: nothing refines
-        ("{evaluator: answer, model_dir: /m}", "attention", "answer", 0.1),
+        # the default estimator alone: nothing refines
+        ("", "query_attention", "query_attention", 0.1),
+        ("{evaluator: answer, model_dir: /m}", "query_attention", "answer", 0.1),
         ("{evaluator: attention}", "attention", "attention", 0.1),  # before issue 26's keys
         ("{estimator: attention, evaluator: answer, estimator_error: 0.25}", "attention",
          "answer", 0.25),
@@ -337,8 +338,11 @@ def test_profiling_scoring_reaches_the_answer_evaluators() -> None:
     base = "placer: evicpress\nprofiling:\n  evaluator: answer\n  model_dir: /m\n"
     assert parse_policy(base, "p.yaml").evaluator_scoring == "similarity"
     exact = parse_policy(base + "  scoring: exact_match\n", "p.yaml")
-    assert evaluator_options(exact, "/s") == {"model_path": "/m", "scoring": "exact_match"}
+    assert evaluator_options(exact, "answer", "/s") == {
+        "model_path": "/m",
+        "scoring": "exact_match",
+    }
     with pytest.raises(ConfigError, match="'bleu' is not allowed; allowed values: similarity"):
         parse_policy(base + "  scoring: bleu\n", "p.yaml")
     qa = parse_policy("placer: evicpress\nprofiling:\n  evaluator: query_attention\n", "p.yaml")
-    assert evaluator_options(qa, "/s") == {"model_dir": ""}
+    assert evaluator_options(qa, "query_attention", "/s") == {"model_dir": ""}

@@ -8,6 +8,17 @@ One program per (KV head, block of kept slots) per layer: reads the kept rows of
 through the block table, writes them densely. Values (and keys without rotation) are copied
 bit for bit; with rotation, keys become ``x * cos + x[partner] * sin_signed`` in float32
 (``rope.py``'s tables and formula), cast back to the input dtype.
+
+Rotation by style (``ROTATE``):
+
+* ``HALVES`` (neox, Llama's ``rotate_half``): channel ``j`` pairs with ``j + r/2``, so each key
+  row is loaded once as its two contiguous halves ``lo = x[:r/2]``, ``hi = x[r/2:r]`` (vectorized
+  loads) and both outputs come from them: ``lo * cos + hi * sin_signed`` and
+  ``hi * cos + lo * sin_signed``; channels ``>= r`` are copied. The first version loaded the
+  row and then each channel's partner again through the ``partner`` index (a gather the
+  compiler cannot vectorize): 25-33 % of the copy bandwidth on an H200 against 53-77 % without
+  rotation (gpu-check, issue 31).
+* ``PARTNER`` (gptj, adjacent pairs): the partner-index load, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.rope import RopeSpec, rotation_tables
 
 BLOCK_M = 32
+NO_ROTATION, HALVES, PARTNER = 0, 1, 2
 
 
 @triton.jit
@@ -29,7 +41,7 @@ def _gather_kernel(
     H, M, D, block_size,
     ks_l, ks_blk, ks_slot, ks_h, ks_d, vs_l, vs_blk, vs_slot, vs_h, vs_d,
     os_l, os_h, os_m, os_d,
-    ROTATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    R, ROTATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(2).to(tl.int64)
@@ -48,17 +60,40 @@ def _gather_kernel(
     v_row = token_offset(bt_ptr, t, jm, block_size, vs_blk, vs_slot) + h * vs_h
     o_row = h * os_h + j.to(tl.int64) * os_m
     d64 = d.to(tl.int64)
-    k = tl.load(k_ptr + k_row[:, None] + d64[None, :] * ks_d, mask=mask, other=0.0)
     v = tl.load(v_ptr + v_row[:, None] + d64[None, :] * vs_d, mask=mask, other=0.0)
-    if ROTATE:
+    tl.store(ov_ptr + o_row[:, None] + d64[None, :] * os_d, v, mask=mask)
+    if ROTATE == 1:  # HALVES
+        # lo = channels [0, R/2), hi = [R/2, R): the pairs (j, j + R/2), each half contiguous
+        i = tl.arange(0, BLOCK_H)
+        im = i < R // 2
+        hm = jm[:, None] & im[None, :]
+        i64 = i.to(tl.int64)
+        klo = k_ptr + k_row[:, None] + i64[None, :] * ks_d
+        khi = klo + (R // 2) * ks_d
+        lo = tl.load(klo, mask=hm, other=0.0).to(tl.float32)
+        hi = tl.load(khi, mask=hm, other=0.0).to(tl.float32)
+        c_lo = tl.load(cos_ptr + i, mask=im, other=1.0)[None, :]
+        s_lo = tl.load(sin_ptr + i, mask=im, other=0.0)[None, :]
+        c_hi = tl.load(cos_ptr + R // 2 + i, mask=im, other=1.0)[None, :]
+        s_hi = tl.load(sin_ptr + R // 2 + i, mask=im, other=0.0)[None, :]
+        olo = ok_ptr + o_row[:, None] + i64[None, :] * os_d
+        ohi = olo + (R // 2) * os_d
+        out_ty = ok_ptr.dtype.element_ty
+        tl.store(olo, (lo * c_lo + hi * s_lo).to(out_ty), mask=hm)
+        tl.store(ohi, (hi * c_hi + lo * s_hi).to(out_ty), mask=hm)
+        mask = mask & (d >= R)[None, :]  # what is left of the row: channels past rotary_dim
+    if ROTATE == 2:  # PARTNER
         p = tl.load(partner_ptr + d, mask=dm, other=0).to(tl.int64)
+        k = tl.load(k_ptr + k_row[:, None] + d64[None, :] * ks_d, mask=mask, other=0.0)
         kp = tl.load(k_ptr + k_row[:, None] + p[None, :] * ks_d, mask=mask, other=0.0)
         c = tl.load(cos_ptr + d, mask=dm, other=1.0)
         s = tl.load(sin_ptr + d, mask=dm, other=0.0)
         kf = k.to(tl.float32) * c[None, :] + kp.to(tl.float32) * s[None, :]
-        k = kf.to(ok_ptr.dtype.element_ty)
-    tl.store(ok_ptr + o_row[:, None] + d64[None, :] * os_d, k, mask=mask)
-    tl.store(ov_ptr + o_row[:, None] + d64[None, :] * os_d, v, mask=mask)
+        ko = kf.to(ok_ptr.dtype.element_ty)
+        tl.store(ok_ptr + o_row[:, None] + d64[None, :] * os_d, ko, mask=mask)
+    else:  # no rotation, or the channels past rotary_dim
+        k = tl.load(k_ptr + k_row[:, None] + d64[None, :] * ks_d, mask=mask, other=0.0)
+        tl.store(ok_ptr + o_row[:, None] + d64[None, :] * os_d, k, mask=mask)
 
 
 def gather(
@@ -79,12 +114,21 @@ def gather(
     cos = tables.cos if tables is not None else out_k
     sin = tables.sin_signed if tables is not None else out_k
     partner = tables.partner if tables is not None else kept_c
+    mode = (
+        NO_ROTATION
+        if tables is None or rope is None
+        else HALVES
+        if rope.style == "neox"
+        else PARTNER
+    )
+    r = rope.rotary_dim if rope is not None else d
     for run in layer_runs(source.layer_keys, source.layer_values):
         k, v, first = run.keys, run.values, run.first
         ok, ov = out_k[first:], out_v[first:]
         _gather_kernel[(h, triton.cdiv(m, BLOCK_M), k.shape[0])](
             k, v, source.block_table, kept_c[first:], ok, ov, cos, sin, partner,
             h, m, d, source.block_size, *k.stride(), *v.stride(), *ok.stride(),
-            ROTATE=rotate, BLOCK_M=BLOCK_M, BLOCK_D=block_d(d),
+            r, ROTATE=mode, BLOCK_M=BLOCK_M, BLOCK_D=block_d(d),
+            BLOCK_H=max(1, int(triton.next_power_of_2(r // 2))),
         )  # fmt: skip
     return out_k, out_v

@@ -168,6 +168,14 @@ class UtilityTable:
             else tuple(tuple(str(v) for v in range(n_var)) for _ in range(n))
         )
         pin = np.zeros(n, dtype=bool) if pinned is None else np.asarray(pinned, dtype=bool)
+        # A variant worth less than dropping in every tier is never in an optimum (dropping
+        # frees its bytes too), but it steered the online insert's repair: a quality-0 variant
+        # of one context changed where others went (tests/policies/test_properties.py). So it
+        # is no option at all; the first variant (the original) and pinned contexts keep theirs.
+        dominated = ok & (util.max(axis=2) < drop[:, None]) & ~pin[:, None]
+        dominated[:, 0] = False
+        util[dominated] = -np.inf
+        ok = ok & ~dominated
         return cls(
             context_ids=ids,
             variant_names=names,

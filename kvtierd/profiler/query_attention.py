@@ -11,6 +11,11 @@ and values. For every layer, query head (reading KV head ``j // G``, GQA) and qu
     error  = min(1, ||o_var - o_full|| / ||o_full||)
     raw    = 1 - mean of error over (layer, head, token)
 
+over every ``layer_stride``-th layer (3 by default: a third of the errors' cost, and on the
+labels a higher agreement than every layer, benchmarks/RESULTS.md), with the question's pass in
+``question_dtype`` (bf16 by default: about half the pass's cost on an AMX CPU; scores within
+1e-3 of float32's on the labelled cases).
+
 (the question's keys causally: token ``t`` sees question tokens ``<= t``). This is what the
 model's attention computes at each layer for the question with the full KV's hidden states
 (teacher forcing: a layer's error is not carried to the next).
@@ -18,8 +23,13 @@ model's attention computes at each layer for the question with the full KV's hid
 Every ratio at once: a token-dropping method keeps the ``M`` highest of its per-token scores
 (:mod:`kvtierd.kernels.base`), so its kept sets are nested by ratio. The context's keys are
 sorted once by the method's own score (the kernels' torch reference), and the softmax numerator
-``sum e_t v_t`` and denominator ``sum e_t`` over the first ``M`` tokens in that order are prefix
-sums, taken at the grid's kept counts: one attention pass per method, whatever the ratios.
+``sum e_t v_t`` and denominator ``sum e_t`` over the first ``M`` tokens in that order are running
+sums of one matmul per segment between the grid's kept counts: one attention pass per method,
+whatever the ratios. The softmax terms are kept context-entries-first (``[N, G*T]`` per head),
+so a keep order permutes whole rows (``index_select``); the segments of an ordered pass cover
+the whole context, so their sum is also the in-place output (the full KV, ``int8``, ``int4``)
+of that quantization — no pass of its own (issue 26's speed-up; the computation before it,
+:mod:`.query_attention_reference`, is the tests' reference).
 Quantized variants attend over the dequantized K/V (the kernels' round trip); a drop composed
 with a quantization (``knorm@0.5+int8``) over the full context's round trip in the method's keep
 order — the stored object quantizes keys per channel in groups of 32 *kept* tokens, a grouping
@@ -66,23 +76,26 @@ from kvtierd.profiler.quality import (
 from kvtierd.variants import parse_variant
 
 CALIBRATION: tuple[tuple[float, float], ...] = (
-    (0.6474, 0.0992),
-    (0.6992, 0.1221),
-    (0.7687, 0.3053),
-    (0.8331, 0.4656),
-    (0.8646, 0.5954),
-    (0.9054, 0.7176),
-    (0.929, 0.855),
-    (0.9596, 0.8855),
-    (0.981, 0.9237),
-    (0.9966, 1.0),
+    (0.6221, 0.0687),
+    (0.6676, 0.145),
+    (0.7191, 0.2214),
+    (0.7538, 0.3511),
+    (0.7996, 0.4275),
+    (0.8359, 0.6794),
+    (0.8808, 0.7176),
+    (0.9189, 0.855),
+    (0.9417, 0.8931),
+    (0.9805, 0.916),
+    (0.9965, 1.0),
     (1.0, 1.0),
 )
 """``(raw, quality)`` knots, raw ascending, quality non-decreasing; linear between knots.
 Fitted on the exact-match labels of benchmarks/data/quality_labels.jsonl (65 cases of 1k tokens,
-SmolLM2-135M-Instruct, 20 variants each) against ``raw`` of benchmarks/data/
-estimator_scores.jsonl: equal-count bins made monotone (``python -m benchmarks.bench_estimators
---constants``, 2026-11-26)."""
+SmolLM2-135M-Instruct, 20 variants each) against ``raw`` of the default reading (every third
+layer, the question's pass in bfloat16: ``query_attention/question/stride3-bf16`` of
+benchmarks/data/estimator_cost.jsonl): equal-count bins made monotone (``python -m
+benchmarks.bench_estimators --constants --constants-of query_attention/question/stride3-bf16
+--out benchmarks/data/estimator_cost.jsonl``, 2026-11-26)."""
 
 PRIOR: dict[str, tuple[tuple[float, float], ...]] = {
     "int4": ((1.0, 0.923),),
@@ -95,6 +108,14 @@ PRIOR: dict[str, tuple[tuple[float, float], ...]] = {
 """Per method (``Variant.method_name``), ``(ratio, share of questions answered unchanged)``
 knots, ratio ascending: the mean exact-match label per method and ratio over the same 65
 cases (ratios labelled on 5 cases or more, made non-decreasing in the ratio; same command)."""
+
+
+QUESTION_DTYPES: dict[str, torch.dtype | None] = {
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "": None,  # the stored KV's own dtype
+}
+"""``question_dtype``: the dtype the question's pass runs the model in."""
 
 
 def prior_quality(variants: Sequence[str]) -> dict[str, float] | None:
@@ -154,18 +175,26 @@ class QueryAttentionEvaluator(QualityEvaluator):
         layers_per_step: int = 10,
         question_tokens: int = 0,
         prior_weight: float = 0.5,
+        layer_stride: int = 3,
+        question_dtype: str = "bfloat16",
     ) -> None:
-        if min(window, fallback_probes, layers_per_step) < 1:
+        if min(window, fallback_probes, layers_per_step, layer_stride) < 1:
             raise InvalidArgumentError(
-                f"window, fallback_probes and layers_per_step must be >= 1, got {window}, "
-                f"{fallback_probes}, {layers_per_step}"
+                f"window, fallback_probes, layers_per_step and layer_stride must be >= 1, got "
+                f"{window}, {fallback_probes}, {layers_per_step}, {layer_stride}"
             )
         if question_tokens < 0:
             raise InvalidArgumentError(f"question_tokens must be >= 0, got {question_tokens}")
+        if question_dtype not in QUESTION_DTYPES:
+            raise InvalidArgumentError(
+                f"question_dtype must be one of {sorted(QUESTION_DTYPES)}, got {question_dtype!r}"
+            )
         if not 0.0 <= prior_weight <= 1.0:
             raise InvalidArgumentError(f"prior_weight must be in [0, 1], got {prior_weight}")
         self.prior_weight = prior_weight
         self.layers_per_step = layers_per_step
+        self.layer_stride = layer_stride
+        self.question_dtype = question_dtype
         self.question_tokens = question_tokens
         self.model_dir = model_dir
         self.window = window
@@ -215,7 +244,11 @@ class QueryAttentionEvaluator(QualityEvaluator):
                 "query_attention needs model_dir (the served model's local checkpoint) to run "
                 "a question through the model"
             )
-        seen = pass_for_context(self.model_dir, kv.keys, kv.values, token_ids)
+        keys, values = kv.keys, kv.values
+        dtype = QUESTION_DTYPES[self.question_dtype]
+        if dtype is not None:  # the pass in this dtype (bf16: 2x faster here, AMX's matmuls)
+            keys, values = keys.to(dtype), values.to(dtype)
+        seen = pass_for_context(self.model_dir, keys, values, token_ids)
         last = self.question_tokens or len(token_ids)
         return Probes(seen.queries[:, :, -last:], seen.keys, seen.values)
 
@@ -242,10 +275,14 @@ class QueryAttentionEvaluator(QualityEvaluator):
     def errors(
         self, kv: ContextKV, variants: Sequence[str], probes: Probes, form: StoredForm
     ) -> dict[str, torch.Tensor]:
-        """Clamped relative error per variant, float32 ``[L, H, G*T]`` (query heads grouped by
-        the KV head they read, ``G`` per group, then the probe tokens)."""
+        """Clamped relative error per variant, float32 ``[L', H, G*T]`` (every
+        ``layer_stride``-th layer from the first, ``L' = ceil(L / layer_stride)``; query heads
+        grouped by the KV head they read, ``G`` per group, then the probe tokens)."""
+        if self.layer_stride > 1:
+            kv, probes = _every_kth_layer(kv, probes, self.layer_stride)
         plans = _plans(kv, variants, form)
         bits = sorted({p.bits for p in plans} | {0})
+        n = kv.num_tokens
         per_step: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
         layers = int(kv.keys.shape[0])
         for first in range(0, layers, self.layers_per_step):
@@ -257,16 +294,35 @@ class QueryAttentionEvaluator(QualityEvaluator):
             lossy = [b for b in bits if b]
             ks = {0: k, **round_trips(k, lossy, form.group_size, "channel")}
             vs = {0: v, **round_trips(v, lossy, form.group_size, "token")}
-            terms = {b: _Terms.of(q, (ks[b], vs[b]), own) for b in bits}
-            full = terms[0].outputs(None, [kv.num_tokens])[0]
-            for plan in plans:
-                order = None if plan.order is None else plan.order[at]
-                outs = terms[plan.bits].outputs(order, plan.counts)
-                for names, o in zip(plan.by_count, outs, strict=True):
-                    err = _relative_error(o, full)
+            outs: dict[int, list[torch.Tensor]] = {}  # per ordered plan (its index), per count
+            total: dict[int, torch.Tensor] = {}  # per bits: the output over every context entry
+            for b in bits:
+                terms = _Terms.of(q, (ks[b], vs[b]), own)
+                for i, plan in enumerate(plans):
+                    if plan.bits == b and plan.order is not None:
+                        # its segments partition the context: their sum is the in-place output
+                        *outs[i], total[b] = terms.outputs(plan.order[at], [*plan.counts, n])
+                if b not in total:
+                    total[b] = terms.outputs(None, [n])[0]
+            for i, plan in enumerate(plans):  # an in-place plan keeps every entry: the total
+                got = outs.get(i, [total[plan.bits]])
+                for names, o in zip(plan.by_count, got, strict=True):
+                    err = _relative_error(o, total[0])
                     for name in names:
                         per_step[name].append(err)
         return {v: torch.cat(errs) for v, errs in per_step.items()}
+
+
+def _every_kth_layer(kv: ContextKV, probes: Probes, k: int) -> tuple[ContextKV, Probes]:
+    """Layers ``0, k, 2k, ..`` of the context and the probes (a method's per-layer scores, and
+    so its keep order, depend on its own layer only)."""
+    wq = None if kv.window_queries is None else kv.window_queries[::k]
+    own_k = None if probes.own_keys is None else probes.own_keys[::k]
+    own_v = None if probes.own_values is None else probes.own_values[::k]
+    return (
+        ContextKV(kv.keys[::k], kv.values[::k], wq, kv.token_ids),
+        Probes(probes.queries[::k], own_k, own_v),
+    )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -311,12 +367,13 @@ def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Pl
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Terms:
-    """Some layers' softmax terms over the context for one quantization: ``e``
-    ``[L', H, G*T, N]`` (``exp`` of the logits less a per-row constant, which cancels), the
-    values ``[L', H, N, D]``, and the question's own numerator ``[L', H, G*T, D]`` and
-    denominator ``[L', H, G*T]`` (zeros for probes from inside the context)."""
+    """Some layers' softmax terms over the context for one quantization: ``e_t``
+    ``[L', H, N, G*T]`` (``exp`` of the logits less a per-row constant, which cancels; context
+    entries first, so that a keep order permutes whole rows), the values ``[L', H, N, D]``, and
+    the question's own numerator ``[L', H, G*T, D]`` and denominator ``[L', H, G*T]`` (zeros
+    for probes from inside the context)."""
 
-    e: torch.Tensor
+    e_t: torch.Tensor
     values: torch.Tensor
     own_num: torch.Tensor
     own_den: torch.Tensor
@@ -331,33 +388,43 @@ class _Terms:
         """``kv``: the layers' float32 keys and values ``[L', H, N, D]`` (dequantized for a
         quantized variant)."""
         k, v = kv
-        logits = q @ k.transpose(-1, -2)  # [L', H, G*T, N]
-        top = logits.amax(dim=-1)
+        logits_t = k @ q.transpose(-1, -2)  # [L', H, N, G*T]
+        top = logits_t.amax(dim=-2)
         if own is None:
-            e = torch.exp(logits - top[..., None])
-            return cls(e, v, torch.zeros_like(q), torch.zeros(q.shape[:-1]))
+            e_t = torch.exp_(logits_t - top[..., None, :])
+            return cls(e_t, v, torch.zeros_like(q), torch.zeros(q.shape[:-1]))
         own_logits, own_values, own_top = own
         top = torch.maximum(top, own_top)
-        e = torch.exp(logits - top[..., None])
+        e_t = torch.exp_(logits_t.sub_(top[..., None, :]))
         e_own = torch.exp(own_logits - top[..., None])
-        return cls(e, v, e_own @ own_values, e_own.sum(dim=-1))
+        return cls(e_t, v, e_own @ own_values, e_own.sum(dim=-1))
 
     def outputs(self, order: torch.Tensor | None, counts: Sequence[int]) -> list[torch.Tensor]:
         """Attention outputs ``[L', H, G*T, D]`` over the first ``c`` context entries of
         ``order`` (``[L', H, N]``; ``None``: in place) and the own terms, for every ``c`` in
-        ``counts`` (ascending): prefix sums, one pass."""
-        e, v = self.e, self.values
+        ``counts`` (ascending): one matmul per segment between counts, then running sums."""
+        e_t, v = self.e_t, self.values
         if order is not None:
-            e = e.gather(-1, order[:, :, None, :].expand(-1, -1, e.shape[2], -1))
-            v = v.gather(2, order[..., None].expand(-1, -1, -1, v.shape[-1]))
+            e_t, v = _permuted(e_t, order), _permuted(v, order)
         num, den = self.own_num, self.own_den
         outs, start = [], 0
         for c in counts:
-            num = num + e[..., start:c] @ v[:, :, start:c]
-            den = den + e[..., start:c].sum(dim=-1)
+            seg = e_t[:, :, start:c]
+            num = num + seg.transpose(-1, -2) @ v[:, :, start:c]
+            den = den + seg.sum(dim=-2)
             outs.append(num / den[..., None])
             start = c
         return outs
+
+
+def _permuted(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[L', H, N, F]`` with each (layer, head)'s rows in ``order`` ``[L', H, N]``: one
+    row gather over the flattened heads (``index_select`` copies rows; ``gather`` indexes
+    every element and ran ~4x slower here)."""
+    lyr, h, n, f = (int(s) for s in x.shape)
+    base = torch.arange(lyr * h, device=order.device).reshape(lyr, h, 1) * n
+    rows = (order + base).reshape(-1)
+    return x.reshape(lyr * h * n, f).index_select(0, rows).reshape(lyr, h, n, f)
 
 
 def round_trips(
@@ -387,9 +454,11 @@ def round_trips(
     for b in bits:
         qmax = float(2**b - 1)
         scale = ((hi - lo) / qmax).to(torch.float16).to(torch.float32)
-        codes = torch.floor((grouped - zero) / scale + 0.5)
-        codes = torch.where(scale > 0, codes, 0.0).clamp_(0.0, qmax)
-        out[b] = (codes * scale + zero).reshape(x.shape).narrow(dim, 0, n)
+        # a group of one value has scale 0 and dequantizes to ``zero`` whatever its codes (the
+        # kernels zero them): dividing by 1 there keeps them finite, in place, with no mask
+        safe = torch.where(scale > 0, scale, 1.0)
+        codes = torch.sub(grouped, zero).div_(safe).add_(0.5).floor_().clamp_(0.0, qmax)
+        out[b] = codes.mul_(scale).add_(zero).reshape(x.shape).narrow(dim, 0, n)
     return out
 
 

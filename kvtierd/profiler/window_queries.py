@@ -120,10 +120,17 @@ class WindowPass:
 
 @torch.inference_mode()
 def pass_after_prefix(
-    model: Any, keys: torch.Tensor, values: torch.Tensor, window_ids: torch.Tensor
+    model: Any,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    window_ids: torch.Tensor,
+    *,
+    lm_head: bool = False,
 ) -> WindowPass:
     """:func:`window_queries_after_prefix`, also returning the window's own keys and values
-    (an estimator attends with the window's queries over the prefix *and* the window)."""
+    (an estimator attends with the window's queries over the prefix *and* the window).
+    ``lm_head``: also compute the logits nobody reads (the cost before issue 26's speed-up, for
+    the benchmark's comparison)."""
     from transformers import DynamicCache
 
     if window_ids.dim() != 2 or window_ids.shape[0] != 1 or window_ids.shape[1] < 1:
@@ -141,8 +148,10 @@ def pass_after_prefix(
             k, v = (x[i][None].to(weight.device, weight.dtype) for x in (keys, values))
             cache.update(k, v, i)
     window = int(window_ids.shape[1])
+    # the decoder alone: the LM head's logits are never read (a fifth of a 135M model's weights)
+    decoder = model if lm_head or not hasattr(model, "get_decoder") else model.get_decoder()
     with _capturing(model, window) as store:
-        model(input_ids=window_ids.to(weight.device), past_key_values=cache, use_cache=True)
+        decoder(input_ids=window_ids.to(weight.device), past_key_values=cache, use_cache=True)
     if sorted(store) != list(range(layers)):
         raise InvalidArgumentError(
             f"captured queries of layers {sorted(store)}, expected 0..{layers - 1}: the model "
@@ -204,7 +213,12 @@ def queries_for_context(
 
 
 def pass_for_context(
-    model_dir: str, keys: torch.Tensor, values: torch.Tensor, token_ids: Sequence[int]
+    model_dir: str,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    token_ids: Sequence[int],
+    *,
+    lm_head: bool = False,
 ) -> WindowPass:
     """The tokens ``token_ids`` (a question) run through the model in ``model_dir`` after a
     context whose stored KV is ``keys``/``values`` ``[L, H, N, D]`` (RoPE applied), at positions
@@ -221,7 +235,7 @@ def pass_for_context(
     _check_geometry(model, model_dir, keys)
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     with _run_lock:  # as queries_for_context: one capture at a time on the shared model
-        return pass_after_prefix(model, keys, values, ids)
+        return pass_after_prefix(model, keys, values, ids, lm_head=lm_head)
 
 
 def _check_geometry(model: Any, model_dir: str, keys: torch.Tensor) -> None:

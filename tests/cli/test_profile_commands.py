@@ -21,6 +21,7 @@ from tests.daemon_proc import DaemonProcess, write_config
 L, H, D, T, CHUNKS = 2, 2, 32, 16, 4
 POLICY = (
     "name: evicpress\nplacer: evicpress\nvariants: {methods: [knorm, int8], ratios: [1.0, 0.5]}\n"
+    "profiling: {estimator: attention}\n"  # model-free, its probe counts (not the default)
 )
 CHUNKED = ("doc", "asked", "shown")
 
@@ -178,7 +179,9 @@ def test_min_queries_does_not_hold_back_the_estimators_profile(
     attention's 32 probes are below a min_queries of 64, and its profile moves the context."""
     run: Ctl = ctl(daemon)
     strict = tmp_path / "strict.yaml"
-    strict.write_text(POLICY + "profiling: {min_queries: 64}\n")
+    strict.write_text(
+        POLICY.replace("{estimator: attention}", "{estimator: attention, min_queries: 64}")
+    )
     assert run("policy", "apply", str(strict)).code == 0
     try:
         assert run("profile", "run", "shown").code == 0

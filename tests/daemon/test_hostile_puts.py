@@ -56,11 +56,14 @@ def _clients(start_daemon, tmp_path) -> Iterator[tuple[DaemonProcess, list[KVCli
     tenants = [TENANTS[0], {"name": "b", "token_file": str(tmp_path / "b.token")}]
     policy = tmp_path / "quantizing.yaml"  # no token dropping: no kernel checks the keys
     text = (REPO / "configs/policies/evicpress.yaml").read_text()
-    policy.write_text(text.replace("[knorm, keydiff, int8, int4, knorm+int8]", "[int8, int4]"))
+    text = text.replace("[knorm, keydiff, int8, int4, knorm+int8]", "[int8, int4]")
+    # attention reads the KV (query_attention without a model scores by its labels' prior):
+    # random bytes must reach an evaluator to test that a broken profile stays contained
+    policy.write_text(text.replace("estimator: query_attention", "estimator: attention"))
     d = start_daemon(policy_file=str(policy), tenants=tenants, **tcp.settings)
     with (
         KVClient(d.socket_path, tenant="a", timeout_s=20) as a,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as b,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token") as b,
     ):
         yield d, [a, b]
 

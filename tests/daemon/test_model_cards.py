@@ -19,7 +19,7 @@ from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT, ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, tcp_listener
+from tests.daemon_proc import REPO, DaemonProcess, tcp_listener, tcp_port
 
 MiB = 1 << 20
 MODEL = "/models/m"
@@ -47,7 +47,7 @@ def _daemon(
         d.start()
     with (
         KVClient(d.socket_path, tenant="a", timeout_s=20) as a,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as bc,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token") as bc,
     ):
         yield d, a, bc
 
@@ -115,7 +115,7 @@ def test_a_tenants_card_applies_to_its_own_contexts_only(start_daemon, tmp_path)
     layout = ChunkFormat((2, 2, 16, 64), "bfloat16", 2).layout()
     with (
         KVClient(d.socket_path, tenant="a") as a,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as b,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token") as b,
         KVClient(d.socket_path) as admin,
     ):
         for i in range(2):
@@ -160,5 +160,4 @@ def test_cards_are_bounded_in_count_and_charged_to_quota(start_daemon, tmp_path)
 
 
 def _tcp_address(d: DaemonProcess) -> str:
-    port = yaml.safe_load(d.config.read_text())["tcp_address"].rsplit(":", 1)[1]
-    return f"localhost:{port}"
+    return f"localhost:{tcp_port(d)}"

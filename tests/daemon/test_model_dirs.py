@@ -63,7 +63,7 @@ def test_model_dir_is_limited_to_the_daemons_allow_list(start_daemon, tmp_path):
     d = start_daemon(model_dirs=[str(models), str(shared)], **tcp.settings)
     with (
         KVClient(d.socket_path, timeout_s=60) as local,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="admin-token",
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="admin-token",
                  timeout_s=60) as remote,
     ):  # fmt: skip
         for c in (local, remote):

@@ -35,7 +35,7 @@ def _two_tenants(start_daemon, tmp_path, **settings):
     (tmp_path / "b.token").write_text("b-token")
     tenants = [{"name": "a"}, {"name": "b", "token_file": str(tmp_path / "b.token")}]
     d = start_daemon(tenants=tenants, **tcp.settings, **settings)
-    b = KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token")
+    b = KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token")
     return d, KVClient(d.socket_path, tenant="a"), b
 
 

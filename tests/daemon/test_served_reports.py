@@ -38,7 +38,7 @@ def test_a_tenant_cannot_move_the_prefill_speed_of_others(start_daemon, tmp_path
     with (
         KVClient(d.socket_path) as router,
         KVClient(d.socket_path, tenant="a") as a,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token") as b,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token") as b,
     ):
         configured = router.status().prefill_tokens_per_s
         for c in (a, b):
@@ -68,7 +68,7 @@ def test_implausible_reports_are_refused_by_name(start_daemon, tmp_path, prompt,
     d = start_daemon(**tcp.settings)
     with (
         KVClient(d.socket_path) as local,
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="admin-token") as r,
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="admin-token") as r,
     ):
         for c in (local, r):
             with pytest.raises(errors.InvalidArgumentError, match=why):

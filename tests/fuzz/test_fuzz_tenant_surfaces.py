@@ -74,7 +74,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log").start()
     clients = (
         KVClient(d.socket_path, tenant="a", timeout_s=20),
-        KVClient(address=tcp.address, tls_ca_file=str(tcp.ca_file), token="b-token",
+        KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="b-token",
                  timeout_s=20),
         KVClient(d.socket_path, timeout_s=20),
     )  # fmt: skip

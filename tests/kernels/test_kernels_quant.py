@@ -32,7 +32,13 @@ def test_triton_quant_matches_reference(
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize(
     ("shape", "group"),
-    [((1, 2, 9, 24), 2), ((1, 2, 70, 128), 32), ((1, 1, 40, 24), 64), ((2, 1, 33, 48), 128)],
+    [
+        ((1, 2, 9, 24), 2),
+        ((1, 2, 70, 128), 32),
+        ((1, 1, 40, 24), 64),
+        ((2, 1, 33, 48), 128),
+        ((1, 1, 40, 160), 32),  # keys: two channel blocks (KEY_CHANNELS)
+    ],
     ids=str,
 )
 def test_triton_quant_group_sizes(
@@ -73,6 +79,30 @@ def test_constant_group_is_exact() -> None:
     for axis in ("channel", "token"):
         q = quantize(x, 4, 16, axis, backend="triton")  # type: ignore[arg-type]
         assert torch.equal(dequantize(q, "triton"), x)
+
+
+@pytest.mark.parametrize("axis", ["channel", "token"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_triton_codes_at_extreme_scales(bits: int, axis: str) -> None:
+    """The kernel divides by a group's scale as ``a * (1/scale)`` plus one fma correction
+    (``_tl_quant._codes``), not ``div.rn``: its codes stay bit-equal to the reference's
+    division where that is most fragile: scales that overflow fp16 to inf (quotient 0, the
+    correction's remainder NaN), fp16-subnormal scales (tiny ranges), constant groups
+    (scale 0) and a wide spread of magnitudes, with quotients landing on ``k + 0.5``."""
+    gen = torch.Generator().manual_seed(7)
+    n, d, g = 64, 32, 16
+    x = torch.randn(4, 1, n, d, generator=gen) * torch.logspace(-6, 4, d)
+    x[0] = torch.rand(n, d, generator=gen) * 1e8  # range / qmax > 65504: fp16 inf scale
+    x[1] = 0.5 + torch.randint(0, 3, (n, d), generator=gen) * 1e-6  # fp16-subnormal scales
+    x[2, :, :16] = 3.0  # constant channel groups
+    x[2, 0, 16:] = 3.0  # ... and constant token groups
+    x[3] = torch.randint(0, 31, (n, d), generator=gen) / 2.0  # quotients on k + 0.5
+    x = x.to(torch.bfloat16)
+    ref = quantize(x, bits, g, axis, backend="torch")  # type: ignore[arg-type]
+    tri = quantize(x, bits, g, axis, backend="triton")  # type: ignore[arg-type]
+    assert bool(torch.isinf(ref.scale.float()).any())  # the case is really there
+    assert torch.equal(tri.codes, ref.codes)
+    assert torch.equal(tri.scale, ref.scale) and torch.equal(tri.zero, ref.zero)
 
 
 @pytest.mark.parametrize("variant", ["int8", "int4", "knorm@0.5+int8", "snapkv@0.3+int4"])

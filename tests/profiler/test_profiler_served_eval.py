@@ -118,7 +118,7 @@ def test_policy_served_keys() -> None:
     )  # fmt: skip
     plain = parse_policy("placer: evicpress\n", "p.yaml")
     assert (plain.evaluator, plain.evaluator_router_url, plain.evaluator_vllm_url) == (
-        "attention", "", "",
+        "query_attention", "", "",  # the default estimator (issue 26)
     )  # fmt: skip
 
 

@@ -72,7 +72,7 @@ def _attend(
 )
 def test_prefix_sums_equal_attending_over_the_stored_variant(variant: str) -> None:
     kv, probes = structured()
-    ev = QueryAttentionEvaluator(calibrate=False)
+    ev = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
     names = [variant, "knorm@0.7", "keydiff@0.6", "int4"]  # one pass serves several counts
     got = ev.errors(kv, names, probes, FORM)[variant]
     assert torch.allclose(got, reference_errors(kv, variant, probes), atol=2e-5)
@@ -82,7 +82,7 @@ def test_composed_variant_is_the_drop_over_the_quantized_context() -> None:
     """knorm@r+int8 quantizes the kept keys in groups of kept tokens; the estimate quantizes
     the whole context: close, not equal (module docstring)."""
     kv, probes = structured()
-    ev = QueryAttentionEvaluator(calibrate=False)
+    ev = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
     got = ev.errors(kv, ["knorm@0.5+int8"], probes, FORM)["knorm@0.5+int8"]
     ref = reference_errors(kv, "knorm@0.5+int8", probes)
     assert (got - ref).abs().mean() < 0.01
@@ -90,7 +90,7 @@ def test_composed_variant_is_the_drop_over_the_quantized_context() -> None:
 
 def test_original_scores_one_and_harder_drops_score_less() -> None:
     kv, probes = structured()
-    ev = QueryAttentionEvaluator(calibrate=False)
+    ev = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
     names = ["none", "knorm@0.9", "knorm@0.5", "knorm@0.1", "int8", "int4"]
     raw = ev.raw_scores(kv, names, probes, FORM)
     assert raw["none"] == pytest.approx(1.0, abs=1e-6)
@@ -161,7 +161,8 @@ def test_question_pass_sees_what_the_model_computes(tiny_llama_dir: Path) -> Non
     assert torch.allclose(seen.queries, queries, atol=1e-4)
     assert torch.allclose(seen.keys, keys[:, :, n:], atol=1e-4)
     assert torch.allclose(seen.values, values[:, :, n:], atol=1e-4)
-    ev = make_evaluator("query_attention", {"model_dir": str(tiny_llama_dir), "calibrate": False})
+    options = {"model_dir": str(tiny_llama_dir), "calibrate": False, "question_dtype": ""}
+    ev = make_evaluator("query_attention", options)
     kv = ContextKV(keys[:, :, :n].contiguous(), values[:, :, :n].contiguous())
     question = [ProfilingQuery(token_ids=tuple(question_ids))]
     res = ev.evaluate(kv, ["knorm@0.5", "int8"], question)
@@ -189,7 +190,7 @@ def test_the_last_question_tokens_alone_score_as_they_do_among_all() -> None:
     """Probing with the question's last K tokens (``question_tokens``) gives exactly their
     errors among all T: each still sees every question token before it."""
     kv, probes = structured()
-    ev = QueryAttentionEvaluator(calibrate=False)
+    ev = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
     names = ["knorm@0.5", "int4", "streamingllm@0.25"]
     every = ev.errors(kv, names, probes, FORM)
     last = Probes(probes.queries[:, :, -2:], probes.own_keys, probes.own_values)
@@ -230,3 +231,83 @@ def test_calibrated_scores_are_averaged_with_the_prior(monkeypatch: pytest.Monke
     assert both["knorm@0.5"] == pytest.approx(0.5 * raw["knorm@0.5"] + 0.5 * 0.5)
     assert both["knorm@0.9"] == pytest.approx(0.5 * raw["knorm@0.9"] + 0.5 * 0.8)
     assert alone["knorm@0.5"] == pytest.approx(raw["knorm@0.5"])
+
+
+GRID = [
+    *(f"{m}@{r}" for m in ("knorm", "keydiff") for r in (0.9, 0.7, 0.5, 0.3, 0.1)),
+    *(f"knorm@{r}+int8" for r in (0.9, 0.7, 0.5, 0.3, 0.1)),
+    *(f"streamingllm@{r}" for r in (0.5, 0.25, 0.1)),
+    "int8",
+    "int4",
+    "none",
+]
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["question", "key-probes"])
+def test_fast_path_equals_the_old_computation_on_the_whole_grid(own: bool) -> None:
+    """The segment matmuls over permuted rows, with every in-place output read as the sum of
+    an ordered pass's segments, give the old gather-and-prefix-sum errors (issue 26's
+    speed-up): the same numbers up to float rounding, for every variant of the label grid."""
+    from kvtierd.profiler.query_attention_reference import reference_errors
+
+    kv, probes = structured()
+    if not own:
+        probes = Probes(probes.queries)
+    got = QueryAttentionEvaluator(calibrate=False, layer_stride=1).errors(kv, GRID, probes, FORM)
+    want = reference_errors(kv, GRID, probes, FORM)
+    for v in GRID:
+        assert torch.allclose(got[v], want[v], atol=1e-5, rtol=0), v
+    assert float(got["none"].abs().max()) < 1e-5
+    assert float(got["knorm@0.1"].mean()) > float(got["knorm@0.9"].mean()) > 0.0
+
+
+def test_layer_stride_reads_every_kth_layer_of_the_same_errors() -> None:
+    kv, probes = structured()
+    every = QueryAttentionEvaluator(calibrate=False, layer_stride=1).errors(kv, GRID, probes, FORM)
+    strided = QueryAttentionEvaluator(calibrate=False, layer_stride=2).errors(
+        kv, GRID, probes, FORM
+    )
+    assert QueryAttentionEvaluator().layer_stride == 3  # the default (RESULTS.md, issue 26)
+    for v in GRID:
+        assert strided[v].shape[0] == math.ceil(L / 2)
+        assert torch.allclose(strided[v], every[v][::2], atol=1e-6, rtol=0), v
+    with pytest.raises(InvalidArgumentError, match="layer_stride"):
+        QueryAttentionEvaluator(layer_stride=0)
+
+
+def test_question_pass_skips_the_lm_head_and_runs_in_the_asked_dtype(
+    tiny_llama_dir: Path,
+) -> None:
+    """The pass without the LM head sees the same queries and K/V as with it; in bfloat16 the
+    scores stay within bf16's rounding of float32's."""
+    from kvtierd.profiler.window_queries import pass_for_context
+
+    g = torch.Generator().manual_seed(3)
+    model = str(tiny_llama_dir)
+    ev32 = QueryAttentionEvaluator(model, calibrate=False, question_dtype="float32")
+    keys, values = structured_real_kv(tiny_llama_dir, g)
+    ids = torch.randint(3, 200, (12,), generator=g).tolist()
+    bare = pass_for_context(model, keys, values, ids)
+    full = pass_for_context(model, keys, values, ids, lm_head=True)
+    assert torch.equal(bare.queries, full.queries) and torch.equal(bare.keys, full.keys)
+    kv = ContextKV(keys, values)
+    names = ["knorm@0.5", "knorm@0.1", "int4"]
+    r32 = ev32.raw_scores(kv, names, ev32.question_probes(kv, ids), StoredForm())
+    ev16 = QueryAttentionEvaluator(model, calibrate=False)  # bfloat16, the default
+    probes16 = ev16.question_probes(kv, ids)
+    assert probes16.queries.dtype == torch.bfloat16
+    r16 = ev16.raw_scores(kv, names, probes16, StoredForm())
+    for v in names:
+        assert r16[v] == pytest.approx(r32[v], abs=0.02), v
+
+
+def structured_real_kv(tiny_llama_dir: Path, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A context of 64 random tokens prefilled on the tiny model: its KV ``[L, H, 64, D]``."""
+    from kvtierd.profiler.window_queries import prefill_with_window_queries, window_model
+
+    model = window_model(str(tiny_llama_dir), torch.float32, torch.device("cpu"))
+    ids = torch.randint(3, 200, (1, 64), generator=g)
+    cache, _ = prefill_with_window_queries(model, ids, window=1)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    return keys.contiguous(), values.contiguous()

@@ -116,19 +116,21 @@ def test_tiny_model_queries_recomputed_from_the_stored_prefix(tiny_llama_dir: Pa
 
 @pytest.mark.model
 def test_real_model_snapkv_keeps_the_same_tokens_from_recomputed_queries(real_model: Path) -> None:
-    """bf16: the recomputed queries differ from the prefill's by matmul rounding at most (here
-    they are bit-identical), and snapkv keeps the same tokens from either."""
+    """The recomputed queries differ from the prefill's by matmul rounding at most, and snapkv
+    keeps the same tokens from either. In float32: in bf16 the rounding depends on the CPU
+    (bit-identical on an AVX-512 EPYC, 1.5% of kept tokens swapped at near-ties on an AMX Xeon;
+    issue 25), and this test is about the recomputation, not the CPU's bf16 matmul."""
     from transformers import AutoModelForCausalLM
 
     from kvtierd.kernels.api import compress_dense
 
     model = AutoModelForCausalLM.from_pretrained(
-        real_model, dtype=torch.bfloat16, attn_implementation="sdpa"
+        real_model, dtype=torch.float32, attn_implementation="sdpa"
     )
     ids = torch.randint(100, 40000, (1, 512), generator=torch.Generator().manual_seed(3))
     captured, again = recomputed(model, ids, 64)
-    cos = torch.nn.functional.cosine_similarity(again.float(), captured.float(), dim=-1)
-    assert cos.min() > 0.999, cos.min()
+    cos = torch.nn.functional.cosine_similarity(again, captured, dim=-1)
+    assert cos.min() > 0.99999, cos.min()
     cache, _ = prefill_with_window_queries(model, ids, 64)
     keys = torch.stack([layer.keys[0] for layer in cache.layers])
     values = torch.stack([layer.values[0] for layer in cache.layers])
