@@ -105,6 +105,12 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
     dropped = np.ones(n, dtype=bool)
     remaining = np.arange(n)
     order = _size_order(table.size_bytes)
+    # Each row's sizes in that order, gathered once: every tier sorts the same sizes.
+    size_sorted = (
+        table.size_bytes[:, order]
+        if order.ndim == 1
+        else np.take_along_axis(table.size_bytes, order, axis=1)
+    )
     # Best utility in tiers t..T-1 or dropped, for the "leave tier t-1" option.
     below = np.empty((n, n_tiers + 1))
     below[:, n_tiers] = table.drop_util
@@ -121,6 +127,7 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
             table.util[:, :, t] if every else table.util[remaining, :, t],
             table.size_bytes if every else table.size_bytes[remaining],
             order if every or order.ndim == 1 else order[remaining],
+            size_sorted if every else size_sorted[remaining],
         )
         leave = below[remaining, t + 1]
         pinned = table.pinned[remaining]
@@ -153,13 +160,19 @@ class _Points:
     util: FloatArray
     size: FloatArray
     order: IntArray  # (V,) for all rows, or (m, V)
+    size_sorted: FloatArray | None = None  # size in that order, when the caller has it
 
     def sorted(self) -> tuple[FloatArray, FloatArray, IntArray]:
         """Sizes, utilities and variant indices, each row by size ascending."""
         if self.order.ndim == 1:
             var = np.broadcast_to(self.order, self.size.shape)
-            return self.size[:, self.order], self.util[:, self.order], var
-        xs = np.take_along_axis(self.size, self.order, axis=1)
+            xs = self.size[:, self.order] if self.size_sorted is None else self.size_sorted
+            return xs, self.util[:, self.order], var
+        xs = (
+            np.take_along_axis(self.size, self.order, axis=1)
+            if self.size_sorted is None
+            else self.size_sorted
+        )
         return xs, np.take_along_axis(self.util, self.order, axis=1), self.order
 
 
@@ -188,14 +201,20 @@ def _solve_tier(
         return choice, 0.0
     if rows.size < m:
         order = points.order if points.order.ndim == 1 else points.order[rows]
-        points = _Points(util[rows], points.size[rows], order)
+        xs = None if points.size_sorted is None else points.size_sorted[rows]
+        points = _Points(util[rows], points.size[rows], order, xs)
     choice[rows], price = _hull_greedy(points, leave[rows], free)
     return choice, price
 
 
 def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArray, float]:
     """Greedy on the upper concave hulls of ``(size, util)``, leave point at ``(0, leave)``."""
-    cx, cy, cv, count = _pareto(points, leave, cap)
+    xs, ys, var = points.sorted()
+    ys = np.where(xs <= cap, ys, -np.inf)
+    every_best = _when_all_fit(xs, ys, var, leave, cap)
+    if every_best is not None:
+        return every_best, 0.0
+    cx, cy, cv, count = _pareto(xs, ys, var, leave)
     m = cx.shape[0]
     ckeep = np.arange(cx.shape[1])[None, :] <= count[:, None]
     hull, top = _upper_hulls(cx, cy, ckeep)
@@ -220,17 +239,33 @@ def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArr
     return np.where(result < 0, LEAVE, result).astype(np.int64), price
 
 
+def _when_all_fit(
+    xs: FloatArray, ys: FloatArray, var: IntArray, leave: FloatArray, cap: float
+) -> IntArray | None:
+    """The greedy's answer when every row's best point fits at once (a large slower tier),
+    else ``None``. Then the greedy takes every hull edge and ends at each row's last useful
+    point: its best utility, the smallest such point (``ys`` sorted by size, ``-inf`` where it
+    does not fit), or leaving when nothing beats ``leave``. Skips the hulls and the sort of
+    their edges. The margin keeps the edges' cumulative sum (rounded differently from the sum
+    of the points' sizes) clearly within ``cap``, so the answer is the greedy's exactly."""
+    rows = np.arange(xs.shape[0])
+    at = ys.argmax(axis=1)
+    here = ys[rows, at] > leave
+    if float(xs[rows, at][here].sum()) > cap * (1.0 - 1e-9):
+        return None
+    return np.where(here, var[rows, at], LEAVE).astype(np.int64)
+
+
 def _pareto(
-    points: _Points, leave: FloatArray, cap: float
+    xs: FloatArray, ys: FloatArray, var: IntArray, leave: FloatArray
 ) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
-    """Each row's useful points, compacted: a point is useful when it fits in ``cap`` and beats
-    every smaller point and the leave point (strictly). Column 0 is the leave point ``(0,
-    leave)``; row ``i`` has ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave)
-    ``(m, K + 1)`` and ``count``. Only ~10 of 60 variants survive on paper-like profiles,
-    which keeps the hull work small."""
-    xs, ys, var = points.sorted()
+    """Each row's useful points, compacted: ``xs``, ``ys``, ``var`` sorted by size, ``ys``
+    ``-inf`` where the point does not fit; a point is useful when it beats every smaller point
+    and the leave point (strictly). Column 0 is the leave point ``(0, leave)``; row ``i`` has
+    ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave) ``(m, K + 1)`` and
+    ``count``. Only ~10 of 60 variants survive on paper-like profiles, which keeps the hull
+    work small."""
     m = xs.shape[0]
-    ys = np.where(xs <= cap, ys, -np.inf)
     prev = np.empty_like(ys)
     prev[:, 0] = leave
     np.maximum.accumulate(ys[:, :-1], axis=1, out=prev[:, 1:])
@@ -240,10 +275,13 @@ def _pareto(
     count = np.bincount(r, minlength=m)
     width = int(count.max()) + 1 if m else 1
     col = np.arange(r.size) - (np.cumsum(count) - count)[r] + 1
-    cx = np.zeros((m, width))
-    cy = np.full((m, width), -np.inf)
-    cv = np.full((m, width), -1, dtype=np.int64)
-    cy[:, 0] = leave
+    # Only each row's first count + 1 columns are ever read (the hulls and the greedy index
+    # kept points only), so the rest is left unwritten: at 100,000 rows x a wide grid,
+    # filling it cost more than the points themselves (issue 28).
+    cx = np.empty((m, width))
+    cy = np.empty((m, width))
+    cv = np.empty((m, width), dtype=np.int64)
+    cx[:, 0], cy[:, 0], cv[:, 0] = 0.0, leave, LEAVE
     cx[r, col], cy[r, col], cv[r, col] = xs[r, c], ys[r, c], var[r, c]
     return cx, cy, cv, count.astype(np.int64)
 
