@@ -178,6 +178,11 @@ class Profiler:
                 self.policy.min_queries, self._records[context_id].num_queries,
             )  # fmt: skip
             return self.profile_of(context_id)
+        if not refine and self.refined(context_id) and self.trusted(context_id):
+            # A first profile queued at the put can end after a refinement asked for
+            # meanwhile (kvtierctl profile run): the estimator never replaces the refiner.
+            logger.info("context %s: its refined profile stays over the estimator's", context_id)
+            return self.profile_of(context_id)
         self._records[context_id] = record
         self._save(context_id)
         return self.profile_of(context_id)

@@ -90,6 +90,18 @@ def test_the_estimators_profile_is_trusted_from_one_query_or_none() -> None:
     assert p.record("doc").evaluator == "attention" and p.trusted("doc")
 
 
+def test_a_first_profile_that_ends_after_a_refinement_does_not_replace_it() -> None:
+    """The estimator's first profile, queued at the put, can end after a refinement asked for
+    meanwhile (kvtierctl profile run): the refined, trusted profile stays
+    (test_daemon_served_profiling saw the estimator's prior replace served's)."""
+    p = profiler()
+    ask(p, 3)
+    p.profile("doc", *kv(), refine=True)
+    assert p.refined("doc") and p.trusted("doc")
+    p.profile("doc", *kv())  # the estimator's, late
+    assert p.record("doc").evaluator == "test-query-count" and p.trusted("doc")
+
+
 def test_a_profile_from_too_few_queries_is_kept_but_not_trusted() -> None:
     p = profiler()
     ask(p, 1)
