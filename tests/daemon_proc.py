@@ -96,6 +96,15 @@ def tcp_port(daemon: DaemonProcess) -> int:
     return int(found[-1])
 
 
+def metrics_port(daemon: DaemonProcess) -> int:
+    """The /metrics port a daemon started with ``metrics_port: any`` bound, from its newest
+    start-up line ("serving on unix:... and metrics http://127.0.0.1:PORT/metrics")."""
+    found = re.findall(r"serving on unix:.* and metrics http://\S+:(\d+)/metrics", daemon.logs())
+    if not found:
+        raise AssertionError(f"no metrics listener in the daemon's log:\n{daemon.logs()[-2000:]}")
+    return int(found[-1])
+
+
 def tcp_listener(directory: Path, token: str = "t0ken") -> TcpListener:
     cert, key = certificate(directory)
     token_file = directory / "daemon.token"
