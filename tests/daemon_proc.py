@@ -18,12 +18,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def certificate(
     directory: Path, name: str = "localhost", issuer: tuple[Path, Path] | None = None
 ) -> tuple[Path, Path]:
