@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,9 +72,12 @@ class Part:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"{self.name} exited:\n{self.text()[-4000:]}"
+            # vLLM's processes also listen on ports that never answer HTTP (torch's
+            # distributed stores): a short timeout each, not get_json's 30 s.
             for port in listening_ports(self.proc.pid):
                 with contextlib.suppress(OSError, ValueError):
-                    get_json(f"http://127.0.0.1:{port}{path}")
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
+                        json.loads(r.read())
                     return port
             time.sleep(0.5)
         raise AssertionError(f"{self.name} did not answer in {timeout_s} s:\n{self.text()[-4000:]}")
