@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -23,6 +23,7 @@ from kvtierd.errors import ConfigError
 
 MAX_LEASE_S = 3600.0
 MAX_COMPUTE_THREADS = 1024
+MAX_PORT = 65535
 """The longest read lease (``lease_s``, ``Get.lease_s``) or lookup hold (``Lookup.hold_s``)."""
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
@@ -105,7 +106,9 @@ class DaemonConfig:
     # Directories a policy applied at run time (Admin.ApplyPolicy) may name as
     # profiling.model_dir; () = kvtierd's model cache. The policy_file's own is always allowed.
     model_dirs: tuple[str, ...] = ()
-    metrics_port: int = 0
+    # Prometheus /metrics: 0 = off, a port number, or "any": any free port, named in the
+    # start-up log line (tests and side-by-side daemons that must not pick a port first).
+    metrics_port: int | Literal["any"] = 0
     metrics_address: str = "127.0.0.1"  # 0.0.0.0 in a pod, where Prometheus scrapes the pod IP
     log_json: bool = False
     # A graceful stop (SIGTERM) writes the CPU tier's most recently used contexts to the SSD
@@ -320,6 +323,8 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
                 raise ConfigError(f"{src.where((key,))}: must be a list of directories")
             values[key] = tuple(value)
+        elif key == "metrics_port":
+            values[key] = _metrics_port(value, src)
         elif key in ("max_object_bytes", "token_bytes_per_tenant"):
             values[key] = parse_size(value, src.where((key,)))
         else:
@@ -400,6 +405,17 @@ def _tenants(raw: object, src: _Source, tier_names: set[str]) -> tuple[TenantCon
             TenantConfig(name, str(t.get("token_file", "")), quotas, bool(t.get("admin", False)))
         )
     return tuple(tenants)
+
+
+def _metrics_port(value: object, src: _Source) -> int | Literal["any"]:
+    if value == "any":
+        return "any"
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PORT:
+        return value
+    raise ConfigError(
+        f"{src.where(('metrics_port',))}: expected 0 (off), a port 1-{MAX_PORT} or any "
+        f"(any free port, named in the start-up log line), got {value!r}"
+    )
 
 
 def _scalar(key: str, value: object, default: object, src: _Source) -> object:

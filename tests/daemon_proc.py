@@ -18,12 +18,6 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def certificate(
     directory: Path, name: str = "localhost", issuer: tuple[Path, Path] | None = None
 ) -> tuple[Path, Path]:
@@ -87,13 +81,35 @@ class TcpListener:
         return f"localhost:{tcp_port(daemon)}"
 
 
+def _bound_port(daemon: DaemonProcess, pattern: str, what: str, timeout_s: float = 10) -> int:
+    """The port in the newest log line matching ``pattern``. ``start`` returns once the Unix
+    socket answers, a moment before the daemon has bound (and logged) its other listeners,
+    so this waits for the line."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := re.findall(pattern, daemon.logs())):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} in the daemon's log:\n{daemon.logs()[-2000:]}")
+        time.sleep(0.05)
+    return int(found[-1])
+
+
 def tcp_port(daemon: DaemonProcess) -> int:
     """The TCP port a started daemon bound: its newest start-up line names it ("serving on
     unix:... and tcp 127.0.0.1:PORT"; a restarted daemon binds another free port)."""
-    found = re.findall(r"serving on unix:\S+ and tcp \S+:(\d+) ", daemon.logs())
-    if not found:
-        raise AssertionError(f"no TCP listener in the daemon's log:\n{daemon.logs()[-2000:]}")
-    return int(found[-1])
+    return _bound_port(daemon, r"serving on unix:\S+ and tcp \S+:(\d+) ", "TCP listener")
+
+
+def metrics_port(daemon: DaemonProcess) -> int:
+    """The /metrics port a daemon started with ``metrics_port: any`` bound, from its newest
+    start-up line ("serving on unix:... and metrics http://127.0.0.1:PORT/metrics")."""
+    pattern = r"serving on unix:.* and metrics http://\S+:(\d+)/metrics"
+    return _bound_port(daemon, pattern, "metrics listener")
+
+
+def health_port(daemon: DaemonProcess) -> int:
+    """The port a daemon started with ``health_address: 127.0.0.1:0`` bound for its
+    health-only gRPC server, from its newest "grpc health (only) on HOST:PORT" line."""
+    return _bound_port(daemon, r"grpc health \(only\) on \S+:(\d+)", "health listener")
 
 
 def tcp_listener(directory: Path, token: str = "t0ken") -> TcpListener:

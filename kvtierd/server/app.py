@@ -109,6 +109,7 @@ class Daemon:
         self.tcp_address = ""
         self.socket_path = Path(config.socket_path)
         self.health_port = 0  # bound port of ``health_address``, when configured
+        self.metrics_url = ""  # http://host:PORT/metrics as bound, when metrics_port is set
         self._stop = asyncio.Event()
 
     def _interceptor(self, identify: Identify) -> ErrorInterceptor:
@@ -143,17 +144,19 @@ class Daemon:
                 self.socket_path.unlink()
             raise
         self.health.start()
-        logger.info("kvtierd %s serving on unix:%s%s (placer %s, tiers: %s)",
+        logger.info("kvtierd %s serving on unix:%s%s%s (placer %s, tiers: %s)",
                     self.engine.instance_id, self.socket_path,
                     f" and tcp {self.tcp_address}" if self.tcp_address else "",
+                    f" and metrics {self.metrics_url}" if self.metrics_url else "",
                     self.engine.placing.name, ", ".join(self.engine.tiers))  # fmt: skip
 
     async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
         _prepare_socket(self.socket_path)
         if self.config.metrics_port:
-            self.engine.metrics.start_http_server(
-                self.config.metrics_port, self.config.metrics_address
-            )
+            wanted = 0 if self.config.metrics_port == "any" else self.config.metrics_port
+            host = self.config.metrics_address
+            port = self.engine.metrics.start_http_server(wanted, host)
+            self.metrics_url = f"http://{host}:{port}/metrics"
         unix = self._server([self._interceptor(self.identities.unix)])
         old = os.umask(0o177)  # the socket file is created 0600, no window with wider bits
         try:

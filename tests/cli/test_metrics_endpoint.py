@@ -1,4 +1,5 @@
-"""The daemon's /metrics endpoint (``metrics_port``), scraped over HTTP after real traffic."""
+"""The daemon's /metrics endpoint (``metrics_port: any``, the bound port read from its log),
+scraped over HTTP after real traffic; what ``metrics_port`` accepts."""
 
 from __future__ import annotations
 
@@ -6,13 +7,16 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess, free_port
+from kvtierd.config import load_daemon_config
+from kvtierd.errors import ConfigError
+from tests.daemon_proc import DaemonProcess, metrics_port, write_config
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -34,8 +38,8 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def test_metrics_scraped_after_traffic(start_daemon: Callable[..., DaemonProcess]) -> None:
-    port = free_port()
-    d = start_daemon(cpu="4MiB", metrics_port=port)
+    d = start_daemon(cpu="4MiB", metrics_port="any")
+    port = metrics_port(d)
     with KVClient(d.socket_path) as c:
         c.put("k", np.zeros(4096, dtype=np.uint8), context_id="doc")
         c.get("k")
@@ -53,3 +57,14 @@ def test_metrics_scraped_after_traffic(start_daemon: Callable[..., DaemonProcess
     assert got[("kvtierd_plan_operations_total", (("kind", "place"),))] >= 1
     assert got[("kvtierd_errors_total", (("code", "NOT_FOUND"),))] == 1
     assert got[("kvtierd_healthy", ())] == 1
+
+
+@pytest.mark.parametrize("value", ["auto", -1, 65536, True, "9400"])
+def test_metrics_port_names_what_it_allows(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match=r"metrics_port: expected 0 \(off\), a port 1-65535 or"):
+        load_daemon_config(write_config(tmp_path, metrics_port=value))
+
+
+@pytest.mark.parametrize("value", [0, 9400, "any"])
+def test_metrics_port_takes_off_a_port_or_any(tmp_path: Path, value: object) -> None:
+    assert load_daemon_config(write_config(tmp_path, metrics_port=value)).metrics_port == value

@@ -15,6 +15,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ from kvtierd.client import KVClient
 from kvtierd.errors import NotFoundError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, free_port, write_config
+from tests.daemon_proc import REPO, DaemonProcess, metrics_port, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -87,14 +88,14 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     if binary is None:
         pytest.skip("prometheus missing: scripts/setup installs Debian's package")
     work = tmp_path_factory.mktemp("prom")
-    metrics_port, prom_port = free_port(), free_port()
     evicpress = REPO / "configs" / "policies" / "evicpress.yaml"  # it profiles; lru does not
-    config = write_config(work / "d", metrics_port=metrics_port, policy_file=str(evicpress))
+    config = write_config(work / "d", metrics_port="any", policy_file=str(evicpress))
     daemon = DaemonProcess(config, str(work / "d" / "kvtierd.sock"), work / "daemon.log").start()
+    scrape_port = metrics_port(daemon)
     (work / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
-        f"  - job_name: kvtierd\n    static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]\n"
+        f"  - job_name: kvtierd\n    static_configs: [{{targets: ['127.0.0.1:{scrape_port}']}}]\n"
     )
     stop = threading.Event()
     traffic = threading.Thread(target=_traffic, args=(daemon.socket_path, stop))
@@ -102,14 +103,15 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     with open(work / "prometheus.log", "wb") as log:
         proc = subprocess.Popen(
             [binary, f"--config.file={work / 'prometheus.yml'}",
-             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+             f"--storage.tsdb.path={work / 'tsdb'}", "--web.listen-address=127.0.0.1:0"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    api = f"http://127.0.0.1:{prom_port}/api/v1"
     try:
+        _wait("prometheus", lambda: _listening_on(work / "prometheus.log") is not None)
+        api = f"http://{_listening_on(work / 'prometheus.log')}/api/v1"
         _wait("prometheus", lambda: _up(api))
         time.sleep(8)  # several scrapes with traffic between them: rates need two samples
-        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{scrape_port}/metrics").read()
         yield {"api": api, "metrics": scraped.decode()}
     finally:
         stop.set()
@@ -117,6 +119,13 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         proc.terminate()
         proc.wait(20)
         daemon.kill()
+
+
+def _listening_on(log: Path) -> str | None:
+    """The address Prometheus bound for ``--web.listen-address=127.0.0.1:0``: its log's
+    "Listening on" line names the real port (the line before it repeats the configured 0)."""
+    found = re.findall(r'msg="Listening on" address=(\S+)', log.read_text(errors="replace"))
+    return found[-1] if found else None
 
 
 def _up(api: str) -> bool:

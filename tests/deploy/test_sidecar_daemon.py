@@ -18,7 +18,7 @@ from kvtierd.errors import UnavailableError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server import health_probe
-from tests.daemon_proc import DaemonProcess, free_port, write_config
+from tests.daemon_proc import DaemonProcess, health_port, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -158,8 +158,8 @@ def test_idle_time_after_a_kill_is_not_the_uptime(tmp_path: Path) -> None:
 
 
 def test_health_port_serves_health_and_nothing_else(tmp_path: Path) -> None:
-    port = free_port()
-    daemon = _daemon(tmp_path, health_address=f"127.0.0.1:{port}").start()
+    daemon = _daemon(tmp_path, health_address="127.0.0.1:0").start()
+    port = health_port(daemon)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
             health = health_pb2_grpc.HealthStub(ch)

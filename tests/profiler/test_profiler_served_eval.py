@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +29,19 @@ def _kv(n: int = len(TOKENS), token_ids: tuple[int, ...] = TOKENS) -> ContextKV:
     return ContextKV(keys=k, values=k.clone(), token_ids=token_ids)
 
 
-def _dead_url() -> str:
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """A router URL whose port stays bound but never listens for the test's length: a connect
+    is refused at once, and no other process can take the port meanwhile (a port closed
+    after picking it could be anyone's by the time the test connects)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture
-def evaluator() -> ServedEvaluator:
-    ev = make_evaluator("served", {"router_url": _dead_url(), "timeout_s": 5})
+def evaluator(dead_url: str) -> ServedEvaluator:
+    ev = make_evaluator("served", {"router_url": dead_url, "timeout_s": 5})
     assert isinstance(ev, ServedEvaluator)
     return ev
 
@@ -220,12 +225,14 @@ def test_policy_validation_refuses_exactly_what_the_served_evaluator_cannot_scor
         assert parse_policy(text, "p.yaml").evaluator == "served"
 
 
-def test_exact_match_scoring_counts_unchanged_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_exact_match_scoring_counts_unchanged_answers(
+    monkeypatch: pytest.MonkeyPatch, dead_url: str
+) -> None:
     """``scoring="exact_match"`` (issue 26): a variant scores the share of queries whose served
     answer text equals the full KV's; the stack's answers are stood in for here."""
     from kvtierd.integrations import served_eval
 
-    ev = make_evaluator("served", {"router_url": _dead_url(), "scoring": "exact_match"})
+    ev = make_evaluator("served", {"router_url": dead_url, "scoring": "exact_match"})
     assert isinstance(ev, ServedEvaluator)
     monkeypatch.setattr(ev, "_stack", lambda: served_eval._Stack("m", "/m"))
     monkeypatch.setattr(ev, "_reference", lambda run: ["Paris", "1867"])
@@ -235,4 +242,4 @@ def test_exact_match_scoring_counts_unchanged_answers(monkeypatch: pytest.Monkey
     res = ev.evaluate(_kv(), ["knorm@0.5", "streamingllm@0.1"], queries)
     assert (res["knorm@0.5"], res["streamingllm@0.1"]) == (0.5, 0.0)
     with pytest.raises(InvalidArgumentError, match="scoring must be one of"):
-        make_evaluator("served", {"router_url": _dead_url(), "scoring": "bleu"})
+        make_evaluator("served", {"router_url": dead_url, "scoring": "bleu"})

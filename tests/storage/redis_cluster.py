@@ -17,7 +17,6 @@ import contextlib
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -34,6 +33,10 @@ class RedisClusterError(RuntimeError):
     """The test cluster could not be started or did not become healthy in time."""
 
 
+class _PortInUseError(RedisClusterError):
+    """redis-server exited at start-up: its port or bus port was taken."""
+
+
 def redis_server_path() -> str:
     """Path to ``redis-server``; raises (so tests FAIL, not skip) when it is not installed."""
     found = shutil.which("redis-server") or (REDIS_SERVER if Path(REDIS_SERVER).exists() else None)
@@ -46,27 +49,14 @@ def redis_server_path() -> str:
     return found
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count: int, tries: int = 200) -> list[int]:
-    """``count`` loopback ports p such that p and its cluster bus port p+10000 are both free."""
-    chosen: list[int] = []
-    for _ in range(tries):
+def _candidate_port(taken: set[int]) -> int:
+    """A loopback port p, not yet used by this cluster, to *try*: p and its bus port p+10000
+    must both be free, and only starting ``redis-server`` on them can tell (see
+    :meth:`RedisClusterProcs._start_node`)."""
+    while True:
         port = random.randint(20000, 40000)
-        if port in chosen or any(abs(port - c) == 10000 for c in chosen):
-            continue
-        if _port_free(port) and _port_free(port + 10000):
-            chosen.append(port)
-            if len(chosen) == count:
-                return chosen
-    raise RedisClusterError(f"found only {len(chosen)} of {count} free port pairs in {tries} tries")
+        if not {port, port + 10000} & taken:
+            return port
 
 
 @dataclass(slots=True)
@@ -77,12 +67,23 @@ class _Node:
 
 
 class RedisClusterProcs:
-    """A throw-away Redis Cluster of ``masters`` masters under ``base_dir`` on 127.0.0.1."""
+    """A throw-away Redis Cluster of ``masters`` masters under ``base_dir`` on 127.0.0.1.
+
+    The one place in the tests that picks a port before binding it, and why: ``redis-server
+    --port 0`` means "no TCP listener", not "any free port", and a cluster node needs a TCP
+    port (clients follow MOVED replies to host:port) plus its bus port (port+10000, which
+    ``CLUSTER MEET`` assumes). So a node is started on a random candidate port and kept only
+    once it answers PING with its own process id; a node that exits with "Address already in
+    use" (someone else holds the port or its bus port) is started again on another candidate.
+    Nothing is bound and closed first to "check" a port: that only moves the race.
+    ``restart`` reuses a killed node's port (it must, to rejoin with its ``nodes.conf``); if
+    another process took it meanwhile, the restart fails with redis-server's log.
+    """
 
     def __init__(self, base_dir: Path, masters: int = 3, start_timeout_s: float = 20.0) -> None:
         self.server = redis_server_path()
         self.start_timeout_s = start_timeout_s
-        self.nodes = [_Node(port, base_dir / f"node-{port}") for port in free_ports(masters)]
+        self.nodes = [_Node(0, base_dir / f"node-{i}") for i in range(masters)]
 
     @property
     def addresses(self) -> list[str]:
@@ -101,9 +102,7 @@ class RedisClusterProcs:
         try:
             for node in self.nodes:
                 node.directory.mkdir(parents=True, exist_ok=True)
-                self._spawn(node)
-            for node in self.nodes:
-                self._wait_ping(node)
+                self._start_node(node)
             self._create_cluster()
             self.wait_ok()
         except BaseException:
@@ -157,6 +156,19 @@ class RedisClusterProcs:
 
     # -- helpers ---------------------------------------------------------------------------
 
+    def _start_node(self, node: _Node, tries: int = 20) -> None:
+        """Start ``node`` on a candidate port, again on another while the one tried is in use."""
+        taken = {p for n in self.nodes if n.port for p in (n.port, n.port + 10000)}
+        for _ in range(tries):
+            node.port = _candidate_port(taken)
+            self._spawn(node)
+            try:
+                self._wait_ping(node)
+                return
+            except _PortInUseError:
+                node.proc = None
+        raise RedisClusterError(f"no free port pair for redis-server in {tries} tries")
+
     def _spawn(self, node: _Node) -> None:
         args = [
             self.server,
@@ -181,13 +193,23 @@ class RedisClusterProcs:
             if node.proc is not None and node.proc.poll() is not None:
                 log = node.directory / "redis.log"
                 tail = log.read_text()[-2000:] if log.exists() else ""
+                log.unlink(missing_ok=True)  # the next try on this directory logs afresh
+                if "Address already in use" in tail:
+                    raise _PortInUseError(node.port)
                 raise RedisClusterError(f"redis-server on {node.port} exited:\n{tail}")
-            with contextlib.suppress(redis.RedisError), self.client(node.port) as c:
-                if c.ping():
-                    return
+            # Before the PING: a PING to a port another process holds can block past the
+            # deadline, and an exit meanwhile is the answer ("Address already in use").
             if time.monotonic() > deadline:
                 raise RedisClusterError(f"redis-server on {node.port} did not answer PING")
+            with contextlib.suppress(redis.RedisError), self.client(node.port) as c:
+                # Our process, not another one that already listened on the port.
+                if c.ping() and node.proc is not None and self._pid(c) == node.proc.pid:
+                    return
             time.sleep(0.05)
+
+    @staticmethod
+    def _pid(c: redis.Redis) -> int:
+        return int(c.info("server")["process_id"])
 
     def _create_cluster(self) -> None:
         cli = shutil.which("redis-cli")

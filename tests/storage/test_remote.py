@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
 import threading
 import time
 
@@ -189,6 +190,28 @@ def test_missing_redis_server_fails_with_a_clear_message(monkeypatch, tmp_path) 
         redis_cluster_module.RedisClusterError, match="redis-server is not installed"
     ):
         RedisClusterProcs(tmp_path)
+
+
+def test_a_node_whose_port_is_taken_starts_on_another(monkeypatch, tmp_path) -> None:
+    """The test cluster cannot bind port 0 (redis-server reads it as "no TCP"): a candidate
+    port someone else listens on makes redis-server exit, and the helper tries another one."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound (not listening: a PING is refused at once)
+        taken = held.getsockname()[1]
+        candidates = iter([taken])
+        real = redis_cluster_module._candidate_port
+        offer = lambda used: next(candidates, None) or real(used)  # noqa: E731
+        monkeypatch.setattr(redis_cluster_module, "_candidate_port", offer)
+        procs = RedisClusterProcs(tmp_path, masters=1)
+        node = procs.nodes[0]
+        node.directory.mkdir(parents=True)
+        try:
+            procs._start_node(node)
+            assert node.port != taken
+            with procs.client(node.port) as c:
+                assert c.ping()
+        finally:
+            procs.stop()
 
 
 async def test_checksum_mismatch_detected_and_deleted(remote_tier, raw_redis) -> None:
