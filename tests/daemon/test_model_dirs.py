@@ -56,18 +56,18 @@ def test_model_dir_is_limited_to_the_daemons_allow_list(start_daemon, tmp_path):
     models = tmp_path / "models"
     marker = tmp_path / "code-ran"
     dirs = _checkpoints(models, marker)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)
+    others = tmp_path / "others"
+    others.mkdir()
+    others.chmod(0o777)
     tcp = tcp_listener(tmp_path, "admin-token")
-    d = start_daemon(model_dirs=[str(models), str(shared)], **tcp.settings)
+    d = start_daemon(model_dirs=[str(models), str(others)], **tcp.settings)
     with (
         KVClient(d.socket_path, timeout_s=60) as local,
         KVClient(address=tcp.address(d), tls_ca_file=str(tcp.ca_file), token="admin-token",
                  timeout_s=60) as remote,
     ):  # fmt: skip
         for c in (local, remote):
-            for bad in ("/etc", str(tmp_path), str(shared)):
+            for bad in ("/etc", str(tmp_path), str(others)):
                 with pytest.raises(errors.PermissionDeniedError, match="model_dir"):
                     c.call(c.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=_policy(bad)))
         g = torch.Generator().manual_seed(0)
