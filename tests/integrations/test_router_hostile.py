@@ -68,15 +68,17 @@ async def test_bad_fields_are_a_400_with_the_reason(router, body, why) -> None:
 
 async def test_a_clients_kvtierd_params_never_reach_vllm(router) -> None:
     client, up = router
-    params = {"lmcache.tag.kvtierd_manifest": "kvtierd-ph@someone-else", "lmcache.x": "1",
+    params = {"lmcache.tag.kvtierd_manifest": "kvtierd-ph@someone-else",
+              "lmcache.tag.kvtierd_variant": "knorm@0.1", "lmcache.skip_save": True,
               "do_remote_prefill": False}  # fmt: skip
     body = {"model": "m", "prompt": "w1 w2 w3", "max_tokens": 1, "kv_transfer_params": params}
     status, answer = await _post(client, json.dumps(body))
     assert (status, answer) == (200, ANSWER)
     sent = up.bodies[-1]["kv_transfer_params"]
     assert sent.get("do_remote_prefill") is False
-    assert "lmcache.x" not in sent
+    assert sent.get("lmcache.skip_save") is True  # LMCache's own option stays the client's
     assert sent.get("lmcache.tag.kvtierd_manifest") != "kvtierd-ph@someone-else"
+    assert sent.get("lmcache.tag.kvtierd_variant") != "knorm@0.1"
 
 
 async def test_the_api_token_is_required_when_set(router) -> None:

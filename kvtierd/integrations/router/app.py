@@ -401,7 +401,9 @@ MAX_JSON_DEPTH = 64  # an OpenAI request nests a few levels (messages, content p
 MAX_TOKEN_ID = (1 << 32) - 1
 # kv_transfer_params entries only the router and the kvtierd plugin write: a client's own
 # (lmcache.tag.kvtierd_manifest: load another context's variant) went to vLLM unchanged.
-INTERNAL_PARAM_PREFIXES = ("lmcache.",)
+# LMCache's own options (lmcache.skip_save, other tags) stay the client's: the served
+# evaluator itself sends skip_save through the router.
+INTERNAL_PARAM_PREFIXES = ("lmcache.tag.kvtierd",)
 
 
 async def _scoped(request: web.Request) -> bool:
