@@ -54,7 +54,7 @@ from lmcache.v1.memory_management import MemoryFormat
 from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from kvtierd.client import KVClient
-from kvtierd.errors import InvalidArgumentError, KvtierError, UnavailableError
+from kvtierd.errors import CorruptObjectError, InvalidArgumentError, KvtierError, UnavailableError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.daemon_link import DaemonLink
 from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
@@ -92,6 +92,9 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.settings = PluginSettings.from_extra_config(dict(config.extra_config or {}))
         self.num_kv_heads = int(metadata.kv_shape[3])
         self.chunk_tokens = int(metadata.kv_shape[2])
+        # LMCache's chunk [2, L, T, H*D] (kv_shape is (L, 2, T, H, D)); it stores full chunks only
+        layers, _, tokens, heads, head_dim = (int(x) for x in metadata.kv_shape)
+        self.chunk_shape = (2, layers, tokens, heads * head_dim)
         self.stats = PluginStats()
         self.links = ContextLinks()
         self.context_chunks = ContextChunks()
@@ -376,6 +379,12 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
     def _decode(self, name: str, info: Any, view: memoryview) -> Any:
         self.links.touched(name, info.spec.context_id)
         fmt = ChunkFormat.parse(info.spec.layout)
+        if fmt.shape != self.chunk_shape:
+            # a chunk of another shape handed to LMCache failed vLLM's request with a 500
+            raise CorruptObjectError(
+                f"chunk {name!r}: its layout says {fmt.shape}, LMCache's chunk is "
+                f"{self.chunk_shape}"
+            )
         obj = self.local_cpu_backend.allocate(
             torch.Size(fmt.shape), getattr(torch, fmt.dtype), MemoryFormat.KV_2LTD
         )

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from kvtierd.client import KVClient
+from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -266,16 +268,23 @@ def text_of(events: list[Any]) -> str:
 
 
 def corrupt_last_placeholder_chunk(stack: dict[str, Any], context: list[int]) -> None:
-    """Store the last placeholder chunk again with half its bytes under its old layout."""
+    """Store the last placeholder chunk again as half of it: its first half of the tokens,
+    under a layout that says so (since issue 27 the daemon refuses bytes that do not match their
+    layout, so the chunk is cut consistently and is the wrong size for LMCache's chunk)."""
     digest = context_digest(stack["model"], context)
     with KVClient(stack["socket"]) as c:
         manifest = Manifest.from_bytes(bytes(c.get(manifest_key(digest))))
         key = manifest.chunk_keys[-1]
         with c.lease(key) as (info, view):
-            spec, half = info.spec, bytes(view)[: len(view) // 2]
+            spec, data = info.spec, bytes(view)
+        fmt = ChunkFormat.parse(spec.layout)
+        two, layers, tokens, width = fmt.shape
+        x = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(two, layers, tokens, -1)
+        half = x[:, :, : tokens // 2].contiguous().numpy().tobytes()
+        cut = ChunkFormat((two, layers, tokens // 2, width), fmt.dtype, fmt.num_kv_heads)
         assert c.delete([key]) == 1
-        c.put(key, half, context_id=spec.context_id, variant=spec.variant, layout=spec.layout,
-              token_count=spec.token_count)  # fmt: skip
+        c.put(key, half, context_id=spec.context_id, variant=spec.variant, layout=cut.layout(),
+              token_count=tokens // 2)  # fmt: skip
 
 
 def reference_logprobs(model_dir: Path, ctx: list[int], suffix: list[int], kept: Any) -> Any:

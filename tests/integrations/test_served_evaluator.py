@@ -77,7 +77,8 @@ def test_ratio_one_scores_one_and_heavy_compression_scores_lower(
     # prompt (no x-kvtierd-context) — what production traffic sees is what it saw before.
     assert _context_ids(stack) == []
     again = evaluator.evaluate(_kv(CTX), [HEAVY[0]], QUERIES)  # re-scorable, deterministic
-    assert again.per_query[HEAVY[0]] == result.per_query[HEAVY[0]][:3]
+    # the same answers; their MiniLM similarities up to float32 rounding of another batch size
+    assert again.per_query[HEAVY[0]] == pytest.approx(result.per_query[HEAVY[0]][:3], abs=1e-6)
     body = {"model": stack["model"], "prompt": [*CTX, 500, 600, 700], "max_tokens": 2}
     _, headers = post(f"{stack['router']}/v1/completions", body)
     assert LOADED_HEADER not in {h.lower() for h in headers}
