@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 REPORT_TIMEOUT_S = 5.0
 RETRY_S = 1.0  # after a failed report
 DEFAULT_HOLD_S = 30.0  # until the daemon says
+CLOSE_WAIT_S = 1.0  # for a report in flight when the router stops
 
 
 class InFlightReporter:
@@ -63,8 +64,11 @@ class InFlightReporter:
         while True:
             # a nonzero count is renewed before it lapses at the daemon
             renew = self._hold_s / 3 if self.reported else None
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+            # that arrives as the event is set, and the router's shutdown then waited forever
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), renew)
+                async with asyncio.timeout(renew):
+                    await changed.wait()
             changed.clear()
             if not await self._report(self.count):
                 await asyncio.sleep(RETRY_S)
@@ -72,8 +76,9 @@ class InFlightReporter:
 
     async def _report(self, count: int) -> bool:
         try:
-            report = self._client().report_in_flight(self.reporter, count)
-            self._hold_s = await asyncio.wait_for(report, REPORT_TIMEOUT_S) or DEFAULT_HOLD_S
+            async with asyncio.timeout(REPORT_TIMEOUT_S):
+                hold_s = await self._client().report_in_flight(self.reporter, count)
+            self._hold_s = hold_s or DEFAULT_HOLD_S
         except (KvtierError, TimeoutError) as e:
             if not self.failures:
                 logger.warning("requests in flight not reported to kvtierd (%s); its "
@@ -88,7 +93,8 @@ class InFlightReporter:
         return True
 
     async def close(self) -> None:
+        """Stops reporting. Bounded: a report stuck in gRPC does not hold up the router's
+        shutdown (the daemon lets the count lapse after ``hold_s``)."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait([self._task], timeout=CLOSE_WAIT_S)
