@@ -187,12 +187,17 @@ def score_case(
     }  # fmt: skip
 
 
+STRIDES = (3, 4, 5)
+"""``--query-attention-only``'s readings in bf16: every 3rd (the default), 4th and 5th layer."""
+
+
 def score_cost_case(ctx: dict[str, Any], lc: LabelledCase) -> dict[str, Any]:
     """``--query-attention-only``: the case's prefill, then ``query_attention`` on its question
     before issue 26's speed-up (``/before``: the LM head in the pass, ``gather`` and prefix
-    sums; :mod:`kvtierd.profiler.query_attention_reference`) and after (the default, and with
-    ``layer_stride`` 2 and 3: every second or third layer's errors, the pass included), each
-    timed in this process beside the prefill."""
+    sums; :mod:`kvtierd.profiler.query_attention_reference`) and after (every layer in the
+    KV's dtype, and the question's pass in bf16 read at every :data:`STRIDES`-th layer, the
+    pass stopping after the last layer read), each timed in this process beside the prefill
+    and beside a prefill as a server runs it (:func:`serving_prefill_cpu_s`)."""
     from kvtierd.profiler.quality import ContextKV, StoredForm
     from kvtierd.profiler.query_attention import Probes, QueryAttentionEvaluator
     from kvtierd.profiler.query_attention_reference import reference_errors
@@ -222,10 +227,9 @@ def score_cost_case(ctx: dict[str, Any], lc: LabelledCase) -> dict[str, Any]:
         return lambda: qa.raw_scores(bare, variants, qa.question_probes(kv, split.query), form)
 
     name = "query_attention/question"
-    for key, fn in ((f"{name}/before", before), (name, after(1)),
-                    (f"{name}/stride2", after(2)), (f"{name}/stride3", after(3)),
-                    (f"{name}/bf16", after(1, "bfloat16")),
-                    (f"{name}/stride3-bf16", after(3, "bfloat16"))):  # fmt: skip
+    readings = [(f"{name}/before", before), (name, after(1))]
+    readings += [(f"{name}/stride{k}-bf16", after(k, "bfloat16")) for k in STRIDES]
+    for key, fn in readings:
         scores[key], cost[key] = timed(fn)
     return {
         "case": lc.name, "context_tokens": lc.context_tokens, "query_tokens": len(split.query),
@@ -330,7 +334,7 @@ def summary_rows(
     for name in names:
         have = [r for r in rows if name in r["scores"]]
         agree = pairs = big_agree = big_pairs = 0.0
-        rhos, costs = [], []
+        rhos, costs, serving = [], [], []
         for r in have:
             truth = labels[r["case"]].accuracy
             est = r["scores"][name]
@@ -343,6 +347,8 @@ def summary_rows(
                 rhos.append(rho)
             if name in r.get("cost_cpu_s", {}) and "prefill_cpu_s" in r:
                 costs.append(r["cost_cpu_s"][name] / r["prefill_cpu_s"])
+                if "serving_prefill_cpu_s" in r:
+                    serving.append(r["cost_cpu_s"][name] / r["serving_prefill_cpu_s"])
         out.append({
             "estimator": name, "cases": len(have), "pairs": int(pairs),
             "agree": agree / pairs if pairs else float("nan"),
@@ -352,6 +358,8 @@ def summary_rows(
             "spearman_cases": len(rhos),
             "cost_median": statistics.median(costs) if costs else 0.0,
             "cost_p90": _quantile(costs, 0.9) if costs else 0.0,
+            "serving_median": statistics.median(serving) if serving else None,
+            "serving_p90": _quantile(serving, 0.9) if serving else None,
         })  # fmt: skip
     return out
 
@@ -480,17 +488,25 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def table(summary: list[dict[str, Any]]) -> str:
+    """The summary as markdown; a column of the cost over a serving prefill when the rows
+    timed one (``--query-attention-only``)."""
+    serving = any(s.get("serving_median") is not None for s in summary)
     lines = [
         "| estimator | cases | pairs agreeing (ties ½) | pairs with Δacc ≥ 0.25 agreeing "
-        "| mean Spearman (cases) | cost / prefill, median (p90) |",
-        "|---|---|---|---|---|---|",
+        "| mean Spearman (cases) | cost / prefill, median (p90) |"
+        + (" cost / serving prefill, median (p90) |" if serving else ""),
+        "|---|---|---|---|---|---|" + ("---|" if serving else ""),
     ]
     for s in summary:
-        lines.append(
+        line = (
             f"| {s['estimator']} | {s['cases']} | {s['agree']:.3f} ({s['pairs']}) | "
             f"{s['big_agree']:.3f} ({s['big_pairs']}) | {s['spearman']:.3f} "
             f"({s['spearman_cases']}) | {s['cost_median']:.3f} ({s['cost_p90']:.3f}) |"
         )
+        if serving:
+            med, p90 = s.get("serving_median"), s.get("serving_p90")
+            line += f" {med:.3f} ({p90:.3f}) |" if med is not None else " — |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -551,7 +567,8 @@ def add_blends(
 
     blended = ("query_attention/question", "query_attention/window",
                *(f"query_attention/question/{k}" for k in ("before", "stride2", "stride3", "bf16",
-                                                          "stride3-bf16")))  # fmt: skip
+                                                          "stride3-bf16", "stride4-bf16",
+                                                          "stride5-bf16")))  # fmt: skip
     for name in blended:
         fit = [r for r in rows[0::2] if name in r["scores"]]
         if not fit:

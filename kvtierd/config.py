@@ -236,6 +236,11 @@ class _Source:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 key = (*at, str(k.value))
+                if key in self.lines:  # YAML's loaders keep the last silently: a lost setting
+                    raise ConfigError(
+                        f"{self.path}:{k.start_mark.line + 1}: {'.'.join(key)}: duplicate key "
+                        f"(first at line {self.lines[key]}); each key may appear once"
+                    )
                 self.lines[key] = k.start_mark.line + 1
                 self._walk(v, key)
         elif isinstance(node, yaml.SequenceNode):

@@ -31,9 +31,25 @@ import torch
 from kvtierd.errors import InvalidArgumentError
 
 CAPTURE = "kvtierd_window_capture"
-# layer index -> [Hq, W, D] queries of the prefill under way (one dict per capture)
-_recording: contextvars.ContextVar[tuple[int, dict[int, torch.Tensor]] | None] = (
-    contextvars.ContextVar("kvtierd_window_queries", default=None)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Recording:
+    """A capture under way: ``store`` maps a layer index to its ``[Hq, W, D]`` queries; with
+    ``last``, the pass stops once that layer's queries are kept (:class:`_PassDoneError`)."""
+
+    window: int
+    store: dict[int, torch.Tensor]
+    last: int | None = None
+
+
+class _PassDoneError(Exception):
+    """Raised out of the model's forward once the last wanted layer is captured: the layers
+    after it would cost their whole compute for nothing read."""
+
+
+_recording: contextvars.ContextVar[_Recording | None] = contextvars.ContextVar(
+    "kvtierd_window_queries", default=None
 )
 
 
@@ -42,8 +58,10 @@ def _capture_attention(module: Any, query: torch.Tensor, *args: Any, **kwargs: A
 
     rec = _recording.get()
     if rec is not None:
-        window, store = rec
-        store[int(module.layer_idx)] = query[0, :, -window:].detach().clone()
+        layer = int(module.layer_idx)
+        rec.store[layer] = query[0, :, -rec.window :].detach().clone()
+        if layer == rec.last:  # its keys and values are in the cache already
+            raise _PassDoneError
     return sdpa_attention_forward(module, query, *args, **kwargs)
 
 
@@ -61,12 +79,14 @@ def _register() -> None:
 
 
 @contextlib.contextmanager
-def _capturing(model: Any, window: int) -> Iterator[dict[int, torch.Tensor]]:
+def _capturing(
+    model: Any, window: int, last: int | None = None
+) -> Iterator[dict[int, torch.Tensor]]:
     _register()
     config = model.config
     before = config._attn_implementation
     store: dict[int, torch.Tensor] = {}
-    token = _recording.set((window, store))
+    token = _recording.set(_Recording(window, store, last))
     config._attn_implementation = CAPTURE
     try:
         yield store
@@ -126,41 +146,50 @@ def pass_after_prefix(
     window_ids: torch.Tensor,
     *,
     lm_head: bool = False,
+    layers: Sequence[int] | None = None,
 ) -> WindowPass:
     """:func:`window_queries_after_prefix`, also returning the window's own keys and values
     (an estimator attends with the window's queries over the prefix *and* the window).
+    ``layers``: only these layers' (ascending, distinct), stacked in that order; the pass stops
+    after the last of them (the layers after it are never run, nor given the prefix's KV).
     ``lm_head``: also compute the logits nobody reads (the cost before issue 26's speed-up, for
     the benchmark's comparison)."""
     from transformers import DynamicCache
 
     if window_ids.dim() != 2 or window_ids.shape[0] != 1 or window_ids.shape[1] < 1:
         raise InvalidArgumentError(f"window_ids must be [1, W >= 1], got {tuple(window_ids.shape)}")
-    layers = model.config.get_text_config().num_hidden_layers
-    if keys.dim() != 4 or keys.shape != values.shape or keys.shape[0] != layers:
+    count = model.config.get_text_config().num_hidden_layers
+    if keys.dim() != 4 or keys.shape != values.shape or keys.shape[0] != count:
         raise InvalidArgumentError(
-            f"prefix keys and values must be equal [L={layers}, H, P, D], got "
+            f"prefix keys and values must be equal [L={count}, H, P, D], got "
             f"{tuple(keys.shape)} and {tuple(values.shape)}"
         )
+    wanted = list(range(count)) if layers is None else [int(i) for i in layers]
+    if not wanted or wanted != sorted(set(wanted)) or not 0 <= wanted[0] <= wanted[-1] < count:
+        raise InvalidArgumentError(
+            f"layers must be distinct ascending indices in [0, {count}), got {wanted}"
+        )
+    last = wanted[-1] if not lm_head and wanted[-1] < count - 1 else None
     cache = DynamicCache(config=model.config)
     weight = next(model.parameters())
     if keys.shape[2] > 0:
-        for i in range(layers):
+        for i in range(wanted[-1] + 1):
             k, v = (x[i][None].to(weight.device, weight.dtype) for x in (keys, values))
             cache.update(k, v, i)
     window = int(window_ids.shape[1])
     # the decoder alone: the LM head's logits are never read (a fifth of a 135M model's weights)
     decoder = model if lm_head or not hasattr(model, "get_decoder") else model.get_decoder()
-    with _capturing(model, window) as store:
+    with _capturing(model, window, last) as store, contextlib.suppress(_PassDoneError):
         decoder(input_ids=window_ids.to(weight.device), past_key_values=cache, use_cache=True)
-    if sorted(store) != list(range(layers)):
+    if sorted(store) != list(range(wanted[-1] + 1)):
         raise InvalidArgumentError(
-            f"captured queries of layers {sorted(store)}, expected 0..{layers - 1}: the model "
+            f"captured queries of layers {sorted(store)}, expected 0..{wanted[-1]}: the model "
             "does not dispatch attention through transformers' AttentionInterface"
         )
     stored: Any = cache.layers  # full-attention layers: each holds its keys and values
-    own_k = torch.stack([stored[i].keys[0, :, -window:] for i in range(layers)])
-    own_v = torch.stack([stored[i].values[0, :, -window:] for i in range(layers)])
-    return WindowPass(torch.stack([store[i] for i in range(layers)]), own_k, own_v)
+    own_k = torch.stack([stored[i].keys[0, :, -window:] for i in wanted])
+    own_v = torch.stack([stored[i].values[0, :, -window:] for i in wanted])
+    return WindowPass(torch.stack([store[i] for i in wanted]), own_k, own_v)
 
 
 _load_lock = threading.Lock()
@@ -219,11 +248,13 @@ def pass_for_context(
     token_ids: Sequence[int],
     *,
     lm_head: bool = False,
+    layers: Sequence[int] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> WindowPass:
     """The tokens ``token_ids`` (a question) run through the model in ``model_dir`` after a
     context whose stored KV is ``keys``/``values`` ``[L, H, N, D]`` (RoPE applied), at positions
-    ``N ..``: their queries and own keys/values (:func:`pass_after_prefix`), in the KV's dtype
-    and device."""
+    ``N ..``: their queries and own keys/values (:func:`pass_after_prefix`, of ``layers`` only
+    when given), in ``dtype`` (default: the KV's) on the KV's device."""
     if keys.dim() != 4 or keys.shape != values.shape:
         raise InvalidArgumentError(
             f"keys and values must be equal [L, H, N, D], got {tuple(keys.shape)} and "
@@ -231,11 +262,11 @@ def pass_for_context(
         )
     if not token_ids:
         raise InvalidArgumentError("a pass after the context needs at least one token id")
-    model = window_model(model_dir, keys.dtype, keys.device)
+    model = window_model(model_dir, dtype or keys.dtype, keys.device)
     _check_geometry(model, model_dir, keys)
     ids = torch.tensor([list(token_ids)], dtype=torch.long)
     with _run_lock:  # as queries_for_context: one capture at a time on the shared model
-        return pass_after_prefix(model, keys, values, ids, lm_head=lm_head)
+        return pass_after_prefix(model, keys, values, ids, lm_head=lm_head, layers=layers)
 
 
 def _check_geometry(model: Any, model_dir: str, keys: torch.Tensor) -> None:

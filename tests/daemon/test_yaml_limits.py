@@ -55,3 +55,20 @@ def test_characters_yaml_refuses_are_a_config_error():
     was guarded, and ApplyPolicy answered INTERNAL."""
     with pytest.raises(errors.ConfigError, match="not valid YAML"):
         parse_policy("placer: lru\ndescription: \x94\n", "p.yaml")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """YAML's loaders keep a repeated key's last value silently: a policy or config that says a
+    setting twice lost the first without a word."""
+    with pytest.raises(
+        errors.ConfigError, match=r"p.yaml:3: placer: duplicate key \(first at line 1\)"
+    ):
+        parse_policy("placer: lru\nname: x\nplacer: evicpress\n", "p.yaml")
+    with pytest.raises(errors.ConfigError, match=r"p.yaml:4: profiling.min_queries: duplicate key"):
+        parse_policy(
+            "placer: evicpress\nprofiling:\n  min_queries: 1\n  min_queries: 2\n", "p.yaml"
+        )
+    config = tmp_path / "kvtierd.yaml"
+    config.write_text("lease_s: 5.0\nlease_s: 6.0\n")
+    with pytest.raises(errors.ConfigError, match=f"{config}:2: lease_s: duplicate key"):
+        load_daemon_config(config)

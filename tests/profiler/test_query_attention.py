@@ -267,7 +267,7 @@ def test_layer_stride_reads_every_kth_layer_of_the_same_errors() -> None:
     strided = QueryAttentionEvaluator(calibrate=False, layer_stride=2).errors(
         kv, GRID, probes, FORM
     )
-    assert QueryAttentionEvaluator().layer_stride == 3  # the default (RESULTS.md, issue 26)
+    assert QueryAttentionEvaluator().layer_stride == 5  # the default (RESULTS.md, issue 26)
     for v in GRID:
         assert strided[v].shape[0] == math.ceil(L / 2)
         assert torch.allclose(strided[v], every[v][::2], atol=1e-6, rtol=0), v
@@ -311,3 +311,48 @@ def structured_real_kv(tiny_llama_dir: Path, g: torch.Generator) -> tuple[torch.
     keys = torch.stack([layer.keys[0] for layer in cache.layers])
     values = torch.stack([layer.values[0] for layer in cache.layers])
     return keys.contiguous(), values.contiguous()
+
+
+def test_question_pass_of_some_layers_stops_after_the_last(tiny_llama_dir: Path) -> None:
+    """``layers``: the same queries and own K/V as the whole pass's rows of those layers, and
+    the layers after the last asked are never run; the evaluator's strided probes score as
+    the whole pass's read at the same stride."""
+    from kvtierd.profiler.window_queries import pass_for_context, window_model
+
+    g = torch.Generator().manual_seed(5)
+    model_dir = str(tiny_llama_dir)
+    keys, values = structured_real_kv(tiny_llama_dir, g)
+    count = int(keys.shape[0])
+    assert count >= 2  # a layer after the last asked one
+    rows = sorted({0, count - 2})
+    ids = torch.randint(3, 200, (9,), generator=g).tolist()
+    whole = pass_for_context(model_dir, keys, values, ids)
+    model = window_model(model_dir, torch.float32, torch.device("cpu"))
+    ran: list[int] = []
+    hooks = [layer.register_forward_pre_hook(lambda m, a, i=i: ran.append(i))
+             for i, layer in enumerate(model.model.layers)]  # fmt: skip
+    try:
+        some = pass_for_context(model_dir, keys, values, ids, layers=rows)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == list(range(count - 1))  # the last layer never ran
+    assert torch.equal(some.queries, whole.queries[rows])
+    assert torch.equal(some.keys, whole.keys[rows]) and torch.equal(some.values, whole.values[rows])
+    for bad in ([], [1, 0], [0, 0], [count]):
+        with pytest.raises(InvalidArgumentError, match="layers must be"):
+            pass_for_context(model_dir, keys, values, ids, layers=bad)
+
+    ev = QueryAttentionEvaluator(model_dir, calibrate=False, layer_stride=2,
+                                 question_dtype="float32")  # fmt: skip
+    kv = ContextKV(keys, values)
+    strided = ev.question_probes(kv, ids)
+    assert strided.layer_stride == 2 and strided.queries.shape[0] == math.ceil(count / 2)
+    names = ["knorm@0.5", "keydiff@0.3", "int4"]
+    every = Probes(whole.queries, whole.keys, whole.values)
+    assert ev.raw_scores(kv, names, strided, StoredForm()) == ev.raw_scores(
+        kv, names, every, StoredForm()
+    )
+    with pytest.raises(InvalidArgumentError, match="cannot be read at stride"):
+        QueryAttentionEvaluator(model_dir, layer_stride=3).raw_scores(kv, names, strided,
+                                                                      StoredForm())  # fmt: skip
