@@ -1,0 +1,127 @@
+"""The statistics of bench_e2e's headline (issue 30): intervals, the trace's ceiling, ratios.
+
+* :func:`bootstrap` — a 95% percentile-bootstrap interval of a request statistic (mean, p50,
+  p90 TTFT; accuracy; similarity) over one run's requests: requests resampled with
+  replacement, the statistic of each resample, the 2.5th and 97.5th percentiles of those.
+* :func:`ceiling` — the best any policy could do on one trace: a context's first request in
+  the run (warm-up included) is a miss at the measured miss time for its length (the mean of
+  every system's misses of that length), every other request a hit at the fastest measured
+  hit time for its length (the lowest of the systems' median hit TTFT at that length). Each
+  system then reads as a share of what was possible (``ceiling / its mean``).
+* :func:`across_seeds` — a ratio measured on several seeds (one trace each): its mean with a
+  95% Student-t interval over the seeds. The headline is that interval, not one run's point.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+STATISTICS = ("mean", "p50", "p90")
+"""What :func:`bootstrap` computes: the mean, or a percentile (nearest rank, as bench_e2e)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A point estimate and its 95% interval (``nan`` bounds: no interval, e.g. one seed)."""
+
+    point: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        if math.isnan(self.low):
+            return f"{self.point:.3f}"
+        return f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def _statistic(x: np.ndarray[Any, Any], stat: str) -> np.ndarray[Any, Any]:
+    """``stat`` of each row of ``x``."""
+    if stat == "mean":
+        return np.asarray(x.mean(axis=-1))
+    return np.asarray(np.percentile(x, float(stat[1:]), axis=-1, method="nearest"))
+
+
+def bootstrap(
+    xs: Sequence[float], stat: str = "mean", *, resamples: int = 2000, seed: int = 0
+) -> Interval:
+    """``stat`` of ``xs`` with its 95% percentile-bootstrap interval (module docstring)."""
+    if stat not in STATISTICS:
+        raise ValueError(f"stat must be one of {', '.join(STATISTICS)}, got {stat!r}")
+    if not xs:
+        raise ValueError("a bootstrap needs at least one value, got none")
+    if resamples < 100:
+        raise ValueError(f"resamples must be >= 100 for a 95% interval, got {resamples}")
+    x = np.asarray(xs, dtype=np.float64)
+    if not np.isfinite(x).all():
+        raise ValueError("every value must be finite (a failed request has no TTFT)")
+    rng = np.random.default_rng(seed)
+    drawn = x[rng.integers(0, len(x), size=(resamples, len(x)))]
+    low, high = np.percentile(_statistic(drawn, stat), [2.5, 97.5])
+    return Interval(float(_statistic(x, stat)), float(low), float(high))
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One timed request as the ceiling reads it: its context, the context's length class
+    (tokens), bench_e2e's class of it (``Outcome.kind``: miss, hit, variant, unknown) and
+    its TTFT."""
+
+    context: int
+    length: int
+    kind: str
+    ttft_s: float
+
+
+def ceiling(runs: Mapping[str, Sequence[Timed]], warmed: Collection[int] = ()) -> float:
+    """Mean TTFT of the best any policy could do on the trace the systems of ``runs`` served
+    (the same requests in the same order); ``warmed``: contexts asked in the warm-up, whose
+    first request is behind them (module docstring)."""
+    if not runs:
+        raise ValueError("the ceiling needs at least one system's requests")
+    trace = next(iter(runs.values()))
+    order = [(r.context, r.length) for r in trace]
+    for name, reqs in runs.items():
+        if [(r.context, r.length) for r in reqs] != order:
+            raise ValueError(f"system {name!r} served another trace: the ceiling compares one")
+    lengths = sorted({r.length for r in trace})
+    miss_s, hit_s = {}, {}
+    for length in lengths:
+        misses = [r.ttft_s for reqs in runs.values() for r in reqs
+                  if r.length == length and r.kind == "miss"]  # fmt: skip
+        hits = [[r.ttft_s for r in reqs if r.length == length and r.kind == "hit"]
+                for reqs in runs.values()]  # fmt: skip
+        medians = [statistics.median(h) for h in hits if h]
+        if not misses or not medians:
+            raise ValueError(f"no {'miss' if not misses else 'hit'} of a {length}-token context "
+                             "was measured: run a system that misses (prefill) and one that "
+                             "hits")  # fmt: skip
+        miss_s[length], hit_s[length] = statistics.fmean(misses), min(medians)
+    seen = set(warmed)
+    total = 0.0
+    for context, length in order:
+        total += hit_s[length] if context in seen else miss_s[length]
+        seen.add(context)
+    return total / len(order)
+
+
+def across_seeds(values: Sequence[float]) -> Interval:
+    """The mean of one value per seed with its 95% Student-t interval (``nan`` bounds with
+    one seed)."""
+    if not values:
+        raise ValueError("across_seeds needs at least one seed's value, got none")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"every seed's value must be finite, got {list(values)}")
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return Interval(mean, math.nan, math.nan)
+    from scipy import stats
+
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values)
+    half /= math.sqrt(len(values))
+    return Interval(mean, mean - half, mean + half)
