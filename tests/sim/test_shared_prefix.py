@@ -5,6 +5,7 @@ token; prefill 0.1 s + 1 ms per token; the cpu tier 0.05 s + 1 s per 320,000 B).
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -131,3 +132,25 @@ def test_synthetic_workload_with_a_system_prompt() -> None:
 
 def shared_config(base: WorkloadConfig, tokens: int) -> WorkloadConfig:
     return replace(base, shared_prefix_tokens=tokens)
+
+
+def test_kvtierd_sim_run_takes_a_system_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtierd.sim.cli import main
+    from tests.sim.test_cli import TINY
+
+    assert main(["run", *TINY, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["run", *TINY, "--system-prompt-tokens", "4096", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert plain["config"]["system_prompt_tokens"] == 0
+    assert doc["config"]["system_prompt_tokens"] == 4096
+    (run,) = doc["runs"]
+    assert run["hit_rate"]["shared_prefix_cached"] > 0.9
+    assert sum(v for k, v in run["hit_rate"].items() if k != "shared_prefix_cached") == (
+        pytest.approx(1.0)
+    )  # every request one class: a tier, prefix, recompute or miss
+    assert "shared_prefix_cached" not in plain["runs"][0]["hit_rate"]
+    assert main(["run", *TINY, "--system-prompt-tokens", "-1"]) == 2
+    assert "--system-prompt-tokens must be >= 0, got -1" in capsys.readouterr().err
+    assert main(["run", *TINY, "--system-prompt-tokens", "200000"]) == 5
+    assert "shared_prefix_tokens must be in [0, 130072]" in capsys.readouterr().err
