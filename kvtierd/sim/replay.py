@@ -24,9 +24,12 @@ context) is modelled as one more context, :data:`PREFIX_ID`, that every request 
 its own: offered to the same placer (as the original only: what compressing a shared segment
 means for the contexts after it is not modelled), with every request counted towards its
 frequency (so under the oracle its expected requests are all of them), placed, moved and
-dropped like any context. Each request first uses the prefix (a lookup; not cached: prefilled
-and offered again), then its own context, whose variants hold only its own tokens. A context's
-KV is usable only behind its prefix's, as LMCache's lookup stops at the first chunk it lacks:
+dropped like any context: its profile prices only its own prefill when dropped, as the placers
+know nothing of a context's prefix (the precedence of issue 29 item 1 is theirs to add; the
+replay below already counts what losing the prefix costs the contexts after it). Each request
+first uses the prefix (a lookup; not cached: prefilled and offered again), then its own
+context, whose variants hold only its own tokens. A context's KV is usable only behind its
+prefix's, as LMCache's lookup stops at the first chunk it lacks:
 
 * prefix not cached: the whole prompt is prefilled (``miss``), its own context counted as not
   loaded even when it is cached (and offered to the placer again only when it is not);
@@ -142,7 +145,7 @@ class SimulationResult:
         }
 
     def served_as(self) -> list[str]:
-        """Per request: the tier it loaded from, ``recompute`` or ``miss``."""
+        """Per request: the tier it loaded from, ``recompute``, ``miss`` or ``prefix``."""
         names = {MISS: "miss", RECOMPUTED: "recompute", PREFIX: "prefix",
                  **dict(enumerate(self.tiers))}  # fmt: skip
         return [names[int(s)] for s in self.served]
