@@ -15,14 +15,22 @@ with vLLM-CPU's own prefix cache off, so that every reuse goes through the syste
   ``answer`` evaluator, frequencies learned from the traffic (never given).
 
 Tiers are sized from the workload: the CPU tier (LMCache's CPU backend) holds ``--cpu-share`` of
-all contexts' original KV, the SSD tier (LMCache's disk backend) ``--ssd-share``. Every system
+all contexts' original KV, the SSD tier (LMCache's disk backend) ``--ssd-share`` (a shared system
+prompt's whole chunks counted once: they are stored once). Every system
 first sees each context once (its main question, one at a time: stores the KV, and lets
 EvicPress profile), then the timed workload (``e2e_workload.py``: Zipf contexts, Azure-trace
 arrivals) is sent open-loop. TTFT is taken at the client. Quality: accuracy (the answer holds
 the facts) and MiniLM similarity to the ``prefill`` system's answer to the same request.
 
+``--system-prompt-tokens N`` (issue 29; default 0: none, the prompts exactly as before) puts the
+same ``N``-token system prompt before every document (``system_prompt.py``): every prompt starts
+with the same ``N`` tokens, so the contexts share a prefix as real serving's do. ``N`` a multiple
+of ``--chunk`` makes it whole LMCache chunks. Prompts must fit vLLM's ``max_model_len``
+(:data:`MAX_MODEL_LEN`) with their answer: a larger ``N`` is refused, naming the limit.
+
 Writes ``--out`` (``benchmarks/out/e2e``): ``<system>.json`` per system (resumable: a system
-whose file exists is not run again), ``summary.md`` and ``frontier.png`` (mean TTFT against
+whose file exists is not run again; one of another ``--system-prompt-tokens`` is refused; each
+records ``system_prompt_tokens``), ``summary.md`` and ``frontier.png`` (mean TTFT against
 quality, the paper's Fig. 7, from measurements).
 
 When profiles run (issue 26): for a kvtierd system the daemon's profile runs (wall-clock start
@@ -49,6 +57,8 @@ from benchmarks.common import REPO, machine
 from benchmarks.e2e_workload import (
     Outcome,
     Prompt,
+    check_fits,
+    distinct_context_tokens,
     make_contexts,
     make_requests,
     prompts,
@@ -56,6 +66,9 @@ from benchmarks.e2e_workload import (
     trace_gaps,
 )
 from benchmarks.quality_tasks import accuracy
+
+MAX_MODEL_LEN = 8192
+"""vLLM's ``max_model_len`` for every system (SmolLM2-135M's own context is 8,192 tokens)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +126,7 @@ def run_system(
                                      policy_file=str(policy))  # fmt: skip
     config = StackConfig(
         model=model, work_dir=work, daemon_config=daemon_config, backend=system.backend,
-        chunk_size=args.chunk, max_model_len=8192, kv_cache_gib=1, prefix_caching=False,
+        chunk_size=args.chunk, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1, prefix_caching=False,
         vllm_port=0, router_port=0,
         lmcache_cpu_gb=sizes["cpu"] / 1e9, lmcache_disk_gb=sizes["ssd"] / 1e9,
         daemon_log_level=args.daemon_log_level,
@@ -159,7 +172,8 @@ def run_system(
             after_holds = _stored_bytes(work)
             daemon_view = _daemon_view(stack.socket_path)
         runs = _profile_runs(stack.socket_path) if kvtierd else []
-    return {"system": asdict(system), "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
+    return {"system": asdict(system), "system_prompt_tokens": args.system_prompt_tokens,
+            "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
             "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
             "timed_start_unix_s": timed_start_unix, "warmup": warm_sent,
@@ -331,8 +345,11 @@ def _profile_due(status: Any) -> bool:
     return not status.trusted and status.next_num_queries >= status.min_queries
 
 
-def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> dict[str, Any]:
-    """Per system: TTFT mean/p50/p90, throughput, accuracy, similarity to prefill's answers."""
+def summarise(
+    results: dict[str, dict[str, Any]], table: list[list[Prompt]], shared_tokens: int = 0
+) -> dict[str, Any]:
+    """Per system: TTFT mean/p50/p90, throughput, accuracy, similarity to prefill's answers
+    (``shared_tokens``: whole chunks of a system prompt every prompt starts with)."""
     from kvtierd.profiler.embedder import MiniLmEmbedder
 
     embedder = MiniLmEmbedder()
@@ -350,18 +367,21 @@ def summarise(results: dict[str, dict[str, Any]], table: list[list[Prompt]]) -> 
             "ttft_p90_s": _pct(ttft, 90), "rps": len(ok) / res["wall_s"],
             "accuracy": statistics.fmean(accs), "similarity": statistics.fmean(sims),
             "from_variant": sum(bool(o.served_from) for o in ok),
-            "classes": _classes(ok, res.get("prefill_model")),
+            "classes": _classes(ok, res.get("prefill_model"), shared_tokens),
             "profiles": profile_schedule(res),
         }  # fmt: skip
     return rows
 
 
-def _classes(outs: list[Outcome], model: dict[str, Any] | None) -> dict[str, dict[str, float]]:
-    """Measured TTFT per request class (miss, hit, variant); for misses also the daemon's
-    prediction at the end of the run (``overhead + computed tokens / rate``), when it has one."""
+def _classes(
+    outs: list[Outcome], model: dict[str, Any] | None, shared_tokens: int = 0
+) -> dict[str, dict[str, float]]:
+    """Measured TTFT per request class (miss, prefix: only a shared system prompt loaded, hit,
+    variant; :meth:`Outcome.kind_behind`); for misses also the daemon's prediction at the end
+    of the run (``overhead + computed tokens / rate``), when it has one."""
     out: dict[str, dict[str, float]] = {}
-    for kind in ("miss", "hit", "variant", "unknown"):
-        these = [o for o in outs if o.kind == kind]
+    for kind in ("miss", "prefix", "hit", "variant", "unknown"):
+        these = [o for o in outs if o.kind_behind(shared_tokens) == kind]
         if not these:
             continue
         row = {"n": len(these), "measured_s": statistics.fmean(o.ttft_s for o in these)}
@@ -409,7 +429,8 @@ def reductions(rows: dict[str, dict[str, Any]], tolerance: float = 0.03) -> list
 def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"{machine()}; {args.contexts} contexts ({args.lengths} tokens), {args.requests} "
              f"requests at {args.qps} QPS (Azure trace gaps), Zipf s={args.zipf}, CPU tier "
-             f"{args.cpu_share:.0%} and SSD {args.ssd_share:.0%} of all original KV\n",
+             f"{args.cpu_share:.0%} and SSD {args.ssd_share:.0%} of all original KV"
+             f"{_system_note(args.system_prompt_tokens)}\n",
              "| system | TTFT mean | p50 | p90 | req/s | accuracy | similarity | from a variant "
              "| errors |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in rows.items():
@@ -446,6 +467,10 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
               "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
               "|---|---|---|---|", *reductions(rows)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _system_note(tokens: int) -> str:
+    return f"; a shared {tokens}-token system prompt before every document" if tokens else ""
 
 
 def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
@@ -512,6 +537,30 @@ def workload_args(p: argparse.ArgumentParser) -> None:
         help="the EvicPress daemons' profiling.max_share (docs/profiler.md)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the same N-token system prompt before every document (issue 29: contexts that "
+        "share a prefix; a multiple of --chunk makes it whole chunks, e.g. 1024); 0: none",
+    )
+
+
+def shared_tokens(args: argparse.Namespace) -> int:
+    """The system prompt's tokens every context shares as stored KV: its whole chunks."""
+    return int(args.system_prompt_tokens) // args.chunk * args.chunk
+
+
+def _same_system_prompt(path: Path, tokens: int) -> None:
+    """Refuse to resume from a system's result of another ``--system-prompt-tokens`` (one from
+    before the option had none: 0)."""
+    if not path.exists():
+        return
+    had = json.loads(path.read_text()).get("system_prompt_tokens", 0)
+    if had != tokens:
+        raise SystemExit(f"error: {path} was measured with --system-prompt-tokens {had}, not "
+                         f"{tokens}: give another --out (or remove it)")  # fmt: skip
 
 
 def main() -> None:
@@ -532,11 +581,17 @@ def main() -> None:
     model = fetch_model(log=print)
     tokenizer = AutoTokenizer.from_pretrained(model)
     contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
-    table = prompts(tokenizer, contexts, args.chunk)
+    try:
+        table = prompts(tokenizer, contexts, args.chunk, args.system_prompt_tokens)
+        check_fits(table, max_model_len=MAX_MODEL_LEN, max_tokens=args.max_tokens,
+                   system_tokens=args.system_prompt_tokens)  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
     requests = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
                              seed=args.seed, gaps=trace_gaps())  # fmt: skip
     per_token = kv_bytes_per_token(model)
-    total = per_token * sum(row[0].context_tokens for row in table)
+    shared = shared_tokens(args)
+    total = per_token * distinct_context_tokens(table, shared)
     # LMCache's CPU backend stages every load and store: below two of the largest prompts' KV
     # it waits forever for an eviction candidate (seen with 7 MB); every system gets the floor
     largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
@@ -554,13 +609,14 @@ def main() -> None:
     results = {}
     for name in chosen:
         path = args.out / f"{name}.json"
+        _same_system_prompt(path, args.system_prompt_tokens)
         if not path.exists():
             print(f"== {name}", flush=True)
             result = run_system(every[name], args, model, table=table, requests=requests,
                                 sizes=sizes)  # fmt: skip
             path.write_text(json.dumps(result))
         results[name] = json.loads(path.read_text())
-    rows = summarise(results, table)
+    rows = summarise(results, table, shared)
     text = report(rows, args)
     (args.out / "summary.md").write_text(text)
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))

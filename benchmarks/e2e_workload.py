@@ -9,6 +9,10 @@ et al. ISCA 2024): its inter-arrival gaps in order from a seeded start, scaled s
 rate is ``qps`` — the trace has no prompt text or context identity, so only its burstiness is
 used (how requests map to contexts is the Zipf choice above; DESIGN.md §4 asks to say so).
 
+With ``--system-prompt-tokens N`` (``system_prompt.py``) every prompt starts with the same
+``N``-token system prompt and then the document as before: the contexts then share a prefix,
+as real serving's do (issue 29). ``N = 0`` (default) leaves every prompt exactly as it was.
+
 The **client** sends each request at its arrival time (open loop: a slow system queues, as a
 real one would), streamed, as token ids (the chat template applied here, so every system sees
 the same prompt), and records the time to the first generated text (TTFT, at the client), the
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.quality_tasks import TASKS, Case, make_case, split_prompt
+from benchmarks.system_prompt import system_prompt
 
 # Kept in the repository with its attribution (data/README.md): a clone anywhere reads it.
 TRACE = Path(__file__).resolve().parent / "data" / "AzureLLMInferenceTrace_conv.csv"
@@ -61,16 +66,50 @@ def make_contexts(tokenizer: Any, n: int, lengths: list[int], seed: int = 0) -> 
     return out
 
 
-def prompts(tokenizer: Any, contexts: list[Case], chunk_tokens: int) -> list[list[Prompt]]:
-    """Per context, per question: the prompt ids, the context length and the answers."""
+def prompts(
+    tokenizer: Any, contexts: list[Case], chunk_tokens: int, system_tokens: int = 0
+) -> list[list[Prompt]]:
+    """Per context, per question: the prompt ids, the context length and the answers; with
+    ``system_tokens`` > 0 every prompt starts with the same system prompt of that many tokens
+    (``system_prompt.py``; ``ValueError`` for a count it cannot make), the context counting it."""
+    system = system_prompt(tokenizer, system_tokens)
     table = []
     for case in contexts:
         row = []
         for question, answers in case.questions:
-            split = split_prompt(tokenizer, case, chunk_tokens, question)
+            text = system.text if system else ""
+            split = split_prompt(tokenizer, case, chunk_tokens, question, system=text)
+            if system and split.ids[:system_tokens] != system.ids:  # never a silent mismatch
+                raise ValueError(f"{case.name}: its prompt does not start with the "
+                                 f"{system_tokens}-token system prompt")  # fmt: skip
             row.append(Prompt(split.ids, split.context_tokens, answers))
         table.append(row)
     return table
+
+
+def check_fits(
+    table: list[list[Prompt]], *, max_model_len: int, max_tokens: int, system_tokens: int
+) -> None:
+    """Raise ``ValueError`` unless every prompt and its ``max_tokens`` answer fit vLLM's
+    ``max_model_len`` (naming the limit, the longest prompt and the largest system prompt that
+    would fit)."""
+    longest = max(len(p.ids) for row in table for p in row)
+    if longest + max_tokens <= max_model_len:
+        return
+    room = max_model_len - max_tokens - (longest - system_tokens)
+    raise ValueError(
+        f"the longest prompt is {longest} tokens ({system_tokens} of system prompt) and its "
+        f"answer up to {max_tokens}: more than the {max_model_len} tokens of max_model_len "
+        f"bench_e2e serves the model with; at these --lengths the system prompt can be at "
+        f"most {max(room, 0)} tokens (--system-prompt-tokens), or use shorter --lengths"
+    )
+
+
+def distinct_context_tokens(table: list[list[Prompt]], shared_tokens: int) -> int:
+    """Tokens of KV the contexts hold between them: each context's, less the ``shared_tokens``
+    every context starts with (whole chunks of a system prompt), which are stored once."""
+    own = sum(row[0].context_tokens - shared_tokens for row in table)
+    return own + shared_tokens
 
 
 def trace_gaps(path: Path = TRACE) -> list[float]:
@@ -129,6 +168,19 @@ class Outcome:
         if self.cached_tokens < 0:
             return "unknown"
         return "miss" if self.cached_tokens <= 0.25 * self.prompt_tokens else "hit"
+
+    def kind_behind(self, shared_tokens: int) -> str:
+        """:attr:`kind` in a workload whose prompts start with ``shared_tokens`` of a shared
+        system prompt (its whole chunks): ``miss`` when vLLM did not load all of those,
+        ``prefix`` when it loaded them and at most a quarter of the rest (the document
+        prefilled), else ``hit``. With no shared tokens, :attr:`kind`."""
+        kind = self.kind
+        if shared_tokens == 0 or kind in ("variant", "unknown"):
+            return kind
+        if self.cached_tokens < shared_tokens:
+            return "miss"
+        own = self.cached_tokens - shared_tokens
+        return "prefix" if own <= 0.25 * (self.prompt_tokens - shared_tokens) else "hit"
 
 
 async def run_requests(

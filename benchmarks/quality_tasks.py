@@ -106,15 +106,18 @@ def accuracy(case: Case, answer: str) -> float:
 
 
 def split_prompt(
-    tokenizer: Any, case: Case, chunk_tokens: int = CHUNK_TOKENS, question: str = ""
-) -> PromptSplit:
-    """The chat prompt's ids (the case's question, or ``question``) and the context length
-    (through the document, whole chunks)."""
+    tokenizer: Any, case: Case, chunk_tokens: int = CHUNK_TOKENS, question: str = "",
+    system: str = "",
+) -> PromptSplit:  # fmt: skip
+    """The chat prompt's ids (the case's question, or ``question``; after a system message
+    ``system`` when given, else the template's default) and the context length (through the
+    document, whole chunks)."""
 
     def chat(content: str) -> list[int]:
-        out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
-        )
+        messages = [{"role": "user", "content": content}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     full = chat(f"{case.document}\n\n{question or case.question}")

@@ -8,7 +8,10 @@ that workload: the contexts (their token counts, through the tokenizer), the war
 context's first questions, one at a time), the timed requests (Zipf context, question, Azure-trace
 arrival) and the tier capacities (those a measured kvtierd system's daemon ran with, else
 bench_e2e's rule), and writes it as ``<out>/workload.json`` in ``kvtierd sim
-predict``'s format. Per context, the quality of each variant is bench_quality's measured
+predict``'s format. With ``--system-prompt-tokens N`` the contexts count the system prompt and
+the file says ``shared_prefix_tokens`` (its whole chunks, the KV every context shares), which
+the simulator serves as one more context every request needs (``kvtierd/sim/replay.py``).
+Per context, the quality of each variant is bench_quality's measured
 similarity (``--quality cases.jsonl``: the same case, else the mean of its task and length),
 else the calibration's.
 
@@ -40,10 +43,12 @@ from typing import Any
 import yaml
 
 from benchmarks.bench_e2e import (
+    MAX_MODEL_LEN,
     _first_asks,
     _pct,
     kv_bytes_per_token,
     reductions,
+    shared_tokens,
     systems,
     workload_args,
 )
@@ -56,7 +61,15 @@ from benchmarks.e2e_calibration import (
     measured_hits,
     prefill_samples,
 )
-from benchmarks.e2e_workload import Prompt, make_contexts, make_requests, prompts, trace_gaps
+from benchmarks.e2e_workload import (
+    Prompt,
+    check_fits,
+    distinct_context_tokens,
+    make_contexts,
+    make_requests,
+    prompts,
+    trace_gaps,
+)
 from kvtierd.config import parse_size
 from kvtierd.errors import KvtierError
 from kvtierd.policies.loader import parse_policy
@@ -100,7 +113,12 @@ def case_qualities(path: Path | None) -> dict[str, dict[str, float]]:
 def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dict[str, Any]:
     """bench_e2e's workload as ``kvtierd sim predict`` reads it (module docstring)."""
     contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
-    table = prompts(tokenizer, contexts, args.chunk)
+    try:
+        table = prompts(tokenizer, contexts, args.chunk, args.system_prompt_tokens)
+        check_fits(table, max_model_len=MAX_MODEL_LEN, max_tokens=0,
+                   system_tokens=args.system_prompt_tokens)  # fmt: skip
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from e
     timed = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
                           seed=args.seed, gaps=trace_gaps())  # fmt: skip
     quality = case_qualities(args.quality)
@@ -122,17 +140,20 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
                          "query_tokens": len(p.ids) - p.context_tokens})  # fmt: skip
     sizes = measured_sizes(args.out) or tier_sizes(table, kv_bytes_per_token(model), args)
     tiers = [{"name": name, "capacity_bytes": size} for name, size in sizes.items()]
-    return {"model": model_preset(model), "tiers": tiers, "contexts": ctx_rows,
-            "requests": requests}  # fmt: skip
+    doc = {"model": model_preset(model), "tiers": tiers, "contexts": ctx_rows,
+           "requests": requests}  # fmt: skip
+    if shared := shared_tokens(args):  # absent without one: the file as before the option
+        doc["shared_prefix_tokens"] = shared
+    return doc
 
 
 def tier_sizes(
     table: list[list[Prompt]], per_token: int, args: argparse.Namespace
 ) -> dict[str, int]:
     """The tier capacities bench_e2e gives a run of these arguments: shares of all contexts'
-    original KV, the CPU tier at least two of the largest prompts' KV (bench_e2e's ``main``;
-    keep the two alike)."""
-    total = per_token * sum(row[0].context_tokens for row in table)
+    original KV (a shared system prompt's counted once), the CPU tier at least two of the
+    largest prompts' KV (bench_e2e's ``main``; keep the two alike)."""
+    total = per_token * distinct_context_tokens(table, shared_tokens(args))
     largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
     return {"cpu": max(int(total * args.cpu_share), 2 * largest),
             "ssd": int(total * args.ssd_share)}  # fmt: skip
@@ -188,7 +209,8 @@ def compare(
     classes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for t, m, s in pairs:
         classes[s].append((t, m))
-    loaded = sum(s not in ("miss", "recompute") for _, _, s in pairs)
+    # a hit loads its whole context, as measured_hits counts (``prefix``: the system prompt only)
+    loaded = sum(s not in ("miss", "recompute", "prefix") for _, _, s in pairs)
     logged = None if hits is None else sum(hits.get(i, False) for i in outs)
     return {
         "requests": len(pairs),

@@ -139,6 +139,7 @@ def config_summary(cfg: SimulationConfig) -> dict[str, Any]:
         "arrival": wl.arrival,
         "trace": wl.trace_path,
         "seed": wl.seed,
+        "system_prompt_tokens": wl.shared_prefix_tokens,
         "variants": len(cfg.variants.names()),
         "tiers": [
             {

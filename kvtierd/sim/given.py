@@ -14,6 +14,11 @@ Requests are in time order; ``measured: false`` marks warm-up requests (they fil
 count as accesses but are not predicted). A context's ``quality`` (optional) holds its measured
 quality per variant; the calibration's ``quality`` covers the others, and a variant with neither
 is not offered for that context. The oracle frequency of a context is its number of requests.
+
+``shared_prefix_tokens`` (optional, default 0) says that the first that many tokens of every
+context are one shared prefix (a system prompt before every document; ``tokens`` count it): the
+replay serves it as one more context every request needs (:mod:`kvtierd.sim.replay`), and a
+context's variants hold only its own tokens after it.
 """
 
 from __future__ import annotations
@@ -94,6 +99,10 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
     tiers = doc["tiers"]
     if not isinstance(tiers, list) or not all(isinstance(t, dict) and "name" in t for t in tiers):
         raise _fail(source, "tiers", "expected a list of {name, capacity_bytes}, fastest first")
+    shared = doc.get("shared_prefix_tokens", 0)
+    if isinstance(shared, bool) or not (isinstance(shared, int) and 0 <= shared < min(tokens)):
+        raise _fail(source, "shared_prefix_tokens", f"expected an integer in [0, {min(tokens)}) "
+                    f"(below every context's tokens), got {shared!r}")  # fmt: skip
     req_ctx = np.array([r["context"] for r in reqs], dtype=np.int64)
     counts = np.bincount(req_ctx, minlength=len(tokens)).astype(np.float64)
     measured = np.array([bool(r.get("measured", True)) for r in reqs])
@@ -106,6 +115,7 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
         request_context=req_ctx,
         query_tokens=np.array([int(r["query_tokens"]) for r in reqs], dtype=np.int64),
         measured=measured,
+        shared_prefix_tokens=shared,
     )
     return GivenWorkload(
         workload=wl,
@@ -161,7 +171,7 @@ def calibrated_prepare(given: GivenWorkload, cal: Calibration, variants: Sequenc
     restore cost (a measured tier overhead includes it), the calibration's prefill line."""
     wl = given.workload
     names = tuple(dict.fromkeys([ORIGINAL_VARIANT, *variants]))
-    tokens = wl.context_tokens.astype(np.float64)
+    tokens = wl.own_tokens.astype(np.float64)  # a shared prefix is its own context
     n, v = tokens.size, len(names)
     size, kept, quality = np.empty((n, v)), np.empty((n, v)), np.full((n, v), np.nan)
     for j, name in enumerate(names):

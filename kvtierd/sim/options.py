@@ -5,9 +5,10 @@
   ``prefill``, ``fixed:knorm@0.5``); what EvicPress knows of frequencies (``--frequency``);
   whether a load slower than prefill is recomputed (``--no-recompute`` turns that off).
 * The **synthetic workload** (``run``, ``sweep``, ``report``): contexts drawn from the paper's
-  datasets, Zipf popularity, Poisson arrivals or a CSV trace's timestamps, the paper's tiers
-  (§6.1: DRAM 20 GB/s, SSD 2 GB/s, unbounded remote 1 GB/s) with capacities from ``--dram`` and
-  ``--ssd``. ``predict`` takes a workload file and a calibration instead (:mod:`.predict`).
+  datasets (after a shared system prompt of ``--system-prompt-tokens``), Zipf popularity,
+  Poisson arrivals or a CSV trace's timestamps, the paper's tiers (§6.1: DRAM 20 GB/s, SSD
+  2 GB/s, unbounded remote 1 GB/s) with capacities from ``--dram`` and ``--ssd``. ``predict``
+  takes a workload file and a calibration instead (:mod:`.predict`).
 """
 
 from __future__ import annotations
@@ -82,6 +83,14 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests", type=int, default=20000, help="requests (default 20000)")
     g.add_argument("--zipf", type=float, default=0.8, help="Zipf exponent of popularity")
     g.add_argument("--qps", type=float, default=5.4, help="Poisson arrival rate without --trace")
+    g.add_argument(
+        "--system-prompt-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the same N-token system prompt before every context, a context every request "
+        "needs (default 0: none)",
+    )
     g.add_argument("--dram", default="80GB", help="DRAM tier capacity (default 80GB)")
     g.add_argument("--ssd", default="800GB", help="SSD tier capacity (default 800GB)")
 
@@ -188,6 +197,10 @@ def _workload(args: argparse.Namespace) -> WorkloadConfig:
         (args.qps, "--qps"),
     ):
         positive(value, flag)
+    if args.system_prompt_tokens < 0:
+        raise CliError(
+            ExitCode.USAGE, f"--system-prompt-tokens must be >= 0, got {args.system_prompt_tokens}"
+        )
     if args.trace and not Path(args.trace).is_file():
         raise CliError(ExitCode.INVALID, f"trace {args.trace}: no such file")
     return WorkloadConfig(
@@ -199,6 +212,7 @@ def _workload(args: argparse.Namespace) -> WorkloadConfig:
         qps=args.qps,
         trace_path=args.trace,
         seed=args.seed,
+        shared_prefix_tokens=args.system_prompt_tokens,
     )
 
 

@@ -58,7 +58,8 @@ class Prediction:
         }
 
     def by_class(self) -> dict[str, dict[str, float]]:
-        """Per class of request (a tier, ``recompute``, ``miss``): count and mean TTFTs."""
+        """Per class of request (a tier, ``recompute``, ``miss``, ``prefix``): count and mean
+        TTFTs."""
         served = self.result.served_as()
         out = {}
         for name, count in Counter(served).items():

@@ -19,6 +19,25 @@ the context is inserted, plus the hits the placer counts itself; ``oracle`` give
 context's true expected number of requests over the whole workload (the upper bound the
 paper's profiler assumes).
 
+**A shared prefix** (``Workload.shared_prefix_tokens`` > 0: one system prompt before every
+context) is modelled as one more context, :data:`PREFIX_ID`, that every request needs before
+its own: offered to the same placer (as the original only: what compressing a shared segment
+means for the contexts after it is not modelled), with every request counted towards its
+frequency (so under the oracle its expected requests are all of them), placed, moved and
+dropped like any context: its profile prices only its own prefill when dropped, as the placers
+know nothing of a context's prefix (the precedence of issue 29 item 1 is theirs to add; the
+replay below already counts what losing the prefix costs the contexts after it). Each request
+first uses the prefix (a lookup; not cached: prefilled and offered again), then its own
+context, whose variants hold only its own tokens. A context's KV is usable only behind its
+prefix's, as LMCache's lookup stops at the first chunk it lacks:
+
+* prefix not cached: the whole prompt is prefilled (``miss``), its own context counted as not
+  loaded even when it is cached (and offered to the placer again only when it is not);
+* prefix cached, own context not: TTFT = the prefix's load + prefill of the own tokens and
+  the query after the prefix's (``prefix``, quality 1.0);
+* both cached: TTFT = both loads (one tier overhead when they share a tier) + prefill of the
+  query; quality = the own context's variant's. Slower than recomputing: ``recompute``.
+
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
 prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
@@ -37,7 +56,7 @@ from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
-from kvtierd.types import ContextProfile, TierModel, VariantProfile
+from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, TierModel, VariantProfile
 from kvtierd.utility import load_seconds
 
 GB = 1e9
@@ -54,7 +73,12 @@ FREQUENCIES = ("online", "oracle")
 
 MISS = -1
 RECOMPUTED = -2
-"""Codes of :attr:`SimulationResult.served` besides tier indices."""
+PREFIX = -3
+"""Codes of :attr:`SimulationResult.served` besides tier indices (:data:`PREFIX`: only the
+shared prefix loaded, the own context prefilled)."""
+
+PREFIX_ID = "shared-prefix"
+"""The placer's id of a workload's shared prefix (the contexts are ``c0``, ``c1``, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +114,10 @@ class SimulationConfig:
 @dataclass(frozen=True, slots=True, eq=False)
 class SimulationResult:
     """Measured requests only, in arrival order. Per request: ``service_s`` (unloaded TTFT),
-    ``arrival_s``, ``quality`` and ``served`` (tier index, :data:`MISS` or
-    :data:`RECOMPUTED`); ``tiers`` names the tier indices."""
+    ``arrival_s``, ``quality`` and ``served`` (tier index, :data:`MISS`, :data:`RECOMPUTED`
+    or :data:`PREFIX`); ``tiers`` names the tier indices. With a shared prefix ``hit_rate``
+    also has ``prefix`` (only the prefix loaded) and ``shared_prefix_cached`` (the share of
+    requests that found the prefix cached, whatever became of their own context)."""
 
     placer: str
     alpha: float
@@ -119,20 +145,23 @@ class SimulationResult:
         }
 
     def served_as(self) -> list[str]:
-        """Per request: the tier it loaded from, ``recompute`` or ``miss``."""
-        names = {MISS: "miss", RECOMPUTED: "recompute", **dict(enumerate(self.tiers))}
+        """Per request: the tier it loaded from, ``recompute``, ``miss`` or ``prefix``."""
+        names = {MISS: "miss", RECOMPUTED: "recompute", PREFIX: "prefix",
+                 **dict(enumerate(self.tiers))}  # fmt: skip
         return [names[int(s)] for s in self.served]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Prepared:
     """A workload with its variants, profiles and prefill model, shared by every placer of a
-    sweep. ``profiles[i].frequency`` is context ``i``'s true expected number of requests."""
+    sweep. ``profiles[i].frequency`` is context ``i``'s true expected number of requests;
+    ``prefix`` is the shared prefix's profile (``None``: the workload has none)."""
 
     workload: Workload
     variants: VariantTable
     profiles: tuple[ContextProfile, ...]
     prefill: PrefillModel
+    prefix: ContextProfile | None = None
 
 
 def prepare(cfg: SimulationConfig) -> Prepared:
@@ -143,9 +172,10 @@ def prepare(cfg: SimulationConfig) -> Prepared:
 
 
 def prepared(wl: Workload, vt: VariantTable, prefill: PrefillModel) -> Prepared:
-    """Profiles of ``wl``'s contexts from their variants and prefill times."""
-    tokens = wl.context_tokens.astype(np.float64)
-    full = prefill.seconds(tokens, np.zeros_like(tokens))
+    """Profiles of ``wl``'s contexts from their variants and prefill times (a context's own
+    tokens after its shared prefix's, when the workload has one), and the prefix's."""
+    tokens = wl.own_tokens.astype(np.float64)
+    full = prefill.seconds(tokens, np.full_like(tokens, wl.shared_prefix_tokens))
     expected_hits = wl.popularity * wl.arrival_s.size
     profiles = []
     for i in range(tokens.size):
@@ -157,17 +187,30 @@ def prepared(wl: Workload, vt: VariantTable, prefill: PrefillModel) -> Prepared:
             if np.isfinite(vt.quality[i, j])
         )
         profiles.append(ContextProfile(f"c{i}", variants, float(expected_hits[i]), float(full[i])))
-    return Prepared(wl, vt, tuple(profiles), prefill)
+    return Prepared(wl, vt, tuple(profiles), prefill, _prefix_profile(wl, prefill))
+
+
+def _prefix_profile(wl: Workload, prefill: PrefillModel) -> ContextProfile | None:
+    """The shared prefix as a context every request needs (module docstring), kept whole."""
+    n = wl.shared_prefix_tokens
+    if n == 0:
+        return None
+    size = n * wl.model.kv_bytes_per_token
+    seconds = float(prefill.seconds(np.array([float(n)]), np.zeros(1))[0])
+    original = VariantProfile(ORIGINAL_VARIANT, size, 1.0, 0.0)
+    return ContextProfile(PREFIX_ID, (original,), float(wl.arrival_s.size), seconds)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Replay:
     """What a replay leaves: the placer (final placements) and, per request, the tier index
-    it was served from (:data:`MISS`: prefilled) and the variant index."""
+    its own context was served from (:data:`MISS`: prefilled), the variant index, and the tier
+    index its shared prefix was found in (:data:`MISS`: not cached, or no prefix)."""
 
     placer: Placer
     tier_hit: IntArray
     variant: IntArray
+    prefix_hit: IntArray
 
 
 def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
@@ -180,63 +223,110 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     seen = FrequencyTracker(cfg.half_life_s) if cfg.frequency == "online" else None
     m = wl.arrival_s.size
     tier_hit = np.full(m, MISS, dtype=np.int64)
+    prefix_hit = np.full(m, MISS, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
-        profile = prep.profiles[c]
-        cid = profile.context_id
-        if seen is not None:
-            seen.record(cid, now)
-            profile = replace(profile, frequency=seen.frequency(cid, now))
-        try:
-            where = placer.placement(cid)
-        except KeyError:
-            placer.insert(profile)
-            continue
-        if where.tier is None:
-            placer.insert(profile)  # prefilled, so stored again
-            continue
-        tier_hit[k] = tier_of[where.tier]
-        variant[k] = var_of[where.variant]
-        placer.access(cid, now)
-    return Replay(placer, tier_hit, variant)
+        profile = _counted(seen, prep.profiles[c], now)
+        if prep.prefix is not None:
+            shared = _use(placer, _counted(seen, prep.prefix, now), now)
+            if shared is None:  # all prefilled: the own context is stored again if it is not
+                _store(placer, profile)
+                continue
+            prefix_hit[k] = tier_of[shared.tier]
+        where = _use(placer, profile, now)
+        if where is not None:
+            tier_hit[k] = tier_of[where.tier]
+            variant[k] = var_of[where.variant]
+    return Replay(placer, tier_hit, variant, prefix_hit)
+
+
+def _counted(seen: FrequencyTracker | None, profile: ContextProfile, now: float) -> ContextProfile:
+    """``profile`` with this request counted towards its online frequency (``seen``; ``None``:
+    the oracle's, as prepared)."""
+    if seen is None:
+        return profile
+    seen.record(profile.context_id, now)
+    return replace(profile, frequency=seen.frequency(profile.context_id, now))
+
+
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    """Where a request found a context: its tier and variant."""
+
+    tier: str
+    variant: str
+
+
+def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
+    """Where a request loads ``profile``'s context from (an access), or ``None``: not cached
+    (first use, evicted or dropped), so prefilled and offered to the placer again."""
+    try:
+        where = placer.placement(profile.context_id)
+    except KeyError:
+        placer.insert(profile)
+        return None
+    if where.tier is None:
+        placer.insert(profile)  # prefilled, so stored again
+        return None
+    placer.access(profile.context_id, now)
+    return _Cached(where.tier, where.variant)
+
+
+def _store(placer: Placer, profile: ContextProfile) -> None:
+    """A prefilled context's KV arrives: offered to the placer unless it is cached already
+    (LMCache stores only the chunks it lacks)."""
+    try:
+        cached = placer.placement(profile.context_id).tier is not None
+    except KeyError:
+        cached = False
+    if not cached:
+        placer.insert(profile)
 
 
 def run_simulation(cfg: SimulationConfig, prepared: Prepared | None = None) -> SimulationResult:
     """Replay the workload's requests through ``cfg.placer`` and measure every request."""
     prep = prepared or prepare(cfg)
     done = replay(cfg, prep)
-    return _measure(cfg, prep, done.tier_hit, done.variant)
+    return _measure(cfg, prep, done)
 
 
-def _measure(
-    cfg: SimulationConfig, prep: Prepared, tier_hit: IntArray, variant: IntArray
-) -> SimulationResult:
+def _measure(cfg: SimulationConfig, prep: Prepared, done: Replay) -> SimulationResult:
     wl, vt = prep.workload, prep.variants
     ctx = wl.request_context
     query = wl.query_tokens.astype(np.float64)
     tokens = wl.context_tokens[ctx].astype(np.float64)
     service = prep.prefill.seconds(tokens + query, np.zeros_like(query))
     quality = np.ones(ctx.size)
-    served = tier_hit.copy()
-    hit = np.flatnonzero(tier_hit >= 0)
-    c, v, t = ctx[hit], variant[hit], tier_hit[hit]
+    served = done.tier_hit.copy()
     bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])
     overhead = np.array([tier.load_overhead_s for tier in cfg.tiers])
+    shared = float(wl.shared_prefix_tokens)
+    prefix_bytes = shared * wl.model.kv_bytes_per_token
+    hit = np.flatnonzero(done.tier_hit >= 0)
+    c, v, t = ctx[hit], done.variant[hit], done.tier_hit[hit]
     load = load_seconds(vt.size_bytes[c, v], vt.restore_s[c, v], bw[t], overhead[t])
-    loaded = load + prep.prefill.seconds(query[hit], vt.kept_tokens[c, v])
+    if shared:  # the prefix's load too; its tier's overhead once when both share a tier
+        pt = done.prefix_hit[hit]
+        load = load + prefix_bytes / bw[pt] + np.where(pt == t, 0.0, overhead[pt])
+    loaded = load + prep.prefill.seconds(query[hit], vt.kept_tokens[c, v] + shared)
     if cfg.recompute_slower_loads:
         slower = loaded > service[hit]
         served[hit[slower]] = RECOMPUTED
         hit, loaded, c, v = hit[~slower], loaded[~slower], c[~slower], v[~slower]
     service[hit] = loaded
     quality[hit] = vt.quality[c, v]
+    if shared:
+        _prefix_only(cfg, prep, done, service, served)
     keep = wl.measured
     s, q, th = service[keep], quality[keep], served[keep]
     rates = {tier.name: float(np.mean(th == i)) for i, tier in enumerate(cfg.tiers)}
     rates["recompute"] = float(np.mean(th == RECOMPUTED))
     rates["miss"] = float(np.mean(th == MISS))
+    if shared:
+        rates["prefix"] = float(np.mean(th == PREFIX))
+        rates["shared_prefix_cached"] = float(np.mean(done.prefix_hit[keep] >= 0))
     return SimulationResult(
         placer=cfg.label,
         alpha=cfg.alpha,
@@ -251,3 +341,26 @@ def _measure(
         served=th,
         tiers=tuple(t.name for t in cfg.tiers),
     )
+
+
+def _prefix_only(
+    cfg: SimulationConfig, prep: Prepared, done: Replay, service: FloatArray, served: IntArray
+) -> None:
+    """The requests that found only the shared prefix cached: its load, then the prefill of
+    their own tokens and query after it (``service`` holds their full prefill, which wins
+    when it is faster and ``recompute_slower_loads``); updates ``service`` and ``served``."""
+    wl = prep.workload
+    only = np.flatnonzero((done.tier_hit == MISS) & (done.prefix_hit >= 0))
+    pt = done.prefix_hit[only]
+    bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])[pt]
+    overhead = np.array([tier.load_overhead_s for tier in cfg.tiers])[pt]
+    shared = float(wl.shared_prefix_tokens)
+    own = wl.own_tokens[wl.request_context[only]].astype(np.float64)
+    new = own + wl.query_tokens[only].astype(np.float64)
+    size = np.full_like(new, shared * wl.model.kv_bytes_per_token)
+    load = load_seconds(size, np.zeros_like(new), bw, overhead)
+    loaded = load + prep.prefill.seconds(new, np.full_like(new, shared))
+    slower = loaded > service[only] if cfg.recompute_slower_loads else np.zeros(only.size, bool)
+    served[only[slower]] = RECOMPUTED
+    served[only[~slower]] = PREFIX
+    service[only[~slower]] = loaded[~slower]

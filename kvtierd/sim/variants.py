@@ -135,7 +135,8 @@ def make_variants(
     sigma = np.clip(median * rng.lognormal(0.0, spread, n), 0.0, 1.0)
     mult = {m: METHOD_MEDIAN[m] * rng.lognormal(0.0, 0.25, n) for m in space.methods}
     names = space.names()
-    tokens = workload.context_tokens.astype(np.float64)
+    # a context's variants are of its own KV: a shared prefix's is stored (and priced) once
+    tokens = workload.own_tokens.astype(np.float64)
     model = workload.model
     size = np.empty((n, len(names)))
     qual = np.empty((n, len(names)))

@@ -10,7 +10,12 @@ Modelling choices (the trace has no context identities, DATA README):
   over a random permutation of contexts (popularity independent of length and dataset);
 * arrivals: Poisson at ``qps``, bursty (Poisson rate modulated by an on/off process), or the
   timestamps of a CSV trace (Azure LLM inference / BurstGPT: timestamp, input, output tokens);
-* query length: lognormal with median ``query_tokens_median`` (GPT-generated QA questions, §6.1).
+* query length: lognormal with median ``query_tokens_median`` (GPT-generated QA questions, §6.1);
+* shared prefix (``shared_prefix_tokens``, default 0: none): the same system prompt of that many
+  tokens before every context, so every request needs its KV as well as its own context's
+  (how the replay serves it: :mod:`kvtierd.sim.replay`). Contexts are drawn as without one
+  (clipped to the model's context less the prefix) and the prefix put in front of each:
+  ``context_tokens`` count it, ``own_tokens`` do not.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class WorkloadConfig:
     trace_path: str = ""
     query_tokens_median: float = 64.0
     seed: int = 0
+    shared_prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -114,6 +120,8 @@ class Workload:
     ``measured[k]`` is False for a warm-up request: it fills the cache but is not counted.
     ``context_dataset`` names each context's dataset (its compression sensitivity), ``""``
     for a context whose variant qualities were measured instead (:mod:`kvtierd.sim.given`).
+    ``shared_prefix_tokens``: the first that many tokens of every context are one shared
+    prefix (a system prompt; 0: none), counted in ``context_tokens``.
     """
 
     model: ModelPreset
@@ -124,6 +132,23 @@ class Workload:
     request_context: IntArray
     query_tokens: IntArray
     measured: BoolArray
+    shared_prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        p = self.shared_prefix_tokens
+        shortest = int(self.context_tokens.min()) if self.context_tokens.size else 0
+        if p < 0 or (p > 0 and p >= shortest):
+            raise InvalidArgumentError(
+                f"shared_prefix_tokens must be >= 0 and below every context's tokens (the "
+                f"shortest has {shortest}: each context holds tokens of its own after the "
+                f"prefix), got {p}"
+            )
+
+    @property
+    def own_tokens(self) -> IntArray:
+        """Each context's tokens after the shared prefix: what only it holds."""
+        out: IntArray = self.context_tokens - self.shared_prefix_tokens
+        return out
 
 
 def _preset(table: MappingProxyType[str, _T], name: str, what: str) -> _T:
@@ -142,7 +167,15 @@ def make_workload(cfg: WorkloadConfig, warmup_fraction: float = 0.2) -> Workload
     ds = [sets[i % len(sets)] for i in range(cfg.n_contexts)]
     mean = np.array([d.length_mean for d in ds])
     std = np.array([d.length_std for d in ds])
-    tokens = np.clip(rng.normal(mean, std), 1000, model.max_context_tokens).astype(np.int64)
+    prefix = cfg.shared_prefix_tokens
+    if not 0 <= prefix <= model.max_context_tokens - 1000:
+        raise InvalidArgumentError(
+            f"shared_prefix_tokens must be in [0, {model.max_context_tokens - 1000}] for "
+            f"{model.name} (its {model.max_context_tokens} tokens of context, less the "
+            f"shortest document's 1,000), got {prefix}"
+        )
+    longest = model.max_context_tokens - prefix
+    tokens = np.clip(rng.normal(mean, std), 1000, longest).astype(np.int64) + prefix
     ranks = rng.permutation(cfg.n_contexts) + 1
     pop = 1.0 / ranks.astype(np.float64) ** cfg.zipf_s
     pop /= pop.sum()
@@ -152,7 +185,7 @@ def make_workload(cfg: WorkloadConfig, warmup_fraction: float = 0.2) -> Workload
     query = np.maximum(8, rng.lognormal(math.log(cfg.query_tokens_median), 0.6, m)).astype(np.int64)
     measured = np.arange(m) >= int(warmup_fraction * m)
     names = tuple(d.name for d in ds)
-    return Workload(model, tokens, names, pop, arrival, req_ctx, query, measured)
+    return Workload(model, tokens, names, pop, arrival, req_ctx, query, measured, prefix)
 
 
 def _arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> FloatArray:

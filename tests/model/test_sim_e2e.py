@@ -35,7 +35,7 @@ def test_rebuilt_workload_predicted_and_compared(
     args = argparse.Namespace(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0,
                               seed=0, chunk=256, cpu_share=0.1, ssd_share=0.4,
                               quality=None, out=tmp_path / "e2e",
-                              warmup_questions=3)  # fmt: skip
+                              warmup_questions=3, system_prompt_tokens=0)  # fmt: skip
     quality = tmp_path / "cases.jsonl"
     row = {"case": "x", "task": "niah_single", "length": 1024,
            "results": {"knorm@0.5": {"similarity": 0.8}}}  # fmt: skip
@@ -159,3 +159,33 @@ def test_sim_e2e_without_a_measurement_says_what_to_run(tmp_path: Path) -> None:
     assert "run bench_e2e first (at least --systems prefill lru), or give --calibration" in (
         done.stderr
     )
+
+
+def test_a_shared_system_prompt_in_the_rebuilt_workload(
+    tokenizer: Any, real_model: Path, tmp_path: Path
+) -> None:
+    """``--system-prompt-tokens 1024``: the contexts count it, the file says the 1,024 tokens
+    every context shares, the tiers count them once; the simulator then has every request
+    find the prefix cached after the warm-up, and prefill longer prompts."""
+    base = dict(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0, seed=0, chunk=256,
+                cpu_share=0.1, ssd_share=0.4, quality=None, out=tmp_path / "e2e",
+                warmup_questions=1)  # fmt: skip
+    plain = build_workload(argparse.Namespace(**base, system_prompt_tokens=0), tokenizer,
+                           real_model)  # fmt: skip
+    shared = build_workload(argparse.Namespace(**base, system_prompt_tokens=1024), tokenizer,
+                            real_model)  # fmt: skip
+    assert "shared_prefix_tokens" not in plain and shared["shared_prefix_tokens"] == 1024
+    for a, b in zip(plain["contexts"], shared["contexts"], strict=True):
+        assert b["tokens"] - 1024 in (a["tokens"], a["tokens"] - 256, a["tokens"] + 256)
+    own = sum(c["tokens"] - 1024 for c in shared["contexts"])
+    assert shared["tiers"][1]["capacity_bytes"] == int(23040 * (own + 1024) * 0.4)
+    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
+    every = systems([2.0], [], real_model, ["knorm"], [1.0, 0.5])
+    lru, _ = placer_for("lru", every["lru"].policy)
+    prefill, _ = placer_for("prefill", None)
+    with_prefix = predict(lru, parse_workload(shared, "w.json"), cal).result.hit_rate
+    without = predict(lru, parse_workload(plain, "w.json"), cal).result.hit_rate
+    assert with_prefix["shared_prefix_cached"] == 1.0 and "shared_prefix_cached" not in without
+    slow = predict(prefill, parse_workload(shared, "w.json"), cal).result.service_s
+    fast = predict(prefill, parse_workload(plain, "w.json"), cal).result.service_s
+    assert (slow > fast).all()  # 1,024 more tokens to prefill in every prompt
