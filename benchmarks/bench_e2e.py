@@ -98,11 +98,22 @@ def systems(
     return {s.name: s for s in out}
 
 
-def kv_bytes_per_token(model: Path) -> int:
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def kv_bytes_per_token(model: Path, dtype: str | None = None) -> int:
+    """Bytes of one token's K and V as vLLM keeps them: in ``dtype``, by default the one the
+    stack picks for a cached system on this CPU (``cpu_dtype.choose_dtype``: float32 on an AMX
+    CPU, where sizing the tiers for bf16 gave them half the share asked for)."""
+    from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags
+
+    dtype = dtype or choose_dtype(cpu_flags(), connector=True).dtype
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     cfg = json.loads((model / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     layers, heads = int(cfg["num_hidden_layers"]), int(cfg["num_key_value_heads"])
-    return 2 * layers * heads * int(head_dim) * 2  # K and V, bf16
+    return 2 * layers * heads * int(head_dim) * DTYPE_BYTES[dtype]  # K and V
 
 
 def run_system(

@@ -149,3 +149,19 @@ def test_a_request_that_loaded_only_the_system_prompt_is_told_apart() -> None:
     assert out(1900, served="ctx").kind_behind(1024) == "variant"
     assert out(-1).kind_behind(1024) == "unknown"
     assert [out(c).kind_behind(0) for c in (0, 600, 1900)] == ["miss", "hit", "hit"]
+
+
+def test_tiers_are_sized_in_the_dtype_vllm_keeps_kv_in(tmp_path: Path) -> None:
+    """float32 KV (what the stack serves on an AMX CPU) takes twice bf16's bytes: sizing the
+    tiers for bf16 gave them half the share asked for."""
+    import json
+
+    from benchmarks.bench_e2e import kv_bytes_per_token
+
+    cfg = {"hidden_size": 576, "num_attention_heads": 9, "num_hidden_layers": 30,
+           "num_key_value_heads": 3}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert kv_bytes_per_token(tmp_path, "bfloat16") == 2 * 30 * 3 * 64 * 2
+    assert kv_bytes_per_token(tmp_path, "float32") == 2 * kv_bytes_per_token(tmp_path, "bfloat16")
+    with pytest.raises(ValueError, match="unknown KV dtype 'int3'"):
+        kv_bytes_per_token(tmp_path, "int3")

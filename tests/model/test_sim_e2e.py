@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_e2e import systems
+from benchmarks.bench_e2e import kv_bytes_per_token, systems
 from benchmarks.e2e_workload import make_contexts, make_requests, trace_gaps
 from benchmarks.sim_e2e import build_workload, compare, placer_for
 from kvtierd.sim.calibration import load_calibration
@@ -66,12 +66,13 @@ def test_rebuilt_workload_predicted_and_compared(
     assert doc["model"]["kv_heads"] == 3 and doc["model"]["layers"] == 30
     # no measurement in --out: bench_e2e's rule, the CPU tier at least two largest prompts' KV
     largest = max(c["tokens"] for c in doc["contexts"]) + 64
+    per_token = kv_bytes_per_token(real_model)  # in the dtype the stack serves in on this CPU
     total = sum(c["tokens"] for c in doc["contexts"])
-    assert [t["capacity_bytes"] for t in doc["tiers"]] == [2 * 23040 * largest,
-                                                           int(23040 * total * 0.4)]  # fmt: skip
+    capacities = [t["capacity_bytes"] for t in doc["tiers"]]
+    assert capacities == [2 * per_token * largest, int(per_token * total * 0.4)]
 
     given = parse_workload(doc, "w.json")
-    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
+    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", per_token)
     grid = ["knorm", "keydiff", "int8", "int4", "keydiff+int8"]
     every = systems([2.0], ["knorm@0.5"], real_model, grid, [1.0, 0.75, 0.5, 0.25])
     cfg, grid = placer_for("fixed-knorm@0.5", every["fixed-knorm@0.5"].policy)
@@ -178,8 +179,9 @@ def test_a_shared_system_prompt_in_the_rebuilt_workload(
     for a, b in zip(plain["contexts"], shared["contexts"], strict=True):
         assert b["tokens"] - 1024 in (a["tokens"], a["tokens"] - 256, a["tokens"] + 256)
     own = sum(c["tokens"] - 1024 for c in shared["contexts"])
-    assert shared["tiers"][1]["capacity_bytes"] == int(23040 * (own + 1024) * 0.4)
-    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", 23040)
+    per_token = kv_bytes_per_token(real_model)
+    assert shared["tiers"][1]["capacity_bytes"] == int(per_token * (own + 1024) * 0.4)
+    cal = load_calibration(REPO / "configs/sim/smollm2-vllm-cpu.yaml", per_token)
     every = systems([2.0], [], real_model, ["knorm"], [1.0, 0.5])
     lru, _ = placer_for("lru", every["lru"].policy)
     prefill, _ = placer_for("prefill", None)
