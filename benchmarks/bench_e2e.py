@@ -49,16 +49,18 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import REPO, machine
+from benchmarks.e2e_stats import STATISTICS, Interval, Timed, bootstrap, ceiling
 from benchmarks.e2e_workload import (
     Outcome,
     Prompt,
     check_fits,
     distinct_context_tokens,
+    length_class,
     make_contexts,
     make_requests,
     prompts,
@@ -357,15 +359,19 @@ def _profile_due(status: Any) -> bool:
 
 
 def summarise(
-    results: dict[str, dict[str, Any]], table: list[list[Prompt]], shared_tokens: int = 0
-) -> dict[str, Any]:
+    results: dict[str, dict[str, Any]], table: list[list[Prompt]], shared_tokens: int = 0,
+    lengths: list[int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Per system: TTFT mean/p50/p90, throughput, accuracy, similarity to prefill's answers
-    (``shared_tokens``: whole chunks of a system prompt every prompt starts with)."""
+    (``shared_tokens``: whole chunks of a system prompt every prompt starts with), each with
+    its 95% bootstrap interval over the requests (``intervals``); with the run's ``lengths``,
+    the trace's ceiling (``e2e_stats.ceiling``) and each system's share of it."""
     from kvtierd.profiler.embedder import MiniLmEmbedder
 
     embedder = MiniLmEmbedder()
     reference = {o["index"]: o["answer"] for o in results["prefill"]["outcomes"]}
     rows = {}
+    timed: dict[str, list[Timed]] = {}
     for name, res in results.items():
         outs = [Outcome(**o) for o in res["outcomes"]]
         ok = [o for o in outs if not o.error]
@@ -380,7 +386,19 @@ def summarise(
             "from_variant": sum(bool(o.served_from) for o in ok),
             "classes": _classes(ok, res.get("prefill_model"), shared_tokens),
             "profiles": profile_schedule(res),
+            "intervals": {
+                **{f"ttft_{s}_s": astuple(bootstrap(ttft, s)) for s in STATISTICS},
+                "accuracy": astuple(bootstrap(accs)), "similarity": astuple(bootstrap(sims)),
+            },
         }  # fmt: skip
+        if lengths and len(ok) == len(outs):  # the ceiling compares whole traces
+            timed[name] = [Timed(o.context, length_class(o.context, lengths),
+                                 o.kind_behind(shared_tokens), o.ttft_s) for o in outs]  # fmt: skip
+    if timed:
+        warmed = {w["context"] for res in results.values() for w in res.get("warmup", [])}
+        best = ceiling(timed, warmed)
+        for row in rows.values():
+            row["ceiling_s"], row["share_of_ceiling"] = best, best / row["ttft_mean_s"]
     return rows
 
 
@@ -437,6 +455,27 @@ def reductions(rows: dict[str, dict[str, Any]], tolerance: float = 0.03) -> list
     return lines
 
 
+def _interval_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The same figures with their 95% bootstrap intervals over requests, and each system's
+    share of the trace's ceiling (``e2e_stats``), for rows that have them."""
+    have = {k: r for k, r in rows.items() if "intervals" in r}
+    if not have:
+        return []
+    ceil = next((r["ceiling_s"] for r in have.values() if "ceiling_s" in r), None)
+    head = ("\nWith 95% bootstrap intervals over the requests"
+            + (f"; the trace's ceiling (first requests at the measured miss time, the rest at "
+               f"the fastest measured hit time for their length): {ceil:.3f} s" if ceil else "")
+            + ":\n")  # fmt: skip
+    lines = [head, "| system | TTFT mean | p50 | p90 | accuracy | similarity | share of ceiling |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in have.items():
+        cells = [str(Interval(*r["intervals"][k])) for k in
+                 ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "accuracy", "similarity")]  # fmt: skip
+        share = f"{r['share_of_ceiling']:.2f}" if "share_of_ceiling" in r else "-"
+        lines.append(f"| {name} | {' | '.join(cells)} | {share} |")
+    return lines
+
+
 def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"{machine()}; {args.contexts} contexts ({args.lengths} tokens), {args.requests} "
              f"requests at {args.qps} QPS (Azure trace gaps), Zipf s={args.zipf}, CPU tier "
@@ -448,6 +487,7 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         lines.append(f"| {name} | {r['ttft_mean_s']:.3f} | {r['ttft_p50_s']:.3f} | "
                      f"{r['ttft_p90_s']:.3f} | {r['rps']:.2f} | {r['accuracy']:.3f} | "
                      f"{r['similarity']:.3f} | {r['from_variant']} | {r['errors']} |")  # fmt: skip
+    lines += _interval_lines(rows)
     lines += [
         "\nTTFT per request class (measured mean; for misses the daemon's predicted "
         "mean, from the prefill speed it learned from the router's reports):\n",
@@ -627,7 +667,7 @@ def main() -> None:
                                 sizes=sizes)  # fmt: skip
             path.write_text(json.dumps(result))
         results[name] = json.loads(path.read_text())
-    rows = summarise(results, table, shared)
+    rows = summarise(results, table, shared, args.lengths)
     text = report(rows, args)
     (args.out / "summary.md").write_text(text)
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))

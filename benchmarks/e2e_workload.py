@@ -56,13 +56,17 @@ class Prompt:
     answers: tuple[str, ...]
 
 
+def length_class(context: int, lengths: list[int]) -> int:
+    """The length (tokens) :func:`make_contexts` asked for context ``context``."""
+    return lengths[(context // len(TASKS)) % len(lengths)]
+
+
 def make_contexts(tokenizer: Any, n: int, lengths: list[int], seed: int = 0) -> list[Case]:
     """``n`` documents, tasks and lengths interleaved so that every length has every task."""
     out = []
     for i in range(n):
         task = TASKS[i % len(TASKS)]
-        length = lengths[(i // len(TASKS)) % len(lengths)]
-        out.append(make_case(tokenizer, task, length, 1000 * seed + i))
+        out.append(make_case(tokenizer, task, length_class(i, lengths), 1000 * seed + i))
     return out
 
 
