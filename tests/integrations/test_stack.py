@@ -325,3 +325,46 @@ def get_json_ok(url: str) -> bool:
 
     with urllib.request.urlopen(url, timeout=10) as r:
         return bool(r.status == 200)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_a_part_stops_when_the_stack_is_killed_outright(tmp_path: Path) -> None:
+    """A stack killed with SIGKILL (or by the OOM killer) runs no clean-up: its parts must
+    stop on their own, not keep their ports and memory."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import signal, subprocess, sys, time\n"
+         "from kvtierd.integrations.stack import stopped_with_parent\n"
+         # a caller that ignores SIGTERM: its children inherit that through exec
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "child = subprocess.Popen(stopped_with_parent([sys.executable, '-c', "
+         "'import time; time.sleep(120)']), start_new_session=True)\n"
+         "print(child.pid, flush=True)\n"
+         "time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        time.sleep(0.5)  # the child has exec'd its command
+        with open(f"/proc/{child}/cmdline", "rb") as f:
+            assert b"time.sleep(120)" in f.read()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.1)
+        assert not _alive(child), "the part outlived its stack"
+    finally:
+        parent.kill()
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not a zombie awaiting its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
