@@ -269,6 +269,7 @@ class Engine:
             # Found on persistent storage: keep it persistent; one committed durable is
             # protected again until read (the daemon does not know whether it was before).
             index.add(ObjectRecord(meta, tier_name, durable=True, unread=meta.durable), key)
+        index.relink()  # a child found before its parent
         for ctx in index.contexts.values():
             ctx.marker = settled.markers.get(ctx.context_id)
             if ctx.marker is not None:

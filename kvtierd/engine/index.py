@@ -76,6 +76,22 @@ class ContextIndex:
             if kid is not None:
                 kid.parent, kid.after_key = "", ""
 
+    def relink(self) -> None:
+        """Link every root context whose objects name a parent that is held now (at start,
+        objects are found in no particular order), unless the link would make a cycle (damaged
+        files) or the parent is another tenant's."""
+        for ctx in self.contexts.values():
+            if ctx.parent:
+                continue
+            named = next((p for k in ctx.keys
+                          if (p := self.objects[k].meta.parent_context_id)), "")  # fmt: skip
+            parent = self.contexts.get(named)
+            if parent is None or parent.tenant != ctx.tenant:
+                continue
+            above = [named, *self.ancestors(parent)]
+            if ctx.context_id not in above and len(above) <= MAX_DEPTH:
+                self.set_parent(ctx, named)
+
     def set_parent(self, ctx: ContextRecord, parent: str, after_key: str = "") -> None:
         """Link ``ctx`` below ``parent`` (``""``: make it a root), after the parent's chunk
         ``after_key`` (``""``: its last). The caller has checked the link (segments.py)."""

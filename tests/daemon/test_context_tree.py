@@ -28,12 +28,14 @@ def client(daemon):
         yield c
 
 
-def put_prompt(client: KVClient, keys: list[str], after: str = "") -> pb.WriteAdvice:
+def put_prompt(
+    client: KVClient, keys: list[str], after: str = "", durable: bool = False
+) -> pb.WriteAdvice:
     """What the LMCache plugin does for one put: ask which context the chunks join (from the
     chunk before the first one), then store them there."""
     advice = client.advise(keys[0], len(keys) * 256, len(keys) * CHUNK.size, after_key=after)
     for key in keys:
-        client.put(key, CHUNK, context_id=advice.context_id,
+        client.put(key, CHUNK, context_id=advice.context_id, durable=durable,
                    parent_context_id=advice.parent_context_id)  # fmt: skip
     return advice
 
@@ -125,3 +127,19 @@ def test_another_tenants_context_is_no_parent(start_daemon):
         with pytest.raises(errors.NotFoundError, match="parent context 'b/p0' is not held"):
             b.put("k", CHUNK, context_id="mine", parent_context_id="p0")
         a.put("k", CHUNK, context_id="mine", parent_context_id="p0")  # its own: accepted
+
+
+def test_the_tree_survives_a_restart(daemon):
+    """Each child's objects carry its parent onto the persistent tier. The split of the first
+    request's context is in memory only: after a restart its document rejoins the prefix's
+    context (module docstring of engine/segments.py), and the later branches stay its
+    children."""
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        put_prompt(c, ["s0", "s1", "a0"], durable=True)
+        put_prompt(c, ["b0", "b1"], after="s1", durable=True)
+        put_prompt(c, ["c0"], after="s1", durable=True)
+        assert tree(c) == {"s0": ("", 2), "a0": ("s0", 1), "b0": ("s0", 2), "c0": ("s0", 1)}
+    assert daemon.stop() == 0
+    daemon.start()
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        assert tree(c) == {"s0": ("", 3), "b0": ("s0", 2), "c0": ("s0", 1)}
