@@ -62,7 +62,7 @@ def exact(table: UtilityTable, forest: Forest) -> Assignment:
     return result.assignment
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(100))
 def test_greedy_with_precedence_reaches_98_percent_of_the_exact_optimum(seed: int) -> None:
     rng = np.random.default_rng(seed)
     table, forest = random_tree(rng, int(rng.integers(4, 10)))
@@ -111,14 +111,14 @@ def test_a_dropped_parent_never_leaves_a_cached_child_counted_as_a_hit() -> None
     assert violations(enforce(plain, forest), forest).size == 0
 
 
-def test_subtree_frequency_counts_every_descendant() -> None:
+def test_subtree_frequency_counts_every_descendant_once() -> None:
+    """A parent's frequency is at least its children's together (their requests load it),
+    and a measured parent that already counts them is not counted twice."""
     forest = Forest.of(["a", "b", "c", "d"], {"b": "a", "c": "b", "d": "a"})
-    assert subtree_frequency(np.array([1.0, 2.0, 3.0, 4.0]), forest).tolist() == [
-        10.0,
-        5.0,
-        3.0,
-        4.0,
-    ]
+    freq = subtree_frequency(np.array([1.0, 2.0, 3.0, 4.0]), forest)
+    assert freq.tolist() == [7.0, 3.0, 3.0, 4.0]
+    measured = subtree_frequency(np.array([9.0, 5.0, 3.0, 4.0]), forest)
+    assert measured.tolist() == [9.0, 5.0, 3.0, 4.0]
     assert descendants(forest, 0).tolist() == [1, 3, 2]
     assert descendants(forest, 2).tolist() == []
 
