@@ -307,13 +307,15 @@ class EvicPressPlacer(Placer):
 
     def _orphans(self, cid: str, steps: list[Step]) -> list[Step]:
         """Drop what precedence makes useless (:mod:`kvtierd.policies.precedence`): ``cid``
-        when its parent is not cached, and whatever is cached below a context that is not.
-        Dropping only frees room, so no tier overflows."""
+        when its parent is dropped, and whatever is cached below a context that is dropped.
+        A parent the placer does not know yet (adopted later at start, or held outside its
+        view for its durable objects) drops nothing. Dropping only frees room, so no tier
+        overflows."""
         s = self._state.slots
 
         def cached(key: str) -> bool:
             slot = s.index.get(key)
-            return slot is not None and bool(s.tier[slot] >= 0)
+            return slot is None or bool(s.tier[slot] >= 0)
 
         todo = [st.key for st in steps if st.dst_tier is None or st.dst_tier < 0]
         todo.append(cid)

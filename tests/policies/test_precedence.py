@@ -174,8 +174,14 @@ def test_an_insert_that_pushes_a_parent_out_drops_its_children() -> None:
     assert dropped == {"prefix", "doc"}
 
 
-def test_a_child_whose_parent_is_not_cached_is_not_placed() -> None:
+def test_a_child_whose_parent_is_dropped_is_not_placed() -> None:
+    """A parent the placer does not know yet (the daemon adopts contexts at start in no
+    particular order) does not drop its child; a dropped one does."""
     placer = EvicPressPlacer([TierModel("cpu", 4 * 2**20, 4e9)], PlacerParams(alpha=ALPHA))
     placer.link("doc", "prefix")
+    placer.insert(profile("doc", {"none": (2**20, 1.0)}, frequency=5.0, prefill_s=0.001))
+    assert not placer.placement("doc").dropped
+    placer.insert(profile("prefix", {"none": (8 * 2**20, 1.0)}, frequency=1.0))  # does not fit
+    assert placer.placement("prefix").dropped and placer.placement("doc").dropped
     placer.insert(profile("doc", {"none": (2**20, 1.0)}, frequency=5.0, prefill_s=0.001))
     assert placer.placement("doc").dropped
