@@ -39,6 +39,9 @@ class ObjectMeta:
     tenant: str = ""
     checksum: int = 0
     durable: bool = False
+    # The context this object's context continues (a branch after a shared prefix, issue 29;
+    # "" = a root). Kept with persistent copies, so that the tree survives a restart.
+    parent_context_id: str = ""
 
     @property
     def context(self) -> str:

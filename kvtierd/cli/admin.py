@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtierd.cli.connection import AdminConnection, Target
+from kvtierd.cli.context_tree import as_tree, drawn
 from kvtierd.cli.exit_codes import CliError, ExitCode
 from kvtierd.cli.output import (
     Output,
@@ -159,16 +160,17 @@ def run_contexts_ls(args: argparse.Namespace, out: Output) -> ExitCode:
         out.json([to_dict(c) for c in rows])
         return ExitCode.OK
     out.table(
-        f"{len(rows)} contexts",
+        f"{len(rows)} contexts (a child is drawn under the context it continues)",
         ("context", "variant", "tier", "size", "objects", "hits", "frequency", "idle", "pinned",
          "durable"),
         [
             (
-                c.context_id, c.variant, c.tier or "(dropped)", human_bytes(c.size_bytes),
-                c.objects, c.hits, f"{c.frequency:.3g}", human_seconds(c.last_access_age_s),
-                "pinned" if c.pinned else "", durable_state(c),
+                drawn(depth, c.context_id), c.variant, c.tier or "(dropped)",
+                human_bytes(c.size_bytes), c.objects, c.hits, f"{c.frequency:.3g}",
+                human_seconds(c.last_access_age_s), "pinned" if c.pinned else "",
+                durable_state(c),
             )
-            for c in rows
+            for depth, c in as_tree(rows)
         ],
     )  # fmt: skip
     return ExitCode.OK
@@ -194,8 +196,22 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
             ("pinned", "yes" if s.pinned else "no"),
             ("durable", durable_state(s) or "-"),
             ("why", d.reason or "-"),
+            ("ancestors", " > ".join(d.ancestors) or "- (a root)"),
+            ("children", s.children),
+            ("token dropping", f"refused: {s.token_drop_refused}" if s.token_drop_refused
+             else "allowed"),
         ],
-    )
+    )  # fmt: skip
+    if d.descendants:
+        out.table(
+            "descendants (each under the context it continues)",
+            ("context", "variant", "tier", "size", "frequency"),
+            [
+                (drawn(depth, c.context_id), c.variant, c.tier or "(dropped)",
+                 human_bytes(c.size_bytes), f"{c.frequency:.3g}")
+                for depth, c in as_tree([s, *d.descendants])[1:]
+            ],
+        )  # fmt: skip
     if d.options:
         out.table(
             "utility of each configuration",

@@ -225,10 +225,10 @@ class AsyncKVClient:
         return resp.hold_s
 
     async def advise(
-        self, context_id: str, num_tokens: int = 0, size_bytes: int = 0
+        self, context_id: str, num_tokens: int = 0, size_bytes: int = 0, after_key: str = ""
     ) -> pb.WriteAdvice:
         """The daemon's write advice for ``context_id`` (:meth:`KVClient.advise`)."""
-        request = advise_request(context_id, num_tokens, size_bytes)
+        request = advise_request(context_id, num_tokens, size_bytes, after_key)
         resp: pb.AdviseResponse = await self.call(self.kv.Advise, request)
         return resp.advice[0]
 

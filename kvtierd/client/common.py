@@ -89,9 +89,14 @@ PLAN_RENAMED = (
 placer's list of operations (docs/vocabulary.md)."""
 
 
-def advise_request(context_id: str, num_tokens: int, size_bytes: int) -> pb.AdviseRequest:
-    """The ``KVStore.Advise`` request for one context (docs/daemon.md, "Write advice")."""
-    query = pb.AdviseQuery(context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes)
+def advise_request(
+    context_id: str, num_tokens: int, size_bytes: int, after_key: str = ""
+) -> pb.AdviseRequest:
+    """The ``KVStore.Advise`` request for one context (docs/daemon.md, "Write advice");
+    ``after_key``: the chunk before the put's first one (the context it joins: issue 29)."""
+    query = pb.AdviseQuery(
+        context_id=context_id, num_tokens=num_tokens, size_bytes=size_bytes, after_key=after_key
+    )
     return pb.AdviseRequest(contexts=[query])
 
 
@@ -146,6 +151,7 @@ def spec(
     variant: str,
     layout: str,
     token_count: int,
+    parent_context_id: str = "",
 ) -> pb.ObjectSpec:
     return pb.ObjectSpec(
         key=key,
@@ -156,4 +162,5 @@ def spec(
         shape=list(shape),
         layout=layout,
         token_count=token_count,
+        parent_context_id=parent_context_id,
     )

@@ -131,8 +131,10 @@ class KVClient:
         layout: str = "",
         token_count: int = 0,
         durable: bool = False,
+        parent_context_id: str = "",
     ) -> pb.ObjectInfo:
-        """Store bytes, a numpy array or a CPU torch tensor under ``key``."""
+        """Store bytes, a numpy array or a CPU torch tensor under ``key``;
+        ``parent_context_id``: the context ``context_id`` continues (issue 29)."""
         p = as_payload(data)
         s = spec(
             key,
@@ -143,6 +145,7 @@ class KVClient:
             variant=variant,
             layout=layout,
             token_count=token_count,
+            parent_context_id=parent_context_id,
         )
         if not self.use_arena:
             return self._put_stream(s, p.data, durable)
@@ -256,11 +259,14 @@ class KVClient:
         hold_s: float = self.call(self.kv.ReportInFlight, req).hold_s
         return hold_s
 
-    def advise(self, context_id: str, num_tokens: int = 0, size_bytes: int = 0) -> pb.WriteAdvice:
+    def advise(
+        self, context_id: str, num_tokens: int = 0, size_bytes: int = 0, after_key: str = ""
+    ) -> pb.WriteAdvice:
         """The daemon's write advice for ``context_id``: the variant to store it in
         (docs/daemon.md, "Write advice"); the sizes matter only for a context the daemon does
-        not hold yet."""
-        request = advise_request(context_id, num_tokens, size_bytes)
+        not hold yet. With ``after_key`` (the chunk before the put's first one) the answer's
+        ``context_id`` and ``parent_context_id`` say which context the put joins."""
+        request = advise_request(context_id, num_tokens, size_bytes, after_key)
         (advice,) = self.call(self.kv.Advise, request).advice
         return advice
 

@@ -19,6 +19,7 @@ from kvtierd.errors import CorruptObjectError, InvalidArgumentError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.sizes import KvGeometry, dtype_bytes, grid_size_bytes
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, VariantProfile
+from kvtierd.variants import parse_variant
 
 if TYPE_CHECKING:
     from kvtierd.profiler import Profiler, StoredForm
@@ -134,6 +135,8 @@ class ContextOptions:
         """The lossy ``variants`` the context can be stored as (servable.py); for a
         self-sourced context its own form first and those it can make (:meth:`grid`)."""
         lossy = [v for v in variants if v != ORIGINAL_VARIANT]
+        if self._index.token_drop_refused(ctx):  # a segment of a tree: quantization only
+            lossy = [v for v in lossy if not parse_variant(v).drops_tokens]
         if self._index.self_sourced(ctx):
             made = (v for v in lossy if self._index.can_make(ctx, v))
             lossy = list(dict.fromkeys((ctx.variant, *made)))

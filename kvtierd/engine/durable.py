@@ -67,7 +67,7 @@ class DurableGuard:
                     index.account(obj.meta, obj.tier, +1)  # the persistent copy is now charged
             if not ctx.keys:  # its unread objects were deleted while the lock was awaited
                 await mover.drop_extras(ctx)
-                index.contexts.pop(ctx.context_id, None)
+                index.forget_context(ctx)
         self._placing.remove(ctx.context_id)
         if not ctx.keys:
             return

@@ -38,6 +38,7 @@ from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.reads import ReadPath
+from kvtierd.engine.segments import Segments
 from kvtierd.engine.servable import load_cards
 from kvtierd.engine.shutdown_flush import (
     flush_cpu_tier,
@@ -139,6 +140,9 @@ class Engine:
         self.write_advisor = WriteAdvisor(
             index=index, options=options, placing=self.placing, policy=self.running
         )
+        self.segments = Segments(
+            index=index, placing=self.placing, executor=self.executor, profiling=self.profiling
+        )
         # The loops between the parts (a read or a profile changes what the placer should
         # do; a forgotten object changes where its context is) close here.
         self.mover.on_forgotten = self._keep_placer_in_step
@@ -215,6 +219,9 @@ class Engine:
             hits=ctx.hits,
             durable_unread=self.index.unread_durable(ctx),
             durable_held=ctx.durable_held,
+            parent=ctx.parent,
+            children=len(self.index.children.get(ctx.context_id, ())),
+            token_drop_refused=self.index.token_drop_refused(ctx),
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -262,6 +269,7 @@ class Engine:
             # Found on persistent storage: keep it persistent; one committed durable is
             # protected again until read (the daemon does not know whether it was before).
             index.add(ObjectRecord(meta, tier_name, durable=True, unread=meta.durable), key)
+        index.relink()  # a child found before its parent
         for ctx in index.contexts.values():
             ctx.marker = settled.markers.get(ctx.context_id)
             if ctx.marker is not None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
+from kvtierd.policies.precedence import MAX_DEPTH
 from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ObjectMeta, Placement
 from kvtierd.variants import QUANT_BITS, parse_variant
 
@@ -27,6 +28,8 @@ class ContextIndex:
         # (a durable object's persistent copy under a faster tier is not charged again).
         self.usage: Counter[tuple[str, str]] = Counter()
         self.quotas = {tenant: dict(q) for tenant, q in (quotas or {}).items()}
+        # Contexts that form a tree (issue 29): parent id -> its children's ids.
+        self.children: dict[str, set[str]] = {}
 
     # -- adding and removing -------------------------------------------------------------------
 
@@ -42,6 +45,9 @@ class ContextIndex:
         if ctx is None:
             ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
             self.contexts[meta.context] = ctx
+            parent = self.contexts.get(meta.parent_context_id)
+            if parent is not None and parent.tenant == ctx.tenant:  # a restart: check again
+                self.set_parent(ctx, parent.context_id)
         ctx.keys[key or meta.key] = None
         ctx.size_bytes += meta.size_bytes
         return ctx
@@ -55,8 +61,84 @@ class ContextIndex:
         del ctx.keys[key]
         ctx.size_bytes -= obj.meta.size_bytes
         if not ctx.keys:
-            del self.contexts[ctx.context_id]
+            self.forget_context(ctx)
         return ctx
+
+    def forget_context(self, ctx: ContextRecord) -> None:
+        """Take a context out of the index (it has no objects left) with its links in the
+        tree: its children become roots (their parent's KV is gone; a request recomputes it
+        and the tree forms again, docs/integration.md "Context ids")."""
+        if self.contexts.get(ctx.context_id) is ctx:
+            del self.contexts[ctx.context_id]
+        self.set_parent(ctx, "")
+        for child in self.children.pop(ctx.context_id, set()):
+            kid = self.contexts.get(child)
+            if kid is not None:
+                kid.parent, kid.after_key = "", ""
+
+    def relink(self) -> None:
+        """Link every root context whose objects name a parent that is held now (at start,
+        objects are found in no particular order), unless the link would make a cycle (damaged
+        files) or the parent is another tenant's."""
+        for ctx in self.contexts.values():
+            if ctx.parent:
+                continue
+            named = next((p for k in ctx.keys
+                          if (p := self.objects[k].meta.parent_context_id)), "")  # fmt: skip
+            parent = self.contexts.get(named)
+            if parent is None or parent.tenant != ctx.tenant:
+                continue
+            above = [named, *self.ancestors(parent)]
+            if ctx.context_id not in above and len(above) <= MAX_DEPTH:
+                self.set_parent(ctx, named)
+
+    def set_parent(self, ctx: ContextRecord, parent: str, after_key: str = "") -> None:
+        """Link ``ctx`` below ``parent`` (``""``: make it a root), after the parent's chunk
+        ``after_key`` (``""``: its last). The caller has checked the link (segments.py)."""
+        if ctx.parent:
+            kids = self.children.get(ctx.parent)
+            if kids is not None:
+                kids.discard(ctx.context_id)
+                if not kids:
+                    del self.children[ctx.parent]
+        ctx.parent, ctx.after_key = parent, after_key
+        if parent:
+            self.children.setdefault(parent, set()).add(ctx.context_id)
+
+    def token_drop_refused(self, ctx: ContextRecord) -> str:
+        """Why the context may not be stored token-dropped (``""``: it may). A token-dropped
+        form is served under a placeholder prompt from token 0 with its kept keys rotated to
+        new positions (DESIGN.md §1): exact for a whole prompt prefix, not for a segment of a
+        tree. A child's KV sits after all of its parent's tokens, at their positions (RoPE),
+        and the router rewrites a prompt from its first token only; a parent's children were
+        computed attending to every one of its tokens, at their positions. Quantization keeps
+        every token at its position, so it stays allowed for both."""
+        if ctx.parent:
+            return (
+                f"it continues context {ctx.parent!r}: its KV follows all of its parent's "
+                "tokens at their positions (RoPE), and the router's placeholder rewrite "
+                "starts at token 0; quantization (int8, int4) is allowed"
+            )
+        kids = len(self.children.get(ctx.context_id, ()))
+        if kids:
+            return (
+                f"{kids} context(s) continue it: their KV was computed after every one of its "
+                "tokens, at their positions (RoPE); dropping tokens here would leave them at "
+                "the wrong positions; quantization (int8, int4) is allowed"
+            )
+        return ""
+
+    def ancestors(self, ctx: ContextRecord) -> list[str]:
+        """The ids above ``ctx``, parent first (links are checked acyclic when made)."""
+        out: list[str] = []
+        at = ctx
+        while at.parent and len(out) <= MAX_DEPTH:
+            out.append(at.parent)
+            parent = self.contexts.get(at.parent)
+            if parent is None:
+                break
+            at = parent
+        return out
 
     def take_objects(self, ctx: ContextRecord) -> list[ObjectRecord]:
         """Take every object of a context out of the index, before their bytes are deleted: a

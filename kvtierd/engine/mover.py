@@ -157,8 +157,7 @@ class TierMover:
         """Delete every object of a context (leased arena blocks are freed on release)."""
         async with ctx.lock:
             gone = self._index.take_objects(ctx)
-            if self._index.contexts.get(ctx.context_id) is ctx:
-                del self._index.contexts[ctx.context_id]
+            self._index.forget_context(ctx)
             for obj in gone:
                 await self.remove_object_bytes(obj)
             await self.drop_extras(ctx)

@@ -94,7 +94,9 @@ class Placing:
         params = PlacerParams(
             **{f: getattr(policy, a) for f, a in PLACER_PARAMS_FIELDS.items() if f in known}
         )
-        return cls(self.tier_models(), params)
+        placer = cls(self.tier_models(), params)
+        self._link_all(placer)
+        return placer
 
     def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
         """What the placer knows of a context: its variants (sizes; quality once profiled),
@@ -128,10 +130,23 @@ class Placing:
         walks every object the daemon holds (millions at 100,000 contexts: seconds each)."""
         with _collector_paused():
             self.placer.refresh_tiers(self.tier_models())
+            self._link_all(self.placer)
             self.placer.rebalance_options(self.placed_options())
             return self.reconcile(reason)
 
     # -- telling the placer --------------------------------------------------------------------
+
+    def _link_all(self, placer: Placer) -> None:
+        """Give ``placer`` the tree as the index has it now (issue 29: segments.py)."""
+        placer.parents.clear()
+        placer.children.clear()
+        for parent, kids in self._index.children.items():
+            for kid in kids:
+                placer.link(kid, parent)
+
+    def _link(self, ctx: ContextRecord) -> None:
+        if ctx.parent or ctx.context_id in self.placer.parents:
+            self.placer.link(ctx.context_id, ctx.parent)
 
     def target(self, context_id: str) -> Placement:
         """Where the placer has a context now (``DROPPED`` for one it does not keep)."""
@@ -146,6 +161,7 @@ class Placing:
         if ctx.durable_held and self._index.unread_durable(ctx):
             return Plan()
         ctx.durable_held = False
+        self._link(ctx)
         return self.placer.adopt(self.profile(ctx), placement)
 
     def adopt_where_it_is(self, ctx: ContextRecord) -> Plan:
@@ -154,6 +170,7 @@ class Placing:
     def insert(self, ctx: ContextRecord) -> Plan:
         """Place the context afresh (new, grown, profiled, or back in the placer's view): its
         options are worked out again, whatever changed."""
+        self._link(ctx)
         return self.placer.insert(self.profile(ctx, fresh=True))
 
     def access(self, context_id: str, now_s: float) -> Plan:
@@ -162,6 +179,9 @@ class Placing:
     def remove(self, context_id: str) -> None:
         self.placer.remove(context_id)
         self.rows.forget(context_id)
+        self.placer.unlink(context_id)
+        for child in list(self.placer.children.get(context_id, ())):
+            self.placer.unlink(child)  # the index made it a root (ContextIndex.forget_context)
 
     def reconcile(self, reason: str) -> Plan:
         """Operations that bring every context to where the placer now wants it. Built from

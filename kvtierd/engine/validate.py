@@ -30,12 +30,17 @@ def validate_meta(meta: ObjectMeta, max_size_bytes: int) -> None:
     """Raise ``InvalidArgumentError`` for a malformed object description."""
     if not meta.key:
         raise InvalidArgumentError("object key is empty")
-    if "\x00" in meta.key or "\x00" in meta.context_id:
+    if "\x00" in meta.key or "\x00" in meta.context_id or "\x00" in meta.parent_context_id:
         raise InvalidArgumentError("object keys and context ids may not contain NUL characters")
     if len(meta.key.encode()) > MAX_KEY_BYTES:
         raise InvalidArgumentError(f"object key is longer than {MAX_KEY_BYTES} bytes")
-    if len(meta.context_id.encode()) > MAX_KEY_BYTES:
-        raise InvalidArgumentError(f"context_id is longer than {MAX_KEY_BYTES} bytes")
+    for name in ("context_id", "parent_context_id"):
+        if len(getattr(meta, name).encode()) > MAX_KEY_BYTES:
+            raise InvalidArgumentError(f"{name} is longer than {MAX_KEY_BYTES} bytes")
+    if meta.parent_context_id and meta.parent_context_id == meta.context:
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: context {meta.context!r} cannot be its own parent"
+        )
     if meta.size_bytes <= 0:
         raise InvalidArgumentError(
             f"object {meta.key!r}: size_bytes must be > 0, got {meta.size_bytes}"

@@ -39,3 +39,6 @@ class ContextSummary:
     hits: int
     durable_unread: int
     durable_held: bool
+    parent: str = ""  # the context this one continues ("" = a root; issue 29)
+    children: int = 0
+    token_drop_refused: str = ""  # why token-dropped variants are not offered ("" = they are)

@@ -17,6 +17,7 @@ from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.segments import check_parent
 from kvtierd.engine.servable import save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
 from kvtierd.engine.validate import validate_meta
@@ -74,6 +75,7 @@ class WritePath:
         table = self._leases
         for meta in metas:
             validate_meta(meta, min(largest, self._config.max_object_bytes))
+            check_parent(self._index, meta)
             if meta.key in self._index.objects or meta.key in seen or table.allocating(meta.key):
                 raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
             seen.add(meta.key)
@@ -104,6 +106,7 @@ class WritePath:
         cards = self._read_cards(recs)
         metas = []
         grown: dict[str, ContextRecord] = {}
+        born: set[str] = set()  # contexts this commit starts
         for rec in recs:
             self._leases.committed(rec)
             if rec.allocation_id in cards:  # kept by the engine, no object
@@ -111,6 +114,8 @@ class WritePath:
                 self._keep_card(rec.meta, cards[rec.allocation_id])
                 metas.append(rec.meta)
                 continue
+            if rec.meta.context not in self._index.contexts:
+                born.add(rec.meta.context)
             ctx = self._add_object(self._cpu.adopt(rec.meta, rec.block), self._cpu.name)
             grown[ctx.context_id] = ctx
             metas.append(rec.meta)
@@ -118,6 +123,9 @@ class WritePath:
             self._metrics.observe_store(self._cpu.name, seconds, rec.meta.size_bytes)
         for ctx in grown.values():
             self._place_grown(ctx, self._cpu.name)
+            parent = self._index.contexts.get(ctx.parent) if ctx.context_id in born else None
+            if parent is not None:  # a new child: its parent's options change (token dropping)
+                self._executor.submit(self._placing.insert(parent))
         self._mover.publish_tier_state()
         if durable:
             try:

@@ -31,6 +31,7 @@ class PutItem:
     token_count: int
     kept_indices: bytes = b""
     shape: tuple[int, ...] = field(default=())
+    parent_context_id: str = ""  # the context ``context_id`` continues (issue 29)
 
 
 def _bytes_of(t: torch.Tensor) -> npt.NDArray[np.uint8]:
@@ -58,6 +59,7 @@ def put_many(client: KVClient, items: Sequence[PutItem], *, durable: bool = Fals
                 layout=item.layout,
                 token_count=item.token_count,
                 kept_indices=item.kept_indices,
+                parent_context_id=item.parent_context_id,
             )
         )
     allocs = client.call(client.kv.Allocate, pb.AllocateRequest(objects=specs)).allocations

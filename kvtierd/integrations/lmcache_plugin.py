@@ -297,14 +297,18 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         # placeholder variant's context, not the original one the tag names.
         rewritten = is_rewritten(key)
         named = "" if rewritten else tag(key, "kvtierd_context")
-        continued = "" if named else self.links.continued(names, start)
-        base = named or continued or names[0]
+        continued = self.links.continued(names, start) if rewritten else ""
+        proposed = named or continued or names[start]
+        # The daemon says which context the put joins, from the chunk before it (issue 29).
+        after = "" if named or continued else self.links.previous(names, start)
         tokens = sum(int(kv.shape[2]) for _, kv in chunks)
         size = sum(kv.numel() * kv.element_size() for _, kv in chunks)
-        answer = self.client.advise(base, num_tokens=tokens, size_bytes=size)
+        answer = self.client.advise(proposed, tokens, size, after_key=after)
+        base = answer.context_id or proposed
         decision = decide(base, forced, answer, rewritten=rewritten)
         with self._lock:
-            self.stats.continued_puts += bool(continued)
+            self.stats.continued_puts += bool(continued) or base != proposed
+            self.stats.branched_puts += bool(decision.parent) and base == proposed
             self.stats.advised_puts += decision.advised
             first_note = decision.note and base not in self._noted
             if first_note:
@@ -329,6 +333,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                     layout=fmt.layout(),
                     token_count=fmt.shape[2],
                     shape=tuple(data.shape) if not fmt.quant else (),
+                    parent_context_id=decision.parent,
                 )
             )
         stored = put_many(self.client, items, durable=self.settings.durable)

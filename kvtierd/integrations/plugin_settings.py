@@ -107,6 +107,7 @@ class PluginStats:
     advised_puts: int = 0  # puts whose form came from the daemon's write advice
     advised_chunks: int = 0  # chunks quantized on the device because the advice said so
     continued_puts: int = 0  # puts that joined the context of the prefix they extend
+    branched_puts: int = 0  # puts that started a child context after a shared prefix (issue 29)
     claimed_chunks: int = 0  # missing placeholder chunks reported as hits (their load fails)
     get_chunks: int = 0
     placeholder_variants: int = 0

@@ -4,15 +4,17 @@
 stored before). Its context is, in this order:
 
 1. the request's ``lmcache.tag.kvtierd_context`` (the router names token-dropped contexts);
-2. the context of the chunk before the put's first one, when this plugin stored or loaded
-   it: a longer prompt extending a stored context joins it, so its new chunks are placed,
-   compressed and evicted together with the prefix they are useless without (LMCache only
-   ever loads a chunk after its whole prefix), and so does a request's later put when vLLM
-   prefills its prompt in several steps (chunked prefill: a prompt longer than
-   ``max_num_batched_tokens`` reaches LMCache as one put per step). The plugin learns which
-   chunk comes before which from the prompt's lookup, and their contexts from its loads and
-   puts (:class:`ContextLinks`);
-3. the key of the put's first chunk (a new context).
+2. the daemon's answer from the chunk before the put's first one (``after_key`` of
+   ``KVStore.Advise``; the plugin learns which chunk comes before which from the prompt's
+   lookup, :class:`ContextLinks`): when that chunk ends its context, the put extends it and
+   joins it (a longer prompt; a request's later put when vLLM prefills its prompt in several
+   steps, chunked prefill); when it is inside its context, the put branches off a shared
+   prefix: the daemon splits that context there and the put becomes a child context of the
+   prefix, keyed by its first new chunk (``kvtierd/engine/segments.py``). Its chunks carry
+   the parent (``parent_context_id``), so the placer places a child only with its prefix
+   (LMCache only ever loads a chunk after its whole prefix). A rewritten placeholder
+   request's put continues the placeholder variant's context the plugin saw it load;
+3. the key of the put's first new chunk (a new root context).
 
 **Form.** A request tag ``lmcache.tag.kvtierd_variant`` or a fixed ``kvtierd.variant`` forces
 one; otherwise the daemon's write advice for the context (``KVStore.Advise``, docs/daemon.md). The
@@ -59,6 +61,7 @@ class PutDecision:
     quant: str
     advised: bool
     note: str = ""
+    parent: str = ""  # the context ``context_id`` continues ("" = a root; issue 29)
 
 
 def decide(
@@ -81,7 +84,8 @@ def decide(
     context_id = base_context
     if advice.source == "placed" and str(parse_variant(advice.variant)) != form:
         context_id = f"{base_context}/{form}"
-    return PutDecision(context_id, form, wanted.quant, advised=not forced, note=note)
+    parent = advice.parent_context_id
+    return PutDecision(context_id, form, wanted.quant, not forced, note, parent)
 
 
 class ContextLinks:
@@ -123,6 +127,14 @@ class ContextLinks:
         """The context a stored or loaded chunk ``key`` belongs to, ``""`` if not seen."""
         with self._lock:
             return self._context_of.get(key, "")
+
+    def previous(self, keys: Sequence[str], start: int) -> str:
+        """The key of the chunk before ``keys[start]``, ``""`` if not known: ``keys[start - 1]``
+        when the put itself starts earlier, else the key a lookup found before ``keys[0]``."""
+        if start > 0:
+            return keys[start - 1]
+        with self._lock:
+            return self._previous.get(keys[0], "")
 
     def continued(self, keys: Sequence[str], start: int) -> str:
         """The context a put storing ``keys[start:]`` continues, or ``""``: that of

@@ -69,6 +69,26 @@ class Placer(abc.ABC):
             raise ValueError("a placer needs at least one tier")
         self.tiers: tuple[TierModel, ...] = tuple(tiers)
         self.params = params or PlacerParams()
+        # Contexts that continue another's prefix (issue 29): child -> parent, and back. A
+        # placer that honours precedence (evicpress) reads them; the baselines ignore them.
+        self.parents: dict[str, str] = {}
+        self.children: dict[str, set[str]] = {}
+
+    def link(self, child: str, parent: str) -> None:
+        """Record that ``child`` is usable only while ``parent`` is cached (``""``: a root)."""
+        self.unlink(child)
+        if parent:
+            self.parents[child] = parent
+            self.children.setdefault(parent, set()).add(child)
+
+    def unlink(self, child: str) -> None:
+        old = self.parents.pop(child, "")
+        if old:
+            kids = self.children.get(old)
+            if kids is not None:
+                kids.discard(child)
+                if not kids:
+                    del self.children[old]
 
     @abc.abstractmethod
     def insert(self, profile: ContextProfile) -> Plan:

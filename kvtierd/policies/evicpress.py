@@ -38,6 +38,7 @@ from kvtierd.policies.model import (
     capacity_array,
 )
 from kvtierd.policies.plan_order import Change, order_changes
+from kvtierd.policies.precedence import Forest, solve_with_precedence, subtree_frequency
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
 from kvtierd.policy_config import (
@@ -145,6 +146,8 @@ class EvicPressPlacer(Placer):
         slot = np.array([s.index.get(c, -1) for c in options.context_ids], dtype=np.int64)
         counted = np.where(slot >= 0, s.freq[np.maximum(slot, 0)] if s.freq.size else 0.0, 0.0)
         freq = np.maximum(options.frequency, counted)
+        if self.parents:  # a prefix is loaded by every request of its descendants too
+            freq = subtree_frequency(freq, Forest.of(options.context_ids, self.parents))
         merged = replace(options, frequency=freq)
         table = UtilityTable.from_options(merged, self.tiers, self.params.alpha)
         return self.rebalance_table(table)
@@ -178,7 +181,11 @@ class EvicPressPlacer(Placer):
         write). The returned plan is built when first read.
         """
         before = Snapshot.of(self._state.slots)
-        assignment = solve(table, self.selection)
+        forest = Forest.of(table.context_ids, self.parents) if self.parents else None
+        if forest is not None and forest.has_children:
+            assignment = solve_with_precedence(table, forest, lambda t: solve(t, self.selection))
+        else:
+            assignment = solve(table, self.selection)
         tier = np.where(assignment.dropped, DROP, assignment.tier)
         self._state = GreedyState.from_table(table, assignment.variant, tier, self.selection)
         self._contested = None
@@ -251,6 +258,8 @@ class EvicPressPlacer(Placer):
         steps = self._state.resolve(start)
         if repair and steps:
             steps += self._repair(steps)
+        if self.parents:
+            steps += self._orphans(cid, steps)
         # The earliest source of each touched context is its placement before this call.
         touched = {s.key: self._step_source(s) for s in reversed(steps)}
         touched[cid] = before
@@ -295,6 +304,34 @@ class EvicPressPlacer(Placer):
             self._state.reassign(int(live[k]), int(better.variant[k]), int(new_tier[k]))
             for k in changed.tolist()
         ]
+
+    def _orphans(self, cid: str, steps: list[Step]) -> list[Step]:
+        """Drop what precedence makes useless (:mod:`kvtierd.policies.precedence`): ``cid``
+        when its parent is dropped, and whatever is cached below a context that is dropped.
+        A parent the placer does not know yet (adopted later at start, or held outside its
+        view for its durable objects) drops nothing. Dropping only frees room, so no tier
+        overflows."""
+        s = self._state.slots
+
+        def cached(key: str) -> bool:
+            slot = s.index.get(key)
+            return slot is None or bool(s.tier[slot] >= 0)
+
+        todo = [st.key for st in steps if st.dst_tier is None or st.dst_tier < 0]
+        todo.append(cid)
+        seen: set[str] = set()
+        out: list[Step] = []
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            parent = self.parents.get(key, "")
+            if cached(key) and parent and not cached(parent):
+                out.append(self._state.reassign(s.index[key], 0, DROP))
+            if not cached(key):
+                todo.extend(self.children.get(key, ()))
+        return out
 
     def _few_contested(self, live: IntArray) -> bool:
         """At most ``EXACT_MAX`` contexts held in finite tiers and at most as many contested."""

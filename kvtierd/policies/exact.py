@@ -150,8 +150,13 @@ def solve_problem(
     attempts: Sequence[HighsOptions] = ATTEMPTS,
     start: Assignment | None = None,
     max_nodes: int | None = None,
+    parent: IntArray | None = None,
 ) -> ExactResult:
     """:func:`solve_exact` of a :class:`Problem` (a sub-problem of a placer's contexts).
+
+    ``parent``, shape ``(m,)``: each context's parent row (its own row for a root); a context
+    is then cached only if its parent is (contexts that form a tree:
+    :mod:`kvtierd.policies.precedence`).
 
     ``start``, a feasible assignment, is handed to HiGHS as its first incumbent (a placer's
     current placement: HiGHS then only has to beat or prove it). ``max_nodes`` bounds the
@@ -176,6 +181,8 @@ def solve_problem(
         }.items():
             h.setOptionValue(key, value)
         h.passModel(model.lp)
+        if parent is not None:
+            _add_precedence(h, model, parent)
         if x0 is not None:
             incumbent = highspy.HighsSolution()
             incumbent.col_value = x0
@@ -275,6 +282,22 @@ def _build(problem: Problem, relax: bool) -> _Model:
     if not relax:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * int(rows.size)
     return _Model(rows, var, tier, gain, scale, n_tiers, lp)
+
+
+def _add_precedence(h: highspy.Highs, model: _Model, parent: IntArray) -> None:
+    """One row per child: its cached columns minus its parent's cached columns <= 0."""
+    cached = model.tier < model.n_tiers
+    cols_of: dict[int, list[int]] = {}
+    for c in np.flatnonzero(cached).tolist():
+        cols_of.setdefault(int(model.rows[c]), []).append(c)
+    for child in np.flatnonzero(parent != np.arange(parent.size)).tolist():
+        mine = cols_of.get(child, [])
+        theirs = cols_of.get(int(parent[child]), [])
+        if not mine:
+            continue
+        index = np.array(mine + theirs, dtype=np.int32)
+        value = np.concatenate([np.ones(len(mine)), -np.ones(len(theirs))])
+        h.addRow(-np.inf, 0.0, index.size, index, value)
 
 
 def _columns_of(model: _Model, a: Assignment, shape: tuple[int, ...]) -> FloatArray | None:

@@ -49,6 +49,7 @@ class ObjectSpec(_message.Message):
     TOKEN_COUNT_FIELD_NUMBER: _builtins.int
     KEPT_INDICES_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
+    PARENT_CONTEXT_ID_FIELD_NUMBER: _builtins.int
     key: _builtins.str
     context_id: _builtins.str
     """empty: the object is its own context"""
@@ -64,6 +65,12 @@ class ObjectSpec(_message.Message):
     """little-endian int32 kept positions of a compressed variant"""
     checksum: _builtins.int
     """xxh3_64 of the bytes, 0 = let the daemon compute it; a wrong"""
+    parent_context_id: _builtins.str
+    """one is refused at Commit / PutStream (INVALID_ARGUMENT)
+    The context this object's context continues (a branch after a shared prefix, issue 29):
+    it must be held by the daemon, be the same tenant's, and not make a cycle or a chain
+    deeper than 64 (INVALID_ARGUMENT / NOT_FOUND). Empty: a root context.
+    """
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
@@ -79,10 +86,11 @@ class ObjectSpec(_message.Message):
         token_count: _builtins.int = ...,
         kept_indices: _builtins.bytes = ...,
         checksum: _builtins.int = ...,
+        parent_context_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "context_id", b"context_id", "dtype", b"dtype", "kept_indices", b"kept_indices", "key", b"key", "layout", b"layout", "shape", b"shape", "size_bytes", b"size_bytes", "token_count", b"token_count", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "context_id", b"context_id", "dtype", b"dtype", "kept_indices", b"kept_indices", "key", b"key", "layout", b"layout", "parent_context_id", b"parent_context_id", "shape", b"shape", "size_bytes", b"size_bytes", "token_count", b"token_count", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -963,21 +971,29 @@ class AdviseQuery(_message.Message):
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     NUM_TOKENS_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    AFTER_KEY_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     num_tokens: _builtins.int
     """of the whole context; for a context the daemon does not know"""
     size_bytes: _builtins.int
     """of its original KV; for a context the daemon does not know"""
+    after_key: _builtins.str
+    """The key of the chunk before the put's first one (empty: the put starts a prompt). The
+    daemon answers which context the put joins (docs/integration.md, "Context ids"): the
+    context that key ends (a longer prompt), or context_id as a child of the context holding
+    that key, split there when that key is in its middle (a branch after a shared prefix).
+    """
     def __init__(
         self,
         *,
         context_id: _builtins.str = ...,
         num_tokens: _builtins.int = ...,
         size_bytes: _builtins.int = ...,
+        after_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_key", b"after_key", "context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1012,6 +1028,7 @@ class WriteAdvice(_message.Message):
     TIER_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PARENT_CONTEXT_ID_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     variant: _builtins.str
     """"none" = store the original"""
@@ -1020,6 +1037,10 @@ class WriteAdvice(_message.Message):
     source: _builtins.str
     """"placed" (known context) | "prior" (profiled ones) | "default" """
     reason: _builtins.str
+    parent_context_id: _builtins.str
+    """The query's context_id, or the context its after_key continues; and that context's
+    parent ("" = a root). A put stores its chunks under these two.
+    """
     def __init__(
         self,
         *,
@@ -1028,10 +1049,11 @@ class WriteAdvice(_message.Message):
         tier: _builtins.str = ...,
         source: _builtins.str = ...,
         reason: _builtins.str = ...,
+        parent_context_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "parent_context_id", b"parent_context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1072,19 +1094,22 @@ class PlanQuery(_message.Message):
     CONTEXT_ID_FIELD_NUMBER: _builtins.int
     NUM_TOKENS_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    AFTER_KEY_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     num_tokens: _builtins.int
     size_bytes: _builtins.int
+    after_key: _builtins.str
     def __init__(
         self,
         *,
         context_id: _builtins.str = ...,
         num_tokens: _builtins.int = ...,
         size_bytes: _builtins.int = ...,
+        after_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_key", b"after_key", "context_id", b"context_id", "num_tokens", b"num_tokens", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1121,11 +1146,13 @@ class ContextPlan(_message.Message):
     TIER_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PARENT_CONTEXT_ID_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     variant: _builtins.str
     tier: _builtins.str
     source: _builtins.str
     reason: _builtins.str
+    parent_context_id: _builtins.str
     def __init__(
         self,
         *,
@@ -1134,10 +1161,11 @@ class ContextPlan(_message.Message):
         tier: _builtins.str = ...,
         source: _builtins.str = ...,
         reason: _builtins.str = ...,
+        parent_context_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "parent_context_id", b"parent_context_id", "reason", b"reason", "source", b"source", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1366,6 +1394,9 @@ class ContextSummary(_message.Message):
     HITS_FIELD_NUMBER: _builtins.int
     DURABLE_UNREAD_FIELD_NUMBER: _builtins.int
     DURABLE_HELD_FIELD_NUMBER: _builtins.int
+    PARENT_CONTEXT_ID_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    TOKEN_DROP_REFUSED_FIELD_NUMBER: _builtins.int
     context_id: _builtins.str
     variant: _builtins.str
     tier: _builtins.str
@@ -1382,6 +1413,13 @@ class ContextSummary(_message.Message):
     """The placer dropped the context but its unread durable objects are kept on `tier`,
     outside the placer, until they are read, deleted or evicted.
     """
+    parent_context_id: _builtins.str
+    """Contexts form a tree (issue 29): the context whose prefix this one continues ("" = a
+    root), how many contexts continue this one, and why token dropping is refused for it
+    ("" = allowed).
+    """
+    children: _builtins.int
+    token_drop_refused: _builtins.str
     def __init__(
         self,
         *,
@@ -1396,10 +1434,13 @@ class ContextSummary(_message.Message):
         hits: _builtins.int = ...,
         durable_unread: _builtins.int = ...,
         durable_held: _builtins.bool = ...,
+        parent_context_id: _builtins.str = ...,
+        children: _builtins.int = ...,
+        token_drop_refused: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["context_id", b"context_id", "durable_held", b"durable_held", "durable_unread", b"durable_unread", "frequency", b"frequency", "hits", b"hits", "last_access_age_s", b"last_access_age_s", "objects", b"objects", "pinned", b"pinned", "size_bytes", b"size_bytes", "tier", b"tier", "variant", b"variant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "context_id", b"context_id", "durable_held", b"durable_held", "durable_unread", b"durable_unread", "frequency", b"frequency", "hits", b"hits", "last_access_age_s", b"last_access_age_s", "objects", b"objects", "parent_context_id", b"parent_context_id", "pinned", b"pinned", "size_bytes", b"size_bytes", "tier", b"tier", "token_drop_refused", b"token_drop_refused", "variant", b"variant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1515,6 +1556,8 @@ class DescribeContextResponse(_message.Message):
     OBJECTS_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ANCESTORS_FIELD_NUMBER: _builtins.int
+    DESCENDANTS_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """why the current placement was chosen"""
     @_builtins.property
@@ -1525,6 +1568,14 @@ class DescribeContextResponse(_message.Message):
     def options(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlacementOption]:
         """the placer's utility table, when it has one"""
 
+    @_builtins.property
+    def ancestors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """parent first, up to the root"""
+
+    @_builtins.property
+    def descendants(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextSummary]:
+        """children first, breadth first (at most 256)"""
+
     def __init__(
         self,
         *,
@@ -1532,10 +1583,12 @@ class DescribeContextResponse(_message.Message):
         objects: _abc.Iterable[Global___ObjectInfo] | None = ...,
         options: _abc.Iterable[Global___PlacementOption] | None = ...,
         reason: _builtins.str = ...,
+        ancestors: _abc.Iterable[_builtins.str] | None = ...,
+        descendants: _abc.Iterable[Global___ContextSummary] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["objects", b"objects", "options", b"options", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestors", b"ancestors", "descendants", b"descendants", "objects", b"objects", "options", b"options", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvtierd import __version__
 from kvtierd.engine import Engine
+from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.views import ContextSummary
 from kvtierd.errors import InvalidArgumentError, NotFoundError
 from kvtierd.model_fetch import model_cache_dir
@@ -20,6 +21,9 @@ from kvtierd.server.identity import Caller
 from kvtierd.server.model_dirs import check_model_dir
 from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import OpKind
+
+MAX_DESCENDANTS = 256
+"""Descendants ``DescribeContext`` lists (a shared system prompt may have thousands)."""
 
 _ORDERS: dict[str, Callable[[ContextSummary], Any]] = {
     "recency": lambda c: -c.last_access_s,
@@ -50,6 +54,9 @@ class AdminServicer(pb_grpc.AdminServicer):
             hits=s.hits,
             durable_unread=s.durable_unread,
             durable_held=s.durable_held,
+            parent_context_id=s.parent,
+            children=s.children,
+            token_drop_refused=s.token_drop_refused,
         )
 
     async def Status(self, request: pb.StatusRequest, rpc_context: Any) -> pb.StatusResponse:
@@ -136,7 +143,23 @@ class AdminServicer(pb_grpc.AdminServicer):
                 for o in table
             ],
             reason=placement_reason(self.engine, ctx, table),
+            ancestors=self.engine.index.ancestors(ctx),
+            descendants=[self._summary(self.engine.summary(d)) for d in self._below(ctx)],
         )
+
+    def _below(self, ctx: ContextRecord) -> list[ContextRecord]:
+        """The contexts under ``ctx``, children first (breadth first), at most
+        ``MAX_DESCENDANTS``."""
+        index = self.engine.index
+        out: list[ContextRecord] = []
+        level = [ctx]
+        while level and len(out) < MAX_DESCENDANTS:
+            kids = [index.contexts[k] for c in level
+                    for k in sorted(index.children.get(c.context_id, ()))
+                    if k in index.contexts]  # fmt: skip
+            out.extend(kids)
+            level = kids
+        return out[:MAX_DESCENDANTS]
 
     async def Evict(self, request: pb.EvictRequest, rpc_context: Any) -> pb.EvictResponse:
         return pb.EvictResponse(evicted=await self.engine.evict(request.context_ids))

@@ -26,6 +26,7 @@ def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
         token_count=spec.token_count,
         kept_indices=spec.kept_indices,
         checksum=spec.checksum,
+        parent_context_id=caller.scoped(spec.parent_context_id) if spec.parent_context_id else "",
     )
 
 
@@ -41,6 +42,7 @@ def spec_from_meta(meta: ObjectMeta, caller: Caller) -> pb.ObjectSpec:
         token_count=meta.token_count,
         kept_indices=meta.kept_indices,
         checksum=meta.checksum,
+        parent_context_id=caller.unscoped(meta.parent_context_id) if meta.parent_context_id else "",
     )
 
 

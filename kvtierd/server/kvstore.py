@@ -11,6 +11,7 @@ from kvtierd.config import MAX_LEASE_S
 from kvtierd.engine import Engine
 from kvtierd.engine.state import LeaseRecord
 from kvtierd.engine.tokens import check_request_tokens
+from kvtierd.engine.validate import MAX_KEY_BYTES
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
@@ -220,16 +221,25 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         for q in request.contexts:
             if not q.context_id:
                 raise InvalidArgumentError("Advise: every query needs a context_id")
-            a = self.engine.write_advisor.advise(
-                caller.scoped(q.context_id), q.num_tokens, q.size_bytes
+            if len(q.after_key.encode()) > MAX_KEY_BYTES or "\x00" in q.after_key:
+                raise InvalidArgumentError(
+                    f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
+                )
+            # The context a put joins, from the chunk before its first one (segments.py).
+            joins = self.engine.segments.resolve(
+                caller.tenant,
+                caller.scoped(q.context_id),
+                caller.scoped(q.after_key) if q.after_key else "",
             )
+            a = self.engine.write_advisor.advise(joins.context_id, q.num_tokens, q.size_bytes)
             advice.append(
                 pb.WriteAdvice(
-                    context_id=q.context_id,
+                    context_id=caller.unscoped(joins.context_id),
                     variant=a.variant,
                     tier=a.tier,
                     source=a.source,
                     reason=a.reason,
+                    parent_context_id=caller.unscoped(joins.parent) if joins.parent else "",
                 )
             )
         return pb.AdviseResponse(advice=advice)

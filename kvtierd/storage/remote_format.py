@@ -200,6 +200,8 @@ class ObjectHeader:
         }  # fmt: skip
         if m.durable:  # only when set, as the SSD header
             doc["durable"] = True
+        if m.parent_context_id:
+            doc["parent_context_id"] = m.parent_context_id
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -217,6 +219,7 @@ class ObjectHeader:
                 kept_indices=base64.b64decode(d["kept_indices"], validate=True),
                 tenant=str(d["tenant"]), checksum=int(d["checksum"]),
                 durable=d.get("durable", False) is True,
+                parent_context_id=str(d.get("parent_context_id", "")),
             )  # fmt: skip
             header = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
         except (ValueError, KeyError, TypeError) as e:

@@ -5,7 +5,8 @@ One object = one file::
     offset 0            fixed prefix (32 bytes, little-endian, see _PREFIX)
     offset 32           metadata as UTF-8 JSON (key, context_id, variant, dtype, shape, layout,
                         token_count, tenant, size_bytes, checksum as 16 hex digits; durable:
-                        true only for an object committed durable)
+                        true only for an object committed durable;
+                        parent_context_id: only for a child context's object)
     then                kept_indices, raw bytes (opaque int32 array, often the largest field)
     then                zero padding up to header_len (a multiple of 4096)
     offset header_len   the object's raw bytes (size_bytes), zero-padded to a multiple of 4096
@@ -82,6 +83,8 @@ def encode_header(meta: ObjectMeta) -> bytes:
     doc["checksum"] = f"{meta.checksum:016x}"
     if meta.durable:  # only when set: headers of other objects stay as earlier versions wrote
         doc["durable"] = True
+    if meta.parent_context_id:  # likewise (issue 29: contexts that form a tree)
+        doc["parent_context_id"] = meta.parent_context_id
     body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     used = PREFIX_BYTES + len(body) + len(meta.kept_indices)
     header_len = round_up(used, ALIGN)
@@ -156,7 +159,10 @@ def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
     durable = doc.get("durable", False)
     if type(durable) is not bool:
         raise TypeError("durable is not a boolean")
+    parent = doc.get("parent_context_id", "")
+    if not isinstance(parent, str):
+        raise TypeError("parent_context_id is not a string")
     return ObjectMeta(
         shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), durable=durable,
-        **strs, **ints,
+        parent_context_id=parent, **strs, **ints,
     )  # fmt: skip

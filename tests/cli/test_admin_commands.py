@@ -174,3 +174,34 @@ def test_tiers_report_hits_per_tier(
     tiers = {t["name"]: t for t in ctl(d)("tiers", "--json").json()}
     assert tiers["cpu"]["hits"] == 1
     assert tiers["cpu"]["hit_rate"] > 0
+
+
+def test_contexts_ls_draws_the_tree_and_show_gives_ancestors_and_descendants(
+    start_daemon: Callable[..., DaemonProcess], ctl: Callable
+) -> None:
+    """Issue 29: one system prompt, two documents after it (the second splits the first
+    request's context at the branch), and a third prompt branching inside the first one."""
+    d = start_daemon()
+    chunk = np.ones(2048, np.uint8)
+    with KVClient(d.socket_path) as c:
+        for keys, after in ((["s0", "s1", "a0", "a1"], ""), (["b0"], "s1"), (["x0"], "a0")):
+            advice = c.advise(keys[0], after_key=after)
+            for key in keys:
+                c.put(key, chunk, context_id=advice.context_id,
+                      parent_context_id=advice.parent_context_id)  # fmt: skip
+    run: Ctl = ctl(d)
+    listed = run("contexts", "ls", "--sort", "id")
+    assert listed.code == 0, listed.err
+    drawn = [line.split("│")[0].rstrip() for line in listed.out.splitlines()
+             if " none " in line]  # fmt: skip
+    assert drawn == ["s0", "└ a0", "  └ a1", "  └ x0", "└ b0"]
+    rows = run("contexts", "ls", "--json").json()
+    assert {r["context_id"]: r.get("parent_context_id", "") for r in rows} == {
+        "s0": "", "a0": "s0", "a1": "a0", "x0": "a0", "b0": "s0",
+    }  # fmt: skip
+    shown = run("contexts", "show", "x0")
+    assert shown.code == 0, shown.err
+    assert "a0 > s0" in shown.out
+    assert "refused: it continues context 'a0'" in shown.out
+    top = run("contexts", "show", "s0")
+    assert "descendants" in top.out and "└ a0" in top.out and "  └ x0" in top.out

@@ -104,3 +104,26 @@ def test_without_a_profiler_nothing_is_known_and_forgetting_moves_the_version() 
     options.changed()
     options.forget("doc")
     assert options.version == before + 2
+
+
+def test_a_segment_of_a_tree_is_offered_quantization_but_no_token_dropping() -> None:
+    """Issue 29: a context alone may be stored token-dropped; a parent with children and a
+    child may not (positions, RoPE, the router's rewrite from token 0: ContextIndex
+    .token_drop_refused); their quantized forms stay offered, per segment."""
+    index = ContextIndex()
+    options = _options(index)
+    parent = _context(index, "none")
+    alone = [v.variant for v in options.grid(parent)]
+    assert "knorm@0.5" in alone and index.token_drop_refused(parent) == ""
+    layout = ChunkFormat((2, L, T, H * D), "bfloat16", H, "").layout()
+    meta = ObjectMeta(key="doc2/0", size_bytes=CHUNK_BYTES, context_id="doc2", layout=layout,
+                      token_count=T, parent_context_id="doc")  # fmt: skip
+    child = index.add(ObjectRecord(meta, "cpu"))
+    assert child.parent == "doc" and index.children == {"doc": {"doc2"}}
+    for ctx, why in ((parent, "1 context(s) continue it"), (child, "continues context 'doc'")):
+        assert [v.variant for v in options.grid(ctx)] == ["none", "int8", "int4"]
+        assert why in index.token_drop_refused(ctx)
+    index.remove("doc/0")
+    index.remove("doc/1")  # the parent is gone: its child is a root, offered everything again
+    assert child.parent == "" and index.children == {}
+    assert "knorm@0.5" in [v.variant for v in options.grid(child)]

@@ -117,3 +117,21 @@ def test_quota_tier_is_the_first_tier_down_where_the_context_fits() -> None:
     index.quotas["t"]["ssd"] = 100
     assert index.quota_tier(ctx, "cpu", tiers) == "remote"  # no quota there: unlimited
     assert index.quota_tier(ctx, "cpu", tiers[:2]) is None
+
+
+def test_a_child_found_before_its_parent_is_linked_at_start() -> None:
+    """Issue 29: at start objects come in no particular order; a link that would close a
+    cycle (damaged files) is not made."""
+    from kvtierd.engine.index import ContextIndex
+    from kvtierd.engine.state import ObjectRecord
+    from kvtierd.types import ObjectMeta
+
+    index = ContextIndex()
+    for key, ctx, parent in (("b/0", "b", "a"), ("a/0", "a", ""), ("x/0", "x", "y"),
+                             ("y/0", "y", "x")):  # fmt: skip
+        index.add(ObjectRecord(ObjectMeta(key, 8, ctx, parent_context_id=parent), "cpu"))
+    assert index.contexts["b"].parent == ""  # its parent was not there yet
+    index.relink()
+    assert index.contexts["b"].parent == "a"
+    assert (index.contexts["x"].parent, index.contexts["y"].parent) == ("", "x")
+    assert index.ancestors(index.contexts["b"]) == ["a"]

@@ -297,3 +297,23 @@ def test_failures_are_answered_never_raised(plugin_for: Any) -> None:
     assert plugin.stats.errors == 2 and plugin.stats.put_chunks == 3
     assert plugin.stats.unreachable == 1 and not plugin.link.up
     assert plugin.stats.offline["puts"] == 1 and plugin.stats.offline["gets"] == 1
+
+
+def test_three_documents_after_one_system_prompt_make_a_tree(plugin_for: Any) -> None:
+    """Issue 29 with LMCache's own keys: three prompts share a system prompt of three chunks
+    and continue with different documents (their keys differ from the fourth chunk on, as
+    LMCache's prefix hashes do). The second prompt's lookup hits the system prompt, its put
+    branches there: the first prompt's context is split, and each document is a child."""
+    plugin, client = plugin_for("placer: lru\n")
+    system, objs = _keys(8, 3), _chunks(5, seed=6)
+    docs = [_keys(10 + d, 2) for d in range(3)]
+    for d, doc in enumerate(docs):
+        prompt = [*system, *doc]
+        assert plugin.batched_contains(prompt, pin=True) == (0 if d == 0 else 3)
+        new = prompt if d == 0 else doc  # LMCache puts only the chunks it does not hold
+        plugin.batched_submit_put_task(new, objs[: len(new)])
+    names = [f"tiny@1@0@{k.chunk_hash_hex}@bfloat16" for k in (system[0], *(d[0] for d in docs))]
+    tree = {c.context_id: (c.parent_context_id, c.objects) for c in client.contexts()}
+    assert tree == {names[0]: ("", 3), **{n: (names[0], 2) for n in names[1:]}}
+    assert plugin.stats.branched_puts == 2  # the first document became a child by the split
+    assert plugin.stats.errors == 0, plugin.stats.last_error

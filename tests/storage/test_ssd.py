@@ -180,6 +180,20 @@ def test_header_round_trip_and_damage() -> None:
             decode_header(bytes(bad), "x")
 
 
+def test_a_childs_parent_survives_in_the_ssd_and_remote_headers() -> None:
+    """Issue 29: a child context's objects carry their parent, so a restart that reads the
+    objects back rebuilds the tree; other objects' headers stay as earlier versions wrote."""
+    from kvtierd.storage.remote_format import ObjectHeader
+
+    child = meta("k", 10, parent_context_id="system-prompt")
+    assert decode_header(encode_header(child), "x").meta == child
+    plain = meta("k", 10)
+    assert b"parent_context_id" not in encode_header(plain)
+    remote = ObjectHeader(child, part_bytes=10, parts=1, generation="g")
+    assert ObjectHeader.decode(remote.encode()).meta == child
+    assert b"parent_context_id" not in ObjectHeader(plain, 10, 1, "g").encode()
+
+
 # -- corruption -------------------------------------------------------------------------------
 
 
