@@ -157,6 +157,7 @@ def run_system(
         warm_sent: list[dict[str, Any]] = []  # per warm-up request: its context and times
         daemon_ids: dict[int, list[str]] = {}  # bench context -> the daemon's context ids
         known = _daemon_contexts(stack.socket_path) if kvtierd else set()
+        warm_settle_s = 0.0  # of warm_s: waiting for each warm-up context's profile
         for r in warm:
             sent_unix = time.time()
             (out,) = asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
@@ -167,6 +168,12 @@ def run_system(
                 now = _daemon_contexts(stack.socket_path)
                 daemon_ids.setdefault(r.context, []).extend(sorted(now - known))
                 known |= now
+            if kvtierd and system.name.startswith("evic"):
+                # each context profiled before the next ones can push it out of the tiers
+                # (a deployment's gaps between requests; back to back, the warm-up left the
+                # daemon no idle time, and contexts dropped unprofiled missed their profile
+                # by their second request)
+                warm_settle_s += _settle(stack.socket_path, args.settle_s, True)
         warm_s = time.perf_counter() - t0
         settle_s = 0.0
         if system.backend == "kvtierd":
@@ -191,6 +198,7 @@ def run_system(
         runs = _profile_runs(stack.socket_path) if kvtierd else []
     return {"system": asdict(system), "system_prompt_tokens": args.system_prompt_tokens,
             "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
+            "warmup_settle_s": warm_settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
             "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
             "timed_start_unix_s": timed_start_unix, "warmup": warm_sent,
