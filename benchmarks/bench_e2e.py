@@ -82,8 +82,12 @@ class System:
 
 def systems(
     alphas: list[float], fixed: list[str], model: Path, methods: list[str],
-    ratios: list[float], *, label: str = "", profile_share: float = 1.0,
+    ratios: list[float], *, label: str = "", profile_share: float = 1.0, refine: str = "",
 ) -> dict[str, System]:  # fmt: skip
+    """The systems by name. EvicPress profiles as the product's preset does: the cheap
+    estimator (``query_attention`` on the served model) after every put; ``refine`` names an
+    evaluator that also refines close decisions while vLLM is idle (``answer``, ``served``;
+    before issue 26's estimator every run used ``answer`` alone)."""
     out = [System("prefill", "none"), System("lmcache", "lmcache"),
            System("lru", "kvtierd", {"name": "lru", "placer": "lru"})]  # fmt: skip
     for v in fixed:
@@ -93,8 +97,8 @@ def systems(
         policy = {
             "name": f"evicpress-a{a:g}{label}", "placer": "evicpress", "alpha": a,
             "variants": {"methods": methods, "ratios": ratios},
-            "profiling": {"evaluator": "answer", "model_dir": str(model),
-                          "max_share": profile_share},
+            "profiling": {"estimator": "query_attention", "model_dir": str(model),
+                          "max_share": profile_share, **({"evaluator": refine} if refine else {})},
         }  # fmt: skip
         out.append(System(f"evicpress-a{a:g}{label}", "kvtierd", policy))
     return {s.name: s for s in out}
@@ -153,6 +157,7 @@ def run_system(
         warm_sent: list[dict[str, Any]] = []  # per warm-up request: its context and times
         daemon_ids: dict[int, list[str]] = {}  # bench context -> the daemon's context ids
         known = _daemon_contexts(stack.socket_path) if kvtierd else set()
+        warm_settle_s = 0.0  # of warm_s: waiting for each warm-up context's profile
         for r in warm:
             sent_unix = time.time()
             (out,) = asyncio.run(run_requests(stack.serve_url, str(model), table, [r],
@@ -163,6 +168,12 @@ def run_system(
                 now = _daemon_contexts(stack.socket_path)
                 daemon_ids.setdefault(r.context, []).extend(sorted(now - known))
                 known |= now
+            if kvtierd and system.name.startswith("evic"):
+                # each context profiled before the next ones can push it out of the tiers
+                # (a deployment's gaps between requests; back to back, the warm-up left the
+                # daemon no idle time, and contexts dropped unprofiled missed their profile
+                # by their second request)
+                warm_settle_s += _settle(stack.socket_path, args.settle_s, True)
         warm_s = time.perf_counter() - t0
         settle_s = 0.0
         if system.backend == "kvtierd":
@@ -187,6 +198,7 @@ def run_system(
         runs = _profile_runs(stack.socket_path) if kvtierd else []
     return {"system": asdict(system), "system_prompt_tokens": args.system_prompt_tokens,
             "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
+            "warmup_settle_s": warm_settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
             "stored_bytes_after_holds": after_holds, "daemon_view": daemon_view,
             "timed_start_unix_s": timed_start_unix, "warmup": warm_sent,
@@ -194,12 +206,29 @@ def run_system(
             "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
 
 
+def base_context(context_id: str) -> str:
+    """The context a daemon id names: a context's forms (``<id>/<form>``, e.g.
+    ``<id>/knorm@0.5``) under its own id. An id itself may hold slashes (LMCache's chunk keys
+    start with the model's path): only a last segment that is a variant is a form."""
+    from kvtierd.errors import KvtierError
+    from kvtierd.variants import parse_variant
+
+    head, sep, tail = context_id.rpartition("/")
+    if not sep:
+        return context_id
+    try:
+        parse_variant(tail)
+    except (KvtierError, ValueError):
+        return context_id
+    return head
+
+
 def _daemon_contexts(socket_path: str) -> set[str]:
-    """The daemon's context ids now (a context's forms, ``<id>/<form>``, under its own id)."""
+    """The daemon's context ids now (:func:`base_context`)."""
     from kvtierd.client import KVClient
 
     with KVClient(socket_path, timeout_s=30) as client:
-        return {c.context_id.split("/")[0] for c in client.contexts()}
+        return {base_context(c.context_id) for c in client.contexts()}
 
 
 def _profile_runs(socket_path: str) -> list[dict[str, Any]]:
@@ -209,7 +238,7 @@ def _profile_runs(socket_path: str) -> list[dict[str, Any]]:
 
     with KVClient(socket_path, timeout_s=30) as client:
         status = client.call(client.admin.ProfileStatus, pb.ProfileStatusRequest())
-    return [{"context": r.context_id.split("/")[0], "evaluator": r.evaluator, "kind": r.kind,
+    return [{"context": base_context(r.context_id), "evaluator": r.evaluator, "kind": r.kind,
              "started_unix_s": r.started_unix_s, "ended_unix_s": r.ended_unix_s,
              "waited_s": r.waited_s, "ok": r.ok} for r in status.runs]  # fmt: skip
 
@@ -587,6 +616,13 @@ def workload_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="the EvicPress daemons' profiling.max_share (docs/profiler.md)",
     )
+    p.add_argument(
+        "--refine",
+        default="",
+        choices=["", "answer", "served"],
+        help="EvicPress's profiling.evaluator: refines the estimator's close decisions while "
+        "vLLM is idle (default: none, the preset's: the estimator alone)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--system-prompt-tokens",
@@ -652,7 +688,7 @@ def main() -> None:
           f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
     every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
                     args.evicpress_ratios, label=args.evicpress_label,
-                    profile_share=args.profile_share)  # fmt: skip
+                    profile_share=args.profile_share, refine=args.refine)  # fmt: skip
     chosen = args.systems or list(every)
     if "prefill" not in chosen:
         chosen.insert(0, "prefill")  # the reference answers

@@ -76,3 +76,22 @@ def test_a_system_with_failed_requests_is_left_out_of_the_ceiling(
     rows = bench_e2e.summarise(results, table, 0, [1024])
     assert rows["broken"]["errors"] == 1
     assert rows["lru"]["ceiling_s"] == pytest.approx((2.0 + 0.4) / 2)  # broken's 0.1 not used
+
+
+def test_a_daemon_id_with_slashes_is_its_own_context() -> None:
+    """LMCache's chunk keys start with the model's path: the bench took the text before the
+    first slash, '', for every context, and could not tell whether each had a profile by its
+    second request."""
+    key = "/root/.cache/kvtierd/models/SmolLM2-135M-Instruct@1@0@128e76ed83279b84@float"
+    assert bench_e2e.base_context(key) == key
+    assert bench_e2e.base_context(f"{key}/knorm@0.5") == key
+    assert bench_e2e.base_context("ctx/keydiff@0.5+int8") == "ctx"
+    assert bench_e2e.base_context("a/b") == "a/b" and bench_e2e.base_context("c") == "c"
+
+
+def test_evicpress_profiles_as_the_preset_unless_asked_to_refine(tmp_path: Any) -> None:
+    every = bench_e2e.systems([2.0], [], tmp_path, ["knorm"], [1.0, 0.5])
+    profiling = every["evicpress-a2"].policy["profiling"]  # type: ignore[index]
+    assert profiling["estimator"] == "query_attention" and "evaluator" not in profiling
+    refined = bench_e2e.systems([2.0], [], tmp_path, ["knorm"], [1.0, 0.5], refine="answer")
+    assert refined["evicpress-a2"].policy["profiling"]["evaluator"] == "answer"  # type: ignore[index]
