@@ -81,7 +81,7 @@ class OptionRows:
             )
         )  # fmt: skip
         freq = self._frequencies([ctx], time.time())
-        prefill = self._prefill(np.array([slot]))
+        prefill = self._prefill(np.array([slot], dtype=np.int64))
         return ContextProfile(ctx.context_id, variants, float(freq[0]), float(prefill[0]),
                               ctx.last_access_s, ctx.pinned)  # fmt: skip
 
@@ -172,27 +172,26 @@ class OptionRows:
         return slot
 
     def _prefill(self, at: IntArray) -> FloatArray:
-        """Seconds to recompute each row's context at today's prefill speed."""
+        """Seconds to recompute each row's context at today's prefill speed
+        (``TtftModel.prefill_s``: tokens / tokens per second, the same division in numpy),
+        else what its profile measured."""
         profiler = self._options.profiler()
         if profiler is None:
             return np.full(at.size, UNKNOWN_PREFILL_S)
-        rate = profiler.ttft.prefill_s
-        tokens = self.tokens[at].tolist()
-        fallback = self.profile_prefill[at].tolist()
-        return np.array([rate(t) if t else f for t, f in zip(tokens, fallback, strict=True)],
-                        dtype=np.float64)  # fmt: skip
+        tokens = self.tokens[at]
+        rate = profiler.ttft.prefill_tokens_per_s
+        return np.where(tokens != 0, tokens / rate, self.profile_prefill[at])
 
     def _frequencies(self, ctxs: list[ContextRecord], now_s: float) -> FloatArray:
         """Decayed access frequency (``ContextOptions.frequency``), else the hits counted."""
         profiler = self._options.profiler()
         if profiler is None:
-            return np.array([float(max(c.hits, 1)) for c in ctxs], dtype=np.float64)
-        decayed = profiler.frequency.frequency
-        out = []
-        for c in ctxs:
-            f = decayed(c.context_id, now_s)
-            out.append(f if f > 0 else float(max(c.hits, 1)))
-        return np.array(out, dtype=np.float64)
+            return _hits(ctxs, np.ones(len(ctxs), dtype=bool))
+        out = profiler.frequency.frequencies([c.context_id for c in ctxs], now_s)
+        unknown = ~(out > 0)  # never accessed (0), as ContextOptions.frequency reads it
+        if unknown.any():
+            out[unknown] = _hits(ctxs, unknown)
+        return out
 
     def _new_slot(self, context_id: str) -> int:
         if not self._free:
@@ -229,3 +228,9 @@ class OptionRows:
         self.size = np.pad(self.size, pad)
         self.quality = np.pad(self.quality, pad)
         self.restore = np.pad(self.restore, pad)
+
+
+def _hits(ctxs: list[ContextRecord], which: BoolArray) -> FloatArray:
+    """``max(hits, 1)`` of the contexts ``which`` selects, as floats."""
+    picked = [c.hits for c, w in zip(ctxs, which.tolist(), strict=True) if w]
+    return np.maximum(np.array(picked, dtype=np.float64), 1.0)

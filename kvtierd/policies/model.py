@@ -74,12 +74,15 @@ def _utilities(
     restore_s: FloatArray,
     frequency: FloatArray,
     valid: BoolArray,
+    best: FloatArray | None = None,
 ) -> FloatArray:
     """``utility(alpha, quality, load_ttft_s(size, restore_s, tier), frequency)`` of every
     tier, ``(n, V, T)``, ``-inf`` where not ``valid``. The same operations in the same order as
     those functions (bit for bit the same values), but into two reused ``(n, V)`` buffers:
     at 100,000 contexts x 60 variants each temporary is 48 MB of fresh pages, and the plain
-    expression made six per tier (issue 28)."""
+    expression made six per tier (issue 28). ``best``, when given, receives each cell's
+    maximum over the tiers (``util.max(axis=2)``, exactly: a maximum does not round), taken
+    while each tier's values are at hand."""
     n, n_var = size.shape
     util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
     scaled = alpha * quality  # utility()'s alpha * quality: the same for every tier
@@ -97,6 +100,11 @@ def _utilities(
         np.multiply(ttft, freq, out=ttft)
         ttft[invalid] = -np.inf
         util[:, :, t] = ttft
+        if best is not None:
+            if t == 0:
+                np.copyto(best, ttft)
+            else:
+                np.maximum(best, ttft, out=best)
     return util
 
 
@@ -156,10 +164,14 @@ class UtilityTable:
         freq = np.asarray(frequency, dtype=np.float64)
         qual = np.asarray(quality, dtype=np.float64)
         rest = np.asarray(restore_s, dtype=np.float64)
-        _check_inputs(alpha, tiers, size=size[ok], quality=qual[ok], restore_s=rest[ok],
+        every = bool(ok.all())  # then no (n, V) copy of the valid entries to check
+        _check_inputs(alpha, tiers, size=size if every else size[ok],
+                      quality=qual if every else qual[ok],
+                      restore_s=rest if every else rest[ok],
                       frequency=freq, prefill_s=prefill_s)  # fmt: skip
+        best = np.empty((n, n_var), dtype=np.float64)  # each cell's best tier (below)
         util = _utilities(alpha, tiers, size=size, quality=qual, restore_s=rest, frequency=freq,
-                          valid=ok)  # fmt: skip
+                          valid=ok, best=best)  # fmt: skip
         drop = dropped_utility(alpha, np.asarray(prefill_s, dtype=np.float64), freq)
         ids = tuple(context_ids) if context_ids is not None else tuple(str(i) for i in range(n))
         names = (
@@ -172,7 +184,7 @@ class UtilityTable:
         # frees its bytes too), but it steered the online insert's repair: a quality-0 variant
         # of one context changed where others went (tests/policies/test_properties.py). So it
         # is no option at all; the first variant (the original) and pinned contexts keep theirs.
-        dominated = ok & (util.max(axis=2) < drop[:, None]) & ~pin[:, None]
+        dominated = ok & (best < drop[:, None]) & ~pin[:, None]
         dominated[:, 0] = False
         util[dominated] = -np.inf
         ok = ok & ~dominated
