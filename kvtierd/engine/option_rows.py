@@ -102,9 +102,10 @@ class OptionRows:
         stamps, slot_of, built = self._stamp, self._slot, self._build
         profiler = self._options.profiler()
         record = (lambda _: None) if profiler is None else profiler.record
-        slots = []
+        slots, ids = [], []
         for ctx in ctxs:
             cid = ctx.context_id
+            ids.append(cid)
             # _stamp_of inlined: this loop is the rebalance's one pass over every context.
             stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()), ctx.size_bytes,
                      record(cid))  # fmt: skip
@@ -117,16 +118,16 @@ class OptionRows:
         valid: BoolArray = np.arange(width)[None, :] < self.count[at][:, None]
         names = self._names
         return OptionArrays(
-            context_ids=tuple(c.context_id for c in ctxs),
+            context_ids=tuple(ids),
             variant_names=tuple(names[s] for s in slots),
             size_bytes=self.size[at, :width],
             quality=self.quality[at, :width],
             restore_s=self.restore[at, :width],
             valid=valid,
-            frequency=self._frequencies(ctxs, time.time()),
+            frequency=self._frequencies(ctxs, time.time(), ids),
             prefill_s=self._prefill(at),
-            last_access_s=np.array([c.last_access_s for c in ctxs], dtype=np.float64),
-            pinned=np.array([c.pinned for c in ctxs], dtype=bool),
+            last_access_s=np.fromiter((c.last_access_s for c in ctxs), np.float64, len(ctxs)),
+            pinned=np.fromiter((c.pinned for c in ctxs), bool, len(ctxs)),
         )
 
     def prune(self, keep: Iterable[str]) -> int:
@@ -182,12 +183,16 @@ class OptionRows:
         rate = profiler.ttft.prefill_tokens_per_s
         return np.where(tokens != 0, tokens / rate, self.profile_prefill[at])
 
-    def _frequencies(self, ctxs: list[ContextRecord], now_s: float) -> FloatArray:
-        """Decayed access frequency (``ContextOptions.frequency``), else the hits counted."""
+    def _frequencies(
+        self, ctxs: list[ContextRecord], now_s: float, ids: list[str] | None = None
+    ) -> FloatArray:
+        """Decayed access frequency (``ContextOptions.frequency``), else the hits counted
+        (``ids``: the contexts' ids, when the caller has them)."""
         profiler = self._options.profiler()
         if profiler is None:
             return _hits(ctxs, np.ones(len(ctxs), dtype=bool))
-        out = profiler.frequency.frequencies([c.context_id for c in ctxs], now_s)
+        ids = [c.context_id for c in ctxs] if ids is None else ids
+        out = profiler.frequency.frequencies(ids, now_s)
         unknown = ~(out > 0)  # never accessed (0), as ContextOptions.frequency reads it
         if unknown.any():
             out[unknown] = _hits(ctxs, unknown)
