@@ -65,6 +65,12 @@ def _check_inputs(
     _check_array("prefill_s", np.asarray(prefill_s, dtype=np.float64), 0.0)
 
 
+UTILITY_BLOCK_ROWS = 4096
+"""Rows priced at a time by :func:`_utilities`: its two ``(rows, V)`` work buffers stay in
+the cache and are reused, where whole-table buffers were 48 MB of fresh pages each at
+100,000 x 60 (pages the kernel zeroes: issue 28)."""
+
+
 def _utilities(
     alpha: float,
     tiers: Sequence[TierModel],
@@ -78,33 +84,39 @@ def _utilities(
 ) -> FloatArray:
     """``utility(alpha, quality, load_ttft_s(size, restore_s, tier), frequency)`` of every
     tier, ``(n, V, T)``, ``-inf`` where not ``valid``. The same operations in the same order as
-    those functions (bit for bit the same values), but into two reused ``(n, V)`` buffers:
-    at 100,000 contexts x 60 variants each temporary is 48 MB of fresh pages, and the plain
-    expression made six per tier (issue 28). ``best``, when given, receives each cell's
+    those functions (bit for bit the same values), but into two reused work buffers of
+    :data:`UTILITY_BLOCK_ROWS` rows (issue 28). ``best``, when given, receives each cell's
     maximum over the tiers (``util.max(axis=2)``, exactly: a maximum does not round), taken
     while each tier's values are at hand."""
     n, n_var = size.shape
     util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
-    scaled = alpha * quality  # utility()'s alpha * quality: the same for every tier
-    ttft = np.empty((n, n_var), dtype=np.float64)
-    freq = frequency[:, None]
-    invalid = ~valid
-    for t, tier in enumerate(tiers):
+    for tier in tiers:
         check_tiers((tier,))
-        # load_seconds: size / bandwidth + overhead + restore, left to right.
-        np.divide(size, tier.load_bandwidth_bytes_per_s, out=ttft)
-        np.add(ttft, tier.load_overhead_s, out=ttft)
-        np.add(ttft, restore_s, out=ttft)
-        # utility: (alpha * quality - ttft) * frequency.
-        np.subtract(scaled, ttft, out=ttft)
-        np.multiply(ttft, freq, out=ttft)
-        ttft[invalid] = -np.inf
-        util[:, :, t] = ttft
-        if best is not None:
-            if t == 0:
-                np.copyto(best, ttft)
-            else:
-                np.maximum(best, ttft, out=best)
+    rows = max(1, min(n, UTILITY_BLOCK_ROWS))
+    scaled_buf = np.empty((rows, n_var), dtype=np.float64)
+    ttft_buf = np.empty((rows, n_var), dtype=np.float64)
+    for b0 in range(0, n, rows):
+        b1 = min(n, b0 + rows)
+        scaled, ttft = scaled_buf[: b1 - b0], ttft_buf[: b1 - b0]
+        # utility()'s alpha * quality: the same for every tier.
+        np.multiply(alpha, quality[b0:b1], out=scaled)
+        freq = frequency[b0:b1, None]
+        invalid = ~valid[b0:b1]
+        for t, tier in enumerate(tiers):
+            # load_seconds: size / bandwidth + overhead + restore, left to right.
+            np.divide(size[b0:b1], tier.load_bandwidth_bytes_per_s, out=ttft)
+            np.add(ttft, tier.load_overhead_s, out=ttft)
+            np.add(ttft, restore_s[b0:b1], out=ttft)
+            # utility: (alpha * quality - ttft) * frequency.
+            np.subtract(scaled, ttft, out=ttft)
+            np.multiply(ttft, freq, out=ttft)
+            ttft[invalid] = -np.inf
+            util[b0:b1, :, t] = ttft
+            if best is not None:
+                if t == 0:
+                    np.copyto(best[b0:b1], ttft)
+                else:
+                    np.maximum(best[b0:b1], ttft, out=best[b0:b1])
     return util
 
 

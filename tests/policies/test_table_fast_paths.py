@@ -70,12 +70,20 @@ def _reference_pareto(xs, ys, var, leave):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_utilities_are_bit_for_bit_the_plain_expression(seed: int) -> None:
+@pytest.mark.parametrize("block", [4096, 7])
+def test_utilities_are_bit_for_bit_the_plain_expression(
+    seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also priced a few rows at a time (``block`` 7: 43 blocks, the last one short), with
+    each cell's best tier beside them."""
+    monkeypatch.setattr(model, "UTILITY_BLOCK_ROWS", block)
     _, tiers, size, quality, restore, freq, valid = _instance(seed)
     expected = _reference_util(tiers, size, quality, restore, freq, valid=valid)
+    best = np.empty(size.shape)
     got = model._utilities(1.0, tiers, size=size, quality=quality, restore_s=restore,
-                           frequency=freq, valid=valid)  # fmt: skip
+                           frequency=freq, valid=valid, best=best)  # fmt: skip
     assert got.tobytes() == expected.tobytes()
+    assert best.tobytes() == expected.max(axis=2).tobytes()
 
 
 @pytest.mark.parametrize("seed", range(12))
