@@ -81,7 +81,7 @@ class OptionRows:
             )
         )  # fmt: skip
         freq = self._frequencies([ctx], time.time())
-        prefill = self._prefill(np.array([slot]))
+        prefill = self._prefill(np.array([slot], dtype=np.int64))
         return ContextProfile(ctx.context_id, variants, float(freq[0]), float(prefill[0]),
                               ctx.last_access_s, ctx.pinned)  # fmt: skip
 
@@ -102,9 +102,10 @@ class OptionRows:
         stamps, slot_of, built = self._stamp, self._slot, self._build
         profiler = self._options.profiler()
         record = (lambda _: None) if profiler is None else profiler.record
-        slots = []
+        slots, ids = [], []
         for ctx in ctxs:
             cid = ctx.context_id
+            ids.append(cid)
             # _stamp_of inlined: this loop is the rebalance's one pass over every context.
             stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()), ctx.size_bytes,
                      record(cid))  # fmt: skip
@@ -117,16 +118,16 @@ class OptionRows:
         valid: BoolArray = np.arange(width)[None, :] < self.count[at][:, None]
         names = self._names
         return OptionArrays(
-            context_ids=tuple(c.context_id for c in ctxs),
+            context_ids=tuple(ids),
             variant_names=tuple(names[s] for s in slots),
             size_bytes=self.size[at, :width],
             quality=self.quality[at, :width],
             restore_s=self.restore[at, :width],
             valid=valid,
-            frequency=self._frequencies(ctxs, time.time()),
+            frequency=self._frequencies(ctxs, time.time(), ids),
             prefill_s=self._prefill(at),
-            last_access_s=np.array([c.last_access_s for c in ctxs], dtype=np.float64),
-            pinned=np.array([c.pinned for c in ctxs], dtype=bool),
+            last_access_s=np.fromiter((c.last_access_s for c in ctxs), np.float64, len(ctxs)),
+            pinned=np.fromiter((c.pinned for c in ctxs), bool, len(ctxs)),
         )
 
     def prune(self, keep: Iterable[str]) -> int:
@@ -172,27 +173,30 @@ class OptionRows:
         return slot
 
     def _prefill(self, at: IntArray) -> FloatArray:
-        """Seconds to recompute each row's context at today's prefill speed."""
+        """Seconds to recompute each row's context at today's prefill speed
+        (``TtftModel.prefill_s``: tokens / tokens per second, the same division in numpy),
+        else what its profile measured."""
         profiler = self._options.profiler()
         if profiler is None:
             return np.full(at.size, UNKNOWN_PREFILL_S)
-        rate = profiler.ttft.prefill_s
-        tokens = self.tokens[at].tolist()
-        fallback = self.profile_prefill[at].tolist()
-        return np.array([rate(t) if t else f for t, f in zip(tokens, fallback, strict=True)],
-                        dtype=np.float64)  # fmt: skip
+        tokens = self.tokens[at]
+        rate = profiler.ttft.prefill_tokens_per_s
+        return np.where(tokens != 0, tokens / rate, self.profile_prefill[at])
 
-    def _frequencies(self, ctxs: list[ContextRecord], now_s: float) -> FloatArray:
-        """Decayed access frequency (``ContextOptions.frequency``), else the hits counted."""
+    def _frequencies(
+        self, ctxs: list[ContextRecord], now_s: float, ids: list[str] | None = None
+    ) -> FloatArray:
+        """Decayed access frequency (``ContextOptions.frequency``), else the hits counted
+        (``ids``: the contexts' ids, when the caller has them)."""
         profiler = self._options.profiler()
         if profiler is None:
-            return np.array([float(max(c.hits, 1)) for c in ctxs], dtype=np.float64)
-        decayed = profiler.frequency.frequency
-        out = []
-        for c in ctxs:
-            f = decayed(c.context_id, now_s)
-            out.append(f if f > 0 else float(max(c.hits, 1)))
-        return np.array(out, dtype=np.float64)
+            return _hits(ctxs, np.ones(len(ctxs), dtype=bool))
+        ids = [c.context_id for c in ctxs] if ids is None else ids
+        out = profiler.frequency.frequencies(ids, now_s)
+        unknown = ~(out > 0)  # never accessed (0), as ContextOptions.frequency reads it
+        if unknown.any():
+            out[unknown] = _hits(ctxs, unknown)
+        return out
 
     def _new_slot(self, context_id: str) -> int:
         if not self._free:
@@ -229,3 +233,9 @@ class OptionRows:
         self.size = np.pad(self.size, pad)
         self.quality = np.pad(self.quality, pad)
         self.restore = np.pad(self.restore, pad)
+
+
+def _hits(ctxs: list[ContextRecord], which: BoolArray) -> FloatArray:
+    """``max(hits, 1)`` of the contexts ``which`` selects, as floats."""
+    picked = [c.hits for c, w in zip(ctxs, which.tolist(), strict=True) if w]
+    return np.maximum(np.array(picked, dtype=np.float64), 1.0)

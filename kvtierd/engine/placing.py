@@ -192,12 +192,21 @@ class Placing:
         contexts = self.placed()
         targets = self.placer.placements([c.context_id for c in contexts])
         objects = self._index.objects
+        sources: dict[tuple[str, str], Placement] = {}  # one per (variant, tier), as targets
         ops = []
         for ctx, target in zip(contexts, targets, strict=True):
-            tier = objects[next(iter(ctx.keys))].tier if ctx.keys else None
+            keys = ctx.keys
+            tier = objects[next(iter(keys))].tier if keys else None
             if target.tier == tier and (tier is None or target.variant == ctx.variant):
                 continue
-            source = self._index.placement_of(ctx)
+            # ContextIndex.placement_of, from the tier just read (a rebalance that moves most
+            # of 100,000 contexts looked each one's tier up twice).
+            if tier is None:
+                source = DROPPED
+            else:
+                source = sources.get((ctx.variant, tier)) or sources.setdefault(
+                    (ctx.variant, tier), Placement(ctx.variant, tier)
+                )
             if target.dropped:
                 kind = OpKind.DROP
             elif target.variant != source.variant:

@@ -104,13 +104,8 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
     tier = np.zeros(n, dtype=np.int64)
     dropped = np.ones(n, dtype=bool)
     remaining = np.arange(n)
-    order = _size_order(table.size_bytes)
-    # Each row's sizes in that order, gathered once: every tier sorts the same sizes.
-    size_sorted = (
-        table.size_bytes[:, order]
-        if order.ndim == 1
-        else np.take_along_axis(table.size_bytes, order, axis=1)
-    )
+    # Each row's sizes in size order, gathered once: every tier sorts the same sizes.
+    order, size_sorted = _sorted_sizes(table.size_bytes)
     # Best utility in tiers t..T-1 or dropped, for the "leave tier t-1" option.
     below = np.empty((n, n_tiers + 1))
     below[:, n_tiers] = table.drop_util
@@ -123,11 +118,10 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
         if remaining.size == 0:
             break
         every = remaining.size == n
+        # The tier's rows are named, not copied: each (m, V) copy of the utilities or sizes
+        # was 48 MB of fresh pages at 100,000 x 60 (issue 28); the sorted gather reads them.
         points = _Points(
-            table.util[:, :, t] if every else table.util[remaining, :, t],
-            table.size_bytes if every else table.size_bytes[remaining],
-            order if every or order.ndim == 1 else order[remaining],
-            size_sorted if every else size_sorted[remaining],
+            table.util[:, :, t], table.size_bytes, order, size_sorted, None if every else remaining
         )
         leave = below[remaining, t + 1]
         pinned = table.pinned[remaining]
@@ -144,36 +138,59 @@ def _cascade(table: UtilityTable, prices: FloatArray) -> tuple[Assignment, Float
 def _size_order(size: FloatArray) -> IntArray:
     """Each row's variant order by size, ascending: ``(V,)`` when one order sorts every row
     (the usual case: variants listed by ratio), else ``(n, V)``."""
+    return _sorted_sizes(size)[0]
+
+
+def _sorted_sizes(size: FloatArray) -> tuple[IntArray, FloatArray]:
+    """:func:`_size_order` and the sizes in that order (the gather that checks the shared
+    order is that array already: at 100,000 x 60 one 48 MB copy less, issue 28)."""
     if size.shape[0] == 0:
-        return np.arange(size.shape[1])
+        return np.arange(size.shape[1]), size.copy()
     perm = np.argsort(size[0], kind="stable")
-    ranked = size[:, perm]
+    ranked = np.take(size, perm, axis=1)  # size[:, perm], about twice as fast
     if bool(np.all(ranked[:, 1:] >= ranked[:, :-1])):
-        return perm
-    return np.argsort(size, axis=1, kind="stable")
+        return perm, ranked
+    order = np.argsort(size, axis=1, kind="stable")
+    return order, np.take_along_axis(size, order, axis=1)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Points:
-    """One tier's points of ``m`` contexts: utility and size ``(m, V)``, size order."""
+    """One tier's points: utility and size ``(n, V)``, size order, of the ``m`` rows ``rows``
+    (``None``: all ``n``)."""
 
     util: FloatArray
     size: FloatArray
-    order: IntArray  # (V,) for all rows, or (m, V)
+    order: IntArray  # (V,) for all rows, or (n, V)
     size_sorted: FloatArray | None = None  # size in that order, when the caller has it
+    rows: IntArray | None = None
+
+    @property
+    def m(self) -> int:
+        return self.util.shape[0] if self.rows is None else self.rows.size
 
     def sorted(self) -> tuple[FloatArray, FloatArray, IntArray]:
-        """Sizes, utilities and variant indices, each row by size ascending."""
-        if self.order.ndim == 1:
-            var = np.broadcast_to(self.order, self.size.shape)
-            xs = self.size[:, self.order] if self.size_sorted is None else self.size_sorted
-            return xs, self.util[:, self.order], var
-        xs = (
-            np.take_along_axis(self.size, self.order, axis=1)
-            if self.size_sorted is None
-            else self.size_sorted
-        )
-        return xs, np.take_along_axis(self.util, self.order, axis=1), self.order
+        """Sizes, utilities and variant indices of the rows, each by size ascending (the
+        utilities a fresh array, which the caller may write)."""
+        rows, order = self.rows, self.order
+        if order.ndim == 2 and rows is not None:
+            order = order[rows]
+        if self.size_sorted is not None:
+            xs = self.size_sorted if rows is None else self.size_sorted[rows]
+        else:
+            size = self.size if rows is None else self.size[rows]
+            xs = size[:, order] if order.ndim == 1 else np.take_along_axis(size, order, axis=1)
+        if order.ndim == 1:
+            var = np.broadcast_to(order, xs.shape)
+            ys = np.take(self.util if rows is None else self.util[rows], order, axis=1)
+            return xs, ys, var
+        util = self.util if rows is None else self.util[rows]
+        return xs, np.take_along_axis(util, order, axis=1), order
+
+    def subset(self, keep: IntArray) -> _Points:
+        """Rows ``keep`` (positions among this one's rows) only."""
+        rows = keep if self.rows is None else self.rows[keep]
+        return _Points(self.util, self.size, self.order, self.size_sorted, rows)
 
 
 def _solve_tier(
@@ -185,36 +202,44 @@ def _solve_tier(
     and reduce the capacity for the rest. The price is the utility per byte of the first hull
     edge that did not fit (0 when everything fit).
     """
-    util = points.util
-    m = util.shape[0]
-    best = util.argmax(axis=1)
+    m = points.m
+    at = np.arange(m) if points.rows is None else points.rows
     if cap is None:
-        best_util = util[np.arange(m), best]
+        best = _first_best(points.util)[at]
+        best_util = points.util[at, best]
         return np.where(best_util >= leave, best, LEAVE).astype(np.int64), 0.0
     choice = np.full(m, LEAVE, dtype=np.int64)
     free = float(cap)
-    if pinned.any():
-        choice[pinned] = best[pinned]
-        free -= float(points.size[pinned, best[pinned]].sum())
+    if pinned.any():  # each row's best is needed only here (and for an unbounded tier)
+        best = _first_best(points.util)[at[pinned]]
+        choice[pinned] = best
+        free -= float(points.size[at[pinned], best].sum())
     rows = np.flatnonzero(~pinned)
     if rows.size == 0 or free <= 0:
         return choice, 0.0
     if rows.size < m:
-        order = points.order if points.order.ndim == 1 else points.order[rows]
-        xs = None if points.size_sorted is None else points.size_sorted[rows]
-        points = _Points(util[rows], points.size[rows], order, xs)
+        points = points.subset(rows)
     choice[rows], price = _hull_greedy(points, leave[rows], free)
     return choice, price
 
 
+def _first_best(util: FloatArray) -> IntArray:
+    """``util.argmax(axis=1)`` of a tier's strided ``(n, V)`` view without the contiguous
+    copy argmax makes of it (48 MB at 100,000 x 60, issue 28): the first column holding the
+    row's maximum (utilities are never NaN: the table's inputs are checked finite)."""
+    top = util.max(axis=1)
+    first: IntArray = np.argmax(util == top[:, None], axis=1)
+    return first
+
+
 def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArray, float]:
     """Greedy on the upper concave hulls of ``(size, util)``, leave point at ``(0, leave)``."""
-    xs, ys, var = points.sorted()
-    ys = np.where(xs <= cap, ys, -np.inf)
+    xs, ys, var = points.sorted()  # ys is a fresh gather: written in place below
+    _mask_unfit(xs, ys, cap)
     every_best = _when_all_fit(xs, ys, var, leave, cap)
     if every_best is not None:
         return every_best, 0.0
-    cx, cy, cv, count = _pareto(xs, ys, var, leave)
+    cx, cy, cv, count = _pareto_in_place(xs, ys, var, leave)
     m = cx.shape[0]
     ckeep = np.arange(cx.shape[1])[None, :] <= count[:, None]
     hull, top = _upper_hulls(cx, cy, ckeep)
@@ -237,6 +262,14 @@ def _hull_greedy(points: _Points, leave: FloatArray, cap: float) -> tuple[IntArr
     _fill(reached, by_slope[stop:], (seg_row, level, dx), free)
     result = cv[np.arange(m), hull[np.arange(m), reached]]
     return np.where(result < 0, LEAVE, result).astype(np.int64), price
+
+
+def _mask_unfit(xs: FloatArray, ys: FloatArray, cap: float) -> None:
+    """``ys = where(xs <= cap, ys, -inf)`` in place. Rows are sorted by size, so the last
+    column holds each row's largest: the (m, V) mask is built only when some point does not
+    fit (never, with tiers of many contexts)."""
+    if xs.size and float(xs[:, -1].max()) > cap:
+        ys[xs > cap] = -np.inf
 
 
 def _when_all_fit(
@@ -265,12 +298,23 @@ def _pareto(
     ``count[i]`` more. Returns sizes, utilities, variant (-1 = leave) ``(m, K + 1)`` and
     ``count``. Only ~10 of 60 variants survive on paper-like profiles, which keeps the hull
     work small."""
+    return _pareto_in_place(xs, ys.copy(), var, leave)
+
+
+def _pareto_in_place(
+    xs: FloatArray, ys: FloatArray, var: IntArray, leave: FloatArray
+) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """:func:`_pareto`, overwriting ``ys`` with its running maximum: at 100,000 x 60 the
+    separate running-maximum array was 48 MB of fresh pages per tier (issue 28). With ``P``
+    the running maximum of ``leave, ys[:, 0], ..., ys[:, j]``, a point beats every smaller
+    one and the leave point exactly when ``P`` rises at it, and then its utility is ``P`` (a
+    maximum is one of its inputs, so the values are the points' own, bit for bit)."""
     m = xs.shape[0]
-    prev = np.empty_like(ys)
-    prev[:, 0] = leave
-    np.maximum.accumulate(ys[:, :-1], axis=1, out=prev[:, 1:])
-    np.maximum(prev, leave[:, None], out=prev)
-    keep = ys > prev
+    np.maximum.accumulate(ys, axis=1, out=ys)
+    np.maximum(ys, leave[:, None], out=ys)
+    keep = np.empty(ys.shape, dtype=bool)
+    np.greater(ys[:, :1], leave[:, None], out=keep[:, :1])
+    np.greater(ys[:, 1:], ys[:, :-1], out=keep[:, 1:])
     r, c = np.nonzero(keep)
     count = np.bincount(r, minlength=m)
     width = int(count.max()) + 1 if m else 1

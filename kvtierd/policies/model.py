@@ -65,6 +65,12 @@ def _check_inputs(
     _check_array("prefill_s", np.asarray(prefill_s, dtype=np.float64), 0.0)
 
 
+UTILITY_BLOCK_ROWS = 4096
+"""Rows priced at a time by :func:`_utilities`: its two ``(rows, V)`` work buffers stay in
+the cache and are reused, where whole-table buffers were 48 MB of fresh pages each at
+100,000 x 60 (pages the kernel zeroes: issue 28)."""
+
+
 def _utilities(
     alpha: float,
     tiers: Sequence[TierModel],
@@ -74,29 +80,43 @@ def _utilities(
     restore_s: FloatArray,
     frequency: FloatArray,
     valid: BoolArray,
+    best: FloatArray | None = None,
 ) -> FloatArray:
     """``utility(alpha, quality, load_ttft_s(size, restore_s, tier), frequency)`` of every
     tier, ``(n, V, T)``, ``-inf`` where not ``valid``. The same operations in the same order as
-    those functions (bit for bit the same values), but into two reused ``(n, V)`` buffers:
-    at 100,000 contexts x 60 variants each temporary is 48 MB of fresh pages, and the plain
-    expression made six per tier (issue 28)."""
+    those functions (bit for bit the same values), but into two reused work buffers of
+    :data:`UTILITY_BLOCK_ROWS` rows (issue 28). ``best``, when given, receives each cell's
+    maximum over the tiers (``util.max(axis=2)``, exactly: a maximum does not round), taken
+    while each tier's values are at hand."""
     n, n_var = size.shape
     util = np.empty((n, n_var, len(tiers)), dtype=np.float64)
-    scaled = alpha * quality  # utility()'s alpha * quality: the same for every tier
-    ttft = np.empty((n, n_var), dtype=np.float64)
-    freq = frequency[:, None]
-    invalid = ~valid
-    for t, tier in enumerate(tiers):
+    for tier in tiers:
         check_tiers((tier,))
-        # load_seconds: size / bandwidth + overhead + restore, left to right.
-        np.divide(size, tier.load_bandwidth_bytes_per_s, out=ttft)
-        np.add(ttft, tier.load_overhead_s, out=ttft)
-        np.add(ttft, restore_s, out=ttft)
-        # utility: (alpha * quality - ttft) * frequency.
-        np.subtract(scaled, ttft, out=ttft)
-        np.multiply(ttft, freq, out=ttft)
-        ttft[invalid] = -np.inf
-        util[:, :, t] = ttft
+    rows = max(1, min(n, UTILITY_BLOCK_ROWS))
+    scaled_buf = np.empty((rows, n_var), dtype=np.float64)
+    ttft_buf = np.empty((rows, n_var), dtype=np.float64)
+    for b0 in range(0, n, rows):
+        b1 = min(n, b0 + rows)
+        scaled, ttft = scaled_buf[: b1 - b0], ttft_buf[: b1 - b0]
+        # utility()'s alpha * quality: the same for every tier.
+        np.multiply(alpha, quality[b0:b1], out=scaled)
+        freq = frequency[b0:b1, None]
+        invalid = ~valid[b0:b1]
+        for t, tier in enumerate(tiers):
+            # load_seconds: size / bandwidth + overhead + restore, left to right.
+            np.divide(size[b0:b1], tier.load_bandwidth_bytes_per_s, out=ttft)
+            np.add(ttft, tier.load_overhead_s, out=ttft)
+            np.add(ttft, restore_s[b0:b1], out=ttft)
+            # utility: (alpha * quality - ttft) * frequency.
+            np.subtract(scaled, ttft, out=ttft)
+            np.multiply(ttft, freq, out=ttft)
+            ttft[invalid] = -np.inf
+            util[b0:b1, :, t] = ttft
+            if best is not None:
+                if t == 0:
+                    np.copyto(best[b0:b1], ttft)
+                else:
+                    np.maximum(best[b0:b1], ttft, out=best[b0:b1])
     return util
 
 
@@ -156,10 +176,14 @@ class UtilityTable:
         freq = np.asarray(frequency, dtype=np.float64)
         qual = np.asarray(quality, dtype=np.float64)
         rest = np.asarray(restore_s, dtype=np.float64)
-        _check_inputs(alpha, tiers, size=size[ok], quality=qual[ok], restore_s=rest[ok],
+        every = bool(ok.all())  # then no (n, V) copy of the valid entries to check
+        _check_inputs(alpha, tiers, size=size if every else size[ok],
+                      quality=qual if every else qual[ok],
+                      restore_s=rest if every else rest[ok],
                       frequency=freq, prefill_s=prefill_s)  # fmt: skip
+        best = np.empty((n, n_var), dtype=np.float64)  # each cell's best tier (below)
         util = _utilities(alpha, tiers, size=size, quality=qual, restore_s=rest, frequency=freq,
-                          valid=ok)  # fmt: skip
+                          valid=ok, best=best)  # fmt: skip
         drop = dropped_utility(alpha, np.asarray(prefill_s, dtype=np.float64), freq)
         ids = tuple(context_ids) if context_ids is not None else tuple(str(i) for i in range(n))
         names = (
@@ -172,7 +196,7 @@ class UtilityTable:
         # frees its bytes too), but it steered the online insert's repair: a quality-0 variant
         # of one context changed where others went (tests/policies/test_properties.py). So it
         # is no option at all; the first variant (the original) and pinned contexts keep theirs.
-        dominated = ok & (util.max(axis=2) < drop[:, None]) & ~pin[:, None]
+        dominated = ok & (best < drop[:, None]) & ~pin[:, None]
         dominated[:, 0] = False
         util[dominated] = -np.inf
         ok = ok & ~dominated

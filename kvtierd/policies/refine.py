@@ -96,13 +96,27 @@ def lagrangian_bound(problem: Problem, prices: FloatArray) -> float:
     ``sum_i max(drop_i, max_{v,t} util - price_t * size) + sum_t price_t * capacity_t``
     (weak duality of the capacity constraints). One pass over the ``(n, V, T)`` utilities."""
     caps = problem.capacity_bytes
+    size = problem.size_bytes
     best = problem.drop_util.copy()
+    largest = float(size.max()) if size.size else 0.0
+    # One reused (n, V) buffer, and no mask where every size fits: at 100,000 contexts x 60
+    # variants each temporary is 48 MB of fresh pages, and the plain expression made four per
+    # tier (issue 28). The same operations, so the same bound bit for bit.
+    buf: FloatArray | None = None
     for t in range(problem.util.shape[2]):
         price = float(prices[t]) if np.isfinite(caps[t]) else 0.0
-        value = (
-            problem.util[:, :, t] - price * problem.size_bytes if price else problem.util[:, :, t]
-        )
-        value = np.where(problem.size_bytes <= caps[t], value, -np.inf)
+        value = problem.util[:, :, t]
+        over = largest > caps[t]
+        if price or over:
+            buf = np.empty_like(size) if buf is None else buf
+            if price:
+                np.multiply(size, price, out=buf)
+                np.subtract(value, buf, out=buf)
+            else:
+                np.copyto(buf, value)
+            if over:
+                buf[size > caps[t]] = -np.inf
+            value = buf
         np.maximum(best, value.max(axis=1), out=best)
     finite = np.isfinite(caps)
     return float(best.sum() + np.dot(prices[finite], caps[finite]))

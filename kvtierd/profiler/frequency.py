@@ -13,10 +13,15 @@ keep decaying across a daemon restart.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from kvtierd.errors import InvalidArgumentError
+
+FloatArray = npt.NDArray[np.float64]
 
 
 def _check_half_life(half_life_s: float) -> None:
@@ -74,6 +79,26 @@ class FrequencyTracker:
         """Decayed count; 0.0 for a context never recorded."""
         c = self._counters.get(context_id)
         return 0.0 if c is None else c.value_at(now_s)
+
+    def frequencies(self, context_ids: Sequence[str], now_s: float) -> FloatArray:
+        """:meth:`frequency` of each context, as an array: bit for bit the same values (the
+        decay's ``exp2`` is ``math.exp2`` per context, which numpy's vectorised one is not
+        always; the rest is the same IEEE operations), without a method call per context (a
+        rebalance of 100,000 contexts asks for all of them, issue 28)."""
+        get = self._counters.get
+        counters = [get(cid) for cid in context_ids]
+        at = np.fromiter((c is not None for c in counters), dtype=bool, count=len(counters))
+        known = [c for c in counters if c is not None]
+        k = len(known)
+        value = np.fromiter((c.value for c in known), dtype=np.float64, count=k)
+        t_ref = np.fromiter((c.t_ref_s for c in known), dtype=np.float64, count=k)
+        half = np.fromiter((c.half_life_s for c in known), dtype=np.float64, count=k)
+        # DecayedCounter.value_at: value * exp2(-(now - t_ref) / half_life).
+        exponent = -(now_s - t_ref) / half
+        decay = np.fromiter(map(math.exp2, exponent.tolist()), dtype=np.float64, count=k)
+        out = np.zeros(len(counters), dtype=np.float64)
+        out[at] = value * decay
+        return out
 
     def set_half_life(self, half_life_s: float, now_s: float) -> None:
         """Switch half-life: counts so far keep their value at ``now_s`` and decay at the new

@@ -92,3 +92,41 @@ def test_grid_sizes_are_each_variants_exact_size():
     names = ("knorm@0.5", "int8", "int4", "knorm@0.25+int8")
     want = [variant_size_bytes(L, H, D, 3 * T, 2, n, chunk_tokens=count_unit(n, T)) for n in names]
     assert list(grid_size_bytes(geometry, names)) == want
+
+
+def test_frequency_and_prefill_arrays_are_the_per_context_values_bit_for_bit():
+    """The rebalance's frequencies and recompute times, read as arrays (issue 28), equal
+    what each context's own path gives: the decayed count (else its hits, at least 1) and
+    ``TtftModel.prefill_s`` of its tokens."""
+    import numpy as np
+
+    from kvtierd.profiler import Profiler, TtftModel, make_evaluator
+
+    profiler = Profiler(make_evaluator("attention"), TtftModel(prefill_tokens_per_s=1234.567),
+                        policy=parse_policy(GRID, "p.yaml"))  # fmt: skip
+    index = ContextIndex()
+    options = ContextOptions(index=index, policy=RunningPolicy(parse_policy(GRID, "p.yaml")),
+                             servable=Servability({}), profiler=lambda: profiler)  # fmt: skip
+    rows = OptionRows(options)
+    rng = np.random.default_rng(3)
+    ctxs = []
+    for i in range(300):
+        cid = f"c{i}"
+        for k in range(int(rng.integers(1, 5))):
+            ctx = _chunk(index, cid, k)
+        ctx.hits = int(rng.integers(0, 4))
+        if i % 3:  # a third never accessed: their hits count
+            for t in rng.uniform(0.0, 1e5, 2).tolist():
+                profiler.frequency.record(cid, t, float(rng.uniform(0.5, 2.0)))
+        ctxs.append(ctx)
+    now = 1.2e5 + 0.5
+    got = rows._frequencies(ctxs, now)
+    want = []
+    for ctx in ctxs:
+        f = profiler.frequency.frequency(ctx.context_id, now)
+        want.append(f if f > 0 else float(max(ctx.hits, 1)))
+    assert got.tobytes() == np.array(want).tobytes()
+    prefill = rows.arrays(ctxs).prefill_s
+    tokens = [options.tokens_of(ctx) for ctx in ctxs]
+    assert prefill.tobytes() == np.array([profiler.ttft.prefill_s(t) for t in tokens]).tobytes()
+    assert len(set(tokens)) > 1

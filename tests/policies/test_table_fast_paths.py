@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from kvtierd.policies import knapsack, model
+from kvtierd.policies.exact import Problem
 from kvtierd.policies.knapsack import _Points, _size_order, greedy_solve
 from kvtierd.policies.model import UtilityTable
+from kvtierd.policies.refine import lagrangian_bound
 from kvtierd.types import TierModel
 from kvtierd.utility import load_ttft_s, utility
 
@@ -68,12 +70,20 @@ def _reference_pareto(xs, ys, var, leave):
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_utilities_are_bit_for_bit_the_plain_expression(seed: int) -> None:
+@pytest.mark.parametrize("block", [4096, 7])
+def test_utilities_are_bit_for_bit_the_plain_expression(
+    seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also priced a few rows at a time (``block`` 7: 43 blocks, the last one short), with
+    each cell's best tier beside them."""
+    monkeypatch.setattr(model, "UTILITY_BLOCK_ROWS", block)
     _, tiers, size, quality, restore, freq, valid = _instance(seed)
     expected = _reference_util(tiers, size, quality, restore, freq, valid=valid)
+    best = np.empty(size.shape)
     got = model._utilities(1.0, tiers, size=size, quality=quality, restore_s=restore,
-                           frequency=freq, valid=valid)  # fmt: skip
+                           frequency=freq, valid=valid, best=best)  # fmt: skip
     assert got.tobytes() == expected.tobytes()
+    assert best.tobytes() == expected.max(axis=2).tobytes()
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -96,7 +106,7 @@ def test_greedy_places_as_the_plain_hull_greedy_did(
     if seed % 3 == 1:  # a bounded bottom tier that holds everything: the shortcut answers
         assert any(taken)
     monkeypatch.setattr(knapsack, "_when_all_fit", lambda *args: None)
-    monkeypatch.setattr(knapsack, "_pareto", _reference_pareto)
+    monkeypatch.setattr(knapsack, "_pareto_in_place", _reference_pareto)
     plain = greedy_solve(table)
     assert np.array_equal(fast.assignment.tier, plain.assignment.tier)
     assert np.array_equal(fast.assignment.variant, plain.assignment.variant)
@@ -116,3 +126,89 @@ def test_pareto_keeps_the_plain_points() -> None:
     assert np.array_equal(got[3], want[3])
     for a, b in zip(got[:3], want[:3], strict=True):
         assert np.array_equal(a[kept], b[kept])
+
+
+def test_pareto_in_place_keeps_the_plain_points_and_overwrites_only_its_copy() -> None:
+    table = _instance(2)[0]
+    order = _size_order(table.size_bytes)
+    xs, ys, var = _Points(table.util[:, :, 0], table.size_bytes, order).sorted()
+    ys[:, ::7] = -np.inf  # points that do not fit
+    want = _reference_pareto(xs, ys, var, table.drop_util)
+    kept_ys = ys.copy()
+    got = knapsack._pareto(xs, ys, var, table.drop_util)
+    assert np.array_equal(ys, kept_ys)  # _pareto leaves its argument alone
+    kept = np.arange(got[0].shape[1])[None, :] <= got[3][:, None]
+    assert np.array_equal(got[3], want[3])
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert np.array_equal(a[kept], b[kept])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_points_of_named_rows_are_those_rows_copied(seed: int) -> None:
+    """A tier's rows named (issue 28: not copied) sort as the copied rows did."""
+    table = _instance(seed)[0]
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(table.n_contexts, 120, replace=False))
+    order = _size_order(table.size_bytes)
+    util = table.util[:, :, 1]
+    for size_sorted in (None, knapsack._sorted_sizes(table.size_bytes)[1]):
+        named = _Points(util, table.size_bytes, order, size_sorted, rows)
+        copied = _Points(util[rows], table.size_bytes[rows],
+                         order if order.ndim == 1 else order[rows],
+                         None if size_sorted is None else size_sorted[rows])  # fmt: skip
+        assert named.m == rows.size
+        for a, b in zip(named.sorted(), copied.sorted(), strict=True):
+            assert np.array_equal(a, b)
+        sub = named.subset(np.arange(0, rows.size, 3))
+        assert np.array_equal(sub.sorted()[1], copied.sorted()[1][::3])
+
+
+def test_first_best_is_argmax_with_its_ties() -> None:
+    rng = np.random.default_rng(5)
+    util = np.round(rng.normal(size=(500, 9, 3)), 1)  # many ties within a row
+    util[::17] = -np.inf  # rows with no option
+    util[3, 4:, 1] = util[3, :, 1].max() + 1.0
+    for t in range(3):
+        view = util[:, :, t]
+        assert np.array_equal(knapsack._first_best(view), view.argmax(axis=1))
+
+
+def test_unfit_points_are_masked_as_the_plain_where() -> None:
+    rng = np.random.default_rng(6)
+    xs = np.sort(rng.uniform(0, 100, (200, 8)), axis=1)
+    ys = rng.normal(size=(200, 8))
+    for cap in (5.0, 50.0, 99.0, 1e9):
+        got = ys.copy()
+        knapsack._mask_unfit(xs, got, cap)
+        assert np.array_equal(got, np.where(xs <= cap, ys, -np.inf))
+
+
+def _plain_bound(problem: Problem, prices: np.ndarray) -> float:
+    """``lagrangian_bound`` as written before issue 28."""
+    caps = problem.capacity_bytes
+    best = problem.drop_util.copy()
+    for t in range(problem.util.shape[2]):
+        price = float(prices[t]) if np.isfinite(caps[t]) else 0.0
+        value = (
+            problem.util[:, :, t] - price * problem.size_bytes if price else problem.util[:, :, t]
+        )
+        value = np.where(problem.size_bytes <= caps[t], value, -np.inf)
+        np.maximum(best, value.max(axis=1), out=best)
+    finite = np.isfinite(caps)
+    return float(best.sum() + np.dot(prices[finite], caps[finite]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lagrangian_bound_is_the_plain_bound_bit_for_bit(seed: int) -> None:
+    table = _instance(seed)[0]
+    problem = Problem.of(table)
+    largest = float(table.size_bytes.max())
+    caps = problem.capacity_bytes.copy()
+    if seed % 2:  # tiers smaller than some options: the masked path
+        caps[0] = 0.5 * largest
+        caps[1] = 0.9 * largest
+        problem = Problem(problem.size_bytes, problem.util, problem.drop_util, problem.pinned,
+                          caps)  # fmt: skip
+    rng = np.random.default_rng(seed)
+    for prices in (np.zeros(3), rng.uniform(0, 1e-6, 3), np.array([1e-7, 0.0, 2e-8])):
+        assert lagrangian_bound(problem, prices) == _plain_bound(problem, prices)
