@@ -205,7 +205,11 @@ def growth_exponent(ns: list[int], seconds: list[float]) -> float:
 
 def run(ns: list[int], grids: list[str] | None = None) -> list[DaemonRebalance]:
     """Every grid (or those named) at every size, printed as rows; returns the measurements."""
+    from kvtierd.server.main import tune_numpy
+
     out = []
+    huge = tune_numpy()  # as the daemon runs (issue 28: numpy's huge-page advice cost ~0.6 s)
+    print(f"\nnumpy huge-page advice: {'on' if huge else 'off'} (NUMPY_MADVISE_HUGEPAGE)")
     print("\ndaemon path: Placing.rebalance in a real engine (start of a rebalance -> the plan")
     print("the executor receives); 'again' = after 1% re-profiled and frequencies moved;")
     print("CPU = this process's CPU seconds (the machine is shared: wall time is inflated)")

@@ -86,6 +86,22 @@ def tune_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
+def tune_numpy() -> bool:
+    """numpy's 2 MB pages off for the placer's large temporary arrays, unless the operator
+    chose (``NUMPY_MADVISE_HUGEPAGE``); whether they are on now. numpy asks the kernel for
+    huge pages on every array of 4 MiB or more, and the first touch of each made a 100k-context
+    rebalance after a re-profile take 2.2-2.6 s of CPU instead of 1.96-1.97 s
+    (benchmarks/RESULTS.md, issue 28)."""
+    from numpy._core import multiarray
+
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:  # numpy read it at import
+        on = multiarray._set_madvise_hugepage(False)
+        multiarray._set_madvise_hugepage(on)
+        return bool(on)
+    multiarray._set_madvise_hugepage(False)
+    return False
+
+
 async def _serve(config_path: str | None) -> None:
     config = load_daemon_config(config_path) if config_path else default_config()
     threads = limit_compute_threads(config.compute_threads)
@@ -102,6 +118,7 @@ async def _serve(config_path: str | None) -> None:
     daemon = Daemon(config)
     await daemon.start()
     tune_gc()
+    tune_numpy()
     await daemon.serve_until_stopped()
 
 

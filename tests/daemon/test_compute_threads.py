@@ -76,3 +76,20 @@ def test_compute_threads_is_read_from_the_config_file(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("compute_threads: 2", "compute_threads: two"))
     with pytest.raises(ConfigError, match="expected int, got 'two'"):
         load_daemon_config(str(path))
+
+
+def test_numpy_huge_page_advice_is_off_unless_the_operator_chose() -> None:
+    """numpy's huge-page advice made a 100k-context rebalance ~0.6 s slower (issue 28): the
+    daemon turns it off, and leaves NUMPY_MADVISE_HUGEPAGE's choice alone."""
+    probe = ("from kvtierd.server.main import tune_numpy\n"
+             "from numpy._core import multiarray\n"
+             "got = tune_numpy()\n"
+             "print(got, multiarray._set_madvise_hugepage(got))\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()  # fmt: skip
+    assert out == ["False", "False"]
+    chosen = subprocess.run([sys.executable, "-c", probe],
+                            env={**env, "NUMPY_MADVISE_HUGEPAGE": "1"}, capture_output=True,
+                            text=True, check=True).stdout.split()  # fmt: skip
+    assert chosen == ["True", "True"]
