@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 from kvtierd.config import default_config, load_daemon_config
 from kvtierd.errors import KvtierError
@@ -94,11 +95,12 @@ def tune_numpy() -> bool:
     (benchmarks/RESULTS.md, issue 28)."""
     from numpy._core import multiarray
 
+    advise: Callable[[bool], bool] = multiarray._set_madvise_hugepage  # type: ignore[attr-defined]
     if "NUMPY_MADVISE_HUGEPAGE" in os.environ:  # numpy read it at import
-        on = multiarray._set_madvise_hugepage(False)
-        multiarray._set_madvise_hugepage(on)
+        on = advise(False)
+        advise(on)
         return bool(on)
-    multiarray._set_madvise_hugepage(False)
+    advise(False)
     return False
 
 
