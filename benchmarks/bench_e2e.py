@@ -31,7 +31,10 @@ of ``--chunk`` makes it whole LMCache chunks. Prompts must fit vLLM's ``max_mode
 Writes ``--out`` (``benchmarks/out/e2e``): ``<system>.json`` per system (resumable: a system
 whose file exists is not run again; one of another ``--system-prompt-tokens`` is refused; each
 records ``system_prompt_tokens``), ``summary.md`` and ``frontier.png`` (mean TTFT against
-quality, the paper's Fig. 7, from measurements).
+quality, the paper's Fig. 7, from measurements). Every figure of the summary comes with its 95%
+bootstrap interval over the requests, and each system with its share of the trace's ceiling
+(the best any policy could do on it: ``e2e_stats.py``); ``e2e_stats.across_seeds`` gives a
+ratio's interval over several seeds' runs.
 
 When profiles run (issue 26): for a kvtierd system the daemon's profile runs (wall-clock start
 and end, evaluator, why: ``Admin.ProfileStatus``) are set beside every request's send, first
