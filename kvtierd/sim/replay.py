@@ -24,9 +24,10 @@ context) is modelled as one more context, :data:`PREFIX_ID`, that every request 
 its own: offered to the same placer (as the original only: what compressing a shared segment
 means for the contexts after it is not modelled), with every request counted towards its
 frequency (so under the oracle its expected requests are all of them), placed, moved and
-dropped like any context: its profile prices only its own prefill when dropped, as the placers
-know nothing of a context's prefix (the precedence of issue 29 item 1 is theirs to add; the
-replay below already counts what losing the prefix costs the contexts after it). Each request
+dropped like any context: its profile prices only its own prefill when dropped, as the
+simulator does not link the contexts to it (the daemon's EvicPress placer takes parent links,
+``Placer.link`` / ``policies/precedence.py``; passing them here is not done yet; the replay
+below already counts what losing the prefix costs the contexts after it). Each request
 first uses the prefix (a lookup; not cached: prefilled and offered again), then its own
 context, whose variants hold only its own tokens. A context's KV is usable only behind its
 prefix's, as LMCache's lookup stops at the first chunk it lacks:
