@@ -6,9 +6,10 @@ usable only while every ancestor's KV is loadable. The placer's problem becomes 
 precedence:
 
 * a child is cached (in any tier) only if its parent is (:func:`enforce`);
-* a parent's frequency counts its descendants' requests: each of them loads the prefix too
-  (:func:`subtree_frequency`); with utilities additive over segments this prices a dropped or
-  compressed parent with what it costs the children's requests;
+* a parent's frequency is at least the sum of its children's: each of their requests loads
+  the prefix too (:func:`subtree_frequency`, which says why the maximum and not the sum); with
+  utilities additive over segments this prices a dropped or compressed parent with what it
+  costs the children's requests;
 * dropping a parent drops its children (:func:`enforce`, :func:`descendants`).
 
 The greedy stays the project's own (:func:`~kvtierd.policies.evicpress.solve`, unchanged and as
