@@ -39,6 +39,11 @@ prefix's, as LMCache's lookup stops at the first chunk it lacks:
 * both cached: TTFT = both loads (one tier overhead when they share a tier) + prefill of the
   query; quality = the own context's variant's. Slower than recomputing: ``recompute``.
 
+**What the placer is offered** (``SimulationConfig.offers``, :mod:`kvtierd.sim.offers`): by
+default every variant from a context's first put (the paper's model); the daemon's rules offer
+a compressed form only once the context's profile is trusted and a token-dropped one only once
+the router can serve it, and place the context again when they allow more.
+
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
 prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
@@ -54,6 +59,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, make_placer
 from kvtierd.policies.model import FloatArray, IntArray
 from kvtierd.profiler.frequency import FrequencyTracker
+from kvtierd.sim.offers import OfferRule, Offers
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
@@ -95,6 +101,7 @@ class SimulationConfig:
     frequency: str = "online"
     half_life_s: float = 3600.0
     recompute_slower_loads: bool = True
+    offers: OfferRule = field(default_factory=OfferRule)
     warmup_fraction: float = 0.2
     gpu_flops: float = H100_BF16_FLOPS * 0.4
     sensitivity_cov: float = 0.25
@@ -226,21 +233,47 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     tier_hit = np.full(m, MISS, dtype=np.int64)
     prefix_hit = np.full(m, MISS, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
+    offers = Offers(cfg.offers, cfg.placer)
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
         profile = _counted(seen, prep.profiles[c], now)
+        if not _cached(placer, profile.context_id):
+            offers.dropped(profile.context_id)
+        offered = offers.offered(profile)
         if prep.prefix is not None:
             shared = _use(placer, _counted(seen, prep.prefix, now), now)
             if shared is None:  # all prefilled: the own context is stored again if it is not
-                _store(placer, profile)
+                _store(placer, offered)
+                _served(placer, offers, profile, offered)
                 continue
             prefix_hit[k] = tier_of[shared.tier]
-        where = _use(placer, profile, now)
+        where = _use(placer, offered, now)
         if where is not None:
             tier_hit[k] = tier_of[where.tier]
             variant[k] = var_of[where.variant]
+        _served(placer, offers, profile, offered)
     return Replay(placer, tier_hit, variant, prefix_hit)
+
+
+def _served(
+    placer: Placer, offers: Offers, profile: ContextProfile, before: ContextProfile
+) -> None:
+    """A request of ``profile``'s context was served: where that lets the placer choose more of
+    its variants (its profile is trusted now, a token-dropped form servable: ``offers.py``),
+    the cached context is placed again with them, in the background as the daemon does."""
+    offers.served(profile.context_id)
+    now = offers.offered(profile)
+    if len(now.variants) != len(before.variants) and _cached(placer, profile.context_id):
+        placer.insert(now)
+
+
+def _cached(placer: Placer, context_id: str) -> bool:
+    """Whether the context's KV is held in a tier."""
+    try:
+        return placer.placement(context_id).tier is not None
+    except KeyError:
+        return False
 
 
 def _counted(seen: FrequencyTracker | None, profile: ContextProfile, now: float) -> ContextProfile:
@@ -278,11 +311,7 @@ def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
 def _store(placer: Placer, profile: ContextProfile) -> None:
     """A prefilled context's KV arrives: offered to the placer unless it is cached already
     (LMCache stores only the chunks it lacks)."""
-    try:
-        cached = placer.placement(profile.context_id).tier is not None
-    except KeyError:
-        cached = False
-    if not cached:
+    if not _cached(placer, profile.context_id):
         placer.insert(profile)
 
 
