@@ -33,13 +33,18 @@ sim predict``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from kvtierd.sim.calibration import Calibration
+    from kvtierd.sim.timing import LinearPrefill
 
 TIER_SOURCE = {"kvtierd": "lru", "lmcache": "lmcache"}
 """Which measured system calibrates the tiers of each backend."""
@@ -87,6 +92,7 @@ class Lengths:
 
     def __init__(self, doc: dict[str, Any]) -> None:
         self.context = [int(c["tokens"]) for c in doc["contexts"]]
+        self.shared = int(doc.get("shared_prefix_tokens", 0))
         self.warmup = [  # (context, question, index) of the warm-up requests, in order
             (r["context"], r.get("question", 0), r["index"])
             for r in doc["requests"]
@@ -140,13 +146,49 @@ def prefill_samples(
     """The ``prefill`` system's warm-up (as measured) and timed requests, and the full misses
     of the ``others`` (measured runs with vLLM's usage per outcome), as :func:`_fit_samples`
     takes them."""
-    warm = [lengths.service(o, o["ttft_s"]) for o in measured.get("warmup", []) if not o["error"]]
+    warm = [lengths.service(o, o["ttft_s"]) for o in warmup_outcomes(measured, lengths)]
     runs = [(measured["outcomes"], {o["index"] for o in measured["outcomes"]})]
     for run in others:
         misses = {o["index"] for o in run["outcomes"]
                   if o.get("cached_tokens", -1) == 0 and not o["served_from"]}  # fmt: skip
         runs.append((run["outcomes"], misses))
     return warm + _fit_samples(runs, lengths)
+
+
+def warmup_outcomes(measured: dict[str, Any], lengths: Lengths) -> list[dict[str, Any]]:
+    """A run's warm-up requests that did not fail, each with its ``question``: bench_e2e
+    records the warm-up as ``{context, sent_unix_s, ttft_s, total_s}`` in the order it sent
+    them (the workload file's warm-up order, which gives the question); runs before issue 26
+    recorded outcomes like the timed ones."""
+    out = []
+    for k, o in enumerate(measured.get("warmup", [])):
+        if o.get("error"):
+            continue
+        question = o.get("question")
+        if question is None and k < len(lengths.warmup):
+            question = lengths.warmup[k][1]
+        out.append(o | {"question": question or 0})
+    return out
+
+
+def miss_samples(runs: Sequence[dict[str, Any]], lengths: Lengths) -> list[Service]:
+    """The requests of cached systems' runs that computed their whole prompt: each warm-up
+    request (as measured: one at a time, and a run starts empty) and each timed request vLLM
+    found nothing of (``cached_tokens`` 0, not served from a variant), as
+    :func:`_fit_samples` takes them. They time the prefill of the cached systems' vLLM, which
+    is not the ``prefill`` system's: a connector's vLLM may serve in another dtype (float32
+    on an AMX CPU against the ``prefill`` system's bfloat16: twice as slow in the 8-context
+    run of issue 26, ``cpu_dtype.py``)."""
+    warm = []
+    for run in runs:  # behind a shared prefix only a run's first request computed it all
+        first = warmup_outcomes(run, lengths)[: 1 if lengths.shared else None]
+        warm += [lengths.service(o, o["ttft_s"]) for o in first]
+    timed = []
+    for run in runs:
+        misses = {o["index"] for o in run["outcomes"]
+                  if o.get("cached_tokens", -1) == 0 and not o["served_from"]}  # fmt: skip
+        timed.append((run["outcomes"], misses))
+    return warm + _fit_samples(timed, lengths)
 
 
 def measured_hits(measured: dict[str, Any], lengths: Lengths, log: Path) -> dict[int, bool] | None:
@@ -185,14 +227,18 @@ def hit_samples(measured: dict[str, Any], lengths: Lengths, hits: dict[int, bool
 
 
 def calibration_yaml(
-    prefill: list[Service], hits: list[Service], tiers: list[str], source: str
+    prefill: list[Service],
+    hits: list[Service],
+    tiers: list[str],
+    source: str,
+    decode_s: float = 0.0,
 ) -> str:
     """A calibration document (``kvtierd/sim/calibration.py``'s format) with its provenance."""
     import yaml
 
     doc: dict[str, Any] = {
         "prefill": {"samples": [s.row() for s in prefill]},
-        "decode_s": 0.0,
+        "decode_s": round(decode_s, 3),
         "tiers": [{"name": t, "samples": [s.row() for s in hits]} for t in tiers],
     }
     if len({s.context_tokens for s in hits}) < 2:  # one length: no overhead can be told apart
@@ -204,6 +250,119 @@ def calibration_yaml(
         f"tiers: {len(hits)} hits\n# (vLLM's usage or LMCache's log), the same samples for "
         "every tier (neither says which).\n# Each as measured where it ran alone, else as "
         "estimated. Samples: [context tokens, service s, query tokens].\n"
-        "# decode_s 0: vLLM interleaves decoding with the next prefill.\n"
+        "# decode_s: the hold after each first token that best gives the prefill system's\n"
+        "# measured TTFTs (0: vLLM interleaves decoding with the next prefill).\n"
     )
     return head + yaml.safe_dump(doc, default_flow_style=None, sort_keys=False, width=100)
+
+
+DECODE_STEP_S = 0.01
+
+
+def fit_decode_s(measured: dict[str, Any], lengths: Lengths, prefill: LinearPrefill) -> float:
+    """The seconds vLLM stays busy after each first token (``decode_s``: the simulator's one
+    LLM server holds that long before the next prefill) that best give the ``prefill``
+    system's measured TTFTs (least squares over its timed requests, each prefilled whole at
+    ``prefill``, queued at its measured sending time), searched in steps of
+    :data:`DECODE_STEP_S` up to the longest measured decode (first to last token). In issue
+    26's runs it is 0: a request's decode did not hold the next prefill back."""
+    from kvtierd.sim.timing import queued_ttft_s
+
+    outs = sorted((o for o in measured["outcomes"] if not o["error"]), key=lambda o: o["sent_s"])
+    if not outs:
+        return 0.0
+    sent = np.array([o["sent_s"] for o in outs])
+    got = np.array([o["ttft_s"] for o in outs])
+    tokens = np.array([float(s.context_tokens + s.query_tokens)
+                       for s in (lengths.service(o, 0.0) for o in outs)])  # fmt: skip
+    service = prefill.seconds(tokens, np.zeros_like(tokens))
+    longest = max(o["total_s"] - o["ttft_s"] for o in outs)
+    holds = np.arange(0.0, max(longest, 0.0) + DECODE_STEP_S, DECODE_STEP_S)
+    errors = [float(np.sum((queued_ttft_s(sent, service, h) - got) ** 2)) for h in holds]
+    return float(holds[int(np.argmin(errors))])
+
+
+def quantized_hits(out: Path, lengths: Lengths, doc: dict[str, Any]) -> list[Service]:
+    """The hits of every measured ``fixed-<V>`` system whose ``V`` keeps every token (int8,
+    int4), each as the tokens of original KV its bytes amount to: what tells a load's cost per
+    byte from the query's prefill, which at the two lengths of the lru system's hits vary
+    together (in issue 26's runs an int8 hit, 0.28 of the bytes, took as long as an original's:
+    the load is a fixed cost there)."""
+    from kvtierd.sim.variants import Form, quant_ratio
+
+    dtype_bytes = int(doc["model"]["dtype_bytes"])
+    samples = []
+    for path in sorted(out.glob("fixed-*.json")):
+        form = Form.of(path.stem.removeprefix("fixed-"))
+        if form.method or not form.quant:
+            continue
+        run = json.loads(path.read_text())
+        logged = measured_hits(run, lengths, out / "work" / path.stem / "vllm.log")
+        ratio = quant_ratio(form.quant, dtype_bytes)
+        for s in hit_samples(run, lengths, logged or {}):
+            samples.append(replace(s, context_tokens=round(s.context_tokens * ratio)))
+    return samples
+
+
+def fit_calibrations(out: Path, doc: dict[str, Any], kv_per_token: int) -> dict[str, Calibration]:
+    """Per backend (``none``: the ``prefill`` system; ``kvtierd``; ``lmcache``) its calibration,
+    fitted from the measurements in ``out`` and written as ``calibration-<backend>.yaml``: the
+    ``prefill`` system's line from its own requests; the cached backends' line from every
+    cached system's misses (:func:`miss_samples`: their vLLM may serve in another dtype), else
+    (runs without warm-up records) from the ``prefill`` system's and theirs; their tiers from
+    the hits of :data:`TIER_SOURCE`'s system. A backend whose tiers cannot be fitted is left
+    out with a note; ``SystemExit`` when no backend can be."""
+    from kvtierd.errors import KvtierError
+    from kvtierd.sim.calibration import load_calibration, parse_calibration
+
+    runs = {n: out / f"{n}.json" for n in ("prefill", *TIER_SOURCE.values())}
+    if not runs["prefill"].exists():
+        raise SystemExit(f"no {runs['prefill']}: run bench_e2e first (at least --systems "
+                         "prefill lru), or give --calibration")  # fmt: skip
+    lengths = Lengths(doc)
+    reference = json.loads(runs["prefill"].read_text())
+    docs = (json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p != runs["prefill"])
+    cached = [d for d in docs if isinstance(d, dict) and "outcomes" in d]
+    own = prefill_samples(reference, lengths)
+    misses = miss_samples(cached, lengths)
+    if len({s.context_tokens for s in misses}) < 2:
+        misses = prefill_samples(reference, lengths, cached)
+    tiers = [t["name"] for t in doc["tiers"]]
+    parts: dict[str, tuple[list[Service], list[Service], str]] = {}  # prefill, hits, source
+    for backend, system in TIER_SOURCE.items():
+        if not runs[system].exists():
+            continue
+        run = json.loads(runs[system].read_text())
+        log = out / "work" / system / "vllm.log"
+        logged = measured_hits(run, lengths, log)
+        if logged is None:
+            raise SystemExit(f"{log}: no LMCache hit lines matching {runs[system]}'s requests "
+                             "(bench_e2e keeps each system's logs under work/); give "
+                             "--calibration")  # fmt: skip
+        hits = hit_samples(run, lengths, logged)
+        if backend == "kvtierd":
+            hits += quantized_hits(out, lengths, doc)
+        if len(hits) < 2:
+            print(f"  {backend}: {len(hits)} hits in {runs[system]}, too few to fit its tiers; "
+                  "not predicted", flush=True)  # fmt: skip
+            continue
+        parts[backend] = (misses, hits, f"the cached systems' misses in {out} and "
+                          f"{runs[system]}'s hits")  # fmt: skip
+        if backend == "kvtierd" or "none" not in parts:  # the prefill system needs some tiers
+            parts["none"] = (own, hits, str(runs["prefill"]))
+    if not parts:
+        raise SystemExit(f"no {' or '.join(str(p) for p in list(runs.values())[1:])} with hits "
+                         "to calibrate the tiers: run bench_e2e --systems lru, or give "
+                         "--calibration")  # fmt: skip
+    line = parse_calibration(calibration_yaml(*parts["none"][:2], tiers, ""), "", kv_per_token)
+    decode_s = fit_decode_s(reference, lengths, line.prefill)
+    result = {}
+    for backend, (prefill, hits, source) in parts.items():
+        text = calibration_yaml(prefill, hits, tiers, source, decode_s)
+        path = out / f"calibration-{backend}.yaml"
+        path.write_text(text)
+        try:
+            result[backend] = load_calibration(path, kv_per_token)
+        except KvtierError as e:
+            raise SystemExit(f"cannot calibrate from the measurements: {e}") from e
+    return result

@@ -15,12 +15,19 @@ Per context, the quality of each variant is bench_quality's measured
 similarity (``--quality cases.jsonl``: the same case, else the mean of its task and length),
 else the calibration's.
 
-The calibration is fitted from the measurements in ``<out>`` (``e2e_calibration.py``: the
-prefill line from the ``prefill`` system, the tiers from the hits of ``lru`` for kvtierd and of
-``lmcache`` for LMCache) and written as ``<out>/calibration-<backend>.yaml``, unless
-``--calibration`` names a file. Each ``bench_e2e`` system is simulated with the matching
-placer: ``prefill``; ``lmcache`` and ``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``;
-``evicpress-a<alpha>`` as EvicPress on bench_e2e's policy grid, frequencies learned online.
+What the measured stack had is taken from ``<out>`` (issue 30, ``e2e_measured.py``): the KV
+dtype its cached systems' vLLM kept (float32 on an AMX CPU: the contexts' sizes against the
+tiers), the tiers its daemons ran with, LMCache's tiers as it holds them (the disk holds the
+CPU's chunks too) and each ``fixed-<V>`` system's measured similarity as ``V``'s quality where
+``--quality`` gives none. The calibration is fitted from the measurements in ``<out>``
+(``e2e_calibration.py``: the ``prefill`` system's line and decode hold from its own requests,
+the cached systems' line from their warm-ups and misses, the tiers from the hits of ``lru``
+and of the quantized fixed systems for kvtierd and of ``lmcache`` for LMCache) and written as
+``<out>/calibration-<backend>.yaml``, unless ``--calibration`` names a file. Each
+``bench_e2e`` system is simulated with the matching placer: ``prefill``; ``lmcache`` and
+``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``; ``evicpress-a<alpha>`` as EvicPress on
+bench_e2e's policy grid, frequencies learned online; the kvtierd ones offered what the daemon
+offers (:data:`DAEMON_OFFERS`, ``kvtierd/sim/offers.py``).
 Where ``<out>/<system>.json`` holds a measurement, the table puts the predicted TTFT (mean /
 p50 / p90, with queueing at the measured arrival times) beside the measured one, their ratio,
 the hits predicted and measured (vLLM's log), and per class of request the simulator predicts
@@ -29,6 +36,8 @@ reduction at equal quality the simulator predicts. A measurement whose requests 
 the rebuilt ones (other arguments) is refused.
 
 Writes ``<out>/simulated.md`` and ``<out>/simulated.json`` (docs/simulator.md).
+:func:`simulate_run` does the same for one run's arguments and returns what it wrote, with
+per system the ratio of predicted to measured mean TTFT (one seed of a multi-seed run).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +63,8 @@ from benchmarks.bench_e2e import (
     workload_args,
 )
 from benchmarks.common import REPO, machine
-from benchmarks.e2e_calibration import (
-    TIER_SOURCE,
-    Lengths,
-    calibration_yaml,
-    hit_samples,
-    measured_hits,
-    prefill_samples,
-)
+from benchmarks.e2e_calibration import TIER_SOURCE, Lengths, fit_calibrations, measured_hits
+from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality, measured_sizes
 from benchmarks.e2e_workload import (
     Prompt,
     check_fits,
@@ -70,20 +74,21 @@ from benchmarks.e2e_workload import (
     prompts,
     trace_gaps,
 )
-from kvtierd.config import parse_size
-from kvtierd.errors import KvtierError
 from kvtierd.policies.loader import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
 from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
+from kvtierd.sim.offers import OfferRule
 from kvtierd.sim.predict import Prediction, predict
 from kvtierd.sim.replay import SimulationConfig
+from kvtierd.sim.variants import Form
 from kvtierd.variants import expand_variants
 
 WITHIN = 0.25  # the issue's goal: the prediction within 25% of the measurement
 
 
-def model_preset(model: Path) -> dict[str, Any]:
-    """The model's geometry in ``kvtierd sim``'s workload format (from its config.json)."""
+def model_preset(model: Path, dtype_bytes: int = 2) -> dict[str, Any]:
+    """The model's geometry in ``kvtierd sim``'s workload format (from its config.json), its KV
+    kept in ``dtype_bytes`` per element."""
     cfg = json.loads((model / "config.json").read_text())
     heads = cfg["num_attention_heads"]
     return {"name": model.name, "layers": cfg["num_hidden_layers"], "q_heads": heads,
@@ -91,7 +96,7 @@ def model_preset(model: Path) -> dict[str, Any]:
             "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
             "active_params": float(cfg.get("num_parameters", 1.35e8)),
             "max_context_tokens": cfg.get("max_position_embeddings", 8192),
-            "dtype_bytes": 2}  # fmt: skip
+            "dtype_bytes": dtype_bytes}  # fmt: skip
 
 
 def case_qualities(path: Path | None) -> dict[str, dict[str, float]]:
@@ -111,7 +116,8 @@ def case_qualities(path: Path | None) -> dict[str, dict[str, float]]:
 
 
 def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dict[str, Any]:
-    """bench_e2e's workload as ``kvtierd sim predict`` reads it (module docstring)."""
+    """bench_e2e's workload as ``kvtierd sim predict`` reads it (module docstring), its KV
+    sizes in the dtype the measurement kept it in (:func:`kv_dtype_bytes`)."""
     contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
     try:
         table = prompts(tokenizer, contexts, args.chunk, args.system_prompt_tokens)
@@ -140,7 +146,8 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
                          "query_tokens": len(p.ids) - p.context_tokens})  # fmt: skip
     sizes = measured_sizes(args.out) or tier_sizes(table, kv_bytes_per_token(model), args)
     tiers = [{"name": name, "capacity_bytes": size} for name, size in sizes.items()]
-    doc = {"model": model_preset(model), "tiers": tiers, "contexts": ctx_rows,
+    preset = model_preset(model, kv_dtype_bytes(args.out, model))
+    doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows,
            "requests": requests}  # fmt: skip
     if shared := shared_tokens(args):  # absent without one: the file as before the option
         doc["shared_prefix_tokens"] = shared
@@ -159,13 +166,10 @@ def tier_sizes(
             "ssd": int(total * args.ssd_share)}  # fmt: skip
 
 
-def measured_sizes(out: Path) -> dict[str, int] | None:
-    """The tier capacities a measured kvtierd system ran with (its daemon's config under
-    ``<out>/work``), ``None`` when no such system was measured."""
-    for config in sorted(out.glob("work/*/daemon/kvtierd.yaml")):
-        tiers = yaml.safe_load(config.read_text())["tiers"]
-        return {t["name"]: parse_size(t["capacity"], str(config)) for t in tiers}
-    return None
+DAEMON_OFFERS = OfferRule(trusted_after_requests=1, servable_after_requests=2)
+"""What kvtierd's daemon lets its placer choose (``kvtierd/sim/offers.py``): a compressed form
+once the estimator has profiled the context after its first put, a token-dropped one once two
+of its prompts fixed the tokens the form covers (bench_e2e's warm-up is each context's first)."""
 
 
 def placer_for(
@@ -180,7 +184,8 @@ def placer_for(
     p = parse_policy(yaml.safe_dump(policy), name)
     spec = f"fixed:{p.fixed_variant}" if p.placer == "fixed" else p.placer
     cfg = SimulationConfig(placer=spec, alpha=p.alpha, selection=p.selection,
-                           half_life_s=p.frequency_half_life_s, warmup_fraction=0.0)  # fmt: skip
+                           half_life_s=p.frequency_half_life_s, warmup_fraction=0.0,
+                           offers=DAEMON_OFFERS)  # fmt: skip
     grid = (p.fixed_variant,) if p.placer == "fixed" else expand_variants(p.methods, p.ratios)
     return cfg, grid
 
@@ -225,12 +230,18 @@ def compare(
 
 
 def role(name: str, args: argparse.Namespace) -> str:
-    """What a system's measurement did for the calibration fitted from it (``held out``: none)."""
+    """What a system's measurement did for the calibration fitted from it (``held out``: its
+    timed hits fitted nothing; a cached system's warm-up and misses time the prefill line)."""
     if args.calibration is not None:
         return f"held out ({args.calibration.name})"
     if name == "prefill":
-        return "fitted the prefill line"
-    return "fitted the tiers" if name in TIER_SOURCE.values() else "held out"
+        return "fitted its prefill line and decode_s"
+    if name in TIER_SOURCE.values():
+        return "fitted the tiers"
+    form = Form.of(name.removeprefix("fixed-")) if name.startswith("fixed-") else None
+    if form is not None and form.quant and not form.method:
+        return "fitted the tiers (its hits, at their bytes)"
+    return "held out"
 
 
 def report(
@@ -275,53 +286,69 @@ def report(
 
 def calibrations(
     args: argparse.Namespace, doc: dict[str, Any], kv_per_token: int
-) -> dict[str, Any]:
-    """Per backend (``kvtierd``, ``lmcache``), the calibration to predict it with: the file
-    ``--calibration`` names, else fitted from the measurements in ``--out``
-    (:mod:`benchmarks.e2e_calibration`, written as ``calibration-<backend>.yaml``)."""
+) -> dict[str, Calibration]:
+    """Per backend (``none``: the ``prefill`` system, ``kvtierd``, ``lmcache``), the
+    calibration to predict it with: the file ``--calibration`` names, else fitted from the
+    measurements in ``--out`` (:func:`benchmarks.e2e_calibration.fit_calibrations`)."""
     if args.calibration is not None:
         cal = load_calibration(args.calibration, kv_per_token)
-        return {"kvtierd": cal, "lmcache": cal}
-    runs = {n: args.out / f"{n}.json" for n in ("prefill", *TIER_SOURCE.values())}
-    if not runs["prefill"].exists():
-        raise SystemExit(f"no {runs['prefill']}: run bench_e2e first (at least --systems "
-                         "prefill lru), or give --calibration")  # fmt: skip
+        return {"none": cal, "kvtierd": cal, "lmcache": cal}
+    return fit_calibrations(args.out, doc, kv_per_token)
+
+
+def simulate_run(args: argparse.Namespace, model: Path | None = None) -> dict[str, Any]:
+    """Predict every system of one bench_e2e run (``args``: its workload arguments, as
+    :func:`benchmarks.bench_e2e.workload_args` parses them, with ``out`` its output directory,
+    ``calibration`` and ``quality`` as this command's options, ``None`` for none) and put each
+    beside its measurement. Writes ``workload.json``, ``calibration-*.yaml``, ``simulated.md``
+    and ``simulated.json`` into ``args.out`` and returns what ``simulated.json`` holds:
+    ``{"calibration", "systems": {name: {"prediction", "classes", "comparison"}}, "ratios":
+    {name: predicted / measured mean TTFT}}`` (one seed's directory of a multi-seed run)."""
+    from transformers import AutoTokenizer
+
+    if model is None:
+        from kvtierd.model_fetch import fetch_model
+
+        model = fetch_model(log=print)
+    doc = build_workload(args, AutoTokenizer.from_pretrained(model), model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "workload.json").write_text(json.dumps(doc, indent=1))
+    given = parse_workload(doc, str(args.out / "workload.json"))
+    cals = calibrations(args, doc, given.workload.model.kv_bytes_per_token)
     lengths = Lengths(doc)
-    # every other measured system's misses time the prefill too (e2e_calibration.py)
-    docs = (
-        json.loads(p.read_text()) for p in sorted(args.out.glob("*.json")) if p != runs["prefill"]
-    )
-    measured = [d for d in docs if isinstance(d, dict) and "outcomes" in d]
-    prefill = prefill_samples(json.loads(runs["prefill"].read_text()), lengths, measured)
-    tiers = [t["name"] for t in doc["tiers"]]
-    out = {}
-    for backend, system in TIER_SOURCE.items():
-        if not runs[system].exists():
+    every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
+                    args.evicpress_ratios, label=args.evicpress_label)  # fmt: skip
+    measured = {n: json.loads(p.read_text()) for n in every
+                if (p := args.out / f"{n}.json").exists()}  # fmt: skip
+    seen = measured_quality(args.out)
+    cals = {b: replace(c, quality={**seen, **c.quality}) for b, c in cals.items()}
+    rows = {}
+    for name in args.systems or list(every):
+        backend = every[name].backend
+        if backend not in cals:
             continue
-        run = json.loads(runs[system].read_text())
-        log = args.out / "work" / system / "vllm.log"
-        logged = measured_hits(run, lengths, log)
-        if logged is None:
-            raise SystemExit(f"{log}: no LMCache hit lines matching {runs[system]}'s requests "
-                             "(bench_e2e keeps each system's logs under work/); give "
-                             "--calibration")  # fmt: skip
-        hits = hit_samples(run, lengths, logged)
-        if len(hits) < 2:
-            print(f"  {backend}: {len(hits)} hits in {runs[system]}, too few to fit its tiers; "
-                  "not predicted", flush=True)  # fmt: skip
+        on = inclusive(given) if backend == "lmcache" else given
+        row = simulate(name, every[name].policy, on, cals[backend])
+        if row is None:
             continue
-        path = args.out / f"calibration-{backend}.yaml"
-        source = f"{runs['prefill']} and {runs[system]}"
-        path.write_text(calibration_yaml(prefill, hits, tiers, source))
-        try:
-            out[backend] = load_calibration(path, kv_per_token)
-        except KvtierError as e:
-            raise SystemExit(f"cannot calibrate from the measurements: {e}") from e
-    if not out:
-        raise SystemExit(f"no {' or '.join(map(str, list(runs.values())[1:]))} with hits to "
-                         "calibrate the tiers: run bench_e2e --systems lru, or give "
-                         "--calibration")  # fmt: skip
-    return out
+        pred = row.pop("_prediction")
+        if name in measured:
+            log = args.out / "work" / name / "vllm.log"
+            hits = measured_hits(measured[name], lengths, log)
+            row["comparison"] = compare(pred, measured[name], doc, hits)
+        rows[name] = row
+        print(f"  {name}: predicted mean TTFT {row['prediction']['ttft_mean_s']:.2f} s", flush=True)
+    summary = args.out / "summary.json"
+    measured_rows = json.loads(summary.read_text()) if summary.exists() else {}
+    text = report(rows, measured_rows, args)
+    (args.out / "simulated.md").write_text(text)
+    ratios = {n: r["comparison"]["predicted"]["mean"] / r["comparison"]["measured"]["mean"]
+              for n, r in rows.items() if "comparison" in r}  # fmt: skip
+    result = {"calibration": {b: c.summary() for b, c in cals.items()}, "systems": rows,
+              "ratios": ratios}  # fmt: skip
+    (args.out / "simulated.json").write_text(json.dumps(result, indent=1))
+    print(text)
+    return result
 
 
 def main() -> None:
@@ -334,45 +361,7 @@ def main() -> None:
     )
     p.add_argument("--quality", type=Path, help="bench_quality's cases.jsonl")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
-    args = p.parse_args()
-
-    from transformers import AutoTokenizer
-
-    from kvtierd.model_fetch import fetch_model
-
-    model = fetch_model(log=print)
-    doc = build_workload(args, AutoTokenizer.from_pretrained(model), model)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "workload.json").write_text(json.dumps(doc, indent=1))
-    given = parse_workload(doc, str(args.out / "workload.json"))
-    cals = calibrations(args, doc, given.workload.model.kv_bytes_per_token)
-    lengths = Lengths(doc)
-    every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
-                    args.evicpress_ratios, label=args.evicpress_label)  # fmt: skip
-    rows = {}
-    for name in args.systems or list(every):
-        backend = "lmcache" if every[name].backend == "lmcache" else "kvtierd"
-        if backend not in cals:
-            continue
-        row = simulate(name, every[name].policy, given, cals[backend])
-        if row is None:
-            continue
-        pred = row.pop("_prediction")
-        path = args.out / f"{name}.json"
-        if path.exists():
-            run = json.loads(path.read_text())
-            log = args.out / "work" / name / "vllm.log"
-            row["comparison"] = compare(pred, run, doc, measured_hits(run, lengths, log))
-        rows[name] = row
-        print(f"  {name}: predicted mean TTFT {row['prediction']['ttft_mean_s']:.2f} s", flush=True)
-    summary = args.out / "summary.json"
-    measured_rows = json.loads(summary.read_text()) if summary.exists() else {}
-    text = report(rows, measured_rows, args)
-    (args.out / "simulated.md").write_text(text)
-    fitted = {b: c.summary() for b, c in cals.items()}
-    doc_out = {"calibration": fitted, "systems": rows}
-    (args.out / "simulated.json").write_text(json.dumps(doc_out, indent=1))
-    print(text)
+    simulate_run(p.parse_args())
 
 
 def simulate(

@@ -1,0 +1,120 @@
+"""What ``benchmarks/sim_e2e.py`` takes from a measured bench_e2e run (issue 30.4): the KV dtype
+the cached systems kept, their own prefill line, the decode hold, quantized hits for the load
+model, LMCache's inclusive tiers and the fixed systems' measured quality."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.e2e_calibration import (
+    Lengths,
+    Service,
+    fit_decode_s,
+    miss_samples,
+    prefill_samples,
+    quantized_hits,
+)
+from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality
+from kvtierd.sim.given import parse_workload
+from kvtierd.sim.timing import LinearPrefill, queued_ttft_s
+
+# Two contexts (768 and 1,792 tokens), each asked once to warm up, then three timed requests.
+DOC: dict[str, Any] = {
+    "model": {"name": "toy", "layers": 1, "q_heads": 1, "kv_heads": 1, "head_dim": 8,
+              "active_params": 1e6, "max_context_tokens": 8192, "dtype_bytes": 4},
+    "tiers": [{"name": "cpu", "capacity_bytes": 100}, {"name": "ssd", "capacity_bytes": 300}],
+    "contexts": [{"tokens": 768}, {"tokens": 1792}],
+    "requests": [
+        {"index": -1, "at_s": -2.0, "context": 0, "question": 0, "query_tokens": 20,
+         "measured": False},
+        {"index": -2, "at_s": -1.0, "context": 1, "question": 0, "query_tokens": 20,
+         "measured": False},
+        {"index": 0, "at_s": 0.0, "context": 0, "question": 1, "query_tokens": 30},
+        {"index": 1, "at_s": 10.0, "context": 1, "question": 0, "query_tokens": 20},
+        {"index": 2, "at_s": 20.0, "context": 0, "question": 0, "query_tokens": 20},
+    ],
+}  # fmt: skip
+
+
+def outcome(index: int, context: int, question: int, sent: float, ttft: float, *,
+            cached: int = 0, decode: float = 3.0) -> dict[str, Any]:  # fmt: skip
+    """One of bench_e2e's outcomes (``e2e_workload.Outcome`` as JSON)."""
+    return {"index": index, "context": context, "question": question, "sent_s": sent,
+            "ttft_s": ttft, "total_s": ttft + decode, "answer": "x", "served_from": "",
+            "error": "", "cached_tokens": cached}  # fmt: skip
+
+
+# bench_e2e records the warm-up (since issue 26) without question or error
+WARMUP = [{"context": 0, "sent_unix_s": 1.0, "ttft_s": 2.0, "total_s": 3.0},
+          {"context": 1, "sent_unix_s": 5.0, "ttft_s": 4.0, "total_s": 5.0}]  # fmt: skip
+
+
+def test_the_warm_up_as_bench_e2e_records_it_now() -> None:
+    run = {"warmup": WARMUP, "outcomes": [outcome(0, 0, 1, 0.0, 1.0)]}
+    got = prefill_samples(run, Lengths(DOC))
+    assert got[:2] == [Service(768, 20, 2.0), Service(1792, 20, 4.0)]
+
+
+def test_cached_systems_prefill_from_their_own_misses() -> None:
+    # the warm-ups (a run starts empty) and the timed request vLLM found nothing of; not the
+    # hit (1,792 cached tokens) nor the one served from a variant
+    outs = [outcome(0, 0, 1, 0.0, 1.5), outcome(1, 1, 0, 10.0, 0.3, cached=1792),
+            outcome(2, 0, 0, 20.0, 0.2) | {"served_from": "x/keydiff@0.5"}]  # fmt: skip
+    got = miss_samples([{"warmup": WARMUP, "outcomes": outs}], Lengths(DOC))
+    assert got == [Service(768, 20, 2.0), Service(1792, 20, 4.0), Service(768, 30, 1.5)]
+    # behind a shared prefix only a run's first request computed its whole prompt
+    shared = Lengths(DOC | {"shared_prefix_tokens": 256})
+    assert miss_samples([{"warmup": WARMUP, "outcomes": outs}], shared)[:2] == [
+        Service(768, 20, 2.0),
+        Service(768, 30, 1.5),
+    ]
+
+
+def test_the_decode_hold_is_fitted_to_the_prefill_system() -> None:
+    line = LinearPrefill(seconds_per_token=0.001)  # 788 tokens: 0.788 s
+    sent = np.array([0.0, 0.9, 1.8])
+    service = np.full(3, 0.788)
+    for hold in (0.0, 0.5):
+        ttft = queued_ttft_s(sent, service, hold)
+        pairs = enumerate(zip(sent.tolist(), ttft.tolist(), strict=True))
+        outs = [outcome(i, 0, 0, s, t) for i, (s, t) in pairs]
+        assert fit_decode_s({"outcomes": outs}, Lengths(DOC), line) == pytest.approx(hold)
+
+
+def test_quantized_hits_are_priced_at_their_bytes(tmp_path: Path) -> None:
+    hit = outcome(0, 0, 1, 0.0, 0.3, cached=768)
+    miss = outcome(1, 1, 0, 10.0, 2.0)
+    for name in ("fixed-int8", "fixed-keydiff@0.5"):  # the token-dropped one is not taken
+        (tmp_path / f"{name}.json").write_text(json.dumps({"outcomes": [hit, miss]}))
+    # int8 of float32 KV: 0.5625 / 2 of the bytes
+    assert quantized_hits(tmp_path, Lengths(DOC), DOC) == [Service(216, 30, 0.3)]
+
+
+def test_the_kv_dtype_is_the_measured_vllms(tmp_path: Path) -> None:
+    log = tmp_path / "work" / "lru" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("LMCacheMetadata(model_name='m', kv_dtype=torch.float32, kv_shape=(30,))\n")
+    assert kv_dtype_bytes(tmp_path, tmp_path / "no-model") == 4
+    log.write_text("kv_dtype=torch.bfloat16\n")
+    assert kv_dtype_bytes(tmp_path, tmp_path / "no-model") == 2
+
+
+def test_lmcache_alone_holds_its_cpu_chunks_on_disk_too() -> None:
+    given = inclusive(parse_workload(DOC, "w.json"))
+    assert dict(given.capacity_bytes) == {"cpu": 100, "ssd": 200}
+    small = DOC | {"tiers": [{"name": "cpu", "capacity_bytes": 300},
+                             {"name": "ssd", "capacity_bytes": 100}]}  # fmt: skip
+    assert dict(inclusive(parse_workload(small, "w.json")).capacity_bytes)["ssd"] == 0
+
+
+def test_a_fixed_systems_measured_similarity_is_its_variants_quality(tmp_path: Path) -> None:
+    rows = {"lru": {"similarity": 0.99}, "fixed-int8": {"similarity": 0.985},
+            "fixed-keydiff@0.5+int8": {"similarity": 0.93}}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(rows))
+    assert measured_quality(tmp_path) == {"int8": 0.985, "keydiff@0.5+int8": 0.93}
+    assert measured_quality(tmp_path / "none") == {}
