@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_e2e import kv_bytes_per_token, systems
+from benchmarks.bench_e2e import kv_bytes_per_token, systems, workload_args
 from benchmarks.e2e_workload import make_contexts, make_requests, trace_gaps
-from benchmarks.sim_e2e import build_workload, compare, placer_for
+from benchmarks.sim_e2e import build_workload, compare, placer_for, simulate_run
 from kvtierd.sim.calibration import load_calibration
 from kvtierd.sim.given import parse_workload
 from kvtierd.sim.predict import predict
@@ -137,7 +137,23 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     assert lru["comparison"]["hits"]["measured"] == 11
     assert lru["prediction"]["placer"] == "lru" and prefill["prediction"]["quality_mean"] == 1.0
     text = (out / "simulated.md").read_text()
-    assert "| prefill | fitted the prefill line |" in text and "| lru | fitted the tiers |" in text
+    assert "| prefill | fitted its prefill line and decode_s |" in text
+    assert "| lru | fitted the tiers |" in text
+    # the prefill system is predicted with its own line (its vLLM may keep another dtype)
+    own = yaml.safe_load((out / "calibration-none.yaml").read_text())
+    assert len(own["prefill"]["samples"]) == 16 and own["decode_s"] >= 0
+    # one seed's directory of a multi-seed run: the same, as a function
+    p = argparse.ArgumentParser()
+    workload_args(p)
+    p.add_argument("--calibration", type=Path)
+    p.add_argument("--quality", type=Path)
+    p.add_argument("--out", type=Path)
+    got = simulate_run(p.parse_args(argv))
+    assert got == json.loads((out / "simulated.json").read_text())
+    assert set(got["ratios"]) == {"prefill", "lru"}
+    assert got["ratios"]["lru"] == pytest.approx(
+        lru["comparison"]["predicted"]["mean"] / lru["comparison"]["measured"]["mean"]
+    )
     # a calibration file given instead: nothing is fitted, every row is held out
     given = REPO / "configs/sim/smollm2-vllm-cpu.yaml"
     done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv, "--calibration",
