@@ -27,11 +27,13 @@ quality: {int8: 0.99, keydiff@0.5: 0.9, keydiff@0.5+int8: 0.89}
 """
 
 
-def served(placer: str, capacity: int, rule: OfferRule, requests: int = 4) -> list[str]:
-    """One 1,000-token context asked ``requests`` times, 10 s apart: per request, the variant
-    it was served as (``miss``: prefilled)."""
+def served(
+    placer: str, capacity: int, rule: OfferRule, requests: int = 4, shared: int = 0
+) -> list[str]:
+    """One 1,000-token context (the first ``shared`` a shared prefix) asked ``requests`` times,
+    10 s apart: per request, the variant it was served as (``miss``: prefilled)."""
     doc = {"model": MODEL, "tiers": [{"name": "cpu", "capacity_bytes": capacity}],
-           "contexts": [{"tokens": 1000}],
+           "contexts": [{"tokens": 1000}], "shared_prefix_tokens": shared,
            "requests": [{"index": k, "at_s": 10.0 * k, "context": 0, "query_tokens": 10}
                         for k in range(requests)]}  # fmt: skip
     given = parse_workload(doc, "w.json")
@@ -52,6 +54,13 @@ def test_a_token_dropped_form_is_served_once_the_router_can_serve_it() -> None:
     assert served("fixed:keydiff@0.5", 10**6, OfferRule()) == ["miss"] + ["keydiff@0.5"] * 3
     # the daemon's: written after the second request fixed its tokens, served from the third
     got = served("fixed:keydiff@0.5", 10**6, OfferRule(servable_after_requests=2))
+    assert got == ["miss", "none", "keydiff@0.5", "keydiff@0.5"]
+
+
+def test_behind_a_shared_prefix_the_rules_apply_to_the_document() -> None:
+    # the prefix is cached whole after the first request; the document's token-dropped form
+    # is served from its third request, as without a prefix
+    got = served("fixed:keydiff@0.5", 10**6, OfferRule(servable_after_requests=2), shared=256)
     assert got == ["miss", "none", "keydiff@0.5", "keydiff@0.5"]
 
 
