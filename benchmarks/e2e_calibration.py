@@ -44,7 +44,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from kvtierd.sim.calibration import Calibration
-    from kvtierd.sim.timing import LinearPrefill
+    from kvtierd.sim.timing import Batching, LinearPrefill
 
 TIER_SOURCE = {"kvtierd": "lru", "lmcache": "lmcache"}
 """Which measured system calibrates the tiers of each backend."""
@@ -231,7 +231,9 @@ def calibration_yaml(
     hits: list[Service],
     tiers: list[str],
     source: str,
+    *,
     decode_s: float = 0.0,
+    batch: dict[str, int] | None = None,
 ) -> str:
     """A calibration document (``kvtierd/sim/calibration.py``'s format) with its provenance."""
     import yaml
@@ -239,6 +241,7 @@ def calibration_yaml(
     doc: dict[str, Any] = {
         "prefill": {"samples": [s.row() for s in prefill]},
         "decode_s": round(decode_s, 3),
+        **({"batch": batch} if batch else {}),
         "tiers": [{"name": t, "samples": [s.row() for s in hits]} for t in tiers],
     }
     if len({s.context_tokens for s in hits}) < 2:  # one length: no overhead can be told apart
@@ -251,7 +254,8 @@ def calibration_yaml(
         "every tier (neither says which).\n# Each as measured where it ran alone, else as "
         "estimated. Samples: [context tokens, service s, query tokens].\n"
         "# decode_s: the hold after each first token that best gives the prefill system's\n"
-        "# measured TTFTs (0: vLLM interleaves decoding with the next prefill).\n"
+        "# measured TTFTs (0: vLLM interleaves decoding with the next prefill); batch: how\n"
+        "# the measured vLLM batched prefills (its max_num_seqs, max_num_batched_tokens).\n"
     )
     return head + yaml.safe_dump(doc, default_flow_style=None, sort_keys=False, width=100)
 
@@ -259,14 +263,16 @@ def calibration_yaml(
 DECODE_STEP_S = 0.01
 
 
-def fit_decode_s(measured: dict[str, Any], lengths: Lengths, prefill: LinearPrefill) -> float:
+def fit_decode_s(
+    measured: dict[str, Any], lengths: Lengths, prefill: LinearPrefill, batching: Batching
+) -> float:
     """The seconds vLLM stays busy after each first token (``decode_s``: the simulator's one
     LLM server holds that long before the next prefill) that best give the ``prefill``
     system's measured TTFTs (least squares over its timed requests, each prefilled whole at
-    ``prefill``, queued at its measured sending time), searched in steps of
+    ``prefill``, queued at its measured sending time and batched as vLLM was), searched in steps of
     :data:`DECODE_STEP_S` up to the longest measured decode (first to last token). In issue
     26's runs it is 0: a request's decode did not hold the next prefill back."""
-    from kvtierd.sim.timing import queued_ttft_s
+    from kvtierd.sim.timing import batched_ttft_s
 
     outs = sorted((o for o in measured["outcomes"] if not o["error"]), key=lambda o: o["sent_s"])
     if not outs:
@@ -278,7 +284,8 @@ def fit_decode_s(measured: dict[str, Any], lengths: Lengths, prefill: LinearPref
     service = prefill.seconds(tokens, np.zeros_like(tokens))
     longest = max(o["total_s"] - o["ttft_s"] for o in outs)
     holds = np.arange(0.0, max(longest, 0.0) + DECODE_STEP_S, DECODE_STEP_S)
-    errors = [float(np.sum((queued_ttft_s(sent, service, h) - got) ** 2)) for h in holds]
+    errors = [float(np.sum((batched_ttft_s(sent, service, tokens, batching, h) - got) ** 2))
+              for h in holds]  # fmt: skip
     return float(holds[int(np.argmin(errors))])
 
 
@@ -302,6 +309,21 @@ def quantized_hits(out: Path, lengths: Lengths, doc: dict[str, Any]) -> list[Ser
         for s in hit_samples(run, lengths, logged or {}):
             samples.append(replace(s, context_tokens=round(s.context_tokens * ratio)))
     return samples
+
+
+VLLM_BATCH = re.compile(r"'max_num_batched_tokens': (\d+), 'max_num_seqs': (\d+)")
+
+
+def vllm_batching(out: Path) -> dict[str, int] | None:
+    """How the measured vLLM batched prefills (its non-default arguments in the first
+    ``<out>/work/<system>/vllm.log`` that names them: ``max_num_batched_tokens``,
+    ``max_num_seqs``) as a calibration's ``batch``; ``None`` when no log says."""
+    for log in sorted(out.glob("work/*/vllm.log")):
+        with log.open(errors="replace") as f:
+            for line in f:
+                if m := VLLM_BATCH.search(line):
+                    return {"max_seqs": int(m.group(2)), "max_tokens": int(m.group(1))}
+    return None
 
 
 def fit_calibrations(out: Path, doc: dict[str, Any], kv_per_token: int) -> dict[str, Calibration]:
@@ -354,11 +376,13 @@ def fit_calibrations(out: Path, doc: dict[str, Any], kv_per_token: int) -> dict[
         raise SystemExit(f"no {' or '.join(str(p) for p in list(runs.values())[1:])} with hits "
                          "to calibrate the tiers: run bench_e2e --systems lru, or give "
                          "--calibration")  # fmt: skip
-    line = parse_calibration(calibration_yaml(*parts["none"][:2], tiers, ""), "", kv_per_token)
-    decode_s = fit_decode_s(reference, lengths, line.prefill)
+    batch = vllm_batching(out)
+    line = parse_calibration(calibration_yaml(*parts["none"][:2], tiers, "", batch=batch), "",
+                             kv_per_token)  # fmt: skip
+    decode_s = fit_decode_s(reference, lengths, line.prefill, line.batching)
     result = {}
     for backend, (prefill, hits, source) in parts.items():
-        text = calibration_yaml(prefill, hits, tiers, source, decode_s)
+        text = calibration_yaml(prefill, hits, tiers, source, decode_s=decode_s, batch=batch)
         path = out / f"calibration-{backend}.yaml"
         path.write_text(text)
         try:

@@ -8,6 +8,7 @@ A YAML file (docs/simulator.md has an annotated one)::
       # seconds_per_token: 0.0016
     query_tokens: 40          # the probes' query length, for samples that do not give theirs
     decode_s: 0.5             # the LLM server stays busy this long after each first token
+    batch: {max_seqs: 8, max_tokens: 8192}   # prompts prefilled together (default: one)
     tiers:                    # fastest first; names as in the workload file
       - name: cpu             # a hit: prefill of the query + overhead_s + bytes / bandwidth
         samples: [[768, 0.25], [3584, 0.55]]             # [context tokens, TTFT s], or:
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,11 +42,12 @@ import numpy as np
 import yaml
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.sim.timing import LinearPrefill
+from kvtierd.sim.timing import Batching, LinearPrefill
 from kvtierd.sim.variants import Form
 from kvtierd.types import ORIGINAL_VARIANT
 
-_TOP = ("prefill", "query_tokens", "decode_s", "tiers", "quality")
+_TOP = ("prefill", "query_tokens", "decode_s", "batch", "tiers", "quality")
+_BATCH = ("max_seqs", "max_tokens")
 _PREFILL = ("samples", "overhead_s", "seconds_per_token")
 _TIER = ("name", "samples", "overhead_s", "bandwidth_bytes_per_s")
 
@@ -77,6 +79,7 @@ class Calibration:
     decode_s: float
     quality: Mapping[str, float]
     source: str
+    batching: Batching = field(default_factory=Batching)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,12 @@ class Calibration:
             "prefill_overhead_s": self.prefill.overhead_s,
             "prefill_seconds_per_token": self.prefill.seconds_per_token,
             "decode_s": self.decode_s,
+            "batch": {
+                "max_seqs": self.batching.max_seqs,
+                "max_tokens": self.batching.max_tokens
+                if math.isfinite(self.batching.max_tokens)
+                else None,
+            },
             "tiers": [
                 {
                     "name": t.name,
@@ -196,7 +205,18 @@ def parse_calibration(text: str, source: str, kv_bytes_per_token: int) -> Calibr
         decode_s=doc.number(top.get("decode_s", 0.0), "decode_s"),
         quality=_quality(doc, top.get("quality", {})),
         source=source,
+        batching=_batching(doc, top.get("batch", {})),
     )
+
+
+def _batching(doc: _Doc, value: object) -> Batching:
+    t = doc.table(value, "batch", _BATCH)
+    seqs = t.get("max_seqs", 1)
+    if isinstance(seqs, bool) or not (isinstance(seqs, int) and seqs >= 1):
+        raise doc.fail("batch.max_seqs", f"expected an integer >= 1, got {seqs!r}")
+    tokens = t.get("max_tokens")
+    limit = math.inf if tokens is None else doc.number(tokens, "batch.max_tokens", positive=True)
+    return Batching(seqs, limit)
 
 
 def load_calibration(path: str | Path, kv_bytes_per_token: int) -> Calibration:

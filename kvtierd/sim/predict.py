@@ -3,8 +3,9 @@
 The workload file (:mod:`.given`) says what was sent; the calibration (:mod:`.calibration`)
 what the stack measured one request at a time. The replay runs the placer exactly as for a
 synthetic workload, with the calibrated tiers and prefill line; each measured request's
-predicted TTFT then adds waiting on one LLM server serving in arrival order, held ``decode_s``
-after each first token (:func:`kvtierd.sim.timing.queued_ttft_s`), so it is comparable with
+predicted TTFT then adds waiting on one LLM server serving in arrival order (the requests
+waiting together in one step, as the calibration's ``batch`` allows), held ``decode_s`` after
+each first token (:func:`kvtierd.sim.timing.batched_ttft_s`), so it is comparable with
 TTFTs taken at the client of an open-loop run. ``benchmarks/sim_e2e.py`` puts it beside
 ``bench_e2e.py``'s measurements.
 """
@@ -33,7 +34,7 @@ from kvtierd.sim.given import (
 )
 from kvtierd.sim.options import PlacerChoice, apply_choice, placer_choice
 from kvtierd.sim.replay import SimulationConfig, SimulationResult, run_simulation
-from kvtierd.sim.timing import queued_ttft_s
+from kvtierd.sim.timing import batched_ttft_s
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -93,7 +94,9 @@ def predict(
     prep = calibrated_prepare(given, cal, chosen)
     run = replace(cfg, tiers=calibrated_tiers(given, cal))
     result = run_simulation(run, prep)
-    ttft = queued_ttft_s(result.arrival_s, result.service_s, cal.decode_s)
+    ttft = batched_ttft_s(
+        result.arrival_s, result.service_s, result.new_tokens, cal.batching, cal.decode_s
+    )
     return Prediction(result, ttft, given.ids)
 
 

@@ -122,8 +122,9 @@ class SimulationConfig:
 @dataclass(frozen=True, slots=True, eq=False)
 class SimulationResult:
     """Measured requests only, in arrival order. Per request: ``service_s`` (unloaded TTFT),
-    ``arrival_s``, ``quality`` and ``served`` (tier index, :data:`MISS`, :data:`RECOMPUTED`
-    or :data:`PREFIX`); ``tiers`` names the tier indices. With a shared prefix ``hit_rate``
+    ``arrival_s``, ``quality``, ``served`` (tier index, :data:`MISS`, :data:`RECOMPUTED`
+    or :data:`PREFIX`) and ``new_tokens`` (the tokens it prefills); ``tiers`` names the tier
+    indices. With a shared prefix ``hit_rate``
     also has ``prefix`` (only the prefix loaded) and ``shared_prefix_cached`` (the share of
     requests that found the prefix cached, whatever became of their own context)."""
 
@@ -139,6 +140,7 @@ class SimulationResult:
     quality: FloatArray
     served: IntArray
     tiers: tuple[str, ...]
+    new_tokens: FloatArray
 
     def summary(self) -> dict[str, object]:
         """Plain values for JSON output and tables."""
@@ -328,6 +330,7 @@ def _measure(cfg: SimulationConfig, prep: Prepared, done: Replay) -> SimulationR
     query = wl.query_tokens.astype(np.float64)
     tokens = wl.context_tokens[ctx].astype(np.float64)
     service = prep.prefill.seconds(tokens + query, np.zeros_like(query))
+    new = tokens + query  # tokens each request prefills: all of a miss's, a hit's query
     quality = np.ones(ctx.size)
     served = done.tier_hit.copy()
     bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])
@@ -346,9 +349,10 @@ def _measure(cfg: SimulationConfig, prep: Prepared, done: Replay) -> SimulationR
         served[hit[slower]] = RECOMPUTED
         hit, loaded, c, v = hit[~slower], loaded[~slower], c[~slower], v[~slower]
     service[hit] = loaded
+    new[hit] = query[hit]
     quality[hit] = vt.quality[c, v]
     if shared:
-        _prefix_only(cfg, prep, done, service, served)
+        _prefix_only(cfg, prep, done, service, served, new_tokens=new)
     keep = wl.measured
     s, q, th = service[keep], quality[keep], served[keep]
     rates = {tier.name: float(np.mean(th == i)) for i, tier in enumerate(cfg.tiers)}
@@ -370,15 +374,23 @@ def _measure(cfg: SimulationConfig, prep: Prepared, done: Replay) -> SimulationR
         quality=q,
         served=th,
         tiers=tuple(t.name for t in cfg.tiers),
+        new_tokens=new[keep],
     )
 
 
 def _prefix_only(
-    cfg: SimulationConfig, prep: Prepared, done: Replay, service: FloatArray, served: IntArray
+    cfg: SimulationConfig,
+    prep: Prepared,
+    done: Replay,
+    service: FloatArray,
+    served: IntArray,
+    *,
+    new_tokens: FloatArray,
 ) -> None:
     """The requests that found only the shared prefix cached: its load, then the prefill of
     their own tokens and query after it (``service`` holds their full prefill, which wins
-    when it is faster and ``recompute_slower_loads``); updates ``service`` and ``served``."""
+    when it is faster and ``recompute_slower_loads``); updates ``service``, ``served``
+    and ``new_tokens``."""
     wl = prep.workload
     only = np.flatnonzero((done.tier_hit == MISS) & (done.prefix_hit >= 0))
     pt = done.prefix_hit[only]
@@ -394,3 +406,4 @@ def _prefix_only(
     served[only[slower]] = RECOMPUTED
     served[only[~slower]] = PREFIX
     service[only[~slower]] = loaded[~slower]
+    new_tokens[only[~slower]] = new[~slower]

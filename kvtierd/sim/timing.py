@@ -12,7 +12,8 @@ Two prefill models, one interface (seconds to prefill ``new`` tokens after ``pas
 
 The unloaded TTFT of a request is its service time; :func:`queued_ttft_s` adds waiting on one
 LLM server that serves requests first come, first served (with ``hold_s`` seconds of decoding after
-each first token before the next request starts).
+each first token before the next request starts); :func:`batched_ttft_s` has it prefill the
+requests waiting together, as vLLM's scheduler does.
 """
 
 from __future__ import annotations
@@ -83,6 +84,56 @@ def queued_ttft_s(arrival_s: FloatArray, service_s: FloatArray, hold_s: float = 
         start = max(free, a)
         out[k] = start + s - a
         free = start + s + hold_s
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How many waiting requests the LLM server prefills in one step: at most ``max_seqs``
+    prompts and ``max_tokens`` new tokens (vLLM's ``max_num_seqs`` and
+    ``max_num_batched_tokens``). The default, one at a time, is first come, first served."""
+
+    max_seqs: int = 1
+    max_tokens: float = float("inf")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_seqs, bool) or not (
+            isinstance(self.max_seqs, int) and self.max_seqs >= 1
+        ):
+            raise InvalidArgumentError(
+                f"batch max_seqs must be an integer >= 1, got {self.max_seqs!r}"
+            )
+        if not self.max_tokens > 0:
+            raise InvalidArgumentError(f"batch max_tokens must be > 0, got {self.max_tokens!r}")
+
+
+def batched_ttft_s(
+    arrival_s: FloatArray,
+    service_s: FloatArray,
+    new_tokens: FloatArray,
+    batching: Batching,
+    hold_s: float = 0.0,
+) -> FloatArray:
+    """Per request: waiting + service on one LLM server that, whenever it is free, prefills the
+    requests waiting then in one step (in arrival order, within ``batching``; the first always):
+    the step takes what its requests take one at a time (a CPU's prefill is compute-bound) and
+    they all get their first token at its end — several arrivals behind a long miss wait for
+    each other, as vLLM's scheduler has them (issue 26's loaded run: four requests queued behind
+    a miss had their first tokens at the same instant). Then ``hold_s`` as
+    :func:`queued_ttft_s`; with the default :class:`Batching` the two are the same."""
+    arrival, service, tokens = arrival_s.tolist(), service_s.tolist(), new_tokens.tolist()
+    out = np.empty_like(service_s)
+    free, k, n = -np.inf, 0, len(arrival)
+    while k < n:
+        start = max(free, arrival[k])
+        j, taken = k + 1, tokens[k]
+        while (j < n and j - k < batching.max_seqs and arrival[j] <= start
+               and taken + tokens[j] <= batching.max_tokens):  # fmt: skip
+            taken += tokens[j]
+            j += 1
+        end = start + sum(service[k:j])
+        out[k:j] = end - arrival_s[k:j]
+        free, k = end + hold_s, j
     return out
 
 

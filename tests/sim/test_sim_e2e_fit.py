@@ -18,10 +18,11 @@ from benchmarks.e2e_calibration import (
     miss_samples,
     prefill_samples,
     quantized_hits,
+    vllm_batching,
 )
 from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality
 from kvtierd.sim.given import parse_workload
-from kvtierd.sim.timing import LinearPrefill, queued_ttft_s
+from kvtierd.sim.timing import Batching, LinearPrefill, queued_ttft_s
 
 # Two contexts (768 and 1,792 tokens), each asked once to warm up, then three timed requests.
 DOC: dict[str, Any] = {
@@ -83,7 +84,9 @@ def test_the_decode_hold_is_fitted_to_the_prefill_system() -> None:
         ttft = queued_ttft_s(sent, service, hold)
         pairs = enumerate(zip(sent.tolist(), ttft.tolist(), strict=True))
         outs = [outcome(i, 0, 0, s, t) for i, (s, t) in pairs]
-        assert fit_decode_s({"outcomes": outs}, Lengths(DOC), line) == pytest.approx(hold)
+        assert fit_decode_s({"outcomes": outs}, Lengths(DOC), line, Batching()) == pytest.approx(
+            hold
+        )
 
 
 def test_quantized_hits_are_priced_at_their_bytes(tmp_path: Path) -> None:
@@ -118,3 +121,11 @@ def test_a_fixed_systems_measured_similarity_is_its_variants_quality(tmp_path: P
     (tmp_path / "summary.json").write_text(json.dumps(rows))
     assert measured_quality(tmp_path) == {"int8": 0.985, "keydiff@0.5+int8": 0.93}
     assert measured_quality(tmp_path / "none") == {}
+
+
+def test_the_batching_is_the_measured_vllms(tmp_path: Path) -> None:
+    assert vllm_batching(tmp_path) is None
+    log = tmp_path / "work" / "prefill" / "vllm.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("non-default args: {'max_num_batched_tokens': 8192, 'max_num_seqs': 8}\n")
+    assert vllm_batching(tmp_path) == {"max_seqs": 8, "max_tokens": 8192}
