@@ -303,8 +303,12 @@ def simulate_run(args: argparse.Namespace, model: Path | None = None) -> dict[st
     beside its measurement. Writes ``workload.json``, ``calibration-*.yaml``, ``simulated.md``
     and ``simulated.json`` into ``args.out`` and returns what ``simulated.json`` holds:
     ``{"calibration", "systems": {name: {"prediction", "classes", "comparison"}}, "ratios":
-    {name: predicted / measured mean TTFT}}`` (one seed's directory of a multi-seed run)."""
+    {name: predicted / measured mean TTFT}}`` (one seed's directory of a multi-seed run).
+    bench_e2e's own arguments will do: without ``calibration`` and ``quality`` it fits the
+    calibration from ``out`` and takes the fixed systems' measured quality."""
     from transformers import AutoTokenizer
+
+    args = argparse.Namespace(**{"calibration": None, "quality": None, **vars(args)})
 
     if model is None:
         from kvtierd.model_fetch import fetch_model
