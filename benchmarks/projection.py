@@ -204,6 +204,13 @@ def at_equal_quality(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def load(qps: float, row: dict[str, Any]) -> str:
+    """The LLM server's utilisation (rate x unloaded mean TTFT): at 1 or more its queue grows
+    for as long as the trace runs, and the TTFT columns only say how long that was."""
+    rho = qps * row["service_mean_s"]
+    return f"{rho:.2f}" + (" (saturated)" if rho >= 1 else "")
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Projection (not a measurement) from {result['setting']['source']}; "
              f"{result['contexts']} contexts, {result['requests']} requests (first 20% warm-up), "
@@ -211,12 +218,13 @@ def markdown(result: dict[str, Any]) -> str:
     for block in result["rates"]:
         lines += [f"\n{block['qps']:g} requests/s:\n",
                   "| system | quality | TTFT mean s | p50 s | p90 s | unloaded mean s | "
-                  "served from |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "server load | served from |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in block["rows"]:
             served = " ".join(f"{k} {v:.0%}" for k, v in r["served"].items() if v)
-            lines.append(f"| {r['system']} | {r['quality']:.3f} | {r['ttft_mean_s']:.3f} | "
-                         f"{r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | "
-                         f"{r['service_mean_s']:.3f} | {served} |")  # fmt: skip
+            cells = [r["quality"], r["ttft_mean_s"], r["ttft_p50_s"], r["ttft_p90_s"],
+                     r["service_mean_s"]]  # fmt: skip
+            numbers = " | ".join(f"{x:.3f}" for x in cells)
+            lines.append(f"| {r['system']} | {numbers} | {load(block['qps'], r)} | {served} |")
         eq = ", ".join(f"{e['baseline']} {e['ratio']:.2f}x ({e['evicpress']})" if e["ratio"]
                        else f"{e['baseline']} -" for e in block["equal_quality"])  # fmt: skip
         lines.append(f"\nEvicPress at equal quality (within {WITHIN:g}): {eq}")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import REPO, cpu_model
-from benchmarks.projection import SETTING, case_qualities, main
+from benchmarks.projection import SETTING, case_qualities, load, main
 from benchmarks.projection_setting import load_setting, parse_setting
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.workload import WorkloadConfig, make_workload
@@ -49,6 +49,11 @@ def test_a_tiny_projection_prices_prefill_from_the_setting(tmp_path: Path) -> No
         assert 0.0 <= r["quality"] <= 1.0 and r["ttft_p50_s"] <= r["ttft_p90_s"], name
         if name != "prefill":
             assert r["service_mean_s"] < rows["prefill"]["service_mean_s"], name
+
+
+def test_a_server_at_full_load_is_marked_saturated() -> None:
+    assert load(0.5, {"service_mean_s": 1.2}) == "0.60"
+    assert load(0.5, {"service_mean_s": 2.0}) == "1.00 (saturated)"
 
 
 def test_a_profile_knows_only_the_other_cases_of_its_task(tmp_path: Path) -> None:
