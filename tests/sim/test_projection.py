@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import REPO, cpu_model
-from benchmarks.projection import SETTING, case_qualities, load, main
+from benchmarks.projection import SETTING, at_equal_quality, case_qualities, load, main
 from benchmarks.projection_setting import load_setting, parse_setting
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.workload import WorkloadConfig, make_workload
@@ -49,6 +49,20 @@ def test_a_tiny_projection_prices_prefill_from_the_setting(tmp_path: Path) -> No
         assert 0.0 <= r["quality"] <= 1.0 and r["ttft_p50_s"] <= r["ttft_p90_s"], name
         if name != "prefill":
             assert r["service_mean_s"] < rows["prefill"]["service_mean_s"], name
+
+
+def test_equal_quality_takes_the_fastest_fair_evicpress_and_never_the_bound() -> None:
+    def row(name: str, quality: float, ttft: float, bound: bool = False) -> dict[str, object]:
+        ours = name.startswith("evicpress")
+        return {"system": name, "evicpress": ours, "bound": bound, "quality": quality,
+                "ttft_mean_s": ttft}  # fmt: skip
+
+    rows = [row("fixed-int8", 1.0, 3.0), row("fixed-keydiff@0.5", 0.8, 1.0),
+            row("evicpress-a1", 0.95, 0.5), row("evicpress-a10", 0.99, 1.5),
+            row("evicpress-a1 (own labels)", 1.0, 0.1, bound=True)]  # fmt: skip
+    assert at_equal_quality(rows) == [
+        {"baseline": "fixed-int8", "evicpress": "evicpress-a10", "ratio": 2.0},
+        {"baseline": "fixed-keydiff@0.5", "evicpress": "evicpress-a1", "ratio": 2.0}]  # fmt: skip
 
 
 def test_a_server_at_full_load_is_marked_saturated() -> None:
