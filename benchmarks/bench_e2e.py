@@ -688,7 +688,8 @@ def main() -> None:
     sizes = {"cpu": max(int(total * args.cpu_share), 2 * largest),
              "ssd": int(total * args.ssd_share)}  # fmt: skip
     print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
-          f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB", flush=True)  # fmt: skip
+          f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB: the working set is "
+          f"{total / (sizes['cpu'] + sizes['ssd']):.1f}x the tiers", flush=True)  # fmt: skip
     every = systems(args.alphas, args.fixed, model, args.evicpress_methods,
                     args.evicpress_ratios, label=args.evicpress_label,
                     profile_share=args.profile_share, refine=args.refine)  # fmt: skip

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from benchmarks.e2e_stats import Interval, Timed, across_seeds, bootstrap, ceiling
+from benchmarks.e2e_stats import (
+    Interval,
+    Timed,
+    across_seeds,
+    bootstrap,
+    ceiling,
+    ratio_bootstrap,
+)
 
 
 def test_bootstrap_interval_of_a_mean_is_about_two_standard_errors() -> None:
@@ -76,3 +84,34 @@ def test_across_seeds_is_a_t_interval() -> None:
         across_seeds([])
     with pytest.raises(ValueError, match="finite"):
         across_seeds([1.0, math.inf])
+
+
+def test_ratio_bootstrap_is_paired_over_requests() -> None:
+    # the same requests under two systems: the baseline is twice as slow on every request
+    # but requests differ tenfold among themselves; pairing keeps the ratio's interval tight
+    rng = np.random.default_rng(3)
+    ours = rng.uniform(0.1, 1.0, size=200)
+    base = 2.0 * ours
+    r = ratio_bootstrap(base.tolist(), ours.tolist())
+    assert r.point == pytest.approx(2.0)
+    assert r.low == pytest.approx(2.0) and r.high == pytest.approx(2.0)
+    # with noise the interval covers the point and has width
+    noisy = base * rng.uniform(0.8, 1.2, size=200)
+    r = ratio_bootstrap(noisy.tolist(), ours.tolist())
+    assert r.low < r.point < r.high and r.high - r.low > 0.02
+
+
+@pytest.mark.parametrize(
+    ("base", "ours", "match"),
+    [
+        ([1.0], [1.0, 2.0], "same requests"),
+        ([], [], "at least one"),
+        ([1.0], [0.0], "positive"),
+        ([math.nan], [1.0], "finite"),
+    ],
+)
+def test_ratio_bootstrap_refuses_what_has_no_ratio(
+    base: list[float], ours: list[float], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        ratio_bootstrap(base, ours)

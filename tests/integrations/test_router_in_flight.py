@@ -56,3 +56,34 @@ async def test_close_right_after_a_request_ends_the_task() -> None:
         await asyncio.sleep(0.05)
     await reporter.close()
     assert reporter._task is not None and reporter._task.done()
+
+
+async def test_an_unexpected_error_in_a_report_does_not_end_the_reporter(
+    monkeypatch: Any,
+) -> None:
+    """A report that fails with something else than the daemon's errors or a timeout (a bug,
+    a bad answer) is retried like any failed report; before, it ended the task for good and
+    the daemon never heard of the router's requests again."""
+    monkeypatch.setattr(in_flight, "RETRY_S", 0.01)
+
+    class _Flaky:
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        async def report_in_flight(self, reporter: str, count: int) -> float:
+            self.calls.append(count)
+            if len(self.calls) == 1:
+                raise RuntimeError("a bug in the client")
+            return 30.0
+
+    client = _Flaky()
+    reporter = InFlightReporter(lambda: client)  # type: ignore[arg-type, return-value]
+    with reporter.request():
+        for _ in range(200):
+            if reporter.reported == 1:
+                break
+            await asyncio.sleep(0.01)
+    assert reporter._task is not None and not reporter._task.done()
+    assert reporter.reported == 1 and reporter.failures == 0
+    assert client.calls[:2] == [1, 1]  # the failed report, then the retry
+    await reporter.close()

@@ -79,11 +79,14 @@ class InFlightReporter:
             async with asyncio.timeout(REPORT_TIMEOUT_S):
                 hold_s = await self._client().report_in_flight(self.reporter, count)
             self._hold_s = hold_s or DEFAULT_HOLD_S
-        except (KvtierError, TimeoutError) as e:
+        except Exception as e:  # any failure: the task lives on (retries)
+            # not only KvtierError and timeouts: a bug or a bad answer ended the task for
+            # good before, and the daemon then never heard of requests in flight again
             if not self.failures:
+                unexpected = not isinstance(e, KvtierError | TimeoutError)
                 logger.warning("requests in flight not reported to kvtierd (%s); its "
                                "background profiling judges idleness by its own reads "
-                               "meanwhile", e)  # fmt: skip
+                               "meanwhile", e, exc_info=unexpected)  # fmt: skip
             self.failures += 1
             return False
         if self.failures:

@@ -1,0 +1,77 @@
+"""The multi-seed table (benchmarks/e2e_matrix.py, issue 30) on hand-made runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.e2e_matrix import OURS, SYSTEMS, Run, bench_args, headline, report
+
+# per system: its TTFT on every request, similarity, accuracy and accuracy interval's low end
+FAST = {"prefill": (1.0, 1.0, 0.7, 0.6), "lmcache": (0.8, 0.98, 0.7, 0.6),
+        "lru": (0.6, 0.98, 0.7, 0.6), "fixed-int8": (0.4, 0.98, 0.7, 0.6),
+        OURS: (0.2, 0.97, 0.65, 0.55)}  # fmt: skip
+
+
+def _write_run(root: Path, name: str, systems: dict[str, tuple[float, float, float, float]],
+               scale: float = 1.0) -> None:  # fmt: skip
+    d = root / name
+    d.mkdir(parents=True)
+    rows = {}
+    for s, (ttft, sim, acc, acc_low) in systems.items():
+        outs = [{"index": i, "ttft_s": ttft * scale * (1 + 0.1 * (i % 3)), "error": ""}
+                for i in range(30)]  # fmt: skip
+        (d / f"{s}.json").write_text(json.dumps({"outcomes": outs}))
+        mean = sum(o["ttft_s"] for o in outs) / len(outs)
+        rows[s] = {"ttft_mean_s": mean, "similarity": sim, "accuracy": acc,
+                   "intervals": {"accuracy": [acc, acc_low, acc + 0.1]}}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(rows))
+    (d / "summary.md").write_text(f"(bench_e2e's summary of {name})\n")
+
+
+def test_ratios_per_run_and_across_runs(tmp_path: Path) -> None:
+    _write_run(tmp_path, "seed1", FAST)
+    _write_run(tmp_path, "seed2", FAST, scale=1.0)
+    text, data = report(tmp_path, [Run("seed1", 1), Run("seed2", 2)], {"seed1": 600.0})
+    ratios = data["runs"]["seed1"]["ratios"]
+    assert ratios["fixed-int8"]["ratio"][0] == pytest.approx(2.0)  # 0.4 / 0.2 on every request
+    assert ratios["lru"]["ratio"][0] == pytest.approx(3.0)
+    assert all(r["equal_quality"] for r in ratios.values())
+    # the fastest baseline at equal quality, prefill aside
+    assert data["runs"]["seed1"]["headline"][0] == "fixed-int8"
+    assert "| fixed-int8 | 2.000 [2.000, 2.000] | 2 of 2 |" in text
+    assert "**Headline**" in text and "(fixed-int8, fixed-int8): 2.000" in text
+    assert "seed 1, 10 min" in text
+
+
+def test_a_baseline_of_better_quality_is_not_at_equal_quality(tmp_path: Path) -> None:
+    worse = dict(FAST)
+    worse[OURS] = (0.2, 0.94, 0.65, 0.55)  # 4 points below int8's similarity
+    _write_run(tmp_path, "seed1", worse)
+    _, data = report(tmp_path, [Run("seed1", 1)], {})
+    assert not data["runs"]["seed1"]["ratios"]["fixed-int8"]["equal_quality"]
+    assert headline(data["runs"]["seed1"]["ratios"]) is None
+    low_acc = dict(FAST)
+    low_acc[OURS] = (0.2, 0.98, 0.55, 0.5)  # below the low end of the baselines' accuracy
+    _write_run(tmp_path, "seed2", low_acc)
+    text, data = report(tmp_path, [Run("seed2", 2)], {})
+    assert data["runs"]["seed2"]["headline"] is None
+    assert "no baseline is at" in text
+
+
+def test_runs_not_on_disk_are_left_out(tmp_path: Path) -> None:
+    _write_run(tmp_path, "seed1", {k: v for k, v in FAST.items() if k != "lmcache"})
+    text, data = report(tmp_path, [Run("seed1", 1)], {})
+    assert data["runs"] == {} and "No run measured yet" in text
+
+
+def test_bench_args_name_the_workload_and_every_system(tmp_path: Path) -> None:
+    args = bench_args(Run("seed1-sp1024", 1, 1024), tmp_path)
+    assert args[args.index("--seed") + 1] == "1"
+    assert args[args.index("--system-prompt-tokens") + 1] == "1024"
+    assert args[args.index("--out") + 1] == str(tmp_path / "seed1-sp1024")
+    at = args.index("--systems") + 1
+    assert tuple(args[at : at + len(SYSTEMS)]) == SYSTEMS
+    assert args[args.index("--lengths") + 1 : args.index("--lengths") + 3] == ["1024", "2048"]
