@@ -355,7 +355,10 @@ def simulate_run(args: argparse.Namespace, model: Path | None = None) -> dict[st
     return result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """This command's arguments: bench_e2e's workload arguments, ``--calibration``,
+    ``--quality``, ``--out``, and bench_e2e's other arguments, accepted so that a run's own
+    command line predicts it (they do not change what the simulator is given)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_args(p)
     p.add_argument(
@@ -365,7 +368,21 @@ def main() -> None:
     )
     p.add_argument("--quality", type=Path, help="bench_quality's cases.jsonl")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e")
-    simulate_run(p.parse_args())
+    unused = "bench_e2e's; not used by the prediction"
+    p.add_argument("--max-tokens", type=int, help=unused)
+    p.add_argument("--settle-s", type=float, help=unused)
+    p.add_argument("--daemon-log-level", help=unused)
+    return p
+
+
+def simulate_argv(argv: list[str]) -> dict[str, Any]:
+    """:func:`simulate_run` for a run given as bench_e2e's command line (its arguments after
+    ``-m benchmarks.bench_e2e``, with ``--out`` the run's directory)."""
+    return simulate_run(parser().parse_args(argv))
+
+
+def main() -> None:
+    simulate_run(parser().parse_args())
 
 
 def simulate(

@@ -12,7 +12,13 @@ import pytest
 
 from benchmarks.bench_e2e import kv_bytes_per_token, systems, workload_args
 from benchmarks.e2e_workload import make_contexts, make_requests, trace_gaps
-from benchmarks.sim_e2e import build_workload, compare, placer_for, simulate_run
+from benchmarks.sim_e2e import (
+    build_workload,
+    compare,
+    placer_for,
+    simulate_argv,
+    simulate_run,
+)
 from kvtierd.sim.calibration import load_calibration
 from kvtierd.sim.given import parse_workload
 from kvtierd.sim.predict import predict
@@ -142,14 +148,14 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     # the prefill system is predicted with its own line (its vLLM may keep another dtype)
     own = yaml.safe_load((out / "calibration-none.yaml").read_text())
     assert len(own["prefill"]["samples"]) == 16 and own["decode_s"] >= 0
-    # one seed's directory of a multi-seed run: the same, as a function
+    # one seed's directory of a multi-seed run: the same, as a function of bench_e2e's own
+    # command line (its --max-tokens, --settle-s accepted) or of parsed arguments
+    got = simulate_argv([*argv, "--max-tokens", "16", "--settle-s", "30"])
+    assert got == json.loads((out / "simulated.json").read_text())
     p = argparse.ArgumentParser()
     workload_args(p)
-    p.add_argument("--calibration", type=Path)
-    p.add_argument("--quality", type=Path)
     p.add_argument("--out", type=Path)
-    got = simulate_run(p.parse_args(argv))
-    assert got == json.loads((out / "simulated.json").read_text())
+    assert simulate_run(p.parse_args(argv)) == got  # no --calibration, --quality: fitted
     assert set(got["ratios"]) == {"prefill", "lru"}
     assert got["ratios"]["lru"] == pytest.approx(
         lru["comparison"]["predicted"]["mean"] / lru["comparison"]["measured"]["mean"]
