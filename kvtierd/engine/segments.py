@@ -24,8 +24,10 @@ moved chunks' objects get the child's ``context_id`` and the prefix as ``parent_
 children that followed them name the new child, and every persistent copy of those objects (an
 SSD file's header, a remote header) is rewritten with them (``Tier.relabel``) before the put
 that branched is advised, so a restart finds the prefix and its children as they were. A crash
-in the middle leaves some moved chunks still naming the prefix: the prefix is then found with
-them (coarser, as before this was kept), never a chunk in a context it does not follow.
+in the middle (or a copy that cannot be rewritten, logged) leaves some moved chunks naming the
+prefix: a restart finds them in the prefix's context, a coarser tree as every restart found
+before splits were kept. Loads stay right whatever the grouping: LMCache keys each chunk by its
+whole prefix and loads it only after that prefix.
 """
 
 from __future__ import annotations
@@ -177,7 +179,8 @@ class Segments:
                     except KvtierError as e:
                         self.relabel_failures += 1
                         logger.warning(
-                            "object %r on tier %s keeps context %r after a restart: %s",
+                            "object %r on tier %s: its new context %r is not written there "
+                            "(a restart finds it in its old one): %s",
                             key, name, obj.meta.context, e,
                         )  # fmt: skip
 

@@ -229,3 +229,15 @@ def test_a_file_naming_a_hostile_parent_is_refused_by_name(daemon):
     logs = daemon.logs()
     assert "parent_context_id 'c0' is the object's own context" in logs
     assert "Traceback" not in logs
+
+
+def test_a_copy_that_cannot_be_relabelled_does_not_fail_the_put(daemon):
+    """The split holds in memory and the put goes on; the copy that could not be rewritten
+    is logged by name (a restart finds it in the prefix's context)."""
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        put_prompt(c, ["s0", "s1", "a0"], durable=True)
+        _files(daemon)["a0"][0].unlink()  # lost under the daemon
+        joins = put_prompt(c, ["b0"], after="s1")
+        assert (joins.context_id, joins.parent_context_id) == ("b0", "s0")
+        assert tree(c) == {"s0": ("", 2), "a0": ("s0", 1), "b0": ("s0", 1)}
+    assert "object 'a0' on tier ssd: its new context 'a0' is not written there" in daemon.logs()
