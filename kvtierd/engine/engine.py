@@ -141,8 +141,9 @@ class Engine:
             index=index, options=options, placing=self.placing, policy=self.running
         )
         self.segments = Segments(
-            index=index, placing=self.placing, executor=self.executor, profiling=self.profiling
-        )
+            index=index, placing=self.placing, executor=self.executor, profiling=self.profiling,
+            tiers=self.tiers,
+        )  # fmt: skip
         # The loops between the parts (a read or a profile changes what the placer should
         # do; a forgotten object changes where its context is) close here.
         self.mover.on_forgotten = self._keep_placer_in_step

@@ -97,10 +97,13 @@ class ProfileInputs:
         profiler = self._profiler()
         if profiler is None:
             return
+        # A prompt starts at token 0; a child context's own tokens start after its
+        # ancestors' (issue 29), and its query after its own end.
+        above = self._ancestor_tokens(ctx)
         _, n, _ = self._options.geometry_of(ctx)
-        kept = self._context_part(ctx, tokens)
+        kept = self._context_part(ctx, tokens[above:])
         self._tokens.reserve(context_id, ctx.tenant, len(kept))
-        query = tokens[n:] if 0 < n < len(tokens) else ()
+        query = tokens[above + n :] if n > 0 and above + n < len(tokens) else ()
 
         def store() -> None:
             # at most the prompt less its last token: a rewrite keeps one token of suffix
@@ -152,6 +155,18 @@ class ProfileInputs:
             return
         if p.enough_queries(context_id):
             self._profile_again(context_id)
+
+    def _ancestor_tokens(self, ctx: ContextRecord) -> int:
+        """The tokens of the contexts above ``ctx`` in a tree: where its own begin in a
+        prompt (0 for a root)."""
+        total = 0
+        for cid in self._index.ancestors(ctx):
+            above = self._index.contexts.get(cid)
+            if above is not None:
+                total += self._options.geometry_of(above)[1] or sum(
+                    self._index.objects[k].meta.token_count for k in above.keys
+                )
+        return total
 
     def _held(self, context_id: str) -> ContextRecord:
         ctx = self._index.contexts.get(context_id)

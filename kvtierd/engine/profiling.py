@@ -31,6 +31,7 @@ from kvtierd.engine import window
 from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
+from kvtierd.engine.prefix_kv import PrefixReader
 from kvtierd.engine.profile_inputs import ProfileInputs
 from kvtierd.engine.profile_runs import ProfileRun, RunKind, RunLog
 from kvtierd.engine.profiler_setup import make_profiler
@@ -110,6 +111,7 @@ class ProfilingService:
             # on_profiled read at each call: the engine sets it after building the service
             place_again=lambda ctx: self.on_profiled(ctx),  # noqa: PLW0108
         )  # fmt: skip
+        self.prefixes = PrefixReader(index=index, mover=mover)
         self.refinement = Refinement(
             index=index, options=self.options, policy=policy, profiler=lambda: self.profiler
         )
@@ -371,10 +373,17 @@ class ProfilingService:
             n = int(keys.shape[2])
             if evaluator.needs_token_ids and not profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
+            # a child is scored after its ancestors' KV, as a request reads it (issue 29)
+            prefix = await self.prefixes.prefix_of(ctx)
+            if prefix is not None and prefix[0].shape[:2] + prefix[0].shape[3:] != (
+                keys.shape[:2] + keys.shape[3:]
+            ):
+                prefix = None  # another model's KV above it: scored alone
             run = partial(window.profile, profiler, self._policy.current.evaluator_model_dir,
                           ctx.context_id, keys, values, queries=queries,
                           variants=self.options.profiled_variants(ctx),
-                          form=self.options.stored_form_of(ctx), refine=refine)  # fmt: skip
+                          form=self.options.stored_form_of(ctx), refine=refine,
+                          prefix=prefix)  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))

@@ -18,16 +18,23 @@ variant, no reference copy, no durable hold, no operation in flight): a context 
 form keeps its chunks together, and the branch becomes a child of the whole context (still a
 valid tree: the child's prefix is in its parent, only coarser).
 
-The split is recorded in memory; the children a put creates carry ``parent_context_id`` in their
-objects (and their persistent copies), so a restart keeps every branch's link. A split prefix
-whose objects were on a persistent tier before the split is found whole again after a restart
-(its old chunks still name it): its branches stay its children.
+The children a put creates carry ``parent_context_id`` in their objects (and their persistent
+copies), so a restart keeps every branch's link. A split is made durable the same way: the
+moved chunks' objects get the child's ``context_id`` and the prefix as ``parent_context_id``, the
+children that followed them name the new child, and every persistent copy of those objects (an
+SSD file's header, a remote header) is rewritten with them (``Tier.relabel``) before the put
+that branched is advised, so a restart finds the prefix and its children as they were. A crash
+in the middle (or a copy that cannot be rewritten, logged) leaves some moved chunks naming the
+prefix: a restart finds them in the prefix's context, a coarser tree as every restart found
+before splits were kept. Loads stay right whatever the grouping: LMCache keys each chunk by its
+whole prefix and loads it only after that prefix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvtierd.engine.context_kv import SEPARATOR
@@ -36,8 +43,9 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling import ProfilingService
 from kvtierd.engine.state import ContextRecord
-from kvtierd.errors import InvalidArgumentError, NotFoundError
+from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError
 from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.storage import Tier
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 
 logger = logging.getLogger(__name__)
@@ -61,16 +69,26 @@ class Segments:
         placing: Placing,
         executor: Executor,
         profiling: ProfilingService,
+        tiers: Mapping[str, Tier],
     ) -> None:
         self._index = index
         self._placing = placing
         self._executor = executor
         self._profiling = profiling
+        self._tiers = tiers
+        self._unsaved: list[str] = []  # keys whose persistent copies name an old context
         self.splits = 0
+        self.relabel_failures = 0
 
-    def resolve(self, tenant: str, proposed: str, after_key: str) -> Continuation:
+    async def resolve(self, tenant: str, proposed: str, after_key: str) -> Continuation:
         """Which context a put that proposes ``proposed`` and follows ``after_key`` joins
-        (both scoped daemon-wide names; module docstring)."""
+        (both scoped daemon-wide names; module docstring); a split it made is on the
+        persistent tiers when it returns."""
+        joins = self._resolve(tenant, proposed, after_key)
+        await self._save()
+        return joins
+
+    def _resolve(self, tenant: str, proposed: str, after_key: str) -> Continuation:
         index = self._index
         obj = index.owned(after_key, tenant) if after_key else None
         owner = index.contexts.get(obj.meta.context) if obj is not None else None
@@ -115,11 +133,13 @@ class Segments:
         child.variant, child.hits, child.last_access_s = ctx.variant, ctx.hits, ctx.last_access_s
         index.set_parent(child, ctx.context_id, after_key)
         moved = set(tail)
+        self._unsaved.extend(tail)
         for kid_id in list(index.children.get(ctx.context_id, ())):
             kid = index.contexts.get(kid_id)
             # a child after the moved part, or after the end, continues the moved part now
             if kid is not None and (kid.after_key in moved or not kid.after_key):
                 index.set_parent(kid, child_id, kid.after_key)
+                self._rename_parent(kid, child_id)
         self.splits += 1
         logger.info(
             "context %r branches after chunk %r: split, its %d later chunks are now context %r",
@@ -130,6 +150,39 @@ class Segments:
         self._executor.submit(self._placing.insert(ctx))
         self._executor.submit(self._placing.adopt_where_it_is(child))
         return child_id
+
+    def _rename_parent(self, kid: ContextRecord, parent: str) -> None:
+        """``kid`` continues ``parent`` now: its objects say so (module docstring)."""
+        for key in kid.keys:
+            obj = self._index.objects[key]
+            if obj.meta.parent_context_id != parent:
+                obj.meta = dataclasses.replace(obj.meta, parent_context_id=parent)
+                self._unsaved.append(key)
+
+    async def _save(self) -> None:
+        """Rewrite the persistent copies of the objects a split gave a new identity. A copy
+        that cannot be rewritten is logged and counted: the split holds in memory, and a
+        restart finds that chunk with its old context (module docstring)."""
+        while self._unsaved:
+            key = self._unsaved.pop(0)
+            obj = self._index.objects.get(key)
+            ctx = None if obj is None else self._index.contexts.get(obj.meta.context)
+            if obj is None or ctx is None:
+                continue  # deleted meanwhile: nothing of it to find after a restart
+            async with ctx.lock:  # no move or delete of the object meanwhile
+                for name in dict.fromkeys((obj.tier, obj.shadow)):
+                    tier = self._tiers.get(name)
+                    if tier is None or not tier.persistent:
+                        continue
+                    try:
+                        await tier.relabel(obj.meta)
+                    except KvtierError as e:
+                        self.relabel_failures += 1
+                        logger.warning(
+                            "object %r on tier %s: its new context %r is not written there "
+                            "(a restart finds it in its old one): %s",
+                            key, name, obj.meta.context, e,
+                        )  # fmt: skip
 
     def _splittable(self, ctx: ContextRecord, tail: list[str]) -> bool:
         """Only an original context with nothing built on it, and no operation on it now."""

@@ -79,18 +79,23 @@ def profile(
     variants: Sequence[str],
     form: StoredForm,
     refine: bool = False,
+    prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ContextProfile:
     """:meth:`Profiler.profile` with the window queries the grid's snapkv variants need; the
-    snapkv variants are left out when they cannot be computed (module docstring)."""
+    snapkv variants are left out when they cannot be computed (module docstring), as they are
+    for a context with a ``prefix`` (its ancestors' KV: its window would need their ids)."""
     tokens = profiler.queries.tokens(context_id, int(keys.shape[2]))
-    window_queries = context_queries(model_dir, variants, keys, values, tokens)
+    window_queries = None
+    if prefix is None:
+        window_queries = context_queries(model_dir, variants, keys, values, tokens)
     if window_queries is None and grid_window(variants):
         logger.info("context %s: profiled without its snapkv variants: %s", context_id,
+                    "it continues another context" if prefix is not None else
                     _why_not(model_dir, len(tokens), int(keys.shape[2])))  # fmt: skip
         variants = [v for v in variants if not window_of(v)]
     return profiler.profile(context_id, keys, values, queries=queries, variants=variants,
-                            window_queries=window_queries, form=form,
-                            refine=refine)  # fmt: skip
+                            window_queries=window_queries, form=form, refine=refine,
+                            prefix=prefix)  # fmt: skip
 
 
 def check_drift(

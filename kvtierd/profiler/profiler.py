@@ -123,17 +123,22 @@ class Profiler:
         window_queries: torch.Tensor | None = None,
         form: StoredForm | None = None,
         refine: bool = False,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> ContextProfile:
         """Profile one context's ``[L, H, N, D]`` KV on its profiling queries (``queries`` are
         added to the user-supplied ones first) over ``variants`` (default: the policy's grid),
         compressed as they are stored (``form``, default the profiler's), with the estimator
-        (with the refiner when ``refine``); persist and return the :class:`ContextProfile`."""
+        (with the refiner when ``refine``); persist and return the :class:`ContextProfile`.
+        ``prefix``: the keys and values ``[L, H, P, D]`` of the context's ancestors, which a
+        request reads before it (``ContextKV.prefix_keys``; issue 29)."""
         evaluator = self.evaluator_for(refine)
         form = form or self.form
         if queries:
             self.queries.add_user(context_id, list(queries))
         tokens = self.queries.tokens(context_id, int(keys.shape[2]))
-        kv = ContextKV(keys=keys, values=values, window_queries=window_queries, token_ids=tokens)
+        pk, pv = prefix if prefix is not None else (None, None)
+        kv = ContextKV(keys=keys, values=values, window_queries=window_queries, token_ids=tokens,
+                       prefix_keys=pk, prefix_values=pv)  # fmt: skip
         names = list(dict.fromkeys([ORIGINAL_VARIANT, *(variants or self.policy.variants)]))
         source, qs = self.queries.profiling_set(context_id)
         lossy = [v for v in names if v != ORIGINAL_VARIANT]

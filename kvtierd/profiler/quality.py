@@ -33,12 +33,20 @@ class ContextKV:
     ``keys``/``values``: ``[L, H, N, D]``. ``window_queries``: ``[L, Hq, W, D]`` RoPE-applied
     queries of the context's last ``W`` tokens when known — ``snapkv`` variants need them and the
     ``attention`` evaluator uses them as probes. ``token_ids``: the context's tokens when known.
+
+    ``prefix_keys``/``prefix_values``: ``[L, H, P, D]``, the KV of the context's ancestors in a
+    tree of contexts (issue 29: a system prompt before a document), root first, as they are
+    stored. The context's own KV follows them (its keys were computed at positions ``P ..``,
+    attending to them); every variant of the context keeps them as they are, so an evaluator
+    that reads them scores the context as it is served (``query_attention`` does).
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     window_queries: torch.Tensor | None = None
     token_ids: tuple[int, ...] = ()
+    prefix_keys: torch.Tensor | None = None
+    prefix_values: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         k, v = self.keys, self.values
@@ -54,9 +62,40 @@ class ContextKV:
                 f"got {tuple(q.shape)}"
             )
 
+        pk, pv = self.prefix_keys, self.prefix_values
+        if (pk is None) != (pv is None):
+            raise InvalidArgumentError("prefix_keys and prefix_values come together")
+        if pk is not None and pv is not None:
+            want = (k.shape[0], k.shape[1], k.shape[3])
+            if (
+                pk.dim() != 4
+                or pk.shape != pv.shape
+                or (pk.shape[0], pk.shape[1], pk.shape[3]) != want
+            ):
+                raise InvalidArgumentError(
+                    f"prefix_keys and prefix_values must be equal [L={want[0]}, H={want[1]}, P, "
+                    f"D={want[2]}], got {tuple(pk.shape)} and {tuple(pv.shape)}"
+                )
+
     @property
     def num_tokens(self) -> int:
         return int(self.keys.shape[2])
+
+    @property
+    def prefix_tokens(self) -> int:
+        """``P``: the ancestors' tokens before the context (0 for a root)."""
+        return 0 if self.prefix_keys is None else int(self.prefix_keys.shape[2])
+
+    def served(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The KV a request for the context reads: the prefix, then the context's own
+        ``[L, H, P + N, D]`` (its own when it has no prefix: no copy)."""
+        if self.prefix_keys is None or self.prefix_values is None:
+            return self.keys, self.values
+        import torch
+
+        k = torch.cat([self.prefix_keys.to(self.keys.dtype), self.keys], dim=2)
+        v = torch.cat([self.prefix_values.to(self.values.dtype), self.values], dim=2)
+        return k, v
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,13 @@ equal weights, chosen before measuring) with the labels' share for the variant (
 when the prior knows every variant: on the labels the prior alone ordered pairs better than the
 context's own evidence, and the two together a little better still (RESULTS.md).
 
+A context that continues others (issue 29: a document after a shared system prompt) is scored
+as it is served: its ancestors' stored KV (``ContextKV.prefix_keys``) comes first, the question
+runs after both (at positions ``P + N ..``, reading the prefix), and the prefix's softmax terms
+join the question's own in every variant's output and the full one's alike (a variant of the
+context compresses its own entries only). The prefix is read from storage, never recomputed: a
+question of ``T`` tokens attends ``P`` more entries, once per layer for every variant.
+
 Without a question (a context's first put): the queries of the context's last tokens
 (``ContextKV.window_queries``; recomputed from ``model_dir`` and the context's token ids when the
 KV has none), over the context's keys only — a weaker stand-in, measured in
@@ -217,7 +224,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         t0 = time.perf_counter()
         asked = [q for q in queries if q.token_ids] if self.model_dir else []
         can_probe = kv.window_queries is not None or (
-            self.model_dir and len(kv.token_ids) >= kv.num_tokens
+            self.model_dir and len(kv.token_ids) >= kv.num_tokens and not kv.prefix_tokens
         )
         if not asked and not can_probe and (known := prior_quality(variants)) is not None:
             # no question and no model: the labels' per-variant share beats the last keys
@@ -250,18 +257,18 @@ class QueryAttentionEvaluator(QualityEvaluator):
         # only: it stops after the last of them (25 of 30 at stride 5)
         dtype = QUESTION_DTYPES[self.question_dtype]
         layers = range(0, int(kv.keys.shape[0]), self.layer_stride)
-        seen = pass_for_context(
-            self.model_dir, kv.keys, kv.values, token_ids, layers=layers, dtype=dtype
-        )
+        keys, values = kv.served()  # after the ancestors' KV too: positions P + N ..
+        seen = pass_for_context(self.model_dir, keys, values, token_ids, layers=layers, dtype=dtype)
         last = self.question_tokens or len(token_ids)
         return Probes(seen.queries[:, :, -last:], seen.keys, seen.values, self.layer_stride)
 
     def probes(self, kv: ContextKV) -> Probes:
         """Fallback probes: window queries (given, or recomputed when ``model_dir`` and the
-        context's token ids are known), else the last keys."""
+        context's token ids are known; for a root only: a child's window would need its
+        ancestors' ids too), else the last keys."""
         if kv.window_queries is not None:
             return Probes(kv.window_queries)
-        if self.model_dir and len(kv.token_ids) >= kv.num_tokens:
+        if self.model_dir and len(kv.token_ids) >= kv.num_tokens and not kv.prefix_tokens:
             from kvtierd.profiler.window_queries import queries_for_context
 
             ids = kv.token_ids[: kv.num_tokens]
@@ -293,7 +300,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
             self.pause()
             at = slice(first, min(layers, first + self.layers_per_step))
             q = _scaled(probes.queries[at], int(kv.keys.shape[1]))
-            own = _own_terms(q, probes, at)
+            own = _own_terms(q, probes, at, kv)
             k, v = kv.keys[at].float(), kv.values[at].float()
             lossy = [b for b in bits if b]
             ks = {0: k, **round_trips(k, lossy, form.group_size, "channel")}
@@ -322,7 +329,9 @@ def _every_kth_layer(kv: ContextKV, probes: Probes, k: int) -> tuple[ContextKV, 
     so its keep order, depend on its own layer only); probes of those layers only already
     (:meth:`QueryAttentionEvaluator.question_probes`) are kept as they are."""
     wq = None if kv.window_queries is None else kv.window_queries[::k]
-    strided = ContextKV(kv.keys[::k], kv.values[::k], wq, kv.token_ids)
+    pk = None if kv.prefix_keys is None else kv.prefix_keys[::k]
+    pv = None if kv.prefix_values is None else kv.prefix_values[::k]
+    strided = ContextKV(kv.keys[::k], kv.values[::k], wq, kv.token_ids, pk, pv)
     if probes.layer_stride == k:
         return strided, probes
     if probes.layer_stride != 1:
@@ -483,20 +492,28 @@ def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
 _Own = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
-def _own_terms(q: torch.Tensor, probes: Probes, at: slice) -> _Own:
-    """The question's own keys, causally: ``(logits [L', H, G*T, T] with -inf above the
-    diagonal, values [L', H, T, D], row max [L', H, G*T])`` for the layers ``at``, or ``None``
-    for probes from inside the context."""
-    if probes.own_keys is None or probes.own_values is None:
+def _own_terms(q: torch.Tensor, probes: Probes, at: slice, kv: ContextKV | None = None) -> _Own:
+    """The entries every variant keeps as they are, for the layers ``at``: the context's
+    ancestors' KV (``kv.prefix_keys``, all visible) and the question's own keys, causally:
+    ``(logits [L', H, G*T, X] with -inf above the question's diagonal, values [L', H, X, D],
+    row max [L', H, G*T])``, or ``None`` when there are none (probes from inside a root)."""
+    logits_parts, value_parts = [], []
+    if kv is not None and kv.prefix_keys is not None and kv.prefix_values is not None:
+        logits_parts.append(q @ kv.prefix_keys[at].float().transpose(-1, -2))  # [L', H, G*T', P]
+        value_parts.append(kv.prefix_values[at].float())
+    if probes.own_keys is not None and probes.own_values is not None:
+        k, v = probes.own_keys[at].float(), probes.own_values[at].float()
+        t = int(k.shape[2])
+        asked = int(probes.queries.shape[2])  # the question's last tokens, of its t
+        logits = q @ k.transpose(-1, -2)  # [L', H, G*T', T]
+        row = torch.arange(int(q.shape[2]), device=q.device) % asked + (t - asked)  # its token
+        future = torch.arange(t, device=q.device)[None, :] > row[:, None]
+        logits_parts.append(logits.masked_fill(future, float("-inf")))
+        value_parts.append(v)
+    if not logits_parts:
         return None
-    k, v = probes.own_keys[at].float(), probes.own_values[at].float()
-    t = int(k.shape[2])
-    asked = int(probes.queries.shape[2])  # the question's last tokens, of its t
-    logits = q @ k.transpose(-1, -2)  # [L', H, G*T', T]
-    row = torch.arange(int(q.shape[2]), device=q.device) % asked + (t - asked)  # each row's token
-    future = torch.arange(t, device=q.device)[None, :] > row[:, None]
-    logits = logits.masked_fill(future, float("-inf"))
-    return logits, v, logits.amax(dim=-1)
+    logits = torch.cat(logits_parts, dim=-1)
+    return logits, torch.cat(value_parts, dim=-2), logits.amax(dim=-1)
 
 
 def _relative_error(o: torch.Tensor, full: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ def reference_errors(
     for first in range(0, layers, layers_per_step):
         at = slice(first, min(layers, first + layers_per_step))
         q = _scaled(probes.queries[at], int(kv.keys.shape[1]))
-        own = _own_terms(q, probes, at)
+        own = _own_terms(q, probes, at, kv)
         k, v = kv.keys[at].float(), kv.values[at].float()
         lossy = [b for b in bits if b]
         ks = {0: k, **round_trips(k, lossy, form.group_size, "channel")}

@@ -226,7 +226,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
                 )
             # The context a put joins, from the chunk before its first one (segments.py).
-            joins = self.engine.segments.resolve(
+            joins = await self.engine.segments.resolve(
                 caller.tenant,
                 caller.scoped(q.context_id),
                 caller.scoped(q.after_key) if q.after_key else "",

@@ -230,6 +230,14 @@ class Tier(abc.ABC):
     def used_bytes(self) -> int:
         """Bytes of objects held (excluding padding and transient staging)."""
 
+    async def relabel(self, meta: ObjectMeta) -> None:
+        """Give the stored object ``meta.key`` the context identity of ``meta``
+        (``context_id``, ``parent_context_id``), its bytes and checksum unchanged: a context
+        split at a branch (issue 29, ``engine/segments.py``) must be found split after a
+        restart. A tier whose objects do not outlive the process keeps no identity to change;
+        a persistent tier rewrites its stored header. Raises ``NotFoundError`` if absent."""
+        self.get_meta(meta.key)
+
     async def fetch_meta(self, key: str, *, tenant: str = "") -> ObjectMeta:
         """``get_meta`` for async callers; a shared tier asks its backend (another daemon may
         have stored the object since this one started)."""

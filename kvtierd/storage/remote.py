@@ -15,6 +15,7 @@ hashed key, so one tenant cannot name another's object. ``put`` takes it from ``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -227,6 +228,29 @@ class RemoteTier(Tier):
         self._forget(tenant, key)
         if not dropped:
             raise NotFoundError(f"remote tier {self.name}: no object {key!r}")
+
+    async def relabel(self, meta: ObjectMeta) -> None:
+        """Rewrite the object's header with ``meta``'s context identity (the base class's
+        docstring), only if no other daemon changed it since it was read."""
+        keys = object_keys(self.options.namespace, meta.tenant, meta.key)
+        timeout_s = self.options.op_timeout_s
+        try:
+            raw = await asyncio.wait_for(self._reader.header(keys.header), timeout_s)
+            if raw is None:
+                raise NotFoundError(f"remote tier {self.name}: no object {meta.key!r}")
+            old = ObjectHeader.decode(raw)
+            new = dataclasses.replace(old, meta=dataclasses.replace(
+                old.meta, context_id=meta.context_id, parent_context_id=meta.parent_context_id
+            ))  # fmt: skip
+            if new == old:
+                return
+            if not await asyncio.wait_for(self._reader.relabel(keys, raw, new.encode()), timeout_s):
+                raise NotFoundError(
+                    f"remote tier {self.name}: {meta.key!r} changed while it was relabelled"
+                )
+        except UNREACHABLE as e:
+            self._health.failed("relabel", e)
+            raise UnavailableError(f"remote tier {self.name}: relabel {meta.key!r}: {e}") from e
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import xxhash
 
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError, CorruptObjectError
+from kvtierd.storage.ssd_format import check_parent_field
 from kvtierd.types import ObjectMeta
 
 HEADER_VERSION = 1
@@ -62,6 +63,15 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1
 """
+
+
+RELABEL_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
+return 1
+"""
+"""Replace a header only if it is still the one read (another daemon may have rewritten or
+dropped the object since): the parts stay, named by the same generation."""
 
 
 def parse_node(text: str) -> tuple[str, int]:
@@ -219,7 +229,9 @@ class ObjectHeader:
                 kept_indices=base64.b64decode(d["kept_indices"], validate=True),
                 tenant=str(d["tenant"]), checksum=int(d["checksum"]),
                 durable=d.get("durable", False) is True,
-                parent_context_id=str(d.get("parent_context_id", "")),
+                parent_context_id=check_parent_field(
+                    d.get("parent_context_id", ""), d["context_id"], d["key"]
+                ),
             )  # fmt: skip
             header = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
         except (ValueError, KeyError, TypeError) as e:

@@ -14,6 +14,7 @@ import xxhash
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError, NotFoundError
 from kvtierd.storage.remote_format import (
     DROP_SCRIPT,
+    RELABEL_SCRIPT,
     ObjectHeader,
     ObjectKeys,
     RemoteOptions,
@@ -79,6 +80,10 @@ class ObjectReader:
                 f"remote tier {self.name}: {key!r}: checksum mismatch; object deleted"
             )
         return header.meta
+
+    async def relabel(self, keys: ObjectKeys, raw: bytes, new: bytes) -> bool:
+        """Set the header ``new`` in place of ``raw`` (False: it changed since it was read)."""
+        return bool(await self.client.eval(RELABEL_SCRIPT, 1, keys.header, raw, new))
 
     async def drop(self, keys: ObjectKeys, raw: bytes) -> bool:
         """Compare-and-delete the header ``raw`` and its parts (the header alone when it is

@@ -59,6 +59,7 @@ from kvtierd.storage.ssd_files import (
     commit_file,
     quarantine_file,
     remove_quietly,
+    rewrite_header,
     scan_subdir,
 )
 from kvtierd.storage.ssd_format import DataHasher, data_checksum, encode_header
@@ -174,6 +175,36 @@ class SsdTier(Tier):
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
         self._forget(key)
         await self._io.spawn(self._remove_file(key, self._io.run(_unlink_if_present, entry.path)))
+
+    async def relabel(self, meta: ObjectMeta) -> None:
+        """Rewrite the object file's header with ``meta``'s context identity (the base
+        class's docstring), atomically (``ssd_files.rewrite_header``). The engine calls it
+        under the context's lock, so no delete of the object runs meanwhile; one by another
+        path (quarantine) is undone: a file renamed back over a forgotten key is removed."""
+        entry = self._index.get(meta.key)
+        if entry is None:
+            raise NotFoundError(f"object {meta.key!r} not found in tier {self.name}")
+        new = dataclasses.replace(
+            entry.meta, context_id=meta.context_id, parent_context_id=meta.parent_context_id
+        )
+        if new == entry.meta:
+            return
+        header = encode_header(new)
+        temp = self.layout.temp_path(entry.path)
+        job = functools.partial(
+            rewrite_header, entry.path, temp, header, entry.header_len, self.options.fsync
+        )
+        self._writing.add(meta.key)  # a put of the key waits for no rename: it is refused
+        try:
+            await self._io.spawn(self._io.run(job))
+            if self._index.get(meta.key) is entry:
+                self._index[meta.key] = StoredFile(new, entry.path, len(header))
+            else:  # deleted or quarantined while the copy ran: the rename brought it back
+                await self._io.run(_unlink_if_present, entry.path)
+        except FileNotFoundError as e:
+            raise NotFoundError(f"object {meta.key!r} not found in tier {self.name}") from e
+        finally:
+            self._writing.discard(meta.key)
 
     def get_meta(self, key: str) -> ObjectMeta:
         entry = self._index.get(key)

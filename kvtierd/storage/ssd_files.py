@@ -13,6 +13,7 @@ fsynced: after a crash an object is either complete under its final name or not 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 import uuid
@@ -145,6 +146,43 @@ def commit_file(temp: str, final: str, sync: bool) -> None:
     os.rename(temp, final)
     if sync:
         fsync_dir(str(Path(final).parent))
+
+
+def rewrite_header(path: str, temp: str, header: bytes, old_header_len: int, sync: bool) -> None:
+    """Replace the header of the object file at ``path`` by ``header``, its data unchanged:
+    the new header and the old file's bytes after ``old_header_len`` (its data and padding)
+    go to ``temp``, which is renamed over ``path`` (as a put commits), so a crash leaves the
+    old file or the new one, never a torn header. Raises ``FileNotFoundError`` if ``path``
+    is gone."""
+    try:
+        with open(path, "rb") as src, open(temp, "wb") as dst:
+            dst.write(header)
+            dst.flush()
+            _copy_rest(src.fileno(), dst.fileno(), old_header_len, len(header))
+            if sync:
+                dst.flush()
+                os.fsync(dst.fileno())
+        commit_file(temp, path, sync)
+    except BaseException:
+        remove_quietly(temp)
+        raise
+
+
+def _copy_rest(src: int, dst: int, at_src: int, at_dst: int) -> None:
+    """Copy ``src`` from ``at_src`` to its end into ``dst`` at ``at_dst``: in the kernel where
+    the filesystem allows (no pass of the data through Python), else in 4 MiB reads."""
+    left = os.fstat(src).st_size - at_src
+    while left > 0:
+        try:
+            n = os.copy_file_range(src, dst, left, at_src, at_dst)
+        except OSError as e:
+            if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            piece = os.pread(src, min(left, 4 << 20), at_src)
+            n = os.pwrite(dst, piece, at_dst) if piece else 0
+        if n == 0:
+            raise OSError(errno.EIO, "object file ended before its size while copying it")
+        left, at_src, at_dst = left - n, at_src + n, at_dst + n
 
 
 def remove_quietly(path: str) -> None:

@@ -43,6 +43,29 @@ _STR_FIELDS = ("key", "context_id", "variant", "dtype", "layout", "tenant")
 _INT_FIELDS = ("size_bytes", "token_count")
 
 
+MAX_ID_BYTES = 1024  # engine/validate.py's MAX_KEY_BYTES: what a put may name
+
+
+def check_parent_field(parent: object, context_id: object, key: object) -> str:
+    """``parent_context_id`` of a stored header (absent in files written before issue 29:
+    a root), refused by name unless it is a context id a put could have given: a string of
+    at most ``MAX_ID_BYTES`` bytes, without NUL, not the object's own context (a context
+    cannot continue itself). Raises ``ValueError``/``TypeError`` (the decoders' corruption)."""
+    if not isinstance(parent, str):
+        raise TypeError(f"parent_context_id is {type(parent).__name__}, not a string")
+    if "\x00" in parent or len(parent.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
+        raise ValueError(
+            f"parent_context_id must be a context id of at most {MAX_ID_BYTES} bytes without NUL"
+        )
+    own = context_id or key  # ObjectMeta.context: an object without one is its own context
+    if parent and parent == own:
+        raise ValueError(
+            f"parent_context_id {parent!r} is the object's own context: a context cannot "
+            "continue itself (allowed: another context's id, or absent for a root)"
+        )
+    return parent
+
+
 def object_name(tenant: str, key: str) -> str:
     """The file name of ``(tenant, key)``: 32 hex digits of xxh3_128 plus the suffix."""
     digest = xxhash.xxh3_128_hexdigest(f"{len(tenant)}:{tenant}\x00{key}".encode())
@@ -159,9 +182,7 @@ def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
     durable = doc.get("durable", False)
     if type(durable) is not bool:
         raise TypeError("durable is not a boolean")
-    parent = doc.get("parent_context_id", "")
-    if not isinstance(parent, str):
-        raise TypeError("parent_context_id is not a string")
+    parent = check_parent_field(doc.get("parent_context_id", ""), doc["context_id"], doc["key"])
     return ObjectMeta(
         shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), durable=durable,
         parent_context_id=parent, **strs, **ints,

@@ -4,6 +4,9 @@ context it extends, and every bad parent link is refused by name."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import grpc
 import numpy as np
 import pytest
@@ -13,6 +16,8 @@ from kvtierd.client import KVClient
 from kvtierd.policies.precedence import MAX_DEPTH
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
+from kvtierd.storage.ssd_format import decode_header, encode_header
+from kvtierd.types import ObjectMeta
 
 CHUNK = np.ones(4096, np.uint8)
 
@@ -129,17 +134,110 @@ def test_another_tenants_context_is_no_parent(start_daemon):
         a.put("k", CHUNK, context_id="mine", parent_context_id="p0")  # its own: accepted
 
 
+def _files(daemon) -> dict[str, tuple[Path, ObjectMeta]]:
+    """The SSD tier's object files by key (the persistent copies a restart reads)."""
+    out = {}
+    for path in (Path(daemon.config).parent / "ssd" / "objects").glob("*/*.kvt"):
+        meta = decode_header(path.read_bytes()[:65536], str(path)).meta
+        out[meta.key] = (path, meta)
+    return out
+
+
+def _rewrite(path: Path, meta: ObjectMeta) -> None:
+    """Give an object file another header, its data kept (what another build would write)."""
+    raw = path.read_bytes()
+    old_len = len(encode_header(decode_header(raw[:65536], str(path)).meta))
+    path.write_bytes(encode_header(meta) + raw[old_len:])
+
+
+def _split_tree(c: KVClient) -> dict[str, tuple[str, int]]:
+    """The first request's context is split by the second (its document ``a0`` moves to a
+    child); ``k0`` named the prefix as its parent after its end, so it follows the moved part."""
+    put_prompt(c, ["s0", "s1", "a0"], durable=True)
+    c.put("k0", CHUNK, context_id="k0", parent_context_id="s0", durable=True)
+    put_prompt(c, ["b0", "b1"], after="s1", durable=True)
+    put_prompt(c, ["c0"], after="s1", durable=True)
+    return tree(c)
+
+
 def test_the_tree_survives_a_restart(daemon):
-    """Each child's objects carry its parent onto the persistent tier. The split of the first
-    request's context is in memory only: after a restart its document rejoins the prefix's
-    context (module docstring of engine/segments.py), and the later branches stay its
-    children."""
+    """Each child's objects carry its parent onto the persistent tier, and a split rewrites
+    the persistent copies of what it changed (engine/segments.py): after a restart the
+    prefix, the part split off it, the children that followed that part and the later
+    branches are as they were."""
     with KVClient(daemon.socket_path, timeout_s=20) as c:
-        put_prompt(c, ["s0", "s1", "a0"], durable=True)
-        put_prompt(c, ["b0", "b1"], after="s1", durable=True)
-        put_prompt(c, ["c0"], after="s1", durable=True)
-        assert tree(c) == {"s0": ("", 2), "a0": ("s0", 1), "b0": ("s0", 2), "c0": ("s0", 1)}
+        before = _split_tree(c)
+    assert before == {
+        "s0": ("", 2), "a0": ("s0", 1), "k0": ("a0", 1), "b0": ("s0", 2), "c0": ("s0", 1),
+    }  # fmt: skip
+    files = _files(daemon)
+    assert (files["a0"][1].context_id, files["a0"][1].parent_context_id) == ("a0", "s0")
+    assert files["k0"][1].parent_context_id == "a0"
     assert daemon.stop() == 0
     daemon.start()
     with KVClient(daemon.socket_path, timeout_s=20) as c:
-        assert tree(c) == {"s0": ("", 3), "b0": ("s0", 2), "c0": ("s0", 1)}
+        assert tree(c) == before
+        again = put_prompt(c, ["d0"], after="s1")  # the restarted daemon branches there too
+        assert (again.context_id, again.parent_context_id) == ("d0", "s0")
+
+
+def test_a_split_inside_a_child_survives_a_restart(daemon):
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        put_prompt(c, ["s0", "s1", "a0", "a1", "a2"], durable=True)
+        put_prompt(c, ["b0"], after="s1", durable=True)
+        put_prompt(c, ["x0"], after="a1", durable=True)
+        before = tree(c)
+    assert before == {
+        "s0": ("", 2), "a0": ("s0", 2), "a2": ("a0", 1), "b0": ("s0", 1), "x0": ("a0", 1),
+    }  # fmt: skip
+    assert daemon.stop() == 0
+    daemon.start()
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        assert tree(c) == before
+
+
+def test_files_from_before_splits_were_kept_still_load(daemon):
+    """Files a daemon wrote before splits were made durable: the moved chunk still names the
+    prefix's context and no parent. They load, as that daemon found them: the prefix whole,
+    the later branches its children."""
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        _split_tree(c)
+    assert daemon.stop() == 0
+    for key in ("a0", "k0"):
+        path, meta = _files(daemon)[key]
+        old = {"a0": ("s0", ""), "k0": ("k0", "s0")}[key]
+        _rewrite(path, replace(meta, context_id=old[0], parent_context_id=old[1]))
+    daemon.start()
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        assert tree(c) == {"s0": ("", 3), "k0": ("s0", 1), "b0": ("s0", 2), "c0": ("s0", 1)}
+
+
+def test_a_file_naming_a_hostile_parent_is_refused_by_name(daemon):
+    """A header read back from the disk is checked as a put is: a context that names itself
+    as its parent is refused (the file quarantined, the reason logged with the field and
+    what is allowed), and the rest of the tree loads."""
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        _split_tree(c)
+    assert daemon.stop() == 0
+    path, meta = _files(daemon)["c0"]
+    _rewrite(path, replace(meta, parent_context_id="c0"))
+    daemon.start()
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        assert tree(c) == {
+            "s0": ("", 2), "a0": ("s0", 1), "k0": ("a0", 1), "b0": ("s0", 2),
+        }  # fmt: skip
+    logs = daemon.logs()
+    assert "parent_context_id 'c0' is the object's own context" in logs
+    assert "Traceback" not in logs
+
+
+def test_a_copy_that_cannot_be_relabelled_does_not_fail_the_put(daemon):
+    """The split holds in memory and the put goes on; the copy that could not be rewritten
+    is logged by name (a restart finds it in the prefix's context)."""
+    with KVClient(daemon.socket_path, timeout_s=20) as c:
+        put_prompt(c, ["s0", "s1", "a0"], durable=True)
+        _files(daemon)["a0"][0].unlink()  # lost under the daemon
+        joins = put_prompt(c, ["b0"], after="s1")
+        assert (joins.context_id, joins.parent_context_id) == ("b0", "s0")
+        assert tree(c) == {"s0": ("", 2), "a0": ("s0", 1), "b0": ("s0", 1)}
+    assert "object 'a0' on tier ssd: its new context 'a0' is not written there" in daemon.logs()

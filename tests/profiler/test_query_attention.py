@@ -356,3 +356,93 @@ def test_question_pass_of_some_layers_stops_after_the_last(tiny_llama_dir: Path)
     with pytest.raises(InvalidArgumentError, match="cannot be read at stride"):
         QueryAttentionEvaluator(model_dir, layer_stride=3).raw_scores(kv, names, strided,
                                                                       StoredForm())  # fmt: skip
+
+
+# -- a child context, scored after its ancestors' KV (issue 29) --------------------------------
+
+
+def with_prefix(kv: ContextKV, p: int = 64) -> ContextKV:
+    """``kv`` as a child after ``p`` tokens of an ancestor's KV."""
+    g = torch.Generator().manual_seed(9)
+    pk = torch.randn(L, H, p, D, generator=g) * 1.2
+    pv = torch.randn(L, H, p, D, generator=g)
+    return ContextKV(kv.keys, kv.values, prefix_keys=pk, prefix_values=pv)
+
+
+def prefixed_reference(kv: ContextKV, variant: str, probes: Probes) -> torch.Tensor:
+    """As :func:`reference_errors`, each output over the prefix (kept whole in every variant)
+    then the context (the variant's, or the original) then the question's own keys."""
+    (item,) = variant_kvs(ContextKV(kv.keys, kv.values), [variant], FORM)
+    pk, pv = kv.prefix_keys, kv.prefix_values
+    assert pk is not None and pv is not None
+    g = HQ // H
+    out = []
+    for layer in range(L):
+        q = probes.queries[layer].reshape(H, g * T, D) / math.sqrt(D)
+        own_k, own_v = probes.own_keys[layer], probes.own_values[layer]  # type: ignore[index]
+        rows = []
+        for r in range(g * T):
+            t = r % T
+            own = (own_k[:, : t + 1], own_v[:, : t + 1])
+            ctx = (
+                torch.cat([pk[layer], kv.keys[layer]], 1),
+                torch.cat([pv[layer], kv.values[layer]], 1),
+            )
+            var = (
+                torch.cat([pk[layer], item.keys[layer]], 1),
+                torch.cat([pv[layer], item.values[layer]], 1),
+            )
+            full = _attend(q[:, r : r + 1], ctx, own)
+            got = _attend(q[:, r : r + 1], var, own)
+            rows.append(((got - full).norm(dim=-1) / full.norm(dim=-1)).clamp(max=1.0)[:, 0])
+        out.append(torch.stack(rows, dim=1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("variant", ["knorm@0.5", "int8", "int4"])
+def test_a_child_is_scored_with_its_ancestors_kv_before_it(variant: str) -> None:
+    """The prefix's entries join every output (the variant compresses the child's own only):
+    the errors are those of attending over prefix + child, and not those of the child alone."""
+    from kvtierd.profiler.query_attention_reference import reference_errors as old_way
+
+    alone, probes = structured()
+    child = with_prefix(alone)
+    ev = QueryAttentionEvaluator(calibrate=False, layer_stride=1)
+    got = ev.errors(child, [variant, "int4"], probes, FORM)[variant]
+    assert torch.allclose(got, prefixed_reference(child, variant, probes), atol=2e-5)
+    assert torch.allclose(got, old_way(child, [variant], probes, FORM)[variant], atol=1e-5)
+    without = ev.errors(alone, [variant], probes, FORM)[variant]
+    assert float((got - without).abs().max()) > 1e-3  # the prefix changes what is read
+    strided = QueryAttentionEvaluator(calibrate=False, layer_stride=2)
+    assert torch.allclose(strided.errors(child, [variant], probes, FORM)[variant], got[::2],
+                          atol=1e-6)  # fmt: skip
+
+
+def test_a_childs_question_runs_after_its_ancestors(tiny_llama_dir: Path) -> None:
+    """The question's pass reads the ancestors' KV and runs at positions after them and the
+    child: its queries are those of one prefill of ancestors + child + question, which the
+    child's own KV alone does not give."""
+    from kvtierd.profiler.window_queries import prefill_with_window_queries, window_model
+
+    model = window_model(str(tiny_llama_dir), torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, 200, (1, 96), generator=g)
+    p, n = 48, 32  # ancestors' tokens, the child's
+    cache, queries = prefill_with_window_queries(model, ids, window=16)
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    ev = QueryAttentionEvaluator(str(tiny_llama_dir), calibrate=False, question_dtype="",
+                                 layer_stride=1)  # fmt: skip
+    child = ContextKV(keys[:, :, p : p + n].contiguous(), values[:, :, p : p + n].contiguous(),
+                      prefix_keys=keys[:, :, :p], prefix_values=values[:, :, :p])  # fmt: skip
+    question = ids[0, p + n :].tolist()
+    seen = ev.question_probes(child, question)
+    assert torch.allclose(seen.queries, queries, atol=1e-4)
+    assert torch.allclose(seen.own_keys, keys[:, :, p + n :], atol=1e-4)  # type: ignore[arg-type]
+    alone = ev.question_probes(ContextKV(child.keys, child.values), question)
+    assert not torch.allclose(alone.queries, queries, atol=1e-2)
+    names = ["knorm@0.5", "int4"]
+    res = ev.evaluate(child, names, [ProfilingQuery(token_ids=tuple(question))])
+    direct = ev.raw_scores(child, names, seen, StoredForm())
+    assert res["int4"] == pytest.approx(direct["int4"], abs=1e-5)
+    assert direct != ev.raw_scores(ContextKV(child.keys, child.values), names, alone, StoredForm())

@@ -7,6 +7,7 @@ Exact assertions on bytes and on the keys left in Redis; faults are injected by 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import socket
@@ -234,6 +235,26 @@ async def test_unreadable_header_is_corrupt(remote_tier, raw_redis) -> None:
     with pytest.raises(CorruptObjectError, match="unreadable header"):
         await _get(tier, "k", 100)
     assert raw_redis.get(object_keys(tier.options.namespace, "", "k").header) is None
+
+
+async def test_relabel_rewrites_the_header_for_every_daemon(remote_tier, raw_redis) -> None:
+    """Issue 29: a split gives an object a new context; the shared header says so (parts,
+    checksum and TTL unchanged), so another daemon and a restart read the new identity."""
+    a = await remote_tier(value_bytes="1MiB", ttl_s=60.0)
+    b = await remote_tier(value_bytes="1MiB", namespace=a.options.namespace)
+    data = _payload(3 * MiB, seed=3)
+    stored = await _put(a, "k", data, tenant="acme")
+    header = object_keys(a.options.namespace, "acme", "k").header
+    before = set(_keys_of(raw_redis, a.options.namespace))
+    await a.relabel(dataclasses.replace(stored, context_id="k", parent_context_id="prompt"))
+    moved = dataclasses.replace(stored, context_id="k", parent_context_id="prompt")
+    assert b.get_meta("k", tenant="acme") == moved
+    assert [m for m in b.metas() if m.key == "k"] == [moved]
+    assert await _get(b, "k", len(data), tenant="acme") == data
+    assert set(_keys_of(raw_redis, a.options.namespace)) == before
+    assert 0 < raw_redis.pttl(header) <= 60_000
+    with pytest.raises(NotFoundError, match="no object 'gone'"):
+        await a.relabel(ObjectMeta(key="gone", size_bytes=1, tenant="acme"))
 
 
 async def test_ttl_expiry(remote_tier, raw_redis) -> None:

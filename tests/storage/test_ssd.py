@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,83 @@ def test_a_childs_parent_survives_in_the_ssd_and_remote_headers() -> None:
     remote = ObjectHeader(child, part_bytes=10, parts=1, generation="g")
     assert ObjectHeader.decode(remote.encode()).meta == child
     assert b"parent_context_id" not in ObjectHeader(plain, 10, 1, "g").encode()
+
+
+async def test_relabel_rewrites_the_header_and_survives_a_restart(tmp_path: Path) -> None:
+    """Issue 29: a context split at a branch gives its later chunks a new context; the file's
+    header says so (its data and checksum unchanged), also after a restart."""
+    size = 3 * MiB + 17
+    t = make_tier(tmp_path, part_bytes="1MiB")
+    await t.start()
+    stored = await t.put(meta("k", size, context_id="prompt"), memoryview(payload(size)))
+    await t.relabel(replace(stored, context_id="k", parent_context_id="prompt", variant="x"))
+    moved = replace(stored, context_id="k", parent_context_id="prompt")  # identity only
+    assert t.get_meta("k") == moved
+    dst = bytearray(size)
+    assert await t.read_into("k", memoryview(dst)) == moved
+    assert bytes(dst) == payload(size)
+    with pytest.raises(NotFoundError, match="'gone' not found"):
+        await t.relabel(meta("gone", 1))
+    await t.close()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    t2 = make_tier(tmp_path)
+    await t2.start()
+    assert list(t2.metas()) == [moved] and t2.quarantined_count == 0
+    assert await t2.read_into("k", memoryview(dst)) == moved and bytes(dst) == payload(size)
+    await t2.close()
+
+
+def test_old_headers_without_a_parent_load_as_roots() -> None:
+    """Files written before issue 29 have no ``parent_context_id``: their objects are roots."""
+    import json
+
+    from kvtierd.storage.ssd_format import PREFIX_BYTES
+
+    raw = encode_header(meta("k", 10, context_id="c"))
+    doc = json.loads(raw[PREFIX_BYTES : raw.index(b"}") + 1])
+    assert "parent_context_id" not in doc and doc["context_id"] == "c"  # as old files are
+    assert decode_header(raw, "x").meta.parent_context_id == ""
+
+
+@pytest.mark.parametrize(
+    ("parent", "context_id", "message"),
+    [
+        (7, "c", "parent_context_id is int, not a string"),
+        ("a\x00b", "c", "parent_context_id must be a context id of at most 1024 bytes"),
+        ("p" * 1025, "c", "parent_context_id must be a context id of at most 1024 bytes"),
+        ("c", "c", "parent_context_id 'c' is the object's own context"),
+        ("k", "", "parent_context_id 'k' is the object's own context"),
+    ],
+)
+def test_hostile_parents_in_headers_are_refused_by_name(
+    parent: object, context_id: str, message: str
+) -> None:
+    """A header is read back from a disk or a shared store: a parent link no put could have
+    made is corruption, named with what is allowed, never a traceback or a cycle."""
+    from kvtierd.storage.remote_format import ObjectHeader
+
+    bad = ObjectMeta(key="k", size_bytes=10, context_id=context_id, parent_context_id=parent)  # type: ignore[arg-type]
+    with pytest.raises(
+        CorruptObjectError, match=f"x: malformed header metadata: {re.escape(message)}"
+    ):
+        decode_header(encode_header(bad), "x")
+    with pytest.raises(CorruptObjectError, match=f"unreadable header: {re.escape(message)}"):
+        ObjectHeader.decode(ObjectHeader(bad, 10, 1, "g").encode())
+
+
+async def test_a_hostile_parent_is_quarantined_at_start(tmp_path: Path) -> None:
+    t = make_tier(tmp_path)
+    await t.start()
+    await t.put(meta("ok", 3), memoryview(b"abc"))
+    await t.close()
+    bad = ObjectMeta(key="k", size_bytes=3, context_id="k", parent_context_id="k")
+    path = t.layout.object_path("", "k")
+    Path(path).write_bytes(encode_header(bad) + b"abc")  # a header a put never writes
+    t2 = make_tier(tmp_path)
+    await t2.start()
+    assert [m.key for m in t2.metas()] == ["ok"]
+    await assert_quarantined(t2, "k")
+    await t2.close()
 
 
 # -- corruption -------------------------------------------------------------------------------
