@@ -35,9 +35,11 @@ on the same documents and arrivals). Each run's systems run back to back
 bootstrap intervals and the ceiling; per run and baseline, the ratio baseline / EvicPress of
 mean TTFT with its paired 95% bootstrap interval (``e2e_stats.ratio_bootstrap``) and whether
 EvicPress is at equal quality (similarity at most 3 points below the baseline's and accuracy
-not below the low end of the baseline's interval); across runs, each ratio's mean with its
-95% t-interval (``e2e_stats.across_seeds``), and the headline: the ratio against the fastest
-baseline at equal quality of each run. The wall time of every run is recorded.
+not below the low end of the baseline's interval); the simulator's prediction of every system
+(``sim_e2e.simulate_argv``, calibrated from the run: predicted / measured mean TTFT); across
+runs, each ratio's mean with its 95% t-interval (``e2e_stats.across_seeds``), the headline
+(the ratio against the fastest baseline at equal quality of each run), and on how many runs
+the simulator is within 25% for every system. The wall time of every run is recorded.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ WORKLOAD: dict[str, str | list[str]] = {
 
 SYSTEMS = ("prefill", "lmcache", "lru", "fixed-int8", "evicpress-a2")
 OURS = "evicpress-a2"
+SIM_WITHIN = 0.25
+"""The issue's bar for the simulator: predicted mean TTFT within 25% of the measured one."""
 SIMILARITY_POINTS = 0.03
 """Equal quality: EvicPress's similarity at most this far below the baseline's."""
 
@@ -124,6 +128,14 @@ def run_ratios(run_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def simulated(run: Run, out: Path) -> dict[str, float]:
+    """The simulator's prediction for ``run`` beside its measurement (``sim_e2e``, calibrated
+    from the run's own measurements): per system, predicted / measured mean TTFT."""
+    from benchmarks.sim_e2e import simulate_argv
+
+    return dict(simulate_argv(bench_args(run, out)[3:])["ratios"])
+
+
 def headline(ratios: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
     """The fastest baseline EvicPress is at equal quality with (``prefill`` aside: it caches
     nothing), and its ratio; ``None`` when there is none."""
@@ -135,8 +147,11 @@ def headline(ratios: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]] | 
     return name, ratios[name]
 
 
-def report(out: Path, runs: list[Run], wall: dict[str, float]) -> tuple[str, dict[str, Any]]:
-    """``matrix.md``'s text and ``matrix.json``'s content from the runs on disk."""
+def report(
+    out: Path, runs: list[Run], wall: dict[str, float], sim: bool = True
+) -> tuple[str, dict[str, Any]]:
+    """``matrix.md``'s text and ``matrix.json``'s content from the runs on disk (``sim``: with
+    the simulator's prediction beside each run)."""
     done = [r for r in runs if (out / r.name / "summary.json").exists() and measured(r, out)]
     lines = [f"# bench_e2e on several seeds (issue 30)  {time.strftime('%Y-%m-%d')}",
              f"\n{machine()}\n", "Workload: " + " ".join(
@@ -160,6 +175,14 @@ def report(out: Path, runs: list[Run], wall: dict[str, float]) -> tuple[str, dic
         for name, r in ratios.items():
             lines.append(f"| {name} | {Interval(*r['ratio'])} | "
                          f"{'yes' if r['equal_quality'] else 'no'} |")  # fmt: skip
+        if sim:
+            predicted = simulated(run, out)
+            data["runs"][run.name]["simulated"] = predicted
+            lines += ["\nThe simulator beside it (`benchmarks.sim_e2e`, calibrated from this "
+                      "run; `simulated.md` in its directory): predicted / measured mean TTFT\n",
+                      "| " + " | ".join(predicted) + " |",
+                      "|" + "---|" * len(predicted),
+                      "| " + " | ".join(f"{v:.2f}" for v in predicted.values()) + " |"]  # fmt: skip
     lines += _across(data["runs"])
     return "\n".join(lines) + "\n", data
 
@@ -180,6 +203,13 @@ def _across(runs: dict[str, Any]) -> list[str]:
         across = across_seeds([v["ratio"][0] for v in values])
         fair = sum(v["equal_quality"] for v in values)
         lines.append(f"| {name} | {across} | {fair} of {len(values)} |")
+    sims = {name: r["simulated"] for name, r in runs.items() if "simulated" in r}
+    if sims:
+        within = [name for name, ratios in sims.items()
+                  if all(abs(v - 1) <= SIM_WITHIN for v in ratios.values())]  # fmt: skip
+        lines.append(f"\nThe simulator within {SIM_WITHIN:.0%} of the measured mean TTFT for "
+                     f"every system on {len(within)} of {len(sims)} runs"
+                     + (f" ({', '.join(within)})" if within else ""))  # fmt: skip
     best = [r["headline"] for r in runs.values()]
     if all(b is not None for b in best):
         across = across_seeds([b[1]["ratio"][0] for b in best])
@@ -195,6 +225,7 @@ def main() -> None:
     p.add_argument("--runs", nargs="+", choices=[r.name for r in RUNS],
                    help="default: every run")  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="only the tables from disk")
+    p.add_argument("--no-sim", action="store_true", help="without the simulator's prediction")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e-matrix")
     args = p.parse_args()
     out = args.out.resolve()
@@ -213,7 +244,7 @@ def main() -> None:
             raise SystemExit(f"error: bench_e2e failed on {run.name} (exit {done.returncode})")
         wall[run.name] = time.perf_counter() - t0
         wall_path.write_text(json.dumps(wall, indent=1))
-    text, data = report(out, runs, wall)
+    text, data = report(out, runs, wall, sim=not args.no_sim)
     (out / "matrix.md").write_text(text)
     (out / "matrix.json").write_text(json.dumps(data, indent=1))
     print(text)

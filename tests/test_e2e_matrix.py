@@ -34,7 +34,7 @@ def _write_run(root: Path, name: str, systems: dict[str, tuple[float, float, flo
 def test_ratios_per_run_and_across_runs(tmp_path: Path) -> None:
     _write_run(tmp_path, "seed1", FAST)
     _write_run(tmp_path, "seed2", FAST, scale=1.0)
-    text, data = report(tmp_path, [Run("seed1", 1), Run("seed2", 2)], {"seed1": 600.0})
+    text, data = report(tmp_path, [Run("seed1", 1), Run("seed2", 2)], {"seed1": 600.0}, sim=False)
     ratios = data["runs"]["seed1"]["ratios"]
     assert ratios["fixed-int8"]["ratio"][0] == pytest.approx(2.0)  # 0.4 / 0.2 on every request
     assert ratios["lru"]["ratio"][0] == pytest.approx(3.0)
@@ -50,20 +50,20 @@ def test_a_baseline_of_better_quality_is_not_at_equal_quality(tmp_path: Path) ->
     worse = dict(FAST)
     worse[OURS] = (0.2, 0.94, 0.65, 0.55)  # 4 points below int8's similarity
     _write_run(tmp_path, "seed1", worse)
-    _, data = report(tmp_path, [Run("seed1", 1)], {})
+    _, data = report(tmp_path, [Run("seed1", 1)], {}, sim=False)
     assert not data["runs"]["seed1"]["ratios"]["fixed-int8"]["equal_quality"]
     assert headline(data["runs"]["seed1"]["ratios"]) is None
     low_acc = dict(FAST)
     low_acc[OURS] = (0.2, 0.98, 0.55, 0.5)  # below the low end of the baselines' accuracy
     _write_run(tmp_path, "seed2", low_acc)
-    text, data = report(tmp_path, [Run("seed2", 2)], {})
+    text, data = report(tmp_path, [Run("seed2", 2)], {}, sim=False)
     assert data["runs"]["seed2"]["headline"] is None
     assert "no baseline is at" in text
 
 
 def test_runs_not_on_disk_are_left_out(tmp_path: Path) -> None:
     _write_run(tmp_path, "seed1", {k: v for k, v in FAST.items() if k != "lmcache"})
-    text, data = report(tmp_path, [Run("seed1", 1)], {})
+    text, data = report(tmp_path, [Run("seed1", 1)], {}, sim=False)
     assert data["runs"] == {} and "No run measured yet" in text
 
 
@@ -75,3 +75,17 @@ def test_bench_args_name_the_workload_and_every_system(tmp_path: Path) -> None:
     at = args.index("--systems") + 1
     assert tuple(args[at : at + len(SYSTEMS)]) == SYSTEMS
     assert args[args.index("--lengths") + 1 : args.index("--lengths") + 3] == ["1024", "2048"]
+
+
+def test_the_simulator_is_set_beside_each_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import benchmarks.e2e_matrix as matrix
+
+    _write_run(tmp_path, "seed1", FAST)
+    _write_run(tmp_path, "seed2", FAST)
+    off = {"seed1": {s: 1.1 for s in SYSTEMS}, "seed2": {**{s: 1.0 for s in SYSTEMS}, "lru": 0.7}}
+    monkeypatch.setattr(matrix, "simulated", lambda run, out: off[run.name])
+    text, data = report(tmp_path, [Run("seed1", 1), Run("seed2", 2)], {})
+    assert data["runs"]["seed2"]["simulated"]["lru"] == 0.7
+    assert "within 25% of the measured mean TTFT for every system on 1 of 2 runs (seed1)" in text
