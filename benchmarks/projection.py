@@ -46,6 +46,7 @@ import numpy as np
 from benchmarks.common import REPO, machine
 from benchmarks.projection_setting import Setting, load_setting
 from kvtierd.policies.model import FloatArray, IntArray
+from kvtierd.sim.offers import DAEMON
 from kvtierd.sim.replay import (
     Prepared,
     SimulationConfig,
@@ -183,7 +184,9 @@ def at_rate(preps: Preps, qps: float) -> Preps:
 def run_system(system: System, setting: Setting, preps: Preps) -> dict[str, Any]:
     prep = preps.own if system.own_labels else preps.task
     tiers = tuple(t for t in setting.tiers if system.remote or t.capacity_bytes is not None)
-    cfg = SimulationConfig(tiers=tiers, placer=system.placer, alpha=system.alpha)
+    # the daemon's rules (issue 30.4, checked beside bench_e2e): a compressed form only under
+    # a trusted profile, a token-dropped one only once the router can serve it
+    cfg = SimulationConfig(tiers=tiers, placer=system.placer, alpha=system.alpha, offers=DAEMON)
     r: SimulationResult = run_simulation(cfg, prep)
     ttft = queued_ttft_s(r.arrival_s, r.service_s, setting.decode_s)
     return {"system": system.name, "evicpress": system.placer == "evicpress",

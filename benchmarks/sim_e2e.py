@@ -77,7 +77,7 @@ from benchmarks.e2e_workload import (
 from kvtierd.policies.loader import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
 from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
-from kvtierd.sim.offers import OfferRule
+from kvtierd.sim.offers import DAEMON
 from kvtierd.sim.predict import Prediction, predict
 from kvtierd.sim.replay import SimulationConfig
 from kvtierd.sim.variants import Form
@@ -166,10 +166,9 @@ def tier_sizes(
             "ssd": int(total * args.ssd_share)}  # fmt: skip
 
 
-DAEMON_OFFERS = OfferRule(trusted_after_requests=1, servable_after_requests=2)
-"""What kvtierd's daemon lets its placer choose (``kvtierd/sim/offers.py``): a compressed form
-once the estimator has profiled the context after its first put, a token-dropped one once two
-of its prompts fixed the tokens the form covers (bench_e2e's warm-up is each context's first)."""
+DAEMON_OFFERS = DAEMON
+"""What kvtierd's daemon lets its placer choose (``kvtierd/sim/offers.py``; bench_e2e's warm-up
+is each context's first request)."""
 
 
 def placer_for(

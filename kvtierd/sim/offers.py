@@ -55,6 +55,12 @@ class OfferRule:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
 
 
+DAEMON = OfferRule(trusted_after_requests=1, servable_after_requests=2)
+"""What kvtierd's daemon lets its placer choose: a compressed form once the estimator has
+profiled the context after its first put, a token-dropped one once two of its prompts fixed
+the tokens the form covers (module docstring)."""
+
+
 class Offers:
     """Per context, the requests it has had (ever, and since it was last stored) and so the
     profile its placer is offered now."""

@@ -107,3 +107,24 @@ def test_a_bad_setting_names_the_file_and_the_key(edit: tuple[str, str], message
     with pytest.raises(InvalidArgumentError) as e:
         parse_setting(text.replace(edit[0], edit[1], 1), "s.yaml")
     assert str(e.value).startswith("s.yaml: ") and message in str(e.value)
+
+
+def test_the_projection_places_under_the_daemons_offer_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The placer is offered what kvtierd's daemon would offer it (issue 30.4's rules, checked
+    beside bench_e2e), not every variant from the first put."""
+    from benchmarks import projection
+    from kvtierd.sim.offers import DAEMON
+
+    seen = []
+    real = projection.run_simulation
+
+    def spy(cfg, prep):  # type: ignore[no-untyped-def]
+        seen.append(cfg.offers)
+        return real(cfg, prep)
+
+    monkeypatch.setattr(projection, "run_simulation", spy)
+    main(["--contexts", "12", "--requests", "60", "--rates", "0.05", "--alphas", "1",
+          "--out", str(tmp_path)])  # fmt: skip
+    assert seen and all(o == DAEMON for o in seen)
