@@ -42,6 +42,11 @@ class ObjectMeta:
     # The context this object's context continues (a branch after a shared prefix, issue 29;
     # "" = a root). Kept with persistent copies, so that the tree survives a restart.
     parent_context_id: str = ""
+    # The object's place in its context's order (issue 31): the index numbers a context's
+    # chunks as they join it, kept with persistent copies so that a restart lists them in
+    # put order (ssd_format.check_position_field). None: not numbered yet (a put not indexed
+    # yet), or a copy written before positions were kept.
+    position: int | None = None
 
     @property
     def context(self) -> str:

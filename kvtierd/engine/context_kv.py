@@ -160,7 +160,8 @@ def _encode_dropped(
         lo, hi = i * chunk, (i + 1) * chunk
         key = f"{context_id}{SEPARATOR}{v}{SEPARATOR}{i}"
         kept = c.kept[:, :, lo:hi].contiguous().numpy().astype("<i4").tobytes()
-        meta = with_fields(base, key=key, token_count=chunk, kept_indices=kept)
+        # numbered as they follow each other (base's position is the context's first's)
+        meta = with_fields(base, key=key, token_count=chunk, kept_indices=kept, position=i)
         out.append(_encoded(key, key, meta, kept_kv[:, :, lo:hi], heads=heads, v=v))
     card = form.card
     ids = placeholder_ids(form.digest, str(v), form.num_kept, card.vocab_size, card.special_ids)

@@ -31,7 +31,7 @@ from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.in_flight import InFlightReports
-from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.index import ContextIndex, found_order
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
@@ -260,6 +260,8 @@ class Engine:
                 # A shared tier that is down at start is not fatal: its objects are found
                 # on demand (``ReadPath._fetch_shared``) once it is back.
                 logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
+        # Each context's objects in the order they were put: tiers list them in scan order.
+        found.sort(key=lambda item: found_order(item[0]))
         settled = await settle_variants(found, self.tiers, self.mover.reference_tier())
         index = self.index
         for meta, tier_name in settled.objects:
@@ -269,7 +271,8 @@ class Engine:
                 continue
             # Found on persistent storage: keep it persistent; one committed durable is
             # protected again until read (the daemon does not know whether it was before).
-            index.add(ObjectRecord(meta, tier_name, durable=True, unread=meta.durable), key)
+            record = ObjectRecord(meta, tier_name, durable=True, unread=meta.durable)
+            index.add(record, key, found=True)
         index.relink()  # a child found before its parent
         for ctx in index.contexts.values():
             ctx.marker = settled.markers.get(ctx.context_id)

@@ -4,6 +4,7 @@ index. Everything here runs on the daemon's event loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -33,14 +34,24 @@ class ContextIndex:
 
     # -- adding and removing -------------------------------------------------------------------
 
-    def add(self, record: ObjectRecord, key: str = "") -> ContextRecord:
+    def add(self, record: ObjectRecord, key: str = "", *, found: bool = False) -> ContextRecord:
         """Index an object (under ``key``, else its own key), charge it where it is, and add
-        it to its context (made on its first object)."""
-        self.objects[key or record.meta.key] = record
-        self.account(record.meta, record.tier, +1)
-        return self.context_add(record.meta, key)
+        it to its context (made on its first object) after the context's last object. Its
+        position there (``ObjectMeta.position``, kept with its persistent copies) is numbered
+        here, unless its copy already has one past the context's last; ``found``: a copy found
+        on a persistent tier at start keeps the position it has, even none (a file written
+        before positions were kept): the engine adds those in their order (:func:`found_order`)."""
+        meta = record.meta
+        ctx = self.contexts.get(meta.context)
+        next_at = ctx.next_position if ctx is not None else 0
+        if not found and (meta.position is None or meta.position < next_at):
+            record.meta = meta = dataclasses.replace(meta, position=next_at)
+        self.objects[key or meta.key] = record
+        self.account(meta, record.tier, +1)
+        return self.context_add(meta, key)
 
     def context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
+        """Add an indexed object to its context, last (the caller numbered it)."""
         ctx = self.contexts.get(meta.context)
         if ctx is None:
             ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
@@ -50,6 +61,8 @@ class ContextIndex:
                 self.set_parent(ctx, parent.context_id)
         ctx.keys[key or meta.key] = None
         ctx.size_bytes += meta.size_bytes
+        if meta.position is not None:
+            ctx.next_position = max(ctx.next_position, meta.position + 1)
         return ctx
 
     def remove(self, key: str) -> ContextRecord:
@@ -275,3 +288,13 @@ def derivable(source: str, target: str) -> bool:
     have = QUANT_BITS.get(parse_variant(source).quant)
     want = QUANT_BITS.get(parse_variant(target).quant)
     return have is not None and want is not None and want <= have
+
+
+def found_order(meta: ObjectMeta) -> tuple[bool, int, str]:
+    """The order in which objects found on the persistent tiers at start join their contexts
+    (sort by it): by position, the order they were put (issue 31). An object without one was
+    written before positions were kept, so before any that has one: those come first, in key
+    order, which is deterministic but not the order they were put (LMCache keys a chunk by a
+    hash of its prefix). Two with one position go in key order (each on another tier: a tier
+    refuses two of its own, ``ssd_format.duplicate_positions``)."""
+    return (meta.position is not None, meta.position or 0, meta.key)

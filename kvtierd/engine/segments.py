@@ -13,6 +13,10 @@ off another: the put's first chunk follows the chunk ``after_key`` that a lookup
   branch point become a child context of their own, and the put's chunks a second child;
 * no context holds ``after_key`` (or none was sent): the put starts a root context.
 
+"Last" is by the order chunks were put, which a restart keeps: each chunk's position in its
+context is in its persistent copies (``ObjectMeta.position``, issue 31), and a split leaves the
+moved chunks their positions (they still order the child).
+
 A context is split only while it is the original with nothing built on it (no daemon-made
 variant, no reference copy, no durable hold, no operation in flight): a context stored in another
 form keeps its chunks together, and the branch becomes a child of the whole context (still a

@@ -52,6 +52,9 @@ class ContextRecord:
     # and the key of the parent's chunk it follows ("" = the parent's last, or not known).
     parent: str = ""
     after_key: str = ""
+    # The position the next object joining the context gets (ObjectMeta.position): one past
+    # the highest it has held, so that positions only grow, even after a chunk is removed.
+    next_position: int = 0
 
 
 @dataclass(slots=True)

@@ -139,6 +139,9 @@ class VariantWriter:
             index.objects[obj.client_key] = ObjectRecord(meta, tier, shadow=shadow, durable=durable)
             ctx.keys[obj.client_key] = None
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
+        # a chunk a client adds later is numbered after these (placeholders count from 0)
+        numbered = [m.position + 1 for m in metas_new if m.position is not None]
+        ctx.next_position = max([ctx.next_position, *numbered])
         ctx.variant = variant
         ctx.marker = (marker, shadow or tier)
         index.marker_owner[marker.key] = ctx.context_id

@@ -26,7 +26,7 @@ import xxhash
 
 from kvtierd.config import parse_size
 from kvtierd.errors import ConfigError, CorruptObjectError
-from kvtierd.storage.ssd_format import check_parent_field
+from kvtierd.storage.ssd_format import check_parent_field, check_position_field
 from kvtierd.types import ObjectMeta
 
 HEADER_VERSION = 1
@@ -212,6 +212,8 @@ class ObjectHeader:
             doc["durable"] = True
         if m.parent_context_id:
             doc["parent_context_id"] = m.parent_context_id
+        if m.position is not None:  # absent in headers written before issue 31
+            doc["position"] = m.position
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -232,6 +234,7 @@ class ObjectHeader:
                 parent_context_id=check_parent_field(
                     d.get("parent_context_id", ""), d["context_id"], d["key"]
                 ),
+                position=check_position_field(d.get("position")),
             )  # fmt: skip
             header = cls(meta, int(d["part_bytes"]), int(d["parts"]), str(d["gen"]))
         except (ValueError, KeyError, TypeError) as e:

@@ -9,6 +9,7 @@ values several times faster than the asyncio one (module docstring of ``remote_c
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -37,6 +38,8 @@ from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
     import redis.cluster as sync_cluster
+
+logger = logging.getLogger(__name__)
 
 _SCAN_BATCH = 512
 
@@ -138,10 +141,10 @@ class ObjectWriter:
         pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
         for name in names:
             pipe.get(name)
-        for raw in pipe.execute():
+        for name, raw in zip(names, pipe.execute(), strict=True):
             if raw is None:  # expired or deleted since the SCAN saw it
                 continue
             try:
                 yield ObjectHeader.decode(raw).meta
-            except CorruptObjectError:
-                continue
+            except CorruptObjectError as e:  # named, so an operator sees which field
+                logger.warning("remote tier %s: header %s skipped: %s", self.name, name, e)

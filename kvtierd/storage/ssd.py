@@ -54,6 +54,7 @@ from kvtierd.errors import (
 from kvtierd.storage.aligned_io import BouncePool, byte_view, open_file
 from kvtierd.storage.base import Tier, Timer, TransferFit
 from kvtierd.storage.ssd_files import (
+    BadFile,
     Layout,
     StoredFile,
     commit_file,
@@ -62,7 +63,12 @@ from kvtierd.storage.ssd_files import (
     rewrite_header,
     scan_subdir,
 )
-from kvtierd.storage.ssd_format import DataHasher, data_checksum, encode_header
+from kvtierd.storage.ssd_format import (
+    DataHasher,
+    data_checksum,
+    duplicate_positions,
+    encode_header,
+)
 from kvtierd.storage.ssd_options import SsdOptions
 from kvtierd.storage.ssd_probe import calibrate, probe_o_direct
 from kvtierd.storage.ssd_runner import IoRunner
@@ -139,12 +145,18 @@ class SsdTier(Tier):
         )
         self._index.clear()
         self._used_bytes = 0
-        for good, bad in scans:
-            for b in bad:
-                await self._io.run(quarantine_file, b.path, self.layout)
-                self.quarantined_count += 1
-                logger.warning("ssd tier %s: quarantined %s at start", self.name, b.reason)
-            for f in good:
+        found = [f for good, _ in scans for f in good]
+        # Two files of one context at one position: neither is trusted (ssd_format).
+        refused = duplicate_positions(f.meta for f in found)
+        bad = [b for _, bads in scans for b in bads]
+        bad += [BadFile(f.path, f"{f.path}: {refused[f.meta.key]}") for f in found
+                if f.meta.key in refused]  # fmt: skip
+        for b in bad:
+            await self._io.run(quarantine_file, b.path, self.layout)
+            self.quarantined_count += 1
+            logger.warning("ssd tier %s: quarantined %s at start", self.name, b.reason)
+        for f in found:
+            if f.meta.key not in refused:
                 self._remember(f)
 
     # -- Tier interface -------------------------------------------------------------------

@@ -6,7 +6,9 @@ One object = one file::
     offset 32           metadata as UTF-8 JSON (key, context_id, variant, dtype, shape, layout,
                         token_count, tenant, size_bytes, checksum as 16 hex digits; durable:
                         true only for an object committed durable;
-                        parent_context_id: only for a child context's object)
+                        parent_context_id: only for a child context's object;
+                        position: the object's place in its context, absent in files
+                        written before issue 31)
     then                kept_indices, raw bytes (opaque int32 array, often the largest field)
     then                zero padding up to header_len (a multiple of 4096)
     offset header_len   the object's raw bytes (size_bytes), zero-padded to a multiple of 4096
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import xxhash
@@ -64,6 +67,46 @@ def check_parent_field(parent: object, context_id: object, key: object) -> str:
             "continue itself (allowed: another context's id, or absent for a root)"
         )
     return parent
+
+
+MAX_POSITION = (1 << 31) - 1
+"""The highest position a header may carry: far more chunks than a context ever holds (a
+position grows by one per chunk put into its context), and an integer every JSON reader keeps
+exactly."""
+
+
+def check_position_field(position: object) -> int | None:
+    """``position`` of a stored header (``None``: absent, a file written before issue 31),
+    refused by name unless it is an integer in ``[0, MAX_POSITION]``. Raises
+    ``ValueError``/``TypeError`` (the decoders' corruption)."""
+    if position is None:
+        return None
+    if type(position) is not int:  # bool is an int to isinstance; a position is not a bool
+        raise TypeError(f"position is {type(position).__name__}, not an integer")
+    if not 0 <= position <= MAX_POSITION:
+        raise ValueError(f"position {position} is not an integer in [0, {MAX_POSITION}]")
+    return position
+
+
+def duplicate_positions(metas: Iterable[ObjectMeta]) -> dict[str, str]:
+    """The objects that share their position with another of the same context and variant
+    (its chunks of one form are numbered once each; a quantized variant's chunk carries its
+    original's position, kept apart as the reference copy): key -> why it is refused. Every
+    claimant is refused: nothing says which one holds the place (damaged or hostile files)."""
+    claims: dict[tuple[str, str, str, int], list[str]] = {}
+    for meta in metas:
+        if meta.position is not None:
+            place = (meta.tenant, meta.context, meta.variant, meta.position)
+            claims.setdefault(place, []).append(meta.key)
+    return {
+        key: (
+            f"position {place[3]} of context {place[1]!r} is claimed by {len(keys)} objects "
+            f"of its form {place[2]!r} (allowed: one object per position and form)"
+        )
+        for place, keys in claims.items()
+        if len(keys) > 1
+        for key in keys
+    }
 
 
 def object_name(tenant: str, key: str) -> str:
@@ -108,6 +151,8 @@ def encode_header(meta: ObjectMeta) -> bytes:
         doc["durable"] = True
     if meta.parent_context_id:  # likewise (issue 29: contexts that form a tree)
         doc["parent_context_id"] = meta.parent_context_id
+    if meta.position is not None:
+        doc["position"] = meta.position
     body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     used = PREFIX_BYTES + len(body) + len(meta.kept_indices)
     header_len = round_up(used, ALIGN)
@@ -185,5 +230,6 @@ def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
     parent = check_parent_field(doc.get("parent_context_id", ""), doc["context_id"], doc["key"])
     return ObjectMeta(
         shape=tuple(shape), kept_indices=kept, checksum=int(checksum, 16), durable=durable,
-        parent_context_id=parent, **strs, **ints,
+        parent_context_id=parent, position=check_position_field(doc.get("position")),
+        **strs, **ints,
     )  # fmt: skip

@@ -151,6 +151,29 @@ def test_token_dropping_variant_is_stored_servable(start_daemon):
             assert (got - want).abs().max().item() < 0.05, i  # one bf16 rounding
 
 
+def test_token_dropped_chunks_come_back_in_order_after_a_restart(start_daemon):
+    """A token-dropped form's placeholder chunks are numbered as they follow each other
+    (issue 31): a restart lists them in the manifest's order, the order they are served in."""
+    d = start_daemon(cpu="16KiB", ssd="64MiB")  # too small for it: compressed on the SSD
+    chunks = _chunks(4) + _chunks(5)
+    with KVClient(d.socket_path) as c:
+        _register_card(c)
+        keys = _put_lmcache_context(c, chunks)
+        c.set_context_tokens(keys[0], list(range(100, 100 + len(chunks) * T)))
+        _apply(c, "placer: fixed\nvariant: knorm@0.5\n")
+        (ctx,) = c.contexts()
+        assert (ctx.variant, ctx.tier) == ("knorm@0.5", "ssd")
+        described = c.call(c.admin.DescribeContext, pb.DescribeContextRequest(context_id=keys[0]))
+        placeholders = [o.spec.key for o in described.objects]
+        assert len(placeholders) == len(chunks) // 2
+    assert d.stop() == 0
+    d.start()
+    with KVClient(d.socket_path) as c:
+        described = c.call(c.admin.DescribeContext, pb.DescribeContextRequest(context_id=keys[0]))
+        assert [o.spec.key for o in described.objects] == placeholders
+        assert described.summary.variant == "knorm@0.5"
+
+
 @pytest.mark.parametrize("missing", ["card", "tokens", "refused"])
 def test_token_dropping_waits_until_servable(start_daemon, missing):
     """Without the model card, the context's tokens, or with a model that cannot load dropped

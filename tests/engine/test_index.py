@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.index import ContextIndex, found_order
 from kvtierd.engine.state import ObjectRecord
 from kvtierd.errors import CapacityError
 from kvtierd.types import DROPPED, ObjectMeta, Placement
@@ -22,6 +24,35 @@ def test_objects_join_their_context_in_put_order_and_are_charged_where_they_are(
     assert ctx.size_bytes == 150
     assert index.usage["", "cpu"] == 100 and index.usage["", "ssd"] == 50
     assert index.placement_of(ctx) == Placement("none", "cpu")  # its first object's tier
+
+
+def test_objects_are_numbered_in_their_context_and_numbers_only_grow() -> None:
+    """The position kept with a persistent copy (issue 31): numbered as objects join; after a
+    removal the next is numbered past every earlier one (never a number a file may still
+    carry); one found at start keeps its number, or none (a file from before positions)."""
+    index = ContextIndex()
+    records = [ObjectRecord(_meta(k), "cpu") for k in ("k1", "k2", "k3")]
+    for rec in records:
+        index.add(rec)
+    assert [r.meta.position for r in records] == [0, 1, 2]
+    index.remove("k3")
+    later = ObjectRecord(_meta("k4"), "cpu")
+    index.add(later)
+    assert later.meta.position == 3
+    found = [ObjectRecord(_meta(k, ctx="old"), "ssd") for k in ("a", "b")]
+    found.append(ObjectRecord(replace(_meta("c", ctx="old"), position=9), "ssd"))
+    for rec in found:
+        index.add(rec, found=True)
+    assert [r.meta.position for r in found] == [None, None, 9]
+    new = ObjectRecord(replace(_meta("d", ctx="old"), position=4), "cpu")  # another numbering
+    index.add(new)
+    assert new.meta.position == 10
+
+
+def test_found_objects_are_ordered_by_position_those_without_one_first_by_key() -> None:
+    metas = [replace(_meta(k), position=p) for k, p in (("x", 2), ("y", None), ("z", 0),
+                                                         ("a", None), ("b", 2))]  # fmt: skip
+    assert [m.key for m in sorted(metas, key=found_order)] == ["a", "y", "z", "b", "x"]
 
 
 def test_removing_the_last_object_removes_its_context() -> None:
