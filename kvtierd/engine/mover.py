@@ -13,7 +13,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from kvtierd.engine.context_kv import EncodedObject, chunk_formats, decode_context, split_kv
+from kvtierd.engine.context_kv import (
+    SEPARATOR,
+    EncodedObject,
+    chunk_formats,
+    decode_context,
+    split_kv,
+)
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.state import ContextRecord, ObjectRecord
@@ -78,16 +84,19 @@ class TierMover:
     async def stage_from(self, obj: ObjectRecord) -> Block:
         """A copy of the object's bytes in an arena block the caller owns. A corrupt object
         leaves the index (and its context's extras, if it was the last object)."""
-        block = self.cpu.stage(obj.meta.size_bytes)
         try:
-            view = self.cpu.view(block, padded=True)
-            await self.tiers[obj.tier].read_into(obj.meta.key, view, tenant=obj.meta.tenant)
+            return await self._stage(obj.meta, obj.tier)
         except CorruptObjectError:
-            self.cpu.free_block(block)
             ctx = self.forget_object(obj.meta.key)
             if not ctx.keys:  # its last object: drop the rest, as delete does
                 await self.drop_extras(ctx)
             raise
+
+    async def _stage(self, meta: ObjectMeta, tier: str) -> Block:
+        block = self.cpu.stage(meta.size_bytes)
+        try:
+            view = self.cpu.view(block, padded=True)
+            await self.tiers[tier].read_into(meta.key, view, tenant=meta.tenant)
         except BaseException:
             self.cpu.free_block(block)
             raise
@@ -178,15 +187,70 @@ class TierMover:
     # -- moving --------------------------------------------------------------------------------
 
     async def move_context(self, ctx: ContextRecord, target: str) -> int:
-        """Bring every object of ``ctx`` to tier ``target``; returns bytes moved."""
+        """Bring every object of ``ctx`` to tier ``target``; returns bytes moved.
+
+        A daemon-made variant's marker goes where its objects are kept (:meth:`_marker_home`):
+        a restart deletes a variant whose marker it does not find on a persistent tier as a
+        compression cut short (``variants.settle_variants``). It is written there only after
+        every object, so a crash in the move leaves the old copy or a complete new one, never
+        a part taken for the whole; a move up that keeps no persistent copy takes it off the
+        persistent tier before any object leaves, for the same reason.
+        """
         moved = 0
         async with ctx.lock:
+            home = self._marker_home(ctx, target)
+            if ctx.marker is not None and not self.tiers[home].persistent:
+                await self._move_marker(ctx, ctx.marker, home)
             for key in list(ctx.keys):
                 obj = self._index.objects.get(key)
                 if obj is None or obj.tier == target:
                     continue
                 moved += await self._move_object(obj, target)
+            if ctx.marker is not None:  # (None now if a corrupt last object took the context)
+                await self._move_marker(ctx, ctx.marker, home)
         return moved
+
+    def _marker_home(self, ctx: ContextRecord, target: str) -> str:
+        """Where the context's marker belongs once its objects are moved to ``target``: the
+        persistent tier that then holds a copy of every object the marker covers (those the
+        daemon made), else ``target``."""
+        homes = {
+            self._kept_on(obj, target)
+            for key in ctx.keys
+            if (obj := self._index.objects.get(key)) is not None and SEPARATOR in obj.meta.key
+        }
+        return homes.pop() if len(homes) == 1 and "" not in homes else target
+
+    def _kept_on(self, obj: ObjectRecord, target: str) -> str:
+        """The persistent tier holding the object after a move to ``target`` ("" if none), as
+        :meth:`_move_object` leaves it."""
+        if self.tiers[target].persistent:
+            return target
+        if obj.shadow:
+            return obj.shadow
+        if obj.durable and obj.tier != target and self.tiers[obj.tier].persistent:
+            return obj.tier  # a durable object keeps its persistent copy when promoted
+        return ""
+
+    async def _move_marker(
+        self, ctx: ContextRecord, marker: tuple[ObjectMeta, str], target: str
+    ) -> None:
+        """Write the context's ``marker`` to ``target``, then delete it where it was (a crash
+        in between leaves two, and the restart keeps one: ``settle_variants``)."""
+        meta, where = marker
+        if where == target:
+            return
+        if where == self.cpu.name:
+            data = bytes(self.cpu.view(self.cpu.block_of(meta.key)))
+        else:
+            block = await self._stage(meta, where)
+            try:
+                data = bytes(self.cpu.view(block))
+            finally:
+                self.cpu.free_block(block)
+        stored = await self.store_encoded(EncodedObject(meta.key, meta, data), target)
+        await self.remove_from_tier(meta, where)
+        ctx.marker = (stored, target)
 
     async def _move_object(self, obj: ObjectRecord, target: str) -> int:
         meta, source = obj.meta, obj.tier

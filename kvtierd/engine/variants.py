@@ -5,7 +5,8 @@ Crash safety (a context has its old or its new variant after a crash, never neit
 variant's objects are written first, then a marker object naming them (for a token-dropped
 variant: its placeholder manifest), then the old objects are deleted. At start the engine
 deletes variant objects without a marker (a compression cut short) and original objects whose
-context has a marker (a deletion cut short) — see :func:`settle_variants`.
+context has a marker (a deletion cut short) — see :func:`settle_variants`. A move takes the
+marker along, written after the objects (``TierMover.move_context``).
 """
 
 from __future__ import annotations
@@ -224,7 +225,16 @@ async def settle_variants(
     found: list[tuple[ObjectMeta, str]], tiers: Mapping[str, Tier], reference_tier: str
 ) -> Settled:
     """Drop the leftovers of compressions a crash cut short (module docstring)."""
-    markers = {(m.context, m.variant): (m, t) for m, t in found if m.layout == MARKER_LAYOUT}
+    markers: dict[tuple[str, str], tuple[ObjectMeta, str]] = {}
+    for meta, tier in found:
+        if meta.layout != MARKER_LAYOUT:
+            continue
+        if (meta.context, meta.variant) in markers:
+            # A move a crash cut short between writing the marker and deleting its old copy
+            # (TierMover.move_context): one is kept, so none is left to mark a later variant.
+            await _delete_leftover(tiers[tier], meta)
+            continue
+        markers[meta.context, meta.variant] = (meta, tier)
     made: dict[str, set[str]] = {}  # context -> the forms the daemon completed of it
     for c, v in markers:
         made.setdefault(c, set()).add(v)
@@ -242,10 +252,7 @@ async def settle_variants(
             out.references.setdefault(meta.context, []).append((meta, tier))
             continue
         if (made_by_daemon and not complete) or superseded:
-            try:
-                await tiers[tier].delete(meta.key, tenant=meta.tenant)
-            except KvtierError as err:
-                logger.warning("could not delete leftover %r: %s", meta.key, err)
+            await _delete_leftover(tiers[tier], meta)
             continue
         out.objects.append((meta, tier))
     kept_contexts = {m.context for m, _ in out.objects}
@@ -254,3 +261,10 @@ async def settle_variants(
             await tiers[tier].delete(meta.key, tenant=meta.tenant)
     out.markers = {c: mt for (c, _), mt in markers.items() if c in kept_contexts}
     return out
+
+
+async def _delete_leftover(tier: Tier, meta: ObjectMeta) -> None:
+    try:
+        await tier.delete(meta.key, tenant=meta.tenant)
+    except KvtierError as err:
+        logger.warning("could not delete leftover %r: %s", meta.key, err)
