@@ -20,12 +20,18 @@ RECONNECT_BACKOFF_MS = (100, 1000)
 (1 s growing to 120 s) kept a sidecar's client away 6-30 s after its daemon restarted (issue
 32); a connect to a Unix socket or a nearby host costs microseconds, so trying every second
 at most costs nothing and brings a restarted daemon back within about a second."""
+CONNECT_TIMEOUT_MS = 20_000
+"""How long one connection attempt may take, up to the daemon's HTTP/2 SETTINGS (gRPC's
+default). gRPC reads it from ``grpc.min_reconnect_backoff_ms``, which despite its name sets no
+backoff: set to 100 ms, a daemon busy for 100 ms on a loaded machine failed a new connection
+and its first call as "cannot reach kvtierd". A daemon that is down refuses the connect at
+once, so this wait costs only while the daemon runs; a call's own timeout still bounds it."""
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
-    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
 ]
 
 
@@ -130,9 +136,18 @@ def lookup_result(resp: pb.LookupResponse) -> LookupResult:
     return LookupResult(found=found, tiers=tiers, prefix_hits=resp.prefix_hits)
 
 
+_HANDSHAKE_TIMED_OUT = "connection attempt timed out before receiving SETTINGS frame"
+"""gRPC's words for a connection the daemon accepted but did not answer in time: it runs."""
+
+
 def domain_error(e: grpc.RpcError, endpoint: Endpoint) -> errors.KvtierError:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     detail = e.details() if hasattr(e, "details") else str(e)
+    if code is grpc.StatusCode.UNAVAILABLE and _HANDSHAKE_TIMED_OUT in (detail or ""):
+        return errors.UnavailableError(
+            f"kvtierd at {endpoint.target} accepted the connection but did not answer it within "
+            f"{CONNECT_TIMEOUT_MS / 1000:g} s (overloaded or stopped?): {_HANDSHAKE_TIMED_OUT}"
+        )
     if code is grpc.StatusCode.UNAVAILABLE and "connect" in (detail or "").lower():
         return errors.UnavailableError(
             f"cannot reach kvtierd at {endpoint.target}: is it running? "
