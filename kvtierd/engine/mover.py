@@ -276,6 +276,11 @@ class TierMover:
             self._index.account(meta, source, -1)  # the object is charged where it is placed
         else:
             await self.remove_from_tier(meta, source)
+        if obj.shadow and self.tiers[target].persistent:
+            # The new copy is persistent and written: the old one would stay on its device,
+            # uncharged, and be found beside it at the next start.
+            await self.remove_from_tier(meta, obj.shadow, charged=False)
+            obj.shadow = ""
         obj.tier = target
         return meta.size_bytes
 
