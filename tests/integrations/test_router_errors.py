@@ -137,16 +137,15 @@ async def test_a_daemon_that_never_answers_holds_a_request_only_for_the_lookup_t
             assert (r.status, await r.json()) == (200, ANSWER)
             assert up.bodies == [body]
             assert waited < 10, f"held {waited:.1f} s"  # lookup 0.5 s + registration 1 s
-            # The lookup times out, or (since issue 32's bounded reconnect) the client gives up
-            # on the handshake first: either way the real prompt went out at once.
-            assert ("kvtierd did not answer in 0.5 s" in caplog.text
-                    or "no manifest lookup for a prompt of 40 tokens (cannot reach kvtierd"
-                    in caplog.text), caplog.text  # fmt: skip
+            # The lookup times out (the client's connect waits up to CONNECT_TIMEOUT_MS for a
+            # daemon that took the connection, so the lookup's own bound decides): the real
+            # prompt went out at once.
+            assert "kvtierd did not answer in 0.5 s" in caplog.text, caplog.text
             assert router.server.app[ROUTER].lookup_errors == 1
             # A profiler's scoped request is useless without its variant: it waits while the
-            # lookup is pending; once the client gives up on the hung daemon (issue 32's bounded
-            # reconnect) it may be answered, but never as the variant (the served evaluator
-            # scores only answers that carry the variant's header).
+            # lookup is pending; once the client gives up on the hung daemon it may be
+            # answered, but never as the variant (the served evaluator scores only answers
+            # that carry the variant's header).
             scoped = {**body, "kvtierd": {"scope": "p1", "variant": "knorm@0.5"}}
             try:
                 late = await asyncio.wait_for(router.post("/v1/completions", json=scoped), 3.0)
