@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.e2e_matrix import OURS, SYSTEMS, Run, bench_args, headline, report
+from benchmarks.e2e_matrix import LEAN, OURS, SYSTEMS, Run, bench_args, headline, measured, report
 
 # per system: its TTFT on every request, similarity, accuracy and accuracy interval's low end
 FAST = {"prefill": (1.0, 1.0, 0.7, 0.6), "lmcache": (0.8, 0.98, 0.7, 0.6),
@@ -89,3 +89,14 @@ def test_the_simulator_is_set_beside_each_run(
     text, data = report(tmp_path, [Run("seed1", 1), Run("seed2", 2)], {})
     assert data["runs"]["seed2"]["simulated"]["lru"] == 0.7
     assert "within 25% of the measured mean TTFT for every system on 1 of 2 runs (seed1)" in text
+
+
+def test_a_lean_run_names_and_needs_only_its_systems(tmp_path: Path) -> None:
+    run = Run("seed2", 2, systems=LEAN)
+    args = bench_args(run, tmp_path)
+    at = args.index("--systems") + 1
+    assert tuple(args[at : at + len(LEAN)]) == LEAN and "lmcache" not in args
+    _write_run(tmp_path, "seed2", {k: v for k, v in FAST.items() if k in LEAN})
+    assert measured(run, tmp_path) and not measured(Run("seed2", 2), tmp_path)
+    _, data = report(tmp_path, [run], {}, sim=False)
+    assert set(data["runs"]["seed2"]["ratios"]) == set(LEAN) - {OURS}
