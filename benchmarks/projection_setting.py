@@ -11,7 +11,6 @@ EvicPress paper's deployment. Errors name the file and the key.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import yaml
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.timing import RooflinePrefill
 from kvtierd.sim.workload import ModelPreset
+from kvtierd.sim.yaml_doc import YamlDoc
 from kvtierd.types import TierModel
 
 _TOP = ("model", "prefill", "hbm_bandwidth_bytes_per_s", "decode_s", "tiers")
@@ -62,34 +62,16 @@ class Setting:
         }  # fmt: skip
 
 
-class _Doc:
-    def __init__(self, source: str) -> None:
-        self.source = source
+class _Doc(YamlDoc):
+    """A setting document: every key is required, a number is > 0 unless said otherwise."""
 
-    def fail(self, where: str, problem: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"{self.source}: {where}: {problem}")
-
-    def table(self, value: object, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"expected a mapping with keys {', '.join(keys)}")
-        missing = [k for k in keys if k not in value]
-        unknown = [k for k in value if k not in keys]
-        if unknown or missing:
-            bad = f"unknown key {unknown[0]!r}" if unknown else f"missing key {missing[0]!r}"
-            raise self.fail(where, f"{bad}; expected: {', '.join(keys)}")
-        return value
+    def table(
+        self, value: object, where: str, keys: tuple[str, ...], *, required: bool = True
+    ) -> dict[str, Any]:
+        return super().table(value, where, keys, required=required)
 
     def number(self, value: object, where: str, *, positive: bool = True) -> float:
-        """A finite number, > 0 (>= 0 unless ``positive``). YAML 1.1 reads ``2e9`` (no dot)
-        as text: a string that reads as a number is one."""
-        try:
-            x = float(value) if isinstance(value, int | float | str) else math.nan
-        except ValueError:
-            x = math.nan
-        if isinstance(value, bool) or not math.isfinite(x) or x < 0 or (positive and x == 0):
-            bound = "> 0" if positive else ">= 0"
-            raise self.fail(where, f"expected a number {bound}, got {value!r}")
-        return x
+        return super().number(value, where, positive=positive)
 
 
 def parse_setting(text: str, source: str) -> Setting:

@@ -44,6 +44,7 @@ import yaml
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.timing import Batching, LinearPrefill
 from kvtierd.sim.variants import Form
+from kvtierd.sim.yaml_doc import YamlDoc
 from kvtierd.types import ORIGINAL_VARIANT
 
 _TOP = ("prefill", "query_tokens", "decode_s", "batch", "tiers", "quality")
@@ -129,35 +130,8 @@ def fit_line(
     return intercept, slope
 
 
-class _Doc:
+class _Doc(YamlDoc):
     """Reads one calibration document; every error names the file and the key."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, problem: str) -> InvalidArgumentError:
-        return InvalidArgumentError(f"{self.source}: {where}: {problem}")
-
-    def table(self, value: object, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"expected a mapping with keys {', '.join(keys)}")
-        unknown = [k for k in value if k not in keys]
-        if unknown:
-            raise self.fail(where, f"unknown key {unknown[0]!r}; allowed: {', '.join(keys)}")
-        return value
-
-    def number(self, value: object, where: str, *, positive: bool = False) -> float:
-        """A finite number >= 0 (> 0 with ``positive``). A string that reads as one is one:
-        YAML 1.1 loads ``2.26e8`` (no dot in the mantissa) as text."""
-        try:
-            x = float(value) if isinstance(value, int | float | str) else math.nan
-        except ValueError:
-            x = math.nan
-        if isinstance(value, bool) or not math.isfinite(x) or x < 0:
-            raise self.fail(where, f"expected a number >= 0, got {value!r}")
-        if positive and x == 0:
-            raise self.fail(where, "must be > 0")
-        return x
 
     def samples(self, value: object, where: str, query_tokens: float) -> list[Sample]:
         """``[context tokens, TTFT s]`` pairs (query of ``query_tokens``), or triples with
