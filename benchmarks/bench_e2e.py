@@ -642,6 +642,20 @@ def shared_tokens(args: argparse.Namespace) -> int:
     return int(args.system_prompt_tokens) // args.chunk * args.chunk
 
 
+def tier_sizes(
+    table: list[list[Prompt]], per_token: int, args: argparse.Namespace
+) -> dict[str, int]:
+    """The tier capacities of a run: ``--cpu-share`` and ``--ssd-share`` of all contexts' original
+    KV (a shared system prompt's whole chunks counted once: they are stored once). LMCache's CPU
+    backend stages every load and store: below two of the largest prompts' KV it waits forever
+    for an eviction candidate (seen with 7 MB), so the CPU tier is at least that, for every
+    system (``sim_e2e`` sizes its prediction with the same function)."""
+    total = per_token * distinct_context_tokens(table, shared_tokens(args))
+    largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
+    return {"cpu": max(int(total * args.cpu_share), 2 * largest),
+            "ssd": int(total * args.ssd_share)}  # fmt: skip
+
+
 def _same_system_prompt(path: Path, tokens: int) -> None:
     """Refuse to resume from a system's result of another ``--system-prompt-tokens`` (one from
     before the option had none: 0)."""
@@ -682,11 +696,7 @@ def main() -> None:
     per_token = kv_bytes_per_token(model)
     shared = shared_tokens(args)
     total = per_token * distinct_context_tokens(table, shared)
-    # LMCache's CPU backend stages every load and store: below two of the largest prompts' KV
-    # it waits forever for an eviction candidate (seen with 7 MB); every system gets the floor
-    largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
-    sizes = {"cpu": max(int(total * args.cpu_share), 2 * largest),
-             "ssd": int(total * args.ssd_share)}  # fmt: skip
+    sizes = tier_sizes(table, per_token, args)
     print(f"{len(contexts)} contexts, {total / 1e6:.0f} MB of original KV; CPU tier "
           f"{sizes['cpu'] / 1e6:.0f} MB, SSD {sizes['ssd'] / 1e6:.0f} MB: the working set is "
           f"{total / (sizes['cpu'] + sizes['ssd']):.1f}x the tiers", flush=True)  # fmt: skip

@@ -27,7 +27,7 @@ and of the quantized fixed systems for kvtierd and of ``lmcache`` for LMCache) a
 ``bench_e2e`` system is simulated with the matching placer: ``prefill``; ``lmcache`` and
 ``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``; ``evicpress-a<alpha>`` as EvicPress on
 bench_e2e's policy grid, frequencies learned online; the kvtierd ones offered what the daemon
-offers (:data:`DAEMON_OFFERS`, ``kvtierd/sim/offers.py``).
+offers (:data:`kvtierd.sim.offers.DAEMON`; bench_e2e's warm-up is each context's first request).
 Where ``<out>/<system>.json`` holds a measurement, the table puts the predicted TTFT (mean /
 p50 / p90, with queueing at the measured arrival times) beside the measured one, their ratio,
 the hits predicted and measured (vLLM's log), and per class of request the simulator predicts
@@ -60,15 +60,14 @@ from benchmarks.bench_e2e import (
     reductions,
     shared_tokens,
     systems,
+    tier_sizes,
     workload_args,
 )
 from benchmarks.common import REPO, machine
 from benchmarks.e2e_calibration import TIER_SOURCE, Lengths, fit_calibrations, measured_hits
 from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality, measured_sizes
 from benchmarks.e2e_workload import (
-    Prompt,
     check_fits,
-    distinct_context_tokens,
     make_contexts,
     make_requests,
     prompts,
@@ -154,23 +153,6 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     return doc
 
 
-def tier_sizes(
-    table: list[list[Prompt]], per_token: int, args: argparse.Namespace
-) -> dict[str, int]:
-    """The tier capacities bench_e2e gives a run of these arguments: shares of all contexts'
-    original KV (a shared system prompt's counted once), the CPU tier at least two of the
-    largest prompts' KV (bench_e2e's ``main``; keep the two alike)."""
-    total = per_token * distinct_context_tokens(table, shared_tokens(args))
-    largest = per_token * max(p.context_tokens + 64 for row in table for p in row)
-    return {"cpu": max(int(total * args.cpu_share), 2 * largest),
-            "ssd": int(total * args.ssd_share)}  # fmt: skip
-
-
-DAEMON_OFFERS = DAEMON
-"""What kvtierd's daemon lets its placer choose (``kvtierd/sim/offers.py``; bench_e2e's warm-up
-is each context's first request)."""
-
-
 def placer_for(
     name: str, policy: dict[str, Any] | None
 ) -> tuple[SimulationConfig, tuple[str, ...]]:
@@ -184,7 +166,7 @@ def placer_for(
     spec = f"fixed:{p.fixed_variant}" if p.placer == "fixed" else p.placer
     cfg = SimulationConfig(placer=spec, alpha=p.alpha, selection=p.selection,
                            half_life_s=p.frequency_half_life_s, warmup_fraction=0.0,
-                           offers=DAEMON_OFFERS)  # fmt: skip
+                           offers=DAEMON)  # fmt: skip
     grid = (p.fixed_variant,) if p.placer == "fixed" else expand_variants(p.methods, p.ratios)
     return cfg, grid
 
