@@ -3,8 +3,8 @@
 Plans come from the event loop (``submit`` never blocks the put or load path); operations are
 *reconciling*: a ``move``/``place`` brings every object of the context to the target tier,
 whatever subset is already there, so a plan that races with a later one still converges.
-A failed operation is logged and counted and the engine's index stays the truth; a crash of
-the executor task itself marks the daemon unhealthy.
+A failed operation is logged and counted and the engine's index stays the truth (the placer
+adopts where the context is); a crash of the executor task itself marks the daemon unhealthy.
 
 A lookup's hold (``hold_s``: a client is about to load what it found) defers the operations that
 would remove the looked-up objects — a drop, a change of variant — until the hold ends; moves go
@@ -60,6 +60,7 @@ class Executor:
         self._running = 0  # plans taken off the queue and not yet finished (0 or 1)
         self.done = Counter[str]()
         self.failed = Counter[str]()
+        self._relearnt: set[str] = set()  # failed, and adopted where they are since
         self.deferred: list[Operation] = []  # waiting for a hold to end (module docstring)
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = 0.0
@@ -144,6 +145,7 @@ class Executor:
             except KvtierError as e:
                 self.failed[op.kind.value] += 1
                 logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
+                self._learn_where_it_is(op.context_id)
             except Exception as e:
                 # A bug, not a condition: keep serving, but say so loudly (health turns
                 # NOT_SERVING with this error until the daemon is restarted).
@@ -152,9 +154,23 @@ class Executor:
                 logger.exception("plan operation %s on %r failed unexpectedly", op.kind.value,
                                  op.context_id)  # fmt: skip
             else:
+                self._relearnt.discard(op.context_id)
                 self.done[op.kind.value] += 1
                 self._metrics.record_operation(op.kind.value)
                 self._metrics.record_placement(op.target.variant, op.target.tier)
+
+    def _learn_where_it_is(self, context_id: str) -> None:
+        """After a failed operation the placer believes the context is where the plan put it;
+        the index is the truth, and the placer adopts it. Without this a context whose
+        compression failed (its token ids not there yet, say) stayed whole while the placer
+        counted it compressed, and nothing placed it again. Adopting can plan the same
+        operation again (an overflow resolved by compressing it): one that fails again is
+        not adopted twice in a row, so a failure that persists cannot loop."""
+        ctx = self._index.contexts.get(context_id)
+        if ctx is None or not ctx.keys or ctx.durable_held or context_id in self._relearnt:
+            return
+        self._relearnt.add(context_id)
+        self.submit(self._placing.adopt_where_it_is(ctx))
 
     async def apply(self, op: Operation) -> None:
         ctx = self._index.contexts.get(op.context_id)

@@ -229,6 +229,8 @@ class Servability:
         agreed = self.agreed(context_id, queries)
         form = servable_form_of(variant, originals, agreed, self.cards, self.model_dir())
         if isinstance(form, str):
+            # kept as why its options changed: ids that arrive later place it again
+            self.why[context_id] = f"{variant}: {form}"
             raise InvalidArgumentError(
                 f"context {context_id!r}: {variant} cannot be served: {form}"
             )

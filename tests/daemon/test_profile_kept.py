@@ -5,12 +5,20 @@ not spend another profile on it. The request that computed it again counts in it
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvtierd.engine import Engine
+from kvtierd.engine.state import ContextRecord
+from kvtierd.errors import InvalidArgumentError
+from kvtierd.policies.loader import parse_policy
+from kvtierd.types import Operation, OpKind, Placement, Plan
 from tests.daemon.test_profiling_engine import (  # registered_evaluators: a fixture
+    CHUNKS,
+    T,
     _apply_knorm_policy,
     _config,
     _put_context,
@@ -53,6 +61,82 @@ async def _dropped_and_back(engine: Engine) -> None:
     assert engine.profiling.options.frequency("doc") == pytest.approx(frequency + 2, rel=1e-3)
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
     assert engine.profiling.runs["ok"] == 1
+
+
+async def test_a_compression_that_found_no_token_ids_runs_once_they_arrive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI: a dropped context came back while the ids it had before were still being
+    dropped (on the profiler's thread). The placer chose knorm@0.5 on those ids, the
+    compression then found none, and the context stayed whole while the placer counted it
+    compressed: nothing placed it again when its ids arrived. Here the placer is shown the
+    variant as servable with no ids at all, which is what that race leaves."""
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await _apply_knorm_policy(engine, "  min_queries: 1\n")
+        await _put_context(engine, "doc")
+        await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
+        await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
+        ctx = engine.contexts["doc"]
+        await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
+        assert await engine.evict(["doc"]) == 1
+        await _until(lambda: engine.profiling.options.profiled("doc") != {})
+
+        servable = engine.profiling.servable
+        shown = servable.options
+
+        def stale(*args: Any) -> list[str]:  # until the compression found the ids gone
+            return shown(*args) if engine.executor.failed["compress"] else list(args[2])
+
+        monkeypatch.setattr(servable, "options", stale)
+        await _put_context(engine, "doc", tokens=False)
+        await engine.executor.idle()
+        ctx = engine.contexts["doc"]
+        assert engine.executor.failed["compress"] >= 1  # no ids to write the servable form
+        assert engine.index.placement_of(ctx).variant == "none"
+        # the placer learnt the truth: whole, where the failed plan left it
+        assert engine.placing.target("doc").variant == "none"
+
+        await engine.profiling.inputs.set_tokens("doc", list(range(1, CHUNKS * T + 1)))
+        await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
+        await engine.executor.idle()
+        assert engine.placing.target("doc") == engine.index.placement_of(ctx)
+    finally:
+        await engine.close()
+
+
+async def test_a_compression_that_keeps_failing_is_not_planned_in_a_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The placer adopts where a failed operation left the context, which can plan the same
+    compression again (a fixed-compression placer adopts by placing afresh; EvicPress may
+    resolve an overflow by it): a failure that persists must stop there, not keep the
+    executor busy for ever."""
+    engine = Engine(_config(tmp_path))
+    await engine.start()
+    try:
+        await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
+
+        async def refuse(*_: Any) -> None:
+            raise InvalidArgumentError("refused by the test")
+
+        monkeypatch.setattr(engine.variants, "compress_context", refuse)
+        adopt = engine.placing.adopt_where_it_is
+
+        def resolve_by_compressing(ctx: ContextRecord) -> Plan:  # what an overflow may do
+            where = engine.index.placement_of(ctx)
+            again = Operation(OpKind.COMPRESS, ctx.context_id, where, Placement("int8", "cpu"))
+            return adopt(ctx) + Plan((again,))
+
+        monkeypatch.setattr(engine.placing, "adopt_where_it_is", resolve_by_compressing)
+        await _put_context(engine, "doc")
+        await asyncio.wait_for(engine.executor.idle(), 20)
+        # one per put (a fixed placer places each chunk), and one retry on adopting at most
+        assert 1 <= sum(engine.executor.failed.values()) <= 2 * CHUNKS
+        assert engine.index.placement_of(engine.contexts["doc"]).variant == "none"
+    finally:
+        await engine.close()
 
 
 async def test_the_request_that_computes_a_context_counts_once(tmp_path: Path) -> None:

@@ -94,10 +94,11 @@ def _config(tmp: Path) -> DaemonConfig:
 MODEL = "/models/test"
 
 
-async def _put_context(engine: Engine, cid: str) -> None:
+async def _put_context(engine: Engine, cid: str, *, tokens: bool = True) -> None:
     """A context as the LMCache plugin and the router leave it: chunks under LMCache's keys
-    (model@world@worker@hash@dtype), its token ids and the model's card known, so that its
-    token-dropped variants can be stored in the form vLLM loads (engine/servable.py)."""
+    (model@world@worker@hash@dtype), its token ids (unless not ``tokens``) and the model's
+    card known, so that its token-dropped variants can be stored in the form vLLM loads
+    (engine/servable.py)."""
     layout = ChunkFormat((2, L, T, H * D), "bfloat16", H).layout()
     g = torch.Generator().manual_seed(0)
     for i in range(CHUNKS):
@@ -115,7 +116,8 @@ async def _put_context(engine: Engine, cid: str) -> None:
         await engine.put_bytes(meta, data)
     card = ModelCard(MODEL, D, RopeSpec.standard(D).inv_freq, 1000, (0,))
     engine.learn_card(ObjectMeta(key=model_card_key(MODEL), size_bytes=1), card.to_bytes())
-    await engine.profiling.inputs.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
+    if tokens:
+        await engine.profiling.inputs.set_tokens(cid, list(range(1, CHUNKS * T + 1)))
 
 
 async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
