@@ -6,10 +6,15 @@ there and ship only the compressed bytes, if it knows what the placer will do wi
 
 * a context the daemon holds: its current placement (``placed``) — the placer already chose;
 * a new context under a quality-seeking placer, once some contexts are profiled: the option
-  with the best EvicPress utility ``alpha * quality - ttft`` for a context of the given size,
-  with each variant's quality and size ratio averaged over the profiled contexts (``prior``).
-  It is the placer's unconstrained first choice, before any overflow is resolved: the placer
-  still decides when the context arrives, and profiles it like any other;
+  with the best EvicPress utility ``(alpha * quality - ttft) * frequency`` for a context of the
+  given size, with each variant's quality and size ratio averaged over the profiled contexts
+  (``prior``), less what making room for it would cost in a full tier (the placer's price of
+  room, ``EvicPressPlacer.room_cost``: its next operation there, per byte short). Without
+  that price the advice was the unconstrained first choice, the original in the fastest
+  tier: in bench_e2e's full tiers every put was shipped whole (35-83 MB of float32) and
+  compressed by the daemon on the cores vLLM serves with, and a context kept whole there
+  pushed others out. The placer still decides when the context arrives, and profiles it
+  like any other;
 * otherwise what the policy stores new contexts as (``default``): the original, or the fixed
   placer's variant.
 """
@@ -22,6 +27,7 @@ from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import RunningPolicy
+from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.utility import dropped_utility, load_ttft_s, utility
 
@@ -95,21 +101,26 @@ class WriteAdvisor:
     ) -> WriteAdvice:
         alpha = self._policy.current.alpha
         prefill = self._options.prefill_tokens_s(num_tokens)
-        # Frequency is the context's own in every option here, so 1.0 ranks them the same.
-        best = (dropped_utility(alpha, prefill, 1.0), ORIGINAL_VARIANT, "")  # recompute when asked
+        # The frequency the placer will insert it with: 1, or what a dropped one kept.
+        freq = self._options.frequency(context_id) or 1.0
+        placer = self._placing.placer
+        room = placer.room_cost if isinstance(placer, EvicPressPlacer) else lambda _t, _b: 0.0
+        best = (dropped_utility(alpha, prefill, freq), ORIGINAL_VARIANT, "")  # recompute
         for tier in self._placing.tier_models():
             for name, p in prior.items():
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
                     continue
                 ttft = load_ttft_s(size, p.restore_s, tier)
-                best = max(best, (utility(alpha, p.quality, ttft, 1.0), name, tier.name))
+                value = utility(alpha, p.quality, ttft, freq) - room(tier.name, size)
+                best = max(best, (value, name, tier.name))
         value, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"
         return WriteAdvice(
             context_id, variant, tier_name, "prior",
-            f"{self._placing.name}: best utility {value:.4g} as {variant} {where}, from the mean "
-            f"profile of {self._prior_count} profiled contexts",
+            f"{self._placing.name}: best utility {value:.4g} as {variant} {where} (less the "
+            f"room it takes from others), from the mean profile of {self._prior_count} "
+            "profiled contexts",
         )  # fmt: skip
 
     def prior(self) -> dict[str, VariantPrior]:

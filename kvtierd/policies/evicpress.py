@@ -5,8 +5,8 @@
   operation (compress in place, move down with any variant, drop) is applied, recursing into
   slower tiers. Lazy heaps make each operation ``O(log n)``
   (:mod:`kvtierd.policies.greedy_state`).
-* :meth:`EvicPressPlacer.adopt` records a placement found at daemon start as it is and only
-  resolves an overflow it causes.
+* :meth:`EvicPressPlacer.adopt` records a placement found at daemon start (or left by an
+  operation) as it is and only resolves an overflow it causes, repaired as an insert's is.
 * :meth:`EvicPressPlacer.rebalance` recomputes every placement from fresh profiles: with the
   ``per_byte`` rule through the vectorised hull greedy (:mod:`kvtierd.policies.knapsack`) and,
   on small instances, its improvement phase (:mod:`kvtierd.policies.exchange`); with
@@ -114,7 +114,11 @@ class EvicPressPlacer(Placer):
             raise ValueError(f"context {cid!r} has no variant {placement.variant!r}")
         self._state.place(slot, names.index(placement.variant), tier)
         before = self._snapshot(cid)  # it is already there: not a change
-        return self._resolve(cid, before, tier, "overflow on adopt")
+        # Repaired as an insert is: Algorithm 1 resolves an overflow inside the overflowing
+        # tier, so without it an adopt that overflowed the SSD tier dropped contexts there
+        # while a faster tier kept a rarely read context whole (bench_e2e with a system
+        # prompt: two documents of 83 MB whole in the CPU tier to the end of the run).
+        return self._resolve(cid, before, tier, "overflow on adopt", repair=True)
 
     def access(self, context_id: str, now_s: float) -> Plan:
         """Count a hit (see the module doc); placement changes wait for insert/rebalance."""
@@ -209,6 +213,11 @@ class EvicPressPlacer(Placer):
     def total_utility(self) -> float:
         """Sum of the current placements' utilities (the objective of §4.4)."""
         return self._state.total_utility()
+
+    def room_cost(self, tier: str, need_bytes: float) -> float:
+        """The utility the placer would give up to fit ``need_bytes`` more in ``tier``
+        (``GreedyState.room_cost``: 0 while there is room)."""
+        return self._state.room_cost(self._tier_of(tier), need_bytes)
 
     def used_bytes(self) -> list[float]:
         """Bytes placed in each tier, fastest first."""

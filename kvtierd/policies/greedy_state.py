@@ -164,6 +164,28 @@ class GreedyState:
                 steps.append(self._apply(slot, op))
         return steps
 
+    def room_cost(self, t: int, need_bytes: float) -> float:
+        """What Algorithm 1 would give up to make ``need_bytes`` more room in tier ``t``, priced
+        by its next operation there: 0 while the tier has the room, ``inf`` when nothing in it
+        can be compressed, moved or dropped. Per byte freed (``per_byte``) it is that
+        operation's score times the bytes short; under ``absolute`` the operation's loss. An
+        estimate: the operations after the first may cost more per byte (write advice,
+        engine/write_advice.py)."""
+        cap = self.capacities[t]
+        short = 0.0 if cap is None else self.used[t] + need_bytes - cap
+        if short <= 0:
+            return 0.0
+        if t in self._unqueued:
+            self._unqueued.discard(t)
+            self._queue_all(t)
+        heap, s = self._heaps[t], self.slots
+        while heap:  # stale entries at the top are garbage: drop them (_live counts none)
+            score, _, slot, version = heap[0]
+            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
+                return score * short if self.selection is Selection.PER_BYTE else score
+            heapq.heappop(heap)
+        return float("inf")
+
     def total_utility(self) -> float:
         """Sum of the current placements' utilities."""
         s = self.slots

@@ -20,6 +20,7 @@ from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
+from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import (
     ContextKV,
@@ -193,7 +194,9 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     assert keys.shape == (L, H, CHUNKS * T, D)  # the original is back, whole
 
 
-async def test_write_advice_follows_the_placer(engine: Engine) -> None:
+async def test_write_advice_follows_the_placer(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """KVStore.Advise: a held context's placement; for a new one the placer's first choice with
     the profiled contexts' mean profile; the original before anything is profiled."""
     await _apply_knorm_policy(engine, "  interval_s: 0.2\n  min_queries: 1\n")
@@ -214,6 +217,16 @@ async def test_write_advice_follows_the_placer(engine: Engine) -> None:
     assert "1 profiled contexts" in new.reason
     huge = advisor.advise("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
     assert huge.tier != "cpu"
+    # The room a new context takes in a full tier is priced by the placer's next operation
+    # there (EvicPressPlacer.room_cost); priced above its gain, the advice goes elsewhere.
+    placer = engine.placing.placer
+    assert isinstance(placer, EvicPressPlacer)
+    room = placer.room_cost
+    monkeypatch.setattr(placer, "room_cost", lambda t, b: 1e9 if t == "cpu" else room(t, b))
+    pushed = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
+    assert (pushed.tier, pushed.source) == ("ssd", "prior")
+    assert "less the room it takes from others" in pushed.reason
+    monkeypatch.undo()
 
     await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
     fixed = engine.write_advisor.advise("other", CHUNKS * T, CHUNKS * CHUNK_BYTES)

@@ -9,7 +9,7 @@ from placer_helpers import profile, replay
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.baselines import PrefillPlacer
 from kvtierd.policies.evicpress import EvicPressPlacer
-from kvtierd.types import DROPPED, OpKind, Placement
+from kvtierd.types import DROPPED, OpKind, Placement, TierModel
 
 A = profile("A", {"none": (80, 1.0), "x@0.5": (40, 0.995)})
 B = profile("B", {"none": (80, 1.0), "x@0.5": (40, 0.5)}, frequency=2.0)
@@ -101,3 +101,54 @@ def test_rebalance_placements_are_right_before_the_plan_is_read(two_tiers):
     # E is not in this rebalance: it is dropped; A and B stay where they are.
     assert [(op.kind, op.context_id) for op in again.operations] == [(OpKind.DROP, "E")]
     assert placer.placement("A") == Placement("x@0.5", "slow")
+
+
+def test_room_cost_prices_room_by_the_next_operation(two_tiers):
+    """What write advice subtracts for a new context's room (``EvicPressPlacer.room_cost``):
+    nothing while the tier has the room, else the per-byte score of the operation Algorithm 1
+    would apply next there times the bytes short; hits renew the price."""
+    placer = EvicPressPlacer(two_tiers, PlacerParams(alpha=100.0))
+    assert not placer.adopt(A, Placement("none", "fast"))  # 80 of 100 bytes
+    assert placer.room_cost("fast", 20) == 0.0
+    assert placer.room_cost("slow", 10**9) == 0.0  # unbounded
+    # A's compress in place: utility 99.2 -> 99.1 for 40 bytes freed; 10 bytes short
+    assert placer.room_cost("fast", 30) == pytest.approx(0.1 / 40 * 10)
+    placer.access("A", 1.0)  # frequency 2: its entry is renewed, the old one goes stale
+    assert placer.room_cost("fast", 30) == pytest.approx(2 * 0.1 / 40 * 10)
+    assert placer.placement("A") == Placement("none", "fast")  # pricing moves nothing
+    assert placer.used_bytes() == [80.0, 0.0]
+
+
+def test_room_cost_is_infinite_where_nothing_can_make_room(two_tiers):
+    placer = EvicPressPlacer(two_tiers, PlacerParams(alpha=100.0))
+    pinned = profile("P", {"none": (80, 1.0), "x@0.5": (40, 0.995)}, pinned=True)
+    assert not placer.adopt(pinned, Placement("none", "fast"))
+    assert placer.room_cost("fast", 30) == float("inf")
+    with pytest.raises(ValueError, match="unknown tier"):
+        placer.room_cost("nvme", 1)
+
+
+def test_an_adopt_that_overflows_a_slow_tier_may_compress_in_a_fast_one():
+    """Algorithm 1 resolves an overflow inside the overflowing tier: adopting C in a full slow
+    tier dropped B there while A, read once, stayed whole in the fast tier. The adopt is
+    repaired as an insert is: A compressed, B moved up, nothing dropped."""
+    tiers = [TierModel("fast", 100, 100.0), TierModel("slow", 100, 10.0)]
+    a = profile("A", {"none": (80, 1.0), "x": (40, 0.995)})
+    b = profile("B", {"none": (120, 1.0), "x": (60, 0.995)}, frequency=3.0)
+    c = profile("C", {"none": (120, 1.0), "x": (60, 0.995)}, frequency=3.0)
+    placer = EvicPressPlacer(tiers, PlacerParams(alpha=100.0))
+    state = {"A": Placement("none", "fast"), "B": Placement("x", "slow")}
+    assert not placer.adopt(a, state["A"])
+    assert not placer.adopt(b, state["B"])
+    plan = placer.adopt(c, Placement("x", "slow"))  # the slow tier holds 120 of 100 bytes
+    after = {k: placer.placement(k) for k in "ABC"}
+    assert after == {
+        "A": Placement("x", "fast"),
+        "B": Placement("x", "fast"),
+        "C": Placement("x", "slow"),
+    }
+    assert {op.context_id: op.target for op in plan.operations} == {
+        "A": after["A"],
+        "B": after["B"],
+    }
+    assert placer.used_bytes() == [100.0, 60.0]
