@@ -23,7 +23,8 @@ the popularity ranks and the arrivals):
 
 **The systems** (:data:`SYSTEMS`): ``prefill`` (the reference answers and the misses' time),
 ``lmcache`` alone, ``lru``, ``fixed-int8`` and EvicPress at alpha 2 (the preset's estimator);
-seeds 2 and 3 leave ``lmcache`` out (:data:`LEAN`: it does not move the headline).
+seeds 2 and 3 leave ``lmcache`` out (:data:`LEAN`: it does not move the headline); ``--lean``
+does so for every run selected (reruns on new code).
 Token-dropping fixed variants are left out of the matrix: at the quality of the others they are
 not a baseline (bench_e2e measures them on its own), and each system costs about 7 minutes.
 
@@ -51,7 +52,7 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -229,17 +230,26 @@ def _across(runs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def selected_runs(names: list[str] | None, *, lean: bool) -> list[Run]:
+    """The runs named (every run when none is), in :data:`RUNS` order; ``lean``: each with
+    :data:`LEAN`'s systems (a shorter matrix, for reruns on new code)."""
+    runs = [r for r in RUNS if not names or r.name in names]
+    return [replace(r, systems=LEAN) for r in runs] if lean else runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", nargs="+", choices=[r.name for r in RUNS],
                    help="default: every run")  # fmt: skip
     p.add_argument("--report-only", action="store_true", help="only the tables from disk")
     p.add_argument("--no-sim", action="store_true", help="without the simulator's prediction")
+    p.add_argument("--lean", action="store_true",
+                   help=f"every run with the later seeds' systems ({', '.join(LEAN)})")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e-matrix")
     args = p.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in RUNS if not args.runs or r.name in args.runs]
+    runs = selected_runs(args.runs, lean=args.lean)
     wall_path = out / "wall.json"
     wall = json.loads(wall_path.read_text()) if wall_path.exists() else {}
     for run in runs if not args.report_only else []:

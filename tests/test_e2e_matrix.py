@@ -7,7 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.e2e_matrix import LEAN, OURS, SYSTEMS, Run, bench_args, headline, measured, report
+from benchmarks.e2e_matrix import (
+    LEAN,
+    OURS,
+    RUNS,
+    SYSTEMS,
+    Run,
+    bench_args,
+    headline,
+    measured,
+    report,
+    selected_runs,
+)
 
 # per system: its TTFT on every request, similarity, accuracy and accuracy interval's low end
 FAST = {"prefill": (1.0, 1.0, 0.7, 0.6), "lmcache": (0.8, 0.98, 0.7, 0.6),
@@ -100,3 +111,13 @@ def test_a_lean_run_names_and_needs_only_its_systems(tmp_path: Path) -> None:
     assert measured(run, tmp_path) and not measured(Run("seed2", 2), tmp_path)
     _, data = report(tmp_path, [run], {}, sim=False)
     assert set(data["runs"]["seed2"]["ratios"]) == set(LEAN) - {OURS}
+
+
+def test_lean_gives_every_selected_run_the_lean_systems() -> None:
+    assert [r.name for r in selected_runs(None, lean=False)] == [r.name for r in RUNS]
+    full = selected_runs(["seed1-sp1024", "seed1"], lean=False)
+    assert [(r.name, r.systems) for r in full] == [("seed1", SYSTEMS), ("seed1-sp1024", SYSTEMS)]
+    lean = selected_runs(["seed1-sp1024"], lean=True)
+    assert [(r.name, r.system_prompt_tokens, r.systems) for r in lean] == [
+        ("seed1-sp1024", 1024, LEAN)
+    ]
