@@ -19,7 +19,9 @@ What the measured stack had is taken from ``<out>`` (issue 30, ``e2e_measured.py
 dtype its cached systems' vLLM kept (float32 on an AMX CPU: the contexts' sizes against the
 tiers), the tiers its daemons ran with, LMCache's tiers as it holds them (the disk holds the
 CPU's chunks too) and each ``fixed-<V>`` system's measured similarity as ``V``'s quality where
-``--quality`` gives none. The calibration is fitted from the measurements in ``<out>``
+``--quality`` gives none, and what the EvicPress daemon's estimator profiled as each context's
+``profile``: what its placer was offered and decided on. The calibration is fitted from the
+measurements in ``<out>``
 (``e2e_calibration.py``: the ``prefill`` system's line and decode hold from its own requests,
 the cached systems' line from their warm-ups and misses, the tiers from the hits of ``lru``
 and of the quantized fixed systems for kvtierd and of ``lmcache`` for LMCache) and written as
@@ -65,7 +67,13 @@ from benchmarks.bench_e2e import (
 )
 from benchmarks.common import REPO, machine
 from benchmarks.e2e_calibration import TIER_SOURCE, Lengths, fit_calibrations, measured_hits
-from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality, measured_sizes
+from benchmarks.e2e_measured import (
+    estimator_profiles,
+    inclusive,
+    kv_dtype_bytes,
+    measured_quality,
+    measured_sizes,
+)
 from benchmarks.e2e_workload import (
     check_fits,
     make_contexts,
@@ -127,10 +135,15 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     timed = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
                           seed=args.seed, gaps=trace_gaps())  # fmt: skip
     quality = case_qualities(args.quality)
+    profiled = estimator_profiles(args.out)
+    shared = shared_tokens(args)
     ctx_rows = []
     for case, row in zip(contexts, table, strict=True):
         own = quality.get(case.name) or quality.get(f"{case.task}/{case.length}") or {}
-        ctx_rows.append({"tokens": row[0].context_tokens, "quality": own})
+        ctx: dict[str, Any] = {"tokens": row[0].context_tokens, "quality": own}
+        if profile := profiled.get(row[0].context_tokens - shared):  # its own tokens'
+            ctx["profile"] = profile
+        ctx_rows.append(ctx)
     warm = _first_asks(table, args.warmup_questions)  # one at a time, before the timed run
     requests = []
     for k, r in enumerate(warm):
@@ -148,7 +161,7 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     preset = model_preset(model, kv_dtype_bytes(args.out, model))
     doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows,
            "requests": requests}  # fmt: skip
-    if shared := shared_tokens(args):  # absent without one: the file as before the option
+    if shared:  # absent without one: the file as before the option
         doc["shared_prefix_tokens"] = shared
     return doc
 

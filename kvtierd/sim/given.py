@@ -6,7 +6,8 @@ JSON (``benchmarks/sim_e2e.py`` writes one for ``bench_e2e.py``'s workload)::
                "head_dim": 64, "active_params": 1.35e8, "max_context_tokens": 8192,
                "dtype_bytes": 2},
      "tiers": [{"name": "cpu", "capacity_bytes": 9300000}, {"name": "ssd", ...}],
-     "contexts": [{"tokens": 1024, "quality": {"knorm@0.5": 0.81}}, ...],
+     "contexts": [{"tokens": 1024, "quality": {"knorm@0.5": 0.81},
+                   "profile": {"knorm@0.5": 0.74, "int4": 0.91}}, ...],
      "requests": [{"index": 0, "at_s": 0.0, "context": 3, "query_tokens": 41,
                    "measured": true}, ...]}
 
@@ -14,6 +15,15 @@ Requests are in time order; ``measured: false`` marks warm-up requests (they fil
 count as accesses but are not predicted). A context's ``quality`` (optional) holds its measured
 quality per variant; the calibration's ``quality`` covers the others, and a variant with neither
 is not offered for that context. The oracle frequency of a context is its number of requests.
+
+A context's ``profile`` (optional) is what the placer is told: the quality per variant that the
+daemon's estimator profiled (``benchmarks/sim_e2e.py`` takes it from the measured daemon's
+profiles). Where a context has one, the placer is offered the variants it names, at its
+qualities, and decides on them; a request is still served at the measured ``quality`` (the
+profile's where none was measured). Without one the placer decides on the measured quality,
+as before: then a variant no system measured (``int4`` beside a run that measured only
+``fixed-int8``) was never offered, though the daemon's EvicPress stored a third of its
+contexts as int4 (issue 30, seed 2 of the matrix).
 
 ``shared_prefix_tokens`` (optional, default 0) says that the first that many tokens of every
 context are one shared prefix (a system prompt before every document; ``tokens`` count it): the
@@ -25,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +58,7 @@ class GivenWorkload:
     quality: tuple[Mapping[str, float], ...]
     ids: tuple[int, ...]
     source: str
+    profile: tuple[Mapping[str, float], ...] = ()
 
 
 def _fail(source: str, where: str, problem: str) -> InvalidArgumentError:
@@ -80,6 +91,16 @@ def _requests(source: str, raw: object, n: int) -> list[dict[str, Any]]:
             raise _fail(source, where, "query_tokens must be >= 1")
         last = float(r["at_s"])
     return raw
+
+
+def _qualities(source: str, where: str, raw: object) -> dict[str, float]:
+    """A ``{variant: quality}`` mapping, each quality a number in [0, 1]."""
+    if not isinstance(raw, dict) or not all(
+        isinstance(q, int | float) and not isinstance(q, bool) and 0.0 <= q <= 1.0
+        for q in raw.values()
+    ):
+        raise _fail(source, where, f"expected {{variant: quality in [0, 1]}}, got {raw!r}")
+    return {str(k): float(q) for k, q in raw.items()}
 
 
 def parse_workload(doc: object, source: str) -> GivenWorkload:
@@ -121,6 +142,10 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
         workload=wl,
         capacity_bytes={str(t["name"]): t.get("capacity_bytes") for t in tiers},
         quality=tuple(dict(c.get("quality", {})) for c in contexts),
+        profile=tuple(
+            _qualities(source, f"contexts[{i}].profile", c.get("profile", {}))
+            for i, c in enumerate(contexts)
+        ),
         ids=tuple(int(r.get("index", k)) for k, r in enumerate(reqs) if measured[k]),
         source=source,
     )
@@ -158,9 +183,9 @@ def calibrated_tiers(given: GivenWorkload, cal: Calibration) -> tuple[TierModel,
 
 
 def measured_variants(given: GivenWorkload, cal: Calibration) -> tuple[str, ...]:
-    """Every variant some context has a quality for, ``none`` first."""
+    """Every variant some context has a quality or a profile for, ``none`` first."""
     names = dict.fromkeys([ORIGINAL_VARIANT, *cal.quality])
-    for q in given.quality:
+    for q in (*given.quality, *given.profile):
         names.update(dict.fromkeys(q))
     return tuple(names)
 
@@ -168,17 +193,30 @@ def measured_variants(given: GivenWorkload, cal: Calibration) -> tuple[str, ...]
 def calibrated_prepare(given: GivenWorkload, cal: Calibration, variants: Sequence[str]) -> Prepared:
     """Profiles of the given contexts: sizes from the model's geometry, measured qualities
     (``NaN``, so not offered, where neither the context nor the calibration has one), no
-    restore cost (a measured tier overhead includes it), the calibration's prefill line."""
+    restore cost (a measured tier overhead includes it), the calibration's prefill line. A
+    context with a ``profile`` is offered what it names, at its qualities, and served at the
+    measured quality (the profile's where none was measured: module docstring)."""
     wl = given.workload
     names = tuple(dict.fromkeys([ORIGINAL_VARIANT, *variants]))
     tokens = wl.own_tokens.astype(np.float64)  # a shared prefix is its own context
     n, v = tokens.size, len(names)
-    size, kept, quality = np.empty((n, v)), np.empty((n, v)), np.full((n, v), np.nan)
+    size, kept = np.empty((n, v)), np.empty((n, v))
+    served, told = np.full((n, v), np.nan), np.full((n, v), np.nan)
+    profiles = given.profile or ({},) * n
     for j, name in enumerate(names):
         sh = shape(Form.of(name), tokens, float(wl.model.kv_bytes_per_token), wl.model.dtype_bytes)
         size[:, j], kept[:, j] = sh.size_bytes, sh.kept_tokens
-        for i, own in enumerate(given.quality):
-            q = own.get(name, cal.quality.get(name))
-            quality[i, j] = np.nan if q is None else float(q)
-    table = VariantTable(names, size, quality, np.zeros((n, v)), kept)
-    return prepared(wl, table, cal.prefill)
+        for i, (own, profile) in enumerate(zip(given.quality, profiles, strict=True)):
+            measured = own.get(name, cal.quality.get(name))
+            seen = profile.get(name) if profile else measured
+            if measured is None:
+                measured = seen
+            served[i, j] = np.nan if measured is None else float(measured)
+            told[i, j] = np.nan if seen is None else float(seen)
+    restore = np.zeros((n, v))
+    prep = prepared(wl, VariantTable(names, size, served, restore, kept), cal.prefill)
+    if not any(profiles):
+        return prep
+    # the placer decides on what the estimator told it; requests are served as measured
+    told_prep = prepared(wl, VariantTable(names, size, told, restore, kept), cal.prefill)
+    return replace(prep, profiles=told_prep.profiles)

@@ -42,7 +42,9 @@ prefix's, as LMCache's lookup stops at the first chunk it lacks:
 **What the placer is offered** (``SimulationConfig.offers``, :mod:`kvtierd.sim.offers`): by
 default every variant from a context's first put (the paper's model); the daemon's rules offer
 a compressed form only once the context's profile is trusted and a token-dropped one only once
-the router can serve it, and place the context again when they allow more.
+the router can serve it, and place the context again when they allow more; and without an
+unbounded tier a compressed context keeps only what its form can make: a plan that asks more
+of it leaves it in its form where the plan put it, adopted so by the placer (``_Executing``).
 
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
@@ -51,6 +53,7 @@ prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,7 +66,14 @@ from kvtierd.sim.offers import OfferRule, Offers
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
-from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, TierModel, VariantProfile
+from kvtierd.types import (
+    ORIGINAL_VARIANT,
+    ContextProfile,
+    Placement,
+    Plan,
+    TierModel,
+    VariantProfile,
+)
 from kvtierd.utility import load_seconds
 
 GB = 1e9
@@ -227,7 +237,6 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     """Send the workload's requests through a fresh ``cfg.placer`` in order (module doc)."""
     wl, vt = prep.workload, prep.variants
     params = PlacerParams(alpha=cfg.alpha, selection=cfg.selection)
-    placer = make_placer(cfg.placer, cfg.tiers, params)
     tier_of = {t.name: i for i, t in enumerate(cfg.tiers)}
     var_of = {name: j for j, name in enumerate(vt.names)}
     seen = FrequencyTracker(cfg.half_life_s) if cfg.frequency == "online" else None
@@ -235,7 +244,19 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     tier_hit = np.full(m, MISS, dtype=np.int64)
     prefix_hit = np.full(m, MISS, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
-    offers = Offers(cfg.offers, cfg.placer)
+    unbounded = any(t.capacity_bytes is None for t in cfg.tiers)
+    offers = Offers(cfg.offers, cfg.placer, reference_tier=unbounded)
+    by_id = {p.context_id: p for p in (*prep.profiles, *filter(None, [prep.prefix]))}
+    now = 0.0
+
+    def current(context_id: str) -> ContextProfile:
+        """A context's profile as the daemon would give it now (its frequency so far)."""
+        p = by_id[context_id]
+        if seen is not None:
+            p = replace(p, frequency=seen.frequency(context_id, now))
+        return offers.offered(p)
+
+    placer = _Executing(make_placer(cfg.placer, cfg.tiers, params), offers, current)
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
@@ -247,30 +268,66 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
             shared = _use(placer, _counted(seen, prep.prefix, now), now)
             if shared is None:  # all prefilled: the own context is stored again if it is not
                 _store(placer, offered)
-                _served(placer, offers, profile, offered)
+                _served(placer, offers, profile)
                 continue
             prefix_hit[k] = tier_of[shared.tier]
         where = _use(placer, offered, now)
         if where is not None:
             tier_hit[k] = tier_of[where.tier]
             variant[k] = var_of[where.variant]
-        _served(placer, offers, profile, offered)
-    return Replay(placer, tier_hit, variant, prefix_hit)
+        _served(placer, offers, profile)
+    return Replay(placer.placer, tier_hit, variant, prefix_hit)
 
 
-def _served(
-    placer: Placer, offers: Offers, profile: ContextProfile, before: ContextProfile
-) -> None:
+class _Executing:
+    """A placer whose plans are carried out as the daemon's executor carries them out: each
+    operation stores the context in the form it plans, when that form can be made from what
+    the context keeps (``Offers.make``); one that cannot (a plan that gives a compressed
+    context back its original, whose bytes are gone) leaves the context in the form it has,
+    where the plan put it, and the placer adopts that with the options the form leaves
+    (``engine/executor.py``, ``_keep_form``). Each adoption narrows one context's options to
+    forms it can make, so a chain of them ends."""
+
+    def __init__(
+        self, placer: Placer, offers: Offers, current: Callable[[str], ContextProfile]
+    ) -> None:
+        self.placer = placer
+        self._offers = offers
+        self._current = current
+
+    def placement(self, context_id: str) -> Placement:
+        return self.placer.placement(context_id)
+
+    def insert(self, profile: ContextProfile) -> None:
+        self._execute(self.placer.insert(profile))
+
+    def access(self, context_id: str, now_s: float) -> None:
+        self._execute(self.placer.access(context_id, now_s))
+
+    def _execute(self, plan: Plan) -> None:
+        pending = list(plan.operations)
+        while pending:
+            op = pending.pop(0)
+            cid, target = op.context_id, op.target
+            if target.tier is None:
+                self._offers.dropped(cid)
+            elif not self._offers.make(cid, target.variant):
+                kept = Placement(self._offers.form(cid), target.tier)
+                pending += self.placer.adopt(self._current(cid), kept).operations
+
+
+def _served(placer: _Executing, offers: Offers, profile: ContextProfile) -> None:
     """A request of ``profile``'s context was served: where that lets the placer choose more of
     its variants (its profile is trusted now, a token-dropped form servable: ``offers.py``),
     the cached context is placed again with them, in the background as the daemon does."""
+    before = offers.offered(profile)  # in the form it has now: the insert may have changed it
     offers.served(profile.context_id)
     now = offers.offered(profile)
     if len(now.variants) != len(before.variants) and _cached(placer, profile.context_id):
         placer.insert(now)
 
 
-def _cached(placer: Placer, context_id: str) -> bool:
+def _cached(placer: _Executing, context_id: str) -> bool:
     """Whether the context's KV is held in a tier."""
     try:
         return placer.placement(context_id).tier is not None
@@ -295,7 +352,7 @@ class _Cached:
     variant: str
 
 
-def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
+def _use(placer: _Executing, profile: ContextProfile, now: float) -> _Cached | None:
     """Where a request loads ``profile``'s context from (an access), or ``None``: not cached
     (first use, evicted or dropped), so prefilled and offered to the placer again."""
     try:
@@ -310,7 +367,7 @@ def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
     return _Cached(where.tier, where.variant)
 
 
-def _store(placer: Placer, profile: ContextProfile) -> None:
+def _store(placer: _Executing, profile: ContextProfile) -> None:
     """A prefilled context's KV arrives: offered to the placer unless it is cached already
     (LMCache stores only the chunks it lacks)."""
     if not _cached(placer, profile.context_id):

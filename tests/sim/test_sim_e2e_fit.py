@@ -1,6 +1,7 @@
 """What ``benchmarks/sim_e2e.py`` takes from a measured bench_e2e run (issue 30.4): the KV dtype
 the cached systems kept, their own prefill line, the decode hold, quantized hits for the load
-model, LMCache's inclusive tiers and the fixed systems' measured quality."""
+model, LMCache's inclusive tiers, the fixed systems' measured quality and what the EvicPress
+daemon's estimator profiled."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ from benchmarks.e2e_calibration import (
     quantized_hits,
     vllm_batching,
 )
-from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality
+from benchmarks.e2e_measured import (
+    estimator_profiles,
+    inclusive,
+    kv_dtype_bytes,
+    measured_quality,
+)
 from kvtierd.sim.given import parse_workload
 from kvtierd.sim.timing import Batching, LinearPrefill, queued_ttft_s
 
@@ -121,6 +127,24 @@ def test_a_fixed_systems_measured_similarity_is_its_variants_quality(tmp_path: P
     (tmp_path / "summary.json").write_text(json.dumps(rows))
     assert measured_quality(tmp_path) == {"int8": 0.985, "keydiff@0.5+int8": 0.93}
     assert measured_quality(tmp_path / "none") == {}
+
+
+def test_the_estimators_profiles_are_taken_per_context_length(tmp_path: Path) -> None:
+    profiles = tmp_path / "work" / "evicpress-a2" / "daemon" / "data" / "profiler" / "profiles"
+    profiles.mkdir(parents=True)
+    for name, tokens, int4 in (("a", 768, 0.91), ("b", 768, 0.93), ("c", 1792, 0.8)):
+        variants = [
+            {"variant": "none", "quality": 1.0, "size_bytes": 1, "restore_s": 0.0},
+            {"variant": "int4", "quality": int4, "size_bytes": 1, "restore_s": 0.0},
+        ]
+        doc = {"context_id": name, "num_tokens": tokens, "variants": variants}  # fmt: skip
+        (profiles / f"{name}.json").write_text(json.dumps(doc))
+    got = estimator_profiles(tmp_path)
+    assert got == {
+        768: {"none": 1.0, "int4": pytest.approx(0.92)},
+        1792: {"none": 1.0, "int4": 0.8},
+    }
+    assert estimator_profiles(tmp_path / "none") == {}
 
 
 def test_the_batching_is_the_measured_vllms(tmp_path: Path) -> None:
