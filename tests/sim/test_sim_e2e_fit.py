@@ -15,6 +15,7 @@ import pytest
 from benchmarks.e2e_calibration import (
     Lengths,
     Service,
+    fit_calibrations,
     fit_decode_s,
     miss_samples,
     prefill_samples,
@@ -80,6 +81,27 @@ def test_cached_systems_prefill_from_their_own_misses() -> None:
         Service(768, 20, 2.0),
         Service(768, 30, 1.5),
     ]
+
+
+def test_behind_a_shared_prefix_the_cached_line_is_their_own_first_miss(tmp_path: Path) -> None:
+    # Behind a shared prefix every cached request after a run's first finds the prefix: the
+    # cached systems' misses are their first warm-ups, at one length. Their vLLM (float32 on
+    # an AMX CPU) is not the prefill system's (bfloat16): the line goes through those misses
+    # and the origin, not through the prefill system's requests (seed1-sp1024 of issue 30's
+    # matrix: 0.64 ms a token from the prefill system where the cached systems' first misses
+    # took 1.28 ms, so LMCache's misses behind the prefix were predicted at 0.39x)
+    doc = DOC | {"shared_prefix_tokens": 256}
+    fast = [w | {"ttft_s": w["ttft_s"] / 2} for w in WARMUP]
+    reference = {"warmup": fast, "outcomes": [outcome(0, 0, 1, 0.0, 0.5),
+                                              outcome(1, 1, 0, 10.0, 1.0),
+                                              outcome(2, 0, 0, 20.0, 0.4)]}  # fmt: skip
+    hits = [outcome(0, 0, 1, 0.0, 0.3, cached=768), outcome(1, 1, 0, 10.0, 0.4, cached=1792),
+            outcome(2, 0, 0, 20.0, 0.3, cached=768)]  # fmt: skip
+    (tmp_path / "prefill.json").write_text(json.dumps(reference))
+    (tmp_path / "lru.json").write_text(json.dumps({"warmup": WARMUP, "outcomes": hits}))
+    cal = fit_calibrations(tmp_path, doc, kv_per_token=1000)["kvtierd"]
+    assert cal.prefill.overhead_s == 0.0
+    assert cal.prefill.seconds_per_token == pytest.approx(2.0 / (768 + 20))
 
 
 def test_the_decode_hold_is_fitted_to_the_prefill_system() -> None:
