@@ -28,8 +28,13 @@ from benchmarks.e2e_measured import (
     kv_dtype_bytes,
     measured_quality,
 )
+from benchmarks.sim_e2e import compare, disagreements
+from kvtierd.sim.calibration import parse_calibration
 from kvtierd.sim.given import parse_workload
+from kvtierd.sim.predict import predict
+from kvtierd.sim.replay import SimulationConfig
 from kvtierd.sim.timing import Batching, LinearPrefill, queued_ttft_s
+from tests.sim.test_predict import CALIBRATION, workload
 
 # Two contexts (768 and 1,792 tokens), each asked once to warm up, then three timed requests.
 DOC: dict[str, Any] = {
@@ -175,3 +180,25 @@ def test_the_batching_is_the_measured_vllms(tmp_path: Path) -> None:
     log.parent.mkdir(parents=True)
     log.write_text("non-default args: {'max_num_batched_tokens': 8192, 'max_num_seqs': 8}\n")
     assert vllm_batching(tmp_path) == {"max_seqs": 8, "max_tokens": 8192}
+
+
+def test_the_comparison_names_the_requests_where_loading_disagrees() -> None:
+    doc = workload()
+    for r in doc["requests"]:
+        r["question"] = 0
+    given = parse_workload(doc, "w.json")
+    cal = parse_calibration(CALIBRATION, "c.yaml", 32)
+    pred = predict(SimulationConfig(placer="lru", warmup_fraction=0.0), given, cal)
+    assert pred.result.served_as() == ["cpu", "cpu", "cpu"]  # both contexts warmed up
+    timed = [r for r in doc["requests"] if r["measured"]]
+    measured = {"outcomes": [outcome(r["index"], r["context"], 0, r["at_s"], 0.5) for r in timed]}
+    got = compare(pred, measured, doc, hits={2: True, 3: False, 4: True})
+    assert got["hits"] == {"predicted": 3, "measured": 2}
+    assert got["disagree"] == {
+        "predicted_loaded": [{"index": 3, "context": 1, "predicted": "cpu", "ttft_s": 0.5}],
+        "measured_loaded": [],
+    }
+    lines = disagreements({"lru": {"comparison": got}})
+    assert lines[-1] == "- lru: predicted loaded, measured computed: 1 requests: 3 (c1, 0.50 s)"
+    assert compare(pred, measured, doc)["disagree"] == {"predicted_loaded": [],
+                                                       "measured_loaded": []}  # fmt: skip
