@@ -161,8 +161,8 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     sizes = measured_sizes(args.out) or tier_sizes(table, kv_bytes_per_token(model), args)
     tiers = [{"name": name, "capacity_bytes": size} for name, size in sizes.items()]
     preset = model_preset(model, kv_dtype_bytes(args.out, model))
-    doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows,
-           "requests": requests}  # fmt: skip
+    doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows, "requests": requests,
+           "chunk_tokens": args.chunk}  # fmt: skip
     if shared:  # absent without one: the file as before the option
         doc["shared_prefix_tokens"] = shared
     return doc

@@ -29,6 +29,10 @@ contexts as int4 (issue 30, seed 2 of the matrix).
 context are one shared prefix (a system prompt before every document; ``tokens`` count it): the
 replay serves it as one more context every request needs (:mod:`kvtierd.sim.replay`), and a
 context's variants hold only its own tokens after it.
+
+``chunk_tokens`` (optional, default 1) is the size of the chunks the contexts' KV is stored in
+(LMCache's ``chunk_size``): a token-dropped form keeps whole chunks, as the daemon sizes it
+(:func:`kvtierd.sim.variants.shape`).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class GivenWorkload:
     ids: tuple[int, ...]
     source: str
     profile: tuple[Mapping[str, float], ...] = ()
+    chunk_tokens: int = 1
 
 
 def _fail(source: str, where: str, problem: str) -> InvalidArgumentError:
@@ -124,6 +129,9 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
     if isinstance(shared, bool) or not (isinstance(shared, int) and 0 <= shared < min(tokens)):
         raise _fail(source, "shared_prefix_tokens", f"expected an integer in [0, {min(tokens)}) "
                     f"(below every context's tokens), got {shared!r}")  # fmt: skip
+    chunk = doc.get("chunk_tokens", 1)
+    if isinstance(chunk, bool) or not (isinstance(chunk, int) and chunk >= 1):
+        raise _fail(source, "chunk_tokens", f"expected an integer >= 1, got {chunk!r}")
     req_ctx = np.array([r["context"] for r in reqs], dtype=np.int64)
     counts = np.bincount(req_ctx, minlength=len(tokens)).astype(np.float64)
     measured = np.array([bool(r.get("measured", True)) for r in reqs])
@@ -148,6 +156,7 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
         ),
         ids=tuple(int(r.get("index", k)) for k, r in enumerate(reqs) if measured[k]),
         source=source,
+        chunk_tokens=chunk,
     )
 
 
@@ -204,7 +213,8 @@ def calibrated_prepare(given: GivenWorkload, cal: Calibration, variants: Sequenc
     served, told = np.full((n, v), np.nan), np.full((n, v), np.nan)
     profiles = given.profile or ({},) * n
     for j, name in enumerate(names):
-        sh = shape(Form.of(name), tokens, float(wl.model.kv_bytes_per_token), wl.model.dtype_bytes)
+        per_token = float(wl.model.kv_bytes_per_token)
+        sh = shape(Form.of(name), tokens, per_token, wl.model.dtype_bytes, given.chunk_tokens)
         size[:, j], kept[:, j] = sh.size_bytes, sh.kept_tokens
         for i, (own, profile) in enumerate(zip(given.quality, profiles, strict=True)):
             measured = own.get(name, cal.quality.get(name))

@@ -19,7 +19,8 @@ does not (measured beside ``bench_e2e``):
   that also quantizes (``keydiff@0.5+int8``) is written as its quantization until then (the
   plugin quantizes on its side, ``engine/write_advice.py``; issue 26's fixed keydiff@0.5+int8
   daemon logged every context "compressed to keydiff@0.5+int8: 23224320 -> 13271040 bytes",
-  from int8): offered under its own name at the quantization's size (all tokens kept), and
+  from int8): offered under its own name at the quantization's size (all tokens kept: the
+  profile's own quantized variant's, else its size over its kept ratio), and
   priced at its own size once servable. The simulator serves it at the form's quality and
   load throughout (a hit's load is a fixed cost on the measured stack).
 
@@ -141,6 +142,7 @@ class Offers:
         trusted = not self._reads_profiles or self._ever.get(cid, 0) >= rule.trusted_after_requests
         servable = self._servable(cid)
         have = self.form(cid)
+        sizes = {v.variant: v.size_bytes for v in profile.variants}
         keep = []
         for v in profile.variants:
             if not (self._original_kept or can_make(have, v.variant)):
@@ -151,7 +153,8 @@ class Offers:
             ):
                 keep.append(v)
             elif trusted and form.quant:  # stored as its quantization until servable
-                keep.append(replace(v, size_bytes=math.ceil(v.size_bytes / form.ratio)))
+                quantized = sizes.get(form.quant) or math.ceil(v.size_bytes / form.ratio)
+                keep.append(replace(v, size_bytes=quantized))
         if keep == list(profile.variants):
             return profile
         return replace(profile, variants=tuple(keep))
