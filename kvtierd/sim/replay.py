@@ -45,7 +45,7 @@ default every variant from a context's first put (the paper's model); the daemon
 a compressed form only once the context's profile is trusted and a token-dropped one only once
 the router can serve it, and place the context again when they allow more; and without an
 unbounded tier a compressed context keeps only what its form can make: a plan that asks more
-of it leaves it in its form where the plan put it, adopted so by the placer (``_Executing``).
+of it leaves it in its form where the plan put it, adopted so by the placer (``ExecutingPlacer``).
 
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
@@ -54,7 +54,6 @@ prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,6 +62,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, make_placer
 from kvtierd.policies.model import FloatArray, IntArray
 from kvtierd.profiler.frequency import FrequencyTracker
+from kvtierd.sim.executing import ExecutingPlacer
 from kvtierd.sim.offers import OfferRule, Offers
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
@@ -70,8 +70,6 @@ from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
 from kvtierd.types import (
     ORIGINAL_VARIANT,
     ContextProfile,
-    Placement,
-    Plan,
     TierModel,
     VariantProfile,
 )
@@ -257,7 +255,7 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
             p = replace(p, frequency=seen.frequency(context_id, now))
         return offers.offered(p)
 
-    placer = _Executing(make_placer(cfg.placer, cfg.tiers, params), offers, current)
+    placer = ExecutingPlacer(make_placer(cfg.placer, cfg.tiers, params), offers, current)
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
@@ -280,44 +278,7 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     return Replay(placer.placer, tier_hit, variant, prefix_hit)
 
 
-class _Executing:
-    """A placer whose plans are carried out as the daemon's executor carries them out: each
-    operation stores the context in the form it plans, when that form can be made from what
-    the context keeps (``Offers.make``); one that cannot (a plan that gives a compressed
-    context back its original, whose bytes are gone) leaves the context in the form it has,
-    where the plan put it, and the placer adopts that with the options the form leaves
-    (``engine/executor.py``, ``_keep_form``). Each adoption narrows one context's options to
-    forms it can make, so a chain of them ends."""
-
-    def __init__(
-        self, placer: Placer, offers: Offers, current: Callable[[str], ContextProfile]
-    ) -> None:
-        self.placer = placer
-        self._offers = offers
-        self._current = current
-
-    def placement(self, context_id: str) -> Placement:
-        return self.placer.placement(context_id)
-
-    def insert(self, profile: ContextProfile) -> None:
-        self._execute(self.placer.insert(profile))
-
-    def access(self, context_id: str, now_s: float) -> None:
-        self._execute(self.placer.access(context_id, now_s))
-
-    def _execute(self, plan: Plan) -> None:
-        pending = list(plan.operations)
-        while pending:
-            op = pending.pop(0)
-            cid, target = op.context_id, op.target
-            if target.tier is None:
-                self._offers.dropped(cid)
-            elif not self._offers.make(cid, target.variant):
-                kept = Placement(self._offers.form(cid), target.tier)
-                pending += self.placer.adopt(self._current(cid), kept).operations
-
-
-def _served(placer: _Executing, offers: Offers, profile: ContextProfile) -> None:
+def _served(placer: ExecutingPlacer, offers: Offers, profile: ContextProfile) -> None:
     """A request of ``profile``'s context was served: where that lets the placer choose more of
     its variants (its profile is trusted now, a token-dropped form servable: ``offers.py``),
     the cached context is placed again with them, in the background as the daemon does."""
@@ -328,7 +289,7 @@ def _served(placer: _Executing, offers: Offers, profile: ContextProfile) -> None
         placer.insert(now)
 
 
-def _cached(placer: _Executing, context_id: str) -> bool:
+def _cached(placer: ExecutingPlacer, context_id: str) -> bool:
     """Whether the context's KV is held in a tier."""
     try:
         return placer.placement(context_id).tier is not None
@@ -353,7 +314,7 @@ class _Cached:
     variant: str
 
 
-def _use(placer: _Executing, profile: ContextProfile, now: float) -> _Cached | None:
+def _use(placer: ExecutingPlacer, profile: ContextProfile, now: float) -> _Cached | None:
     """Where a request loads ``profile``'s context from (an access), or ``None``: not cached
     (first use, evicted or dropped), so prefilled and offered to the placer again."""
     try:
@@ -368,7 +329,7 @@ def _use(placer: _Executing, profile: ContextProfile, now: float) -> _Cached | N
     return _Cached(where.tier, where.variant)
 
 
-def _store(placer: _Executing, profile: ContextProfile) -> None:
+def _store(placer: ExecutingPlacer, profile: ContextProfile) -> None:
     """A prefilled context's KV arrives: offered to the placer unless it is cached already
     (LMCache stores only the chunks it lacks)."""
     if not _cached(placer, profile.context_id):
