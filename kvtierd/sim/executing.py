@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtierd.policies.base import Placer
+from kvtierd.policies.plan_order import BREAK_CYCLE
 from kvtierd.sim.offers import Offers
-from kvtierd.types import ContextProfile, Placement, Plan
+from kvtierd.types import ContextProfile, OpKind, Placement, Plan
 
 
 class ExecutingPlacer:
@@ -46,6 +47,8 @@ class ExecutingPlacer:
         while pending:
             op = pending.pop(0)
             cid, target = op.context_id, op.target
+            if op.kind is OpKind.DROP and op.reason == BREAK_CYCLE:
+                continue  # the same plan places it again; its bytes stay (plan_order.py)
             if target.tier is None:
                 self._offers.dropped(cid)
             elif not self._offers.make(cid, target.variant):

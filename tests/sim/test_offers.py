@@ -260,3 +260,37 @@ def test_a_plan_for_a_form_that_cannot_be_made_leaves_the_kept_one_where_it_put_
            for t, v in zip(done.tier_hit.tolist(), done.variant.tolist(), strict=True)]  # fmt: skip
     assert got == ["miss", "miss", "int4 in ssd", "miss", "int4 in cpu", "int4 in cpu"]
     assert done.placer.placement("c0") == Placement("int4", "cpu")
+
+
+def test_a_drop_that_breaks_a_cycle_keeps_the_bytes() -> None:
+    # plan_order takes a context out of a cycle with a drop the same plan places again; the
+    # daemon's executor keeps its bytes meanwhile, so its form and servable tokens stay
+    from typing import cast
+
+    from kvtierd.policies.base import Placer
+    from kvtierd.policies.plan_order import BREAK_CYCLE
+    from kvtierd.sim.executing import ExecutingPlacer
+    from kvtierd.types import Operation, OpKind, Plan
+
+    int4 = Placement("int4", "ssd")
+    plan = Plan((Operation(OpKind.DROP, "c0", int4, Placement("none", None), BREAK_CYCLE),
+                 Operation(OpKind.PLACE, "c0", Placement("none", None), Placement("int4", "cpu"),
+                           "move")))  # fmt: skip
+
+    class Planned:
+        def insert(self, profile: ContextProfile) -> Plan:
+            return plan
+
+    offers = Offers(DAEMON, "evicpress")
+    offers.served("c0")
+    offers.served("c0")
+    assert offers.make("c0", "int4")
+    variants = (VariantProfile("none", 100, 1.0), VariantProfile("int4", 30, 0.9),
+                VariantProfile("keydiff@0.5+int4", 15, 0.8))  # fmt: skip
+    profile = ContextProfile("c0", variants, 1.0, 1.0)
+    executing = ExecutingPlacer(cast(Placer, Planned()), offers, lambda cid: profile)
+    executing.insert(profile)
+    assert offers.form("c0") == "int4"
+    # still servable (a real drop forgets the tokens: the composed form would be priced as
+    # int4 until two more requests), and never the original again
+    assert offers.offered(profile).variants == variants[1:]
