@@ -246,6 +246,8 @@ def calibration_yaml(
     }
     if len({s.context_tokens for s in hits}) < 2:  # one length: no overhead can be told apart
         doc["tiers"] = [t | {"overhead_s": 0.0} for t in doc["tiers"]]
+    if len({s.context_tokens for s in prefill}) < 2:  # nor here: through the origin, as the
+        doc["prefill"]["overhead_s"] = 0.0  # fits at two lengths come out (issue 30's runs)
     doc |= {"quality": {}}
     head = (
         f"# Fitted by benchmarks/sim_e2e.py from {source} (benchmarks/e2e_calibration.py):\n"
@@ -330,8 +332,9 @@ def fit_calibrations(out: Path, doc: dict[str, Any], kv_per_token: int) -> dict[
     """Per backend (``none``: the ``prefill`` system; ``kvtierd``; ``lmcache``) its calibration,
     fitted from the measurements in ``out`` and written as ``calibration-<backend>.yaml``: the
     ``prefill`` system's line from its own requests; the cached backends' line from every
-    cached system's misses (:func:`miss_samples`: their vLLM may serve in another dtype), else
-    (runs without warm-up records) from the ``prefill`` system's and theirs; their tiers from
+    cached system's misses (:func:`miss_samples`: their vLLM may serve in another dtype; at
+    one length, behind a shared prefix, through the origin), else (runs without warm-up
+    records) from the ``prefill`` system's and theirs; their tiers from
     the hits of :data:`TIER_SOURCE`'s system. A backend whose tiers cannot be fitted is left
     out with a note; ``SystemExit`` when no backend can be."""
     from kvtierd.errors import KvtierError
@@ -347,7 +350,7 @@ def fit_calibrations(out: Path, doc: dict[str, Any], kv_per_token: int) -> dict[
     cached = [d for d in docs if isinstance(d, dict) and "outcomes" in d]
     own = prefill_samples(reference, lengths)
     misses = miss_samples(cached, lengths)
-    if len({s.context_tokens for s in misses}) < 2:
+    if not misses:  # runs without warm-up records (before issue 26) or vLLM's usage
         misses = prefill_samples(reference, lengths, cached)
     tiers = [t["name"] for t in doc["tiers"]]
     parts: dict[str, tuple[list[Service], list[Service], str]] = {}  # prefill, hits, source

@@ -1,12 +1,15 @@
 """What ``sim_e2e.py`` reads off a measured ``bench_e2e`` run besides the calibration
 (``e2e_calibration.py``), so that the simulator is given what the measured stack had (issue 30):
 the KV dtype its vLLM kept, the tier sizes its daemons ran with, the way LMCache alone holds
-its tiers, and each fixed system's measured quality."""
+its tiers, each fixed system's measured quality and what the EvicPress daemon's estimator
+profiled."""
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
+from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,3 +67,20 @@ def measured_quality(out: Path) -> dict[str, float]:
     rows = json.loads(summary.read_text()) if summary.exists() else {}
     return {name.removeprefix("fixed-"): float(r["similarity"]) for name, r in rows.items()
             if name.startswith("fixed-")}  # fmt: skip
+
+
+def estimator_profiles(out: Path) -> dict[int, dict[str, float]]:
+    """Per context length (its own tokens), the mean quality per variant that the measured
+    daemons' estimator profiled (``<out>/work/<system>/daemon/data/profiler/profiles/``: one
+    file per context, its ``num_tokens`` and ``variants``): what an EvicPress daemon's placer
+    was offered and decided on. Beside a run without an EvicPress system, nothing (the
+    simulator's placer then decides on the measured quality). The estimator gives contexts of
+    one length nearly one figure (seed 2 of issue 30's matrix: int4 0.910-0.913 over 30
+    contexts), and a context of the rebuilt workload is matched to the daemon's by its length,
+    not by id: behind a shared prefix the daemon's ids split differently from the documents."""
+    sums: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(out.glob("work/*/daemon/data/profiler/profiles/*.json")):
+        profile = json.loads(path.read_text())
+        for v in profile["variants"]:
+            sums[int(profile["num_tokens"])][v["variant"]].append(float(v["quality"]))
+    return {n: {v: statistics.fmean(qs) for v, qs in d.items()} for n, d in sums.items()}

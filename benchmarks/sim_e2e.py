@@ -19,7 +19,9 @@ What the measured stack had is taken from ``<out>`` (issue 30, ``e2e_measured.py
 dtype its cached systems' vLLM kept (float32 on an AMX CPU: the contexts' sizes against the
 tiers), the tiers its daemons ran with, LMCache's tiers as it holds them (the disk holds the
 CPU's chunks too) and each ``fixed-<V>`` system's measured similarity as ``V``'s quality where
-``--quality`` gives none. The calibration is fitted from the measurements in ``<out>``
+``--quality`` gives none, and what the EvicPress daemon's estimator profiled as each context's
+``profile``: what its placer was offered and decided on. The calibration is fitted from the
+measurements in ``<out>``
 (``e2e_calibration.py``: the ``prefill`` system's line and decode hold from its own requests,
 the cached systems' line from their warm-ups and misses, the tiers from the hits of ``lru``
 and of the quantized fixed systems for kvtierd and of ``lmcache`` for LMCache) and written as
@@ -65,7 +67,13 @@ from benchmarks.bench_e2e import (
 )
 from benchmarks.common import REPO, machine
 from benchmarks.e2e_calibration import TIER_SOURCE, Lengths, fit_calibrations, measured_hits
-from benchmarks.e2e_measured import inclusive, kv_dtype_bytes, measured_quality, measured_sizes
+from benchmarks.e2e_measured import (
+    estimator_profiles,
+    inclusive,
+    kv_dtype_bytes,
+    measured_quality,
+    measured_sizes,
+)
 from benchmarks.e2e_workload import (
     check_fits,
     make_contexts,
@@ -83,6 +91,8 @@ from kvtierd.sim.variants import Form
 from kvtierd.variants import expand_variants
 
 WITHIN = 0.25  # the issue's goal: the prediction within 25% of the measurement
+UNLOADED = ("miss", "recompute", "prefix")
+"""Classes of request that did not load their whole context (the rest name a tier)."""
 
 
 def model_preset(model: Path, dtype_bytes: int = 2) -> dict[str, Any]:
@@ -127,10 +137,15 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     timed = make_requests(contexts, num=args.requests, qps=args.qps, zipf_s=args.zipf,
                           seed=args.seed, gaps=trace_gaps())  # fmt: skip
     quality = case_qualities(args.quality)
+    profiled = estimator_profiles(args.out)
+    shared = shared_tokens(args)
     ctx_rows = []
     for case, row in zip(contexts, table, strict=True):
         own = quality.get(case.name) or quality.get(f"{case.task}/{case.length}") or {}
-        ctx_rows.append({"tokens": row[0].context_tokens, "quality": own})
+        ctx: dict[str, Any] = {"tokens": row[0].context_tokens, "quality": own}
+        if profile := profiled.get(row[0].context_tokens - shared):  # its own tokens'
+            ctx["profile"] = profile
+        ctx_rows.append(ctx)
     warm = _first_asks(table, args.warmup_questions)  # one at a time, before the timed run
     requests = []
     for k, r in enumerate(warm):
@@ -146,9 +161,9 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     sizes = measured_sizes(args.out) or tier_sizes(table, kv_bytes_per_token(model), args)
     tiers = [{"name": name, "capacity_bytes": size} for name, size in sizes.items()]
     preset = model_preset(model, kv_dtype_bytes(args.out, model))
-    doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows,
-           "requests": requests}  # fmt: skip
-    if shared := shared_tokens(args):  # absent without one: the file as before the option
+    doc = {"model": preset, "tiers": tiers, "contexts": ctx_rows, "requests": requests,
+           "chunk_tokens": args.chunk}  # fmt: skip
+    if shared:  # absent without one: the file as before the option
         doc["shared_prefix_tokens"] = shared
     return doc
 
@@ -179,7 +194,9 @@ def compare(
 ) -> dict[str, Any]:
     """Predicted vs measured TTFT over the requests both have (measured errors left out), and
     the number of them that loaded their context, predicted and (``hits``: vLLM's log)
-    measured."""
+    measured, with the requests where the two disagree (``disagree``: per side, each
+    request's index, context, predicted class and measured TTFT): where to look first when
+    a row is off (issue 30: seed 2's EvicPress, predicted to load 4 contexts vLLM computed)."""
     timed = {r["index"]: r for r in doc["requests"] if r.get("measured", True)}
     outs = {o["index"]: o for o in measured["outcomes"] if not o["error"]}
     for i, o in outs.items():
@@ -196,11 +213,19 @@ def compare(
     for t, m, s in pairs:
         classes[s].append((t, m))
     # a hit loads its whole context, as measured_hits counts (``prefix``: the system prompt only)
-    loaded = sum(s not in ("miss", "recompute", "prefix") for _, _, s in pairs)
+    loaded = sum(s not in UNLOADED for _, _, s in pairs)
     logged = None if hits is None else sum(hits.get(i, False) for i in outs)
+    disagree: dict[str, list[dict[str, Any]]] = {"predicted_loaded": [], "measured_loaded": []}
+    for i, s in zip(pred.ids, pred.result.served_as(), strict=True):
+        if hits is None or i not in outs or (s not in UNLOADED) == hits.get(i, False):
+            continue
+        side = "measured_loaded" if hits.get(i, False) else "predicted_loaded"
+        disagree[side].append({"index": i, "context": outs[i]["context"], "predicted": s,
+                               "ttft_s": outs[i]["ttft_s"]})  # fmt: skip
     return {
         "requests": len(pairs),
         "hits": {"predicted": loaded, "measured": logged},
+        "disagree": disagree,
         "measured": {"mean": statistics.fmean(got), "p50": _pct(got, 50), "p90": _pct(got, 90)},
         "predicted": {"mean": statistics.fmean(want), "p50": _pct(want, 50),
                       "p90": _pct(want, 90)},
@@ -252,6 +277,7 @@ def report(
         h = c["hits"]
         hit = f"{h['predicted']} / {'-' if h['measured'] is None else h['measured']}"
         lines.append(f"{head} {got} | {ratio:.2f} ({verdict}) | {hit} | {by} |")
+    lines += disagreements(rows)
     predicted = {
         k: {
             "ttft_mean_s": r["prediction"]["ttft_mean_s"],
@@ -263,6 +289,27 @@ def report(
               "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
               "|---|---|---|---|", *reductions(predicted)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def disagreements(rows: dict[str, dict[str, Any]], most: int = 8) -> list[str]:
+    """Per measured system, the requests the simulator predicts to load their context where
+    vLLM computed it, and the other way (index, context, measured TTFT; the first ``most``)."""
+    lines = []
+    for name, r in rows.items():
+        d = r.get("comparison", {}).get("disagree", {})
+        for side, what in (("predicted_loaded", "predicted loaded, measured computed"),
+                           ("measured_loaded", "predicted computed, measured loaded")):  # fmt: skip
+            got = d.get(side, [])
+            if got:
+                shown = ", ".join(f"{x['index']} (c{x['context']}, {x['ttft_s']:.2f} s)"
+                                  for x in got[:most])  # fmt: skip
+                more = f" and {len(got) - most} more" if len(got) > most else ""
+                lines.append(f"- {name}: {what}: {len(got)} requests: {shown}{more}")
+    return (
+        ["\nRequests where the prediction and vLLM disagree on loading the context:\n", *lines]
+        if lines
+        else []
+    )
 
 
 def calibrations(

@@ -6,7 +6,8 @@ JSON (``benchmarks/sim_e2e.py`` writes one for ``bench_e2e.py``'s workload)::
                "head_dim": 64, "active_params": 1.35e8, "max_context_tokens": 8192,
                "dtype_bytes": 2},
      "tiers": [{"name": "cpu", "capacity_bytes": 9300000}, {"name": "ssd", ...}],
-     "contexts": [{"tokens": 1024, "quality": {"knorm@0.5": 0.81}}, ...],
+     "contexts": [{"tokens": 1024, "quality": {"knorm@0.5": 0.81},
+                   "profile": {"knorm@0.5": 0.74, "int4": 0.91}}, ...],
      "requests": [{"index": 0, "at_s": 0.0, "context": 3, "query_tokens": 41,
                    "measured": true}, ...]}
 
@@ -15,17 +16,30 @@ count as accesses but are not predicted). A context's ``quality`` (optional) hol
 quality per variant; the calibration's ``quality`` covers the others, and a variant with neither
 is not offered for that context. The oracle frequency of a context is its number of requests.
 
+A context's ``profile`` (optional) is what the placer is told: the quality per variant that the
+daemon's estimator profiled (``benchmarks/sim_e2e.py`` takes it from the measured daemon's
+profiles). Where a context has one, the placer is offered the variants it names, at its
+qualities, and decides on them; a request is still served at the measured ``quality`` (the
+profile's where none was measured). Without one the placer decides on the measured quality,
+as before: then a variant no system measured (``int4`` beside a run that measured only
+``fixed-int8``) was never offered, though the daemon's EvicPress stored a third of its
+contexts as int4 (issue 30, seed 2 of the matrix).
+
 ``shared_prefix_tokens`` (optional, default 0) says that the first that many tokens of every
 context are one shared prefix (a system prompt before every document; ``tokens`` count it): the
 replay serves it as one more context every request needs (:mod:`kvtierd.sim.replay`), and a
 context's variants hold only its own tokens after it.
+
+``chunk_tokens`` (optional, default 1) is the size of the chunks the contexts' KV is stored in
+(LMCache's ``chunk_size``): a token-dropped form keeps whole chunks, as the daemon sizes it
+(:func:`kvtierd.sim.variants.shape`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +62,8 @@ class GivenWorkload:
     quality: tuple[Mapping[str, float], ...]
     ids: tuple[int, ...]
     source: str
+    profile: tuple[Mapping[str, float], ...] = ()
+    chunk_tokens: int = 1
 
 
 def _fail(source: str, where: str, problem: str) -> InvalidArgumentError:
@@ -82,6 +98,16 @@ def _requests(source: str, raw: object, n: int) -> list[dict[str, Any]]:
     return raw
 
 
+def _qualities(source: str, where: str, raw: object) -> dict[str, float]:
+    """A ``{variant: quality}`` mapping, each quality a number in [0, 1]."""
+    if not isinstance(raw, dict) or not all(
+        isinstance(q, int | float) and not isinstance(q, bool) and 0.0 <= q <= 1.0
+        for q in raw.values()
+    ):
+        raise _fail(source, where, f"expected {{variant: quality in [0, 1]}}, got {raw!r}")
+    return {str(k): float(q) for k, q in raw.items()}
+
+
 def parse_workload(doc: object, source: str) -> GivenWorkload:
     """Validate a workload document (module docstring)."""
     if not isinstance(doc, dict) or not {"model", "tiers", "contexts", "requests"} <= set(doc):
@@ -103,6 +129,9 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
     if isinstance(shared, bool) or not (isinstance(shared, int) and 0 <= shared < min(tokens)):
         raise _fail(source, "shared_prefix_tokens", f"expected an integer in [0, {min(tokens)}) "
                     f"(below every context's tokens), got {shared!r}")  # fmt: skip
+    chunk = doc.get("chunk_tokens", 1)
+    if isinstance(chunk, bool) or not (isinstance(chunk, int) and chunk >= 1):
+        raise _fail(source, "chunk_tokens", f"expected an integer >= 1, got {chunk!r}")
     req_ctx = np.array([r["context"] for r in reqs], dtype=np.int64)
     counts = np.bincount(req_ctx, minlength=len(tokens)).astype(np.float64)
     measured = np.array([bool(r.get("measured", True)) for r in reqs])
@@ -121,8 +150,13 @@ def parse_workload(doc: object, source: str) -> GivenWorkload:
         workload=wl,
         capacity_bytes={str(t["name"]): t.get("capacity_bytes") for t in tiers},
         quality=tuple(dict(c.get("quality", {})) for c in contexts),
+        profile=tuple(
+            _qualities(source, f"contexts[{i}].profile", c.get("profile", {}))
+            for i, c in enumerate(contexts)
+        ),
         ids=tuple(int(r.get("index", k)) for k, r in enumerate(reqs) if measured[k]),
         source=source,
+        chunk_tokens=chunk,
     )
 
 
@@ -158,9 +192,9 @@ def calibrated_tiers(given: GivenWorkload, cal: Calibration) -> tuple[TierModel,
 
 
 def measured_variants(given: GivenWorkload, cal: Calibration) -> tuple[str, ...]:
-    """Every variant some context has a quality for, ``none`` first."""
+    """Every variant some context has a quality or a profile for, ``none`` first."""
     names = dict.fromkeys([ORIGINAL_VARIANT, *cal.quality])
-    for q in given.quality:
+    for q in (*given.quality, *given.profile):
         names.update(dict.fromkeys(q))
     return tuple(names)
 
@@ -168,17 +202,31 @@ def measured_variants(given: GivenWorkload, cal: Calibration) -> tuple[str, ...]
 def calibrated_prepare(given: GivenWorkload, cal: Calibration, variants: Sequence[str]) -> Prepared:
     """Profiles of the given contexts: sizes from the model's geometry, measured qualities
     (``NaN``, so not offered, where neither the context nor the calibration has one), no
-    restore cost (a measured tier overhead includes it), the calibration's prefill line."""
+    restore cost (a measured tier overhead includes it), the calibration's prefill line. A
+    context with a ``profile`` is offered what it names, at its qualities, and served at the
+    measured quality (the profile's where none was measured: module docstring)."""
     wl = given.workload
     names = tuple(dict.fromkeys([ORIGINAL_VARIANT, *variants]))
     tokens = wl.own_tokens.astype(np.float64)  # a shared prefix is its own context
     n, v = tokens.size, len(names)
-    size, kept, quality = np.empty((n, v)), np.empty((n, v)), np.full((n, v), np.nan)
+    size, kept = np.empty((n, v)), np.empty((n, v))
+    served, told = np.full((n, v), np.nan), np.full((n, v), np.nan)
+    profiles = given.profile or ({},) * n
     for j, name in enumerate(names):
-        sh = shape(Form.of(name), tokens, float(wl.model.kv_bytes_per_token), wl.model.dtype_bytes)
+        per_token = float(wl.model.kv_bytes_per_token)
+        sh = shape(Form.of(name), tokens, per_token, wl.model.dtype_bytes, given.chunk_tokens)
         size[:, j], kept[:, j] = sh.size_bytes, sh.kept_tokens
-        for i, own in enumerate(given.quality):
-            q = own.get(name, cal.quality.get(name))
-            quality[i, j] = np.nan if q is None else float(q)
-    table = VariantTable(names, size, quality, np.zeros((n, v)), kept)
-    return prepared(wl, table, cal.prefill)
+        for i, (own, profile) in enumerate(zip(given.quality, profiles, strict=True)):
+            measured = own.get(name, cal.quality.get(name))
+            seen = profile.get(name) if profile else measured
+            if measured is None:
+                measured = seen
+            served[i, j] = np.nan if measured is None else float(measured)
+            told[i, j] = np.nan if seen is None else float(seen)
+    restore = np.zeros((n, v))
+    prep = prepared(wl, VariantTable(names, size, served, restore, kept), cal.prefill)
+    if not any(profiles):
+        return prep
+    # the placer decides on what the estimator told it; requests are served as measured
+    told_prep = prepared(wl, VariantTable(names, size, told, restore, kept), cal.prefill)
+    return replace(prep, profiles=told_prep.profiles)

@@ -19,11 +19,26 @@ does not (measured beside ``bench_e2e``):
   that also quantizes (``keydiff@0.5+int8``) is written as its quantization until then (the
   plugin quantizes on its side, ``engine/write_advice.py``; issue 26's fixed keydiff@0.5+int8
   daemon logged every context "compressed to keydiff@0.5+int8: 23224320 -> 13271040 bytes",
-  from int8): offered under its own name at the quantization's size (all tokens kept), and
+  from int8): offered under its own name at the quantization's size (all tokens kept: the
+  profile's own quantized variant's, else its size over its kept ratio), and
   priced at its own size once servable. The simulator serves it at the form's quality and
   load throughout (a hit's load is a fixed cost on the measured stack).
 
-``0`` for both (the defaults) is the paper's model: every variant from the first put.
+* **A compressed context keeps only its compressed form** (``original_kept``): the daemon
+  writes a variant in place of the original and keeps the original only as a reference copy
+  in an unbounded tier (EvicPress's remote store, §4); without one (bench_e2e's CPU and SSD
+  tiers) what it can make of a compressed context is its own form and, from a quantization
+  that keeps every token (``int8``), the forms quantized the same or coarser (``int4``,
+  ``keydiff@0.5+int8``): never the original again until the context is prefilled and put
+  anew (``engine/index.py``: ``can_make``, ``derivable``). The placer is offered only those,
+  and a plan made before it knew (a repair that gives another context its original back)
+  leaves that context in the form it has, where the plan put it, adopted by the placer
+  (``engine/executor.py``, ``_keep_form``; seed 2 of the matrix logged 22 such plans,
+  ``planned as none, but only its int8 form is kept``). A token-dropped form keeps only
+  itself.
+
+``0`` for both counts and ``original_kept`` (the defaults) are the paper's model: every variant
+from the first put, the original always at hand.
 """
 
 from __future__ import annotations
@@ -33,7 +48,7 @@ from dataclasses import dataclass, replace
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.types import ORIGINAL_VARIANT, ContextProfile
-from kvtierd.variants import parse_variant
+from kvtierd.variants import QUANT_BITS, parse_variant
 
 PROFILE_READERS = ("evicpress",)
 """Placers whose choice follows a context's profile (the trust rule applies to them)."""
@@ -42,11 +57,13 @@ PROFILE_READERS = ("evicpress",)
 @dataclass(frozen=True, slots=True)
 class OfferRule:
     """When a context's compressed (``trusted_after_requests``) and token-dropped
-    (``servable_after_requests``) variants are offered: after that many of its requests
-    (module docstring)."""
+    (``servable_after_requests``) variants are offered: after that many of its requests; and
+    whether its original stays at hand once it is compressed (``original_kept``; else only
+    where an unbounded tier keeps a reference copy) (module docstring)."""
 
     trusted_after_requests: int = 0
     servable_after_requests: int = 0
+    original_kept: bool = True
 
     def __post_init__(self) -> None:
         for name in ("trusted_after_requests", "servable_after_requests"):
@@ -55,21 +72,37 @@ class OfferRule:
                 raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
 
 
-DAEMON = OfferRule(trusted_after_requests=1, servable_after_requests=2)
+DAEMON = OfferRule(trusted_after_requests=1, servable_after_requests=2, original_kept=False)
 """What kvtierd's daemon lets its placer choose: a compressed form once the estimator has
 profiled the context after its first put, a token-dropped one once two of its prompts fixed
-the tokens the form covers (module docstring)."""
+the tokens the form covers, and of a compressed context only what its form can make (module
+docstring)."""
+
+
+def can_make(form: str, target: str) -> bool:
+    """Whether a context kept only as ``form`` (no original at hand) can be stored as
+    ``target``: itself, or from a quantization that keeps every token a form quantized the
+    same or coarser (the daemon's ``engine/index.py``, ``derivable``)."""
+    if form in (target, ORIGINAL_VARIANT):
+        return True
+    have, want = parse_variant(form), parse_variant(target)
+    if have.drops_tokens or not have.quant or not want.quant:
+        return False
+    return QUANT_BITS[want.quant] <= QUANT_BITS[have.quant]
 
 
 class Offers:
-    """Per context, the requests it has had (ever, and since it was last stored) and so the
-    profile its placer is offered now."""
+    """Per context, the requests it has had (ever, and since it was last stored) and the form
+    its bytes are in, and so the profile its placer is offered now. ``reference_tier``: an
+    unbounded tier keeps every compressed context's original (the daemon's reference copy)."""
 
-    def __init__(self, rule: OfferRule, placer: str) -> None:
+    def __init__(self, rule: OfferRule, placer: str, reference_tier: bool = False) -> None:
         self.rule = rule
         self._reads_profiles = placer.partition(":")[0] in PROFILE_READERS
+        self._original_kept = rule.original_kept or reference_tier
         self._ever: dict[str, int] = {}
         self._stored: dict[str, int] = {}
+        self._form: dict[str, str] = {}  # absent: the original (as a put brings it)
 
     def served(self, context_id: str) -> None:
         """One more request of the context has been served."""
@@ -77,21 +110,51 @@ class Offers:
         self._stored[context_id] = self._stored.get(context_id, 0) + 1
 
     def dropped(self, context_id: str) -> None:
-        """The context's bytes are gone: the tokens its forms cover are forgotten."""
+        """The context's bytes are gone: the tokens its forms cover are forgotten, and the next
+        put brings its original."""
         self._stored[context_id] = 0
+        self._form.pop(context_id, None)
+
+    def form(self, context_id: str) -> str:
+        """The form the context's bytes are in."""
+        return self._form.get(context_id, ORIGINAL_VARIANT)
+
+    def make(self, context_id: str, variant: str) -> bool:
+        """Store the context as ``variant`` if it can be made from what the context keeps;
+        ``False`` leaves it as it is. A token-dropped form offered before it was servable is
+        written as its quantization (module docstring): that is the form it keeps."""
+        form = self.form(context_id)
+        if not (self._original_kept or can_make(form, variant)):
+            return False
+        written = parse_variant(variant)
+        if written.drops_tokens and written.quant and not self._servable(context_id):
+            variant = written.quant
+        if not self._original_kept:
+            self._form[context_id] = variant
+        return True
+
+    def _servable(self, context_id: str) -> bool:
+        return self._stored.get(context_id, 0) >= self.rule.servable_after_requests
 
     def offered(self, profile: ContextProfile) -> ContextProfile:
         """``profile`` narrowed to the variants the daemon would let the placer choose now."""
         cid, rule = profile.context_id, self.rule
         trusted = not self._reads_profiles or self._ever.get(cid, 0) >= rule.trusted_after_requests
-        servable = self._stored.get(cid, 0) >= rule.servable_after_requests
+        servable = self._servable(cid)
+        have = self.form(cid)
+        sizes = {v.variant: v.size_bytes for v in profile.variants}
         keep = []
         for v in profile.variants:
+            if not (self._original_kept or can_make(have, v.variant)):
+                continue  # its original is gone: only what its form makes (module docstring)
             form = parse_variant(v.variant)
-            if v.variant == ORIGINAL_VARIANT or (trusted and (servable or not form.drops_tokens)):
+            if v.variant in (ORIGINAL_VARIANT, have) or (
+                trusted and (servable or not form.drops_tokens)
+            ):
                 keep.append(v)
             elif trusted and form.quant:  # stored as its quantization until servable
-                keep.append(replace(v, size_bytes=math.ceil(v.size_bytes / form.ratio)))
+                quantized = sizes.get(form.quant) or math.ceil(v.size_bytes / form.ratio)
+                keep.append(replace(v, size_bytes=quantized))
         if keep == list(profile.variants):
             return profile
         return replace(profile, variants=tuple(keep))

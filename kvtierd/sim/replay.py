@@ -34,15 +34,18 @@ prefix's, as LMCache's lookup stops at the first chunk it lacks:
 
 * prefix not cached: the whole prompt is prefilled (``miss``), its own context counted as not
   loaded even when it is cached (and offered to the placer again only when it is not);
-* prefix cached, own context not: TTFT = the prefix's load + prefill of the own tokens and
-  the query after the prefix's (``prefix``, quality 1.0);
+* prefix cached, own context not: TTFT = the prefix's bytes / the tier's bandwidth (no
+  per-load overhead: ``_prefix_only``) + prefill of the own tokens and the query after the
+  prefix's (``prefix``, quality 1.0);
 * both cached: TTFT = both loads (one tier overhead when they share a tier) + prefill of the
   query; quality = the own context's variant's. Slower than recomputing: ``recompute``.
 
 **What the placer is offered** (``SimulationConfig.offers``, :mod:`kvtierd.sim.offers`): by
 default every variant from a context's first put (the paper's model); the daemon's rules offer
 a compressed form only once the context's profile is trusted and a token-dropped one only once
-the router can serve it, and place the context again when they allow more.
+the router can serve it, and place the context again when they allow more; and without an
+unbounded tier a compressed context keeps only what its form can make: a plan that asks more
+of it leaves it in its form where the plan put it, adopted so by the placer (``ExecutingPlacer``).
 
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
@@ -59,11 +62,17 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, make_placer
 from kvtierd.policies.model import FloatArray, IntArray
 from kvtierd.profiler.frequency import FrequencyTracker
+from kvtierd.sim.executing import ExecutingPlacer
 from kvtierd.sim.offers import OfferRule, Offers
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
 from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
-from kvtierd.types import ORIGINAL_VARIANT, ContextProfile, TierModel, VariantProfile
+from kvtierd.types import (
+    ORIGINAL_VARIANT,
+    ContextProfile,
+    TierModel,
+    VariantProfile,
+)
 from kvtierd.utility import load_seconds
 
 GB = 1e9
@@ -227,7 +236,6 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     """Send the workload's requests through a fresh ``cfg.placer`` in order (module doc)."""
     wl, vt = prep.workload, prep.variants
     params = PlacerParams(alpha=cfg.alpha, selection=cfg.selection)
-    placer = make_placer(cfg.placer, cfg.tiers, params)
     tier_of = {t.name: i for i, t in enumerate(cfg.tiers)}
     var_of = {name: j for j, name in enumerate(vt.names)}
     seen = FrequencyTracker(cfg.half_life_s) if cfg.frequency == "online" else None
@@ -235,7 +243,19 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
     tier_hit = np.full(m, MISS, dtype=np.int64)
     prefix_hit = np.full(m, MISS, dtype=np.int64)
     variant = np.zeros(m, dtype=np.int64)
-    offers = Offers(cfg.offers, cfg.placer)
+    unbounded = any(t.capacity_bytes is None for t in cfg.tiers)
+    offers = Offers(cfg.offers, cfg.placer, reference_tier=unbounded)
+    by_id = {p.context_id: p for p in (*prep.profiles, *filter(None, [prep.prefix]))}
+    now = 0.0
+
+    def current(context_id: str) -> ContextProfile:
+        """A context's profile as the daemon would give it now (its frequency so far)."""
+        p = by_id[context_id]
+        if seen is not None:
+            p = replace(p, frequency=seen.frequency(context_id, now))
+        return offers.offered(p)
+
+    placer = ExecutingPlacer(make_placer(cfg.placer, cfg.tiers, params), offers, current)
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
@@ -247,30 +267,29 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
             shared = _use(placer, _counted(seen, prep.prefix, now), now)
             if shared is None:  # all prefilled: the own context is stored again if it is not
                 _store(placer, offered)
-                _served(placer, offers, profile, offered)
+                _served(placer, offers, profile)
                 continue
             prefix_hit[k] = tier_of[shared.tier]
         where = _use(placer, offered, now)
         if where is not None:
             tier_hit[k] = tier_of[where.tier]
             variant[k] = var_of[where.variant]
-        _served(placer, offers, profile, offered)
-    return Replay(placer, tier_hit, variant, prefix_hit)
+        _served(placer, offers, profile)
+    return Replay(placer.placer, tier_hit, variant, prefix_hit)
 
 
-def _served(
-    placer: Placer, offers: Offers, profile: ContextProfile, before: ContextProfile
-) -> None:
+def _served(placer: ExecutingPlacer, offers: Offers, profile: ContextProfile) -> None:
     """A request of ``profile``'s context was served: where that lets the placer choose more of
     its variants (its profile is trusted now, a token-dropped form servable: ``offers.py``),
     the cached context is placed again with them, in the background as the daemon does."""
+    before = offers.offered(profile)  # in the form it has now: the insert may have changed it
     offers.served(profile.context_id)
     now = offers.offered(profile)
     if len(now.variants) != len(before.variants) and _cached(placer, profile.context_id):
         placer.insert(now)
 
 
-def _cached(placer: Placer, context_id: str) -> bool:
+def _cached(placer: ExecutingPlacer, context_id: str) -> bool:
     """Whether the context's KV is held in a tier."""
     try:
         return placer.placement(context_id).tier is not None
@@ -295,7 +314,7 @@ class _Cached:
     variant: str
 
 
-def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
+def _use(placer: ExecutingPlacer, profile: ContextProfile, now: float) -> _Cached | None:
     """Where a request loads ``profile``'s context from (an access), or ``None``: not cached
     (first use, evicted or dropped), so prefilled and offered to the placer again."""
     try:
@@ -310,7 +329,7 @@ def _use(placer: Placer, profile: ContextProfile, now: float) -> _Cached | None:
     return _Cached(where.tier, where.variant)
 
 
-def _store(placer: Placer, profile: ContextProfile) -> None:
+def _store(placer: ExecutingPlacer, profile: ContextProfile) -> None:
     """A prefilled context's KV arrives: offered to the placer unless it is cached already
     (LMCache stores only the chunks it lacks)."""
     if not _cached(placer, profile.context_id):
@@ -387,20 +406,28 @@ def _prefix_only(
     *,
     new_tokens: FloatArray,
 ) -> None:
-    """The requests that found only the shared prefix cached: its load, then the prefill of
-    their own tokens and query after it (``service`` holds their full prefill, which wins
-    when it is faster and ``recompute_slower_loads``); updates ``service``, ``served``
-    and ``new_tokens``."""
+    """The requests that found only the shared prefix cached: its bytes' load, then the
+    prefill of their own tokens and query after it (``service`` holds their full prefill,
+    which wins when it is faster and ``recompute_slower_loads``); updates ``service``,
+    ``served`` and ``new_tokens``.
+
+    The tier's per-load overhead is not added. A calibrated tier's overhead is fitted from
+    whole hits as what they cost beyond their bytes and their query's prefill on the prefill
+    line; a request that prefills its own tokens after the prefix did not pay it: beside
+    seed1-sp1024 of issue 30's matrix the requests that found only the prefix took, alone,
+    1.12-1.22 s (LMCache, lru, EvicPress; 768 own tokens and a query) where the line gives
+    1.18 s for their new tokens and the fitted overhead added 0.19 s (LMCache logged 26 ms
+    to retrieve the prefix), and the queue behind them turned that into lru predicted at
+    1.43x its measured mean TTFT."""
     wl = prep.workload
     only = np.flatnonzero((done.tier_hit == MISS) & (done.prefix_hit >= 0))
     pt = done.prefix_hit[only]
     bw = np.array([tier.load_bandwidth_bytes_per_s for tier in cfg.tiers])[pt]
-    overhead = np.array([tier.load_overhead_s for tier in cfg.tiers])[pt]
     shared = float(wl.shared_prefix_tokens)
     own = wl.own_tokens[wl.request_context[only]].astype(np.float64)
     new = own + wl.query_tokens[only].astype(np.float64)
     size = np.full_like(new, shared * wl.model.kv_bytes_per_token)
-    load = load_seconds(size, np.zeros_like(new), bw, overhead)
+    load = load_seconds(size, np.zeros_like(new), bw, 0.0)
     loaded = load + prep.prefill.seconds(new, np.full_like(new, shared))
     slower = loaded > service[only] if cfg.recompute_slower_loads else np.zeros(only.size, bool)
     served[only[slower]] = RECOMPUTED

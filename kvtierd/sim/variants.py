@@ -34,7 +34,12 @@ import numpy as np
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.model import FloatArray
 from kvtierd.sim.workload import DATASETS, Workload
-from kvtierd.sizes import DEFAULT_GROUP_SIZE, SCALE_ZERO_BYTES
+from kvtierd.sizes import (
+    DEFAULT_GROUP_SIZE,
+    SCALE_ZERO_BYTES,
+    count_unit,
+    variant_kept_tokens,
+)
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.variants import QUANT_BITS, parse_variant
 
@@ -99,18 +104,35 @@ class Shape:
     restore_s: FloatArray
 
 
-def shape(form: Form, tokens: FloatArray, per_token: float, dtype_bytes: int) -> Shape:
-    """Sizes and restore cost of ``form`` for contexts of ``tokens`` tokens (module doc)."""
+def shape(
+    form: Form, tokens: FloatArray, per_token: float, dtype_bytes: int, chunk_tokens: int = 1
+) -> Shape:
+    """Sizes and restore cost of ``form`` for contexts of ``tokens`` tokens (module doc). A
+    context stored in chunks of ``chunk_tokens`` (> 1) keeps whole chunks of a token-dropped
+    form, as the daemon stores and sizes it (:func:`kvtierd.sizes.variant_kept_tokens`: a
+    1,792-token context's ``keydiff@0.5`` keeps 1,024 tokens in chunks of 256, not 896; issue
+    26's daemon logged its ``keydiff@0.5+int8`` at 13,271,040 bytes, 1,024 tokens of int8)."""
     kept = tokens.copy()
     restore = np.zeros_like(tokens)
     if form.method:
-        kept = np.maximum(np.round(form.ratio * tokens), 1.0)
+        kept = _kept_tokens(form, tokens, chunk_tokens)
         restore += kept * per_token / 2 / ROTATE_BYTES_PER_S
     byte_ratio = kept / tokens
     if form.quant:
         byte_ratio = byte_ratio * quant_ratio(form.quant, dtype_bytes)
         restore += kept * per_token / DEQUANT_BYTES_PER_S
     return Shape(kept, np.ceil(byte_ratio * tokens * per_token), restore)
+
+
+def _kept_tokens(form: Form, tokens: FloatArray, chunk_tokens: int) -> FloatArray:
+    """Tokens a token-dropped ``form`` keeps of each context: ``round(r * N)`` (at least 1), or
+    in chunks of ``chunk_tokens`` the daemon's count (:func:`shape`)."""
+    if chunk_tokens <= 1:
+        return np.maximum(np.round(form.ratio * tokens), 1.0)
+    name = f"{form.method}@{form.ratio:g}"
+    unit = count_unit(name, chunk_tokens)
+    counts = [variant_kept_tokens(int(n), name, chunk_tokens=unit) for n in tokens.tolist()]
+    return np.array(counts, dtype=np.float64)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

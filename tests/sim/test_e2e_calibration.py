@@ -138,3 +138,8 @@ def test_the_calibration_file_fits_in_kvtierd_sim() -> None:
     cal = parse_calibration(one_length, "c.yaml", kv_bytes_per_token=1000)
     assert cal.tiers[0].load_overhead_s == 0.0  # one length: bytes / bandwidth only
     assert cal.tiers[0].load_bandwidth_bytes_per_s == pytest.approx(768_000 / 0.118)
+    # misses at one length cannot tell an overhead from the slope either: through the origin
+    one_length = calibration_yaml(prefill[:1], hits, ["cpu"], "run.json")
+    cal = parse_calibration(one_length, "c.yaml", kv_bytes_per_token=1000)
+    assert cal.prefill.overhead_s == 0.0
+    assert cal.prefill.seconds_per_token == pytest.approx(1.0 / 788)
