@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.sim.calibration import parse_calibration
-from kvtierd.sim.given import calibrated_prepare, calibrated_tiers, parse_workload
+from kvtierd.sim.calibration import Calibration, parse_calibration
+from kvtierd.sim.given import GivenWorkload, calibrated_prepare, calibrated_tiers, parse_workload
 from kvtierd.sim.offers import DAEMON, OfferRule, Offers, can_make
-from kvtierd.sim.replay import MISS, SimulationConfig, replay, run_simulation
+from kvtierd.sim.replay import MISS, Prepared, SimulationConfig, replay, run_simulation
 from kvtierd.types import ContextProfile, Placement, VariantProfile
 
 # 32 bytes of KV per token: a 1,000-token context is 32,000 bytes, int8 18,000 (0.5625)
@@ -41,6 +41,14 @@ def served(
     given = parse_workload(doc, "w.json")
     cal = parse_calibration(CALIBRATION, "c.yaml", given.workload.model.kv_bytes_per_token)
     prep = calibrated_prepare(given, cal, GRID)
+    return _served_forms(placer, rule, given, cal, prep)
+
+
+def _served_forms(
+    placer: str, rule: OfferRule, given: GivenWorkload, cal: Calibration, prep: Prepared
+) -> list[str]:
+    """Replay ``prep`` under ``placer`` and ``rule``: per request, the variant it was served
+    as (``miss``: prefilled)."""
     cfg = SimulationConfig(placer=placer, warmup_fraction=0.0, offers=rule,
                            tiers=calibrated_tiers(given, cal))  # fmt: skip
     done = replay(cfg, prep)
@@ -124,14 +132,7 @@ def two_contexts(
     with_int4 = CALIBRATION.replace("int8: 0.99,", "int8: 0.99, int4: 0.9,")
     cal = parse_calibration(with_int4, "c.yaml", 32)
     prep = calibrated_prepare(given, cal, grid)
-    cfg = SimulationConfig(placer="evicpress", warmup_fraction=0.0, offers=rule,
-                           tiers=calibrated_tiers(given, cal))  # fmt: skip
-    done = replay(cfg, prep)
-    names = prep.variants.names
-    return [
-        "miss" if t == MISS else names[v]
-        for t, v in zip(done.tier_hit.tolist(), done.variant.tolist(), strict=True)
-    ]
+    return _served_forms("evicpress", rule, given, cal, prep)
 
 
 def test_a_compressed_context_never_gets_a_finer_form_back() -> None:
