@@ -27,7 +27,6 @@ from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import RunningPolicy
-from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.utility import dropped_utility, load_ttft_s, utility
 
@@ -103,8 +102,7 @@ class WriteAdvisor:
         prefill = self._options.prefill_tokens_s(num_tokens)
         # The frequency the placer will insert it with: 1, or what a dropped one kept.
         freq = self._options.frequency(context_id) or 1.0
-        placer = self._placing.placer
-        room = placer.room_cost if isinstance(placer, EvicPressPlacer) else lambda _t, _b: 0.0
+        room = self._placing.placer.room_cost
         best = (dropped_utility(alpha, prefill, freq), ORIGINAL_VARIANT, "")  # recompute
         for tier in self._placing.tier_models():
             for name, p in prior.items():

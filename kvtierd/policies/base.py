@@ -115,6 +115,12 @@ class Placer(abc.ABC):
         """
         return self.insert(profile)
 
+    def room_cost(self, tier: str, need_bytes: float) -> float:
+        """The utility the placer would give up to fit ``need_bytes`` more in ``tier``; what
+        write advice subtracts (engine/write_advice.py). This default, for placers that do
+        not price utility, is 0."""
+        return 0.0
+
     @abc.abstractmethod
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
         """Recompute all placements from these profiles (every known context is included)."""

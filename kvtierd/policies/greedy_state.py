@@ -175,16 +175,10 @@ class GreedyState:
         short = 0.0 if cap is None else self.used[t] + need_bytes - cap
         if short <= 0:
             return 0.0
-        if t in self._unqueued:
-            self._unqueued.discard(t)
-            self._queue_all(t)
-        heap, s = self._heaps[t], self.slots
-        while heap:  # stale entries at the top are garbage: drop them (_live counts none)
-            score, _, slot, version = heap[0]
-            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
-                return score * short if self.selection is Selection.PER_BYTE else score
-            heapq.heappop(heap)
-        return float("inf")
+        head = self._head(t)
+        if head is None:
+            return float("inf")
+        return head[0] * short if self.selection is Selection.PER_BYTE else head[0]
 
     def total_utility(self) -> float:
         """Sum of the current placements' utilities."""
@@ -271,16 +265,26 @@ class GreedyState:
             self._live[t] += chunk.size
         heapq.heapify(entries)
 
-    def _pop(self, t: int) -> tuple[int, tuple[int, int]]:
+    def _head(self, t: int) -> tuple[float, int, int, int] | None:
+        """Tier ``t``'s heap entry of the cheapest live context, left on the heap (``None``
+        when there is none); stale entries above it are garbage and dropped (``_live``
+        counts none of them)."""
         if t in self._unqueued:
             self._unqueued.discard(t)
             self._queue_all(t)
-        heap = self._heaps[t]
-        s = self.slots
+        heap, s = self._heaps[t], self.slots
         while heap:
-            _, _, slot, version = heapq.heappop(heap)
-            if s.version[slot] != version or not s.alive[slot] or s.tier[slot] != t:
-                continue
+            _, _, slot, version = heap[0]
+            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
+
+    def _pop(self, t: int) -> tuple[int, tuple[int, int]]:
+        s = self.slots
+        while (head := self._head(t)) is not None:
+            heapq.heappop(self._heaps[t])
+            slot = head[2]
             s.queued[slot] = False
             self._live[t] -= 1
             score, v, tt = self.best_ops(np.array([slot]), t)
