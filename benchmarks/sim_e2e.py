@@ -81,6 +81,7 @@ from benchmarks.e2e_workload import (
     prompts,
     trace_gaps,
 )
+from kvtierd.integrations.plugin_settings import PluginSettings
 from kvtierd.policies.loader import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
 from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
@@ -91,6 +92,10 @@ from kvtierd.sim.variants import Form
 from kvtierd.variants import expand_variants
 
 WITHIN = 0.25  # the issue's goal: the prediction within 25% of the measurement
+HOLD_S = PluginSettings().hold_s
+"""How long a kvtierd system's lookups hold what they find (bench_e2e's LMCache configuration
+leaves the plugin's ``kvtierd.hold_s`` at its default): the simulated daemon defers dropping or
+compressing a held context (``kvtierd/sim/executing.py``)."""
 UNLOADED = ("miss", "recompute", "prefix")
 """Classes of request that did not load their whole context (the rest name a tier)."""
 
@@ -175,13 +180,15 @@ def placer_for(
     measured)."""
     if name == "prefill":
         return SimulationConfig(placer="prefill", warmup_fraction=0.0), ()
-    if policy is None or policy["placer"] == "lru":  # lmcache (its own LRU) and lru
+    if policy is None:  # lmcache: its own LRU, no daemon to hold what a lookup found
         return SimulationConfig(placer="lru", warmup_fraction=0.0), ()
+    if policy["placer"] == "lru":
+        return SimulationConfig(placer="lru", warmup_fraction=0.0, hold_s=HOLD_S), ()
     p = parse_policy(yaml.safe_dump(policy), name)
     spec = f"fixed:{p.fixed_variant}" if p.placer == "fixed" else p.placer
     cfg = SimulationConfig(placer=spec, alpha=p.alpha, selection=p.selection,
                            half_life_s=p.frequency_half_life_s, warmup_fraction=0.0,
-                           offers=DAEMON)  # fmt: skip
+                           offers=DAEMON, hold_s=HOLD_S)  # fmt: skip
     grid = (p.fixed_variant,) if p.placer == "fixed" else expand_variants(p.methods, p.ratios)
     return cfg, grid
 

@@ -47,6 +47,12 @@ the router can serve it, and place the context again when they allow more; and w
 unbounded tier a compressed context keeps only what its form can make: a plan that asks more
 of it leaves it in its form where the plan put it, adopted so by the placer (``ExecutingPlacer``).
 
+**Lookup holds** (``hold_s`` > 0, :mod:`kvtierd.sim.executing`): a request that finds its
+context holds it that long, as kvtierd's LMCache plugin pins a lookup (``kvtierd.hold_s``);
+a drop or compression the placer plans for a held context waits until the hold ends, the
+context meanwhile found where it was, and a load of a context the placer had dropped places
+it again.
+
 Plans are executed instantly (in the background, as in §4.1). Warm-up requests
 (``Workload.measured``) fill the cache and are not counted. Prefill times come from the
 prepared workload's :class:`~kvtierd.sim.timing.PrefillModel`.
@@ -99,7 +105,9 @@ PREFIX_ID = "shared-prefix"
 
 @dataclass(frozen=True, slots=True)
 class SimulationConfig:
-    """One simulation run: workload, variants, tiers and the placer under test."""
+    """One simulation run: workload, variants, tiers and the placer under test. ``hold_s``:
+    how long a lookup that finds a context holds it against the placer's drops and
+    compressions (0: not at all; kvtierd's LMCache plugin holds for 30 s, module docstring)."""
 
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     variants: VariantSpace = field(default_factory=VariantSpace)
@@ -114,12 +122,15 @@ class SimulationConfig:
     warmup_fraction: float = 0.2
     gpu_flops: float = H100_BF16_FLOPS * 0.4
     sensitivity_cov: float = 0.25
+    hold_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.frequency not in FREQUENCIES:
             raise InvalidArgumentError(
                 f"unknown frequency {self.frequency!r}; known: {', '.join(FREQUENCIES)}"
             )
+        if not self.hold_s >= 0:
+            raise InvalidArgumentError(f"hold_s must be >= 0 seconds, got {self.hold_s!r}")
 
     @property
     def label(self) -> str:
@@ -255,46 +266,41 @@ def replay(cfg: SimulationConfig, prep: Prepared) -> Replay:
             p = replace(p, frequency=seen.frequency(context_id, now))
         return offers.offered(p)
 
-    placer = ExecutingPlacer(make_placer(cfg.placer, cfg.tiers, params), offers, current)
+    placer = ExecutingPlacer(
+        make_placer(cfg.placer, cfg.tiers, params), offers, current, hold_s=cfg.hold_s
+    )
     for k, (c, now) in enumerate(
         zip(wl.request_context.tolist(), wl.arrival_s.tolist(), strict=True)
     ):
         profile = _counted(seen, prep.profiles[c], now)
-        if not _cached(placer, profile.context_id):
+        if placer.where(profile.context_id, now) is None:
             offers.dropped(profile.context_id)
         offered = offers.offered(profile)
         if prep.prefix is not None:
             shared = _use(placer, _counted(seen, prep.prefix, now), now)
             if shared is None:  # all prefilled: the own context is stored again if it is not
-                _store(placer, offered)
-                _served(placer, offers, profile)
+                _store(placer, offered, now)
+                _served(placer, offers, profile, now)
                 continue
             prefix_hit[k] = tier_of[shared.tier]
         where = _use(placer, offered, now)
         if where is not None:
             tier_hit[k] = tier_of[where.tier]
             variant[k] = var_of[where.variant]
-        _served(placer, offers, profile)
+        _served(placer, offers, profile, now)
     return Replay(placer.placer, tier_hit, variant, prefix_hit)
 
 
-def _served(placer: ExecutingPlacer, offers: Offers, profile: ContextProfile) -> None:
+def _served(placer: ExecutingPlacer, offers: Offers, profile: ContextProfile, now: float) -> None:
     """A request of ``profile``'s context was served: where that lets the placer choose more of
     its variants (its profile is trusted now, a token-dropped form servable: ``offers.py``),
     the cached context is placed again with them, in the background as the daemon does."""
     before = offers.offered(profile)  # in the form it has now: the insert may have changed it
     offers.served(profile.context_id)
-    now = offers.offered(profile)
-    if len(now.variants) != len(before.variants) and _cached(placer, profile.context_id):
-        placer.insert(now)
-
-
-def _cached(placer: ExecutingPlacer, context_id: str) -> bool:
-    """Whether the context's KV is held in a tier."""
-    try:
-        return placer.placement(context_id).tier is not None
-    except KeyError:
-        return False
+    again = offers.offered(profile)
+    cached = placer.where(profile.context_id, now) is not None
+    if len(again.variants) != len(before.variants) and cached:
+        placer.insert(again, now)
 
 
 def _counted(seen: FrequencyTracker | None, profile: ContextProfile, now: float) -> ContextProfile:
@@ -315,25 +321,21 @@ class _Cached:
 
 
 def _use(placer: ExecutingPlacer, profile: ContextProfile, now: float) -> _Cached | None:
-    """Where a request loads ``profile``'s context from (an access), or ``None``: not cached
-    (first use, evicted or dropped), so prefilled and offered to the placer again."""
-    try:
-        where = placer.placement(profile.context_id)
-    except KeyError:
-        placer.insert(profile)
+    """Where a request loads ``profile``'s context from (a lookup, then its load), or ``None``:
+    not cached (first use, evicted or dropped), so prefilled and offered to the placer again."""
+    where = placer.found(profile.context_id, now)
+    if where is None or where.tier is None:
+        placer.insert(profile, now)  # prefilled, so stored again
         return None
-    if where.tier is None:
-        placer.insert(profile)  # prefilled, so stored again
-        return None
-    placer.access(profile.context_id, now)
+    placer.load(profile, now)
     return _Cached(where.tier, where.variant)
 
 
-def _store(placer: ExecutingPlacer, profile: ContextProfile) -> None:
+def _store(placer: ExecutingPlacer, profile: ContextProfile, now: float) -> None:
     """A prefilled context's KV arrives: offered to the placer unless it is cached already
     (LMCache stores only the chunks it lacks)."""
-    if not _cached(placer, profile.context_id):
-        placer.insert(profile)
+    if placer.where(profile.context_id, now) is None:
+        placer.insert(profile, now)
 
 
 def run_simulation(cfg: SimulationConfig, prepared: Prepared | None = None) -> SimulationResult:

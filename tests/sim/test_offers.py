@@ -290,7 +290,7 @@ def test_a_drop_that_breaks_a_cycle_keeps_the_bytes() -> None:
                 VariantProfile("keydiff@0.5+int4", 15, 0.8))  # fmt: skip
     profile = ContextProfile("c0", variants, 1.0, 1.0)
     executing = ExecutingPlacer(cast(Placer, Planned()), offers, lambda cid: profile)
-    executing.insert(profile)
+    executing.insert(profile, 0.0)
     assert offers.form("c0") == "int4"
     # still servable (a real drop forgets the tokens: the composed form would be priced as
     # int4 until two more requests), and never the original again

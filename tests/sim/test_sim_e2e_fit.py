@@ -202,3 +202,16 @@ def test_the_comparison_names_the_requests_where_loading_disagrees() -> None:
     assert lines[-1] == "- lru: predicted loaded, measured computed: 1 requests: 3 (c1, 0.50 s)"
     assert compare(pred, measured, doc)["disagree"] == {"predicted_loaded": [],
                                                        "measured_loaded": []}  # fmt: skip
+
+
+def test_kvtierd_systems_are_simulated_with_the_plugins_lookup_hold() -> None:
+    # the daemon defers drops of what a lookup found (kvtierd/sim/executing.py); LMCache alone
+    # has no daemon, so nothing holds its contexts
+    from benchmarks.bench_e2e import systems
+    from benchmarks.sim_e2e import HOLD_S, placer_for
+
+    every = systems([2.0], ["int8"], Path("model"), ["keydiff"], [1.0, 0.5])
+    held = {name: placer_for(name, s.policy)[0].hold_s for name, s in every.items()}
+    assert HOLD_S == 30.0
+    assert held == {"prefill": 0.0, "lmcache": 0.0, "lru": HOLD_S, "fixed-int8": HOLD_S,
+                    "evicpress-a2": HOLD_S}  # fmt: skip
