@@ -29,7 +29,8 @@ and of the quantized fixed systems for kvtierd and of ``lmcache`` for LMCache) a
 ``bench_e2e`` system is simulated with the matching placer: ``prefill``; ``lmcache`` and
 ``lru`` as ``lru``; ``fixed-<V>`` as ``fixed:<V>``; ``evicpress-a<alpha>`` as EvicPress on
 bench_e2e's policy grid, frequencies learned online; the kvtierd ones offered what the daemon
-offers (:data:`kvtierd.sim.offers.DAEMON`; bench_e2e's warm-up is each context's first request).
+offers (:data:`kvtierd.sim.offers.DAEMON`; bench_e2e's warm-up is each context's first request)
+and their lookups holding what they find (:data:`HOLD_S`, ``kvtierd/sim/executing.py``).
 Where ``<out>/<system>.json`` holds a measurement, the table puts the predicted TTFT (mean /
 p50 / p90, with queueing at the measured arrival times) beside the measured one, their ratio,
 the hits predicted and measured (vLLM's log), and per class of request the simulator predicts
