@@ -3,7 +3,8 @@
 * The **placer** (every command): a policy file (``--policy``: placer, alpha, selection,
   variant grid, frequency half-life) or a name (``--placer``: ``evicpress``, ``lru``, ``lfu``,
   ``prefill``, ``fixed:knorm@0.5``); what EvicPress knows of frequencies (``--frequency``);
-  whether a load slower than prefill is recomputed (``--no-recompute`` turns that off).
+  whether a load slower than prefill is recomputed (``--no-recompute`` turns that off); how
+  long a lookup holds what it finds (``--hold-s``).
 * The **synthetic workload** (``run``, ``sweep``, ``report``): contexts drawn from the paper's
   datasets (after a shared system prompt of ``--system-prompt-tokens``), Zipf popularity,
   Poisson arrivals or a CSV trace's timestamps, the paper's tiers (§6.1: DRAM 20 GB/s, SSD
@@ -61,6 +62,14 @@ def add_placer_args(p: argparse.ArgumentParser) -> None:
         "--no-recompute",
         action="store_true",
         help="load from a tier even when recomputing would be faster (the old baselines)",
+    )
+    g.add_argument(
+        "--hold-s",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="a lookup that finds a context holds it this long against the placer's drops and "
+        "compressions, as kvtierd's LMCache plugin does (its kvtierd.hold_s: 30); default 0",
     )
 
 
@@ -166,7 +175,10 @@ def placer_choice(args: argparse.Namespace) -> PlacerChoice:
 def apply_choice(
     cfg: SimulationConfig, choice: PlacerChoice, args: argparse.Namespace
 ) -> SimulationConfig:
-    """``cfg`` running ``choice`` with the command line's frequency and recompute options."""
+    """``cfg`` running ``choice`` with the command line's frequency, recompute and hold
+    options."""
+    if args.hold_s < 0:
+        raise CliError(ExitCode.USAGE, f"--hold-s must be >= 0, got {args.hold_s:g}")
     return replace(
         cfg,
         placer=choice.placer,
@@ -175,6 +187,7 @@ def apply_choice(
         half_life_s=choice.half_life_s,
         frequency=args.frequency,
         recompute_slower_loads=not args.no_recompute,
+        hold_s=args.hold_s,
     )
 
 

@@ -97,6 +97,28 @@ def test_a_load_slower_than_prefill_is_recomputed(
     assert old[0]["service_s"] == pytest.approx(1.16)
 
 
+def test_a_lookup_hold_keeps_a_context_the_placer_dropped(
+    capsys: pytest.CaptureFixture[str], files: tuple[Path, Path]
+) -> None:
+    """Three 1,000-token contexts, a tier for two: c0 is found at 0 s, c2's put at 5 s drops
+    c1, c1's put at 6 s drops c0, asked at 7 s: computed, unless c0's hold (30 s from 0 s)
+    kept it (``--hold-s``, kvtierd/sim/executing.py)."""
+    asks = [(-10.0, 0, False), (-9.0, 1, False), (0.0, 0, True), (5.0, 2, True),
+            (6.0, 1, True), (7.0, 0, True)]  # fmt: skip
+    doc = workload(tiers=[{"name": "cpu", "capacity_bytes": 64_000}],
+                   contexts=[{"tokens": 1000}] * 3,
+                   requests=[{"index": k, "at_s": t, "context": c, "query_tokens": 10,
+                              "measured": m} for k, (t, c, m) in enumerate(asks)])  # fmt: skip
+    files[0].write_text(json.dumps(doc))
+    plain = predict(capsys, files, "--placer", "lru")["requests"]
+    held = predict(capsys, files, "--placer", "lru", "--hold-s", "30")["requests"]
+    assert [r["served"] for r in plain] == ["cpu", "miss", "miss", "miss"]
+    assert [r["served"] for r in held] == ["cpu", "miss", "miss", "cpu"]
+    w, c = files
+    bad = ["predict", "--workload", str(w), "--calibration", str(c), "--hold-s", "-1"]
+    assert main(bad) == 2
+
+
 def test_fixed_variant_uses_measured_quality(
     capsys: pytest.CaptureFixture[str], files: tuple[Path, Path]
 ) -> None:
