@@ -14,7 +14,15 @@ there and ship only the compressed bytes, if it knows what the placer will do wi
   tier: in bench_e2e's full tiers every put was shipped whole (35-83 MB of float32) and
   compressed by the daemon on the cores vLLM serves with, and a context kept whole there
   pushed others out. The placer still decides when the context arrives, and profiles it
-  like any other;
+  like any other. **The original is advised only in a tier with room for it as it is**: a
+  new context arrives unprofiled, and until its profile the placer can keep it only in the
+  form it arrived in (its other variants count as quality 0, ``ContextOptions.grid_row``).
+  Shipped whole into a full tier it competes at its full size with frequency 1 and is
+  often dropped on arrival; the profile that would have kept it quantized comes too late
+  (bench_e2e with the 1,024-token system prompt: warm-up documents dropped as they arrived
+  and missed at their first timed request, while those shipped int8 on the same advice
+  were kept). The room price alone did not prevent it: compressing others to int8 costs
+  them almost nothing in utility, so the original looked nearly free there;
 * otherwise what the policy stores new contexts as (``default``): the original, or the fixed
   placer's variant.
 """
@@ -109,8 +117,11 @@ class WriteAdvisor:
                 size = p.size_ratio * size_bytes
                 if tier.capacity_bytes is not None and size > tier.capacity_bytes:
                     continue
+                cost = room(tier.name, size)
+                if name == ORIGINAL_VARIANT and cost > 0:
+                    continue  # whole only where it fits as it is (module docstring)
                 ttft = load_ttft_s(size, p.restore_s, tier)
-                value = utility(alpha, p.quality, ttft, freq) - room(tier.name, size)
+                value = utility(alpha, p.quality, ttft, freq) - cost
                 best = max(best, (value, name, tier.name))
         value, variant, tier_name = best
         where = f"in {tier_name}" if tier_name else "nowhere (recomputing is better)"

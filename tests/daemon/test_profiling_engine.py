@@ -17,6 +17,7 @@ import torch
 
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
+from kvtierd.engine.write_advice import VariantPrior
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
@@ -226,6 +227,23 @@ async def test_write_advice_follows_the_placer(
     pushed = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (pushed.tier, pushed.source) == ("ssd", "prior")
     assert "less the room it takes from others" in pushed.reason
+    # The original is advised only where it fits as it is: a new context arrives unprofiled,
+    # and shipped whole into a full tier it can only compete whole (write_advice.py). Priced
+    # at almost nothing, the room for the original still rules the full tiers out for it.
+    size = 8_000  # the original fits the CPU tier (20,000 bytes) as it is, once room is made
+    monkeypatch.setattr(
+        advisor,
+        "prior",
+        lambda: {"none": VariantPrior(1.0, 1.0, 0.0), "knorm@0.5": VariantPrior(0.2, 0.5, 0.0)},
+    )
+    monkeypatch.setattr(placer, "room_cost", lambda t, b: 0.0)
+    whole = advisor.advise("new", CHUNKS * T, size)
+    assert (whole.variant, whole.tier) == ("none", "cpu")  # the unconstrained first choice
+    monkeypatch.setattr(
+        placer, "room_cost", lambda t, b: 1e-9 if t == "cpu" and b > 0.75 * size else 0.0
+    )
+    full = advisor.advise("new", CHUNKS * T, size)
+    assert (full.variant, full.tier) in {("knorm@0.5", "cpu"), ("none", "ssd")}
     monkeypatch.undo()
 
     await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "f.yaml"))
