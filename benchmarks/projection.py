@@ -45,6 +45,7 @@ import numpy as np
 
 from benchmarks.common import REPO, machine
 from benchmarks.projection_setting import Setting, load_setting
+from benchmarks.sim_e2e import HOLD_S
 from kvtierd.policies.model import FloatArray, IntArray
 from kvtierd.sim.offers import DAEMON
 from kvtierd.sim.replay import (
@@ -77,10 +78,12 @@ class System:
     alpha: float = 1.0
     remote: bool = True
     own_labels: bool = False
+    daemon: bool = True  # kvtierd's: its lookups hold what they find (HOLD_S)
 
 
 def systems(alphas: list[float]) -> list[System]:
-    base = [System("prefill", "prefill"), System("lmcache", "lru", remote=False),
+    base = [System("prefill", "prefill", daemon=False),
+            System("lmcache", "lru", remote=False, daemon=False),
             System("lru", "lru"), System("fixed-int8", "fixed:int8"),
             System("fixed-keydiff@0.5", "fixed:keydiff@0.5")]  # fmt: skip
     ours = [System(f"evicpress-a{a:g}", "evicpress", a) for a in alphas]
@@ -185,8 +188,10 @@ def run_system(system: System, setting: Setting, preps: Preps) -> dict[str, Any]
     prep = preps.own if system.own_labels else preps.task
     tiers = tuple(t for t in setting.tiers if system.remote or t.capacity_bytes is not None)
     # the daemon's rules (issue 30.4, checked beside bench_e2e): a compressed form only under
-    # a trusted profile, a token-dropped one only once the router can serve it
-    cfg = SimulationConfig(tiers=tiers, placer=system.placer, alpha=system.alpha, offers=DAEMON)
+    # a trusted profile, a token-dropped one only once the router can serve it; and what a
+    # lookup finds stays until the plugin's hold ends (the simulated LRU's misses, seeds 1-3)
+    cfg = SimulationConfig(tiers=tiers, placer=system.placer, alpha=system.alpha, offers=DAEMON,
+                           hold_s=HOLD_S if system.daemon else 0.0)  # fmt: skip
     r: SimulationResult = run_simulation(cfg, prep)
     ttft = queued_ttft_s(r.arrival_s, r.service_s, setting.decode_s)
     return {"system": system.name, "evicpress": system.placer == "evicpress",

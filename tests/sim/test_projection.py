@@ -12,6 +12,7 @@ import pytest
 from benchmarks.common import REPO, cpu_model
 from benchmarks.projection import SETTING, at_equal_quality, case_qualities, load, main
 from benchmarks.projection_setting import load_setting, parse_setting
+from benchmarks.sim_e2e import HOLD_S
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.workload import WorkloadConfig, make_workload
 
@@ -121,10 +122,15 @@ def test_the_projection_places_under_the_daemons_offer_rules(
     real = projection.run_simulation
 
     def spy(cfg, prep):  # type: ignore[no-untyped-def]
-        seen.append(cfg.offers)
+        seen.append(cfg)
         return real(cfg, prep)
 
     monkeypatch.setattr(projection, "run_simulation", spy)
     main(["--contexts", "12", "--requests", "60", "--rates", "0.05", "--alphas", "1",
           "--out", str(tmp_path)])  # fmt: skip
-    assert seen and all(o == DAEMON for o in seen)
+    assert seen and all(c.offers == DAEMON for c in seen)
+    # kvtierd's systems hold what a lookup finds for the plugin's hold (as sim_e2e checked
+    # them beside bench_e2e); LMCache alone and prefill have no daemon to hold anything
+    holds = sorted({c.hold_s for c in seen})
+    assert holds == [0.0, HOLD_S] and HOLD_S > 0
+    assert sum(c.hold_s == 0 for c in seen) == 2  # prefill, lmcache
