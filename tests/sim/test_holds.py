@@ -26,10 +26,8 @@ from kvtierd.types import (
     TierModel,
     VariantProfile,
 )
+from tests.sim.test_offers import MODEL  # 32 bytes of KV per token: 1,000 tokens are 32,000 B
 
-# 32 bytes of KV per token: a 1,000-token context is 32,000 bytes
-MODEL = {"name": "toy", "layers": 1, "q_heads": 1, "kv_heads": 1, "head_dim": 8,
-         "active_params": 1e6, "max_context_tokens": 8192, "dtype_bytes": 2}  # fmt: skip
 CALIBRATION = """\
 prefill: {overhead_s: 0.1, seconds_per_token: 0.001}
 tiers:
