@@ -164,6 +164,13 @@ class Placing:
         self._link(ctx)
         return self.placer.adopt(self.profile(ctx), placement)
 
+    def relearn(self, ctx: ContextRecord) -> Plan:
+        """Tell the placer the options a context has now (its form changed outside a plan:
+        ``Placer.relearn``), and where its bytes are."""
+        if ctx.durable_held:
+            return Plan()
+        return self.placer.relearn(self.profile(ctx), self._index.placement_of(ctx))
+
     def adopt_where_it_is(self, ctx: ContextRecord) -> Plan:
         return self.adopt(ctx, self._index.placement_of(ctx))
 

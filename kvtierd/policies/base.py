@@ -115,6 +115,12 @@ class Placer(abc.ABC):
         """
         return self.insert(profile)
 
+    def relearn(self, profile: ContextProfile, where: Placement) -> Plan:
+        """A known context's options changed outside a plan (a compression that left no
+        original to restore); its bytes are at ``where``. This default, for placers that keep
+        no options between calls (each call reads the profile it is given), does nothing."""
+        return Plan()
+
     def room_cost(self, tier: str, need_bytes: float) -> float:
         """The utility the placer would give up to fit ``need_bytes`` more in ``tier``; what
         write advice subtracts (engine/write_advice.py). This default, for placers that do

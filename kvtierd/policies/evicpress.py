@@ -120,6 +120,19 @@ class EvicPressPlacer(Placer):
         # prompt: two documents of 83 MB whole in the CPU tier to the end of the run).
         return self._resolve(cid, before, tier, "overflow on adopt", repair=True)
 
+    def relearn(self, profile: ContextProfile, where: Placement) -> Plan:
+        """Take a known context's options afresh, at its placement when its variant is still
+        among them, else at ``where``. Each context keeps the options it was inserted with, so
+        after a compression that left no original the repair of a later insert could choose
+        the original again: bench_e2e's DEBUG log showed plans of ``none`` for int8-only
+        contexts, counted at their original size in the CPU tier while their int8 objects sat
+        in the SSD tier."""
+        cid = profile.context_id
+        at = self.placement(cid) if cid in self._state.slots.index else where
+        if not at.dropped and at.variant not in {v.variant for v in profile.variants}:
+            at = where
+        return self.adopt(profile, at)
+
     def access(self, context_id: str, now_s: float) -> Plan:
         """Count a hit (see the module doc); placement changes wait for insert/rebalance."""
         slot = self._state.slots.index.get(context_id)
@@ -222,6 +235,11 @@ class EvicPressPlacer(Placer):
     def used_bytes(self) -> list[float]:
         """Bytes placed in each tier, fastest first."""
         return list(self._state.used)
+
+    def variants(self, context_id: str) -> tuple[str, ...]:
+        """The variants the placer weighs for a context (``KeyError`` for an unknown one)."""
+        s = self._state.slots
+        return tuple(s.names[s.index[context_id]])
 
     def frequency(self, context_id: str) -> float:
         """The access frequency the placer now uses for a context (profile + counted hits)."""

@@ -7,6 +7,7 @@ and nothing is logged above INFO for it."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.kernels.chunk_codec import chunk_format, encode_chunk
+from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.policies.loader import parse_policy
 from kvtierd.policies.plan_order import BREAK_CYCLE
 from kvtierd.types import (
@@ -117,5 +119,67 @@ async def test_a_context_taken_out_to_break_a_cycle_keeps_its_bytes(tmp_path: Pa
         await engine.executor.idle()
         ctx = engine.contexts["c"]
         assert engine.index.placement_of(ctx).tier == "ssd" and len(ctx.keys) == CHUNKS
+    finally:
+        await engine.close()
+
+
+def _bounded_config(tmp_path: Path) -> DaemonConfig:
+    """Both tiers bounded: nothing keeps a reference copy of an original once compressed."""
+    tiers = (
+        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
+        TierConfig("ssd", "ssd", 1 << 20, str(tmp_path / "ssd")),
+    )
+    return DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
+                        tiers=tiers)  # fmt: skip
+
+
+async def test_a_stale_form_plan_for_a_held_context_moves_it_at_once(tmp_path: Path) -> None:
+    """A lookup's hold defers what would remove the context's objects. A plan for a form the
+    context can no longer have removes nothing (the form it has is moved), yet it was deferred
+    hold after hold for a hot context while the placer counted the form it asked for."""
+    engine = Engine(_bounded_config(tmp_path))
+    await engine.start()
+    try:
+        await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "p.yaml"))
+        await _put_context(engine, "c")
+        await engine.executor.idle()
+        ctx = engine.contexts["c"]
+        assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "cpu"
+        ctx.hold_until_s = time.monotonic() + 60.0  # a client looked it up
+        stale = Operation(OpKind.MOVE, "c", Placement("int8", "cpu"), Placement("none", "ssd"))
+        engine.executor.submit(Plan((stale,)))
+        await engine.executor.idle()
+        assert engine.executor.deferred == []
+        assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "ssd"
+        assert len(ctx.keys) == CHUNKS
+    finally:
+        await engine.close()
+
+
+async def test_the_placer_stops_weighing_an_original_a_compression_removed(
+    tmp_path: Path,
+) -> None:
+    """EvicPress keeps each context's options from its insert; once the executor compressed a
+    context and nothing keeps its original, the placer must not weigh (and plan) the original
+    again: it is told the options the context has now, and where it is."""
+    engine = Engine(_bounded_config(tmp_path))
+    await engine.start()
+    try:
+        policy = "placer: evicpress\nvariants: {methods: [int8], ratios: [1.0]}\n"
+        await engine.apply_policy(parse_policy(policy, "p.yaml"))
+        await _put_context(engine, "c")
+        await engine.executor.idle()
+        placer = engine.placing.placer
+        assert isinstance(placer, EvicPressPlacer)
+        assert ORIGINAL_VARIANT in placer.variants("c")
+        where = engine.placing.target("c")
+        assert where.variant == ORIGINAL_VARIANT and where.tier is not None
+        squeeze = Operation(OpKind.COMPRESS, "c", where, Placement("int8", where.tier))
+        engine.executor.submit(Plan((squeeze,)))
+        await engine.executor.idle()
+        ctx = engine.contexts["c"]
+        assert ctx.variant == "int8" and not ctx.reference
+        assert placer.variants("c") == ("int8",)
+        assert placer.placement("c") == Placement("int8", where.tier)
     finally:
         await engine.close()
