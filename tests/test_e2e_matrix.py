@@ -38,6 +38,8 @@ def _write_run(root: Path, name: str, systems: dict[str, tuple[float, float, flo
         mean = sum(o["ttft_s"] for o in outs) / len(outs)
         rows[s] = {"ttft_mean_s": mean, "similarity": sim, "accuracy": acc,
                    "intervals": {"accuracy": [acc, acc_low, acc + 0.1]}}  # fmt: skip
+    for row in rows.values():
+        row["ceiling_s"] = 0.1 * scale
     (d / "summary.json").write_text(json.dumps(rows))
     (d / "summary.md").write_text(f"(bench_e2e's summary of {name})\n")
 
@@ -55,6 +57,21 @@ def test_ratios_per_run_and_across_runs(tmp_path: Path) -> None:
     assert "| fixed-int8 | 2.000 [2.000, 2.000] | 2 of 2 |" in text
     assert "**Headline**" in text and "(fixed-int8, fixed-int8): 2.000" in text
     assert "seed 1, 10 min" in text
+    # room: fixed int8's mean (0.44 s) over the ceiling (0.1 s): no policy could gain more
+    assert ratios["fixed-int8"]["room"] == pytest.approx(4.4)
+    assert "| fixed-int8 | 2.000 [2.000, 2.000] | yes | 4.40x |" in text
+
+
+def test_a_run_without_a_ceiling_has_no_room(tmp_path: Path) -> None:
+    _write_run(tmp_path, "seed1", FAST)
+    summary = tmp_path / "seed1" / "summary.json"
+    rows = json.loads(summary.read_text())
+    for row in rows.values():
+        del row["ceiling_s"]  # a summary from before the ceiling was recorded
+    summary.write_text(json.dumps(rows))
+    text, data = report(tmp_path, [Run("seed1", 1)], {}, sim=False)
+    assert data["runs"]["seed1"]["ratios"]["lru"]["room"] is None
+    assert "| lru | 3.000 [3.000, 3.000] | yes | - |" in text
 
 
 def test_a_baseline_of_better_quality_is_not_at_equal_quality(tmp_path: Path) -> None:
