@@ -70,20 +70,28 @@ async def test_a_context_stored_compressed_is_placed_in_its_own_form(
         await engine.close()
 
 
+def _bounded_config(tmp_path: Path) -> DaemonConfig:
+    """Both tiers bounded: nothing keeps a reference copy of an original once compressed."""
+    tiers = (
+        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
+        TierConfig("ssd", "ssd", 1 << 20, str(tmp_path / "ssd")),
+    )
+    return DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
+                        tiers=tiers)  # fmt: skip
+
+
+@pytest.mark.parametrize("held", [False, True])
 async def test_a_stale_plan_for_a_form_that_can_no_longer_be_made_moves_the_form_it_has(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, held: bool
 ) -> None:
     """bench_e2e's EvicPress run: a plan queued before a context was compressed to int8 asked
     for another form; with no unbounded tier nothing keeps the original, and each such plan
-    failed with ERROR ('its original is not kept') and left the context in the CPU tier."""
-    tiers = (
-        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
-        TierConfig("ssd", "ssd", 1 << 20, str(tmp_path / "ssd")),  # bounded: no reference copy
-    )
-    config = DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
-                          tiers=tiers)  # fmt: skip
+    failed with ERROR ('its original is not kept') and left the context in the CPU tier.
+    ``held``: a lookup's hold defers what would remove the context's objects; such a plan
+    removes nothing (the form it has is moved), yet it was deferred hold after hold for a hot
+    context while the placer counted the form it asked for."""
     caplog.set_level(logging.INFO)
-    engine = Engine(config)
+    engine = Engine(_bounded_config(tmp_path))
     await engine.start()
     try:
         await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "p.yaml"))
@@ -91,9 +99,12 @@ async def test_a_stale_plan_for_a_form_that_can_no_longer_be_made_moves_the_form
         await engine.executor.idle()
         ctx = engine.contexts["c"]
         assert ctx.variant == "int8" and not ctx.reference
+        if held:
+            ctx.hold_until_s = time.monotonic() + 60.0  # a client looked it up
         stale = Operation(OpKind.MOVE, "c", Placement("int8", "cpu"), Placement("none", "ssd"))
         engine.executor.submit(Plan((stale,)))
         await engine.executor.idle()
+        assert engine.executor.deferred == []
         assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "ssd"
         assert engine.placing.placer.placement("c") == Placement("int8", "ssd")
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -119,39 +130,6 @@ async def test_a_context_taken_out_to_break_a_cycle_keeps_its_bytes(tmp_path: Pa
         await engine.executor.idle()
         ctx = engine.contexts["c"]
         assert engine.index.placement_of(ctx).tier == "ssd" and len(ctx.keys) == CHUNKS
-    finally:
-        await engine.close()
-
-
-def _bounded_config(tmp_path: Path) -> DaemonConfig:
-    """Both tiers bounded: nothing keeps a reference copy of an original once compressed."""
-    tiers = (
-        TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
-        TierConfig("ssd", "ssd", 1 << 20, str(tmp_path / "ssd")),
-    )
-    return DaemonConfig(socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "d"),
-                        tiers=tiers)  # fmt: skip
-
-
-async def test_a_stale_form_plan_for_a_held_context_moves_it_at_once(tmp_path: Path) -> None:
-    """A lookup's hold defers what would remove the context's objects. A plan for a form the
-    context can no longer have removes nothing (the form it has is moved), yet it was deferred
-    hold after hold for a hot context while the placer counted the form it asked for."""
-    engine = Engine(_bounded_config(tmp_path))
-    await engine.start()
-    try:
-        await engine.apply_policy(parse_policy("placer: fixed\nvariant: int8\n", "p.yaml"))
-        await _put_context(engine, "c")
-        await engine.executor.idle()
-        ctx = engine.contexts["c"]
-        assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "cpu"
-        ctx.hold_until_s = time.monotonic() + 60.0  # a client looked it up
-        stale = Operation(OpKind.MOVE, "c", Placement("int8", "cpu"), Placement("none", "ssd"))
-        engine.executor.submit(Plan((stale,)))
-        await engine.executor.idle()
-        assert engine.executor.deferred == []
-        assert ctx.variant == "int8" and engine.index.placement_of(ctx).tier == "ssd"
-        assert len(ctx.keys) == CHUNKS
     finally:
         await engine.close()
 
