@@ -1,0 +1,60 @@
+"""Across-context ranking metrics (benchmarks/quality/ranking.py): they judge how an estimator
+ranks contexts within a variant, so a score that is blind to the context gets 0.5 however well
+it orders the variants of each context."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.quality.ranking import (
+    concordance,
+    context_auc,
+    context_spearman,
+    mean_spearman,
+    spearman,
+)
+
+# three contexts, two variants: "a" keeps every answer, "c" loses most
+LABELS = {
+    "a": {"int4": 1.0, "knorm@0.5": 0.8},
+    "b": {"int4": 0.9, "knorm@0.5": 0.5},
+    "c": {"int4": 0.7, "knorm@0.5": 0.1},
+}
+
+
+def test_a_context_blind_score_gets_half_whatever_it_orders_across_variants() -> None:
+    # the per-variant prior: orders int4 above knorm@0.5 in every context (perfect pair
+    # agreement across variants), and says nothing about which context is which
+    prior = {c: {"int4": 0.95, "knorm@0.5": 0.5} for c in LABELS}
+    got = context_auc(LABELS, prior)
+    assert got.pairs == 6 and got.auc == 0.5
+    assert mean_spearman(LABELS, prior) is None
+
+
+def test_a_score_that_ranks_contexts_right_gets_one_and_reversed_gets_zero() -> None:
+    right = {c: {v: x + 0.01 for v, x in row.items()} for c, row in LABELS.items()}
+    wrong = {c: {v: -x for v, x in row.items()} for c, row in LABELS.items()}
+    assert context_auc(LABELS, right).auc == 1.0
+    assert context_auc(LABELS, wrong).auc == 0.0
+    assert mean_spearman(LABELS, right) == pytest.approx(1.0)
+    assert context_spearman(LABELS, wrong, "int4") == pytest.approx(-1.0)
+
+
+def test_pairs_with_equal_labels_do_not_count_and_score_ties_count_half() -> None:
+    got = concordance([1.0, 1.0, 0.0], [0.2, 0.9, 0.2])
+    # pairs: (0, 2) tied in score -> 0.5, (1, 2) right -> 1; (0, 1) equal labels: no pair
+    assert (got.pairs, got.agreed) == (2, 1.5)
+    with pytest.raises(ValueError, match="2 labels but 3 scores"):
+        concordance([1.0, 0.0], [1.0, 0.0, 0.5])
+
+
+def test_only_contexts_scored_for_a_variant_count() -> None:
+    partial = {"a": {"int4": 0.9}, "b": {"int4": 0.8}}  # no "c", no knorm@0.5
+    got = context_auc(LABELS, partial, ["int4", "knorm@0.5"])
+    assert got.pairs == 1 and got.auc == 1.0
+
+
+def test_spearman_with_ties_and_short_or_constant_sides() -> None:
+    assert spearman([1, 1, 2, 2], [1, 2, 3, 4]) == pytest.approx(0.894, abs=1e-3)
+    assert spearman([1, 2], [1, 2]) is None
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
