@@ -45,7 +45,7 @@ from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError
 from kvtierd.policies.precedence import MAX_DEPTH

@@ -16,7 +16,7 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.segments import check_parent
 from kvtierd.engine.servable import save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
