@@ -84,7 +84,6 @@ from kvtierd.errors import (
 )
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler.prefill_fit import PrefillFit, ServedReports
@@ -354,9 +353,7 @@ class Engine:
         placing = self.placing
         profile, chosen = placing.profile(ctx), placing.target(ctx.context_id)
         tiers = placing.tier_models()
-        placer = placing.placer
-        used = placer.used_bytes() if isinstance(placer, EvicPressPlacer) else [0.0] * len(tiers)
-        room = room_bytes(profile, chosen, tiers, used)
+        room = room_bytes(profile, chosen, tiers, placing.placer.used_bytes())
         return decision_margin(profile, chosen, tiers, self.running.current.alpha, room)
 
     def loads_busy(self) -> bool:

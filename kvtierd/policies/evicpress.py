@@ -74,6 +74,7 @@ class EvicPressPlacer(Placer):
     """EvicPress's greedy multi-choice-knapsack placer."""
 
     name = "evicpress"
+    uses_quality = True
     policy_keys: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_KEYS)
     policy_fields: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_FIELDS)
 

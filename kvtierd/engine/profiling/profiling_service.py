@@ -34,6 +34,7 @@ from kvtierd.engine.profiling.profiling_parts import ProfilingParts
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import CapacityError, KvtierError, UnavailableError
 from kvtierd.metrics import Metrics
+from kvtierd.policies import placer_class
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.types import ORIGINAL_VARIANT
 
@@ -49,6 +50,10 @@ NO_TOKEN_IDS = (
     "profiled; send its traffic through the router, register its tokens, or use 'attention' "
     "or 'answer' in the policy (docs/profiler.md)"
 )
+
+
+def _uses_quality(policy: PolicyConfig) -> bool:
+    return placer_class(policy.placer).uses_quality
 
 
 class ProfilingService:
@@ -129,7 +134,7 @@ class ProfilingService:
             self._drift.cancel()
             self._drift = None
         policy = self._policy.current
-        if self.profiler is None or policy.placer != "evicpress" or not self._running:
+        if self.profiler is None or not _uses_quality(policy) or not self._running:
             return
         if policy.refines:  # the refining evaluator re-profiles where it matters (refinement.py)
             return
@@ -262,8 +267,8 @@ class ProfilingService:
     async def _run_forever(self, period_s: float = 0.2) -> None:
         while True:
             await asyncio.sleep(period_s)
-            if self._policy.current.placer != "evicpress":
-                self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
+            if not _uses_quality(self._policy.current):
+                self._changed.clear()  # a placer that decides on sizes needs no profile
                 continue
             await self._first_profiles()
             if not self._changed:  # every context has its first profile: refine one
