@@ -1,3 +1,4 @@
+# Long because it is the one typed schema every layer reads a policy through, with its checks.
 """Placement policies (``configs/policies/*.yaml``): the typed, frozen :class:`PolicyConfig` every
 layer reads, and the pieces a placer's policy schema is read with.
 

@@ -1,8 +1,9 @@
+# Long because it is the one facade servicers call (a method each) and the one place parts are made.
 """The engine: the one place that builds the daemon's parts (the index of contexts and
 objects, the lease table, the tier mover, the variant writer, the profiling service and its
-parts, the placer and the plan executor) and the one facade the servicers call. Long (over
-~400 lines) because every servicer call is a method here; each delegates to the part that does
-the work (puts: ``writes.py``, reads: ``reads.py``, operator actions: ``admin_ops.py``).
+parts, the placer and the plan executor) and the one facade the servicers call; each method
+delegates to the part that does the work (puts: ``writes.py``, reads: ``reads.py``, operator
+actions: ``admin_ops.py``).
 Placement decisions come from a :class:`~kvtierd.policies.Placer`; the
 :class:`~kvtierd.engine.executor.Executor` carries plans out in the background.
 

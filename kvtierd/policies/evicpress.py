@@ -1,3 +1,4 @@
+# Long because Algorithm 1's insert, evict and rebalance share one greedy state (§4.4).
 """``evicpress``: joint compression + eviction by utility (EvicPress §4.2, §4.4, Algorithm 1).
 
 * :meth:`EvicPressPlacer.insert` is Algorithm 1: the new context goes to its best configuration

@@ -1,3 +1,4 @@
+# Long because the replay loop and its per-request metrics share one state; split by caller.
 """Trace-driven simulation of one placer: TTFT, quality and hit rates per request.
 
 Per request for context ``c`` (EvicPress §6.1 metrics):

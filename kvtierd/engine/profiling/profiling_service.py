@@ -1,3 +1,4 @@
+# Long because scheduling (settle, drift, refine) and running a profile share one worker.
 """The engine's profiling service (EvicPress §4.1, §4.3): it keeps the profiler of the running
 policy and runs it on the contexts that need a profile.
 
