@@ -37,7 +37,7 @@ from kvtierd.engine.admin_ops import AdminOps
 from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
-from kvtierd.engine.in_flight import InFlightReports
+from kvtierd.engine.in_flight_reports import InFlightReports
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.index_rebuild import rebuild_index
 from kvtierd.engine.leases import LeaseTable
@@ -53,7 +53,6 @@ from kvtierd.engine.profiling.profiling_parts import ProfilingParts
 from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.profiling.refinement import Refinement
 from kvtierd.engine.reads import ReadPath
-from kvtierd.engine.segments import Continuation, Segments
 from kvtierd.engine.servable import Servability, load_cards
 from kvtierd.engine.shutdown_flush import (
     flush_cpu_tier,
@@ -68,7 +67,8 @@ from kvtierd.engine.state import (
     RunningPolicy,
 )
 from kvtierd.engine.tokens import TokenBudget
-from kvtierd.engine.variants import VariantWriter
+from kvtierd.engine.tree_joins import TreeJoins, TreePlace
+from kvtierd.engine.variant_writer import VariantWriter
 from kvtierd.engine.views import (
     ContextProfiling,
     ContextSummary,
@@ -165,7 +165,7 @@ class Engine:
         self.write_advisor = WriteAdvisor(
             index=index, options=options, placing=self.placing, policy=self.running
         )
-        self.segments = Segments(
+        self.tree_joins = TreeJoins(
             index=index, placing=self.placing, executor=self.executor, profiling=self.profiling,
             tiers=self.tiers,
         )  # fmt: skip
@@ -359,7 +359,7 @@ class Engine:
 
     def loads_busy(self) -> bool:
         """Requests are being served — the daemon's own reads (``ReadPath.busy``), or vLLM's
-        requests in flight as the routers report them (``in_flight.py``): background
+        requests in flight as the routers report them (``in_flight_reports.py``): background
         profiling waits."""
         return self.reads.busy or self.in_flight.busy
 
@@ -400,10 +400,10 @@ class Engine:
 
     # -- the context tree, write advice and profiling (for the servicers) --------------------
 
-    async def join(self, tenant: str, proposed: str, after_key: str) -> Continuation:
-        """The context a put joins (``segments.py``): ``proposed``, or the context of the
+    async def join(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
+        """The context a put joins (``tree_joins.py``): ``proposed``, or the context of the
         chunk ``after_key`` it follows."""
-        return await self.segments.resolve(tenant, proposed, after_key)
+        return await self.tree_joins.resolve(tenant, proposed, after_key)
 
     def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
         return self.write_advisor.advise(context_id, num_tokens, size_bytes)
@@ -472,7 +472,7 @@ class Engine:
         )
 
     def report_in_flight(self, tenant: str, reporter: str, in_flight: int) -> float:
-        """A router's requests in flight at vLLM (``in_flight.py``); returns how long the
+        """A router's requests in flight at vLLM (``in_flight_reports.py``); returns how long the
         report holds."""
         self.in_flight.report(tenant, reporter, in_flight)
         return self.in_flight.hold_s

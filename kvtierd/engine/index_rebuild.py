@@ -12,7 +12,7 @@ from kvtierd.engine.index import ContextIndex, found_order
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import ObjectRecord
-from kvtierd.engine.variants import settle_variants
+from kvtierd.engine.variant_writer import settle_variants
 from kvtierd.errors import KvtierError
 from kvtierd.storage import Tier
 from kvtierd.types import ObjectMeta

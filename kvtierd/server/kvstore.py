@@ -226,7 +226,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 raise InvalidArgumentError(
                     f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
                 )
-            # The context a put joins, from the chunk before its first one (segments.py).
+            # The context a put joins, from the chunk before its first one (tree_joins.py).
             joins = await self.engine.join(
                 caller.tenant,
                 caller.scoped(q.context_id),
@@ -306,7 +306,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def ReportInFlight(
         self, request: pb.ReportInFlightRequest, rpc_context: Any
     ) -> pb.ReportInFlightResponse:
-        """A router's requests in flight at vLLM (``engine/in_flight.py``): kept under the
+        """A router's requests in flight at vLLM (``engine/in_flight_reports.py``): kept under the
         caller's tenant, so that a client only ever replaces its own counts."""
         hold_s = self.engine.report_in_flight(
             CALLER.get().tenant, request.reporter, request.in_flight

@@ -4,14 +4,14 @@ policy and runs it on the contexts that need a profile.
 
 Contexts arrive chunk by chunk, so a context is profiled — by the policy's cheap estimator,
 trusted from the start — once it has been quiet for ``settle_s`` and vLLM is idle (no load
-queued, no request in flight at a router, ``in_flight.py``), after its put was answered. Where
-the placer's decision on a context is within the estimator's error (``margin.py``), the
+queued, no request in flight at a router, ``in_flight_reports.py``), after its put was answered.
+Where the placer's decision on a context is within the estimator's error (``margin.py``), the
 policy's refining evaluator (``answer``, ``served``) profiles it again while vLLM is idle
-(``refinement.py``). The :class:`~kvtierd.profiler.Profiler` runs on one worker thread (it is not
-thread-safe; its query store is, and routed prompts' tokens and queries are recorded on a
-thread of their own, ``profile_inputs.py``) and its results reach the placer as
-a new profile: the options of the context (``context_options.py``). ``snapkv`` variants are
-scored and built with window queries recomputed from the policy's ``profiling.model_dir``
+(``refinement.py``). The :class:`~kvtierd.profiler.Profiler` runs on one worker thread (it is
+not thread-safe; its query store is, and routed prompts' tokens and queries are recorded on a
+thread of their own, ``profile_inputs.py``) and its results reach the placer as a new profile:
+the options of the context (``context_options.py``). ``snapkv`` variants are scored and built
+with window queries recomputed from the policy's ``profiling.model_dir``
 (``observation_window.py``).
 """
 
