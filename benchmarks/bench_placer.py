@@ -33,7 +33,7 @@ from kvtierd.policies.model import UtilityTable
 from kvtierd.policies.refine import RefineLimits, lagrangian_bound, refine
 from kvtierd.sim.families import FAMILIES, merged_traps, paper
 from kvtierd.sim.replay import PAPER_TIERS
-from kvtierd.sim.variants import VariantSpace
+from kvtierd.sim.variant_space import VariantSpace
 from kvtierd.types import TierModel
 
 REBALANCE_GOAL = 0.98

@@ -297,7 +297,7 @@ def quantized_hits(out: Path, lengths: Lengths, doc: dict[str, Any]) -> list[Ser
     byte from the query's prefill, which at the two lengths of the lru system's hits vary
     together (in issue 26's runs an int8 hit, 0.28 of the bytes, took as long as an original's:
     the load is a fixed cost there)."""
-    from kvtierd.sim.variants import Form, quant_ratio
+    from kvtierd.sim.variant_space import Form, quant_ratio
 
     dtype_bytes = int(doc["model"]["dtype_bytes"])
     samples = []

@@ -56,7 +56,7 @@ from kvtierd.sim.replay import (
     run_simulation,
 )
 from kvtierd.sim.timing import queued_ttft_s
-from kvtierd.sim.variants import Form, VariantTable, shape
+from kvtierd.sim.variant_space import Form, VariantTable, shape
 from kvtierd.sim.workload import WorkloadConfig, make_workload
 from kvtierd.types import ORIGINAL_VARIANT
 

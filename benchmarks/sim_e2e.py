@@ -89,7 +89,7 @@ from kvtierd.sim.given import GivenWorkload, measured_variants, parse_workload
 from kvtierd.sim.offers import DAEMON
 from kvtierd.sim.predict import Prediction, predict
 from kvtierd.sim.replay import SimulationConfig
-from kvtierd.sim.variants import Form
+from kvtierd.sim.variant_space import Form
 from kvtierd.variants import expand_variants
 
 WITHIN = 0.25  # the goal: the prediction within 25% of the measurement

@@ -3,7 +3,9 @@
 ``load_daemon_config(path)`` reads ``configs/kvtierd.yaml``-style files; ``default_config()``
 is the embedded default used by ``kvtierd serve`` without ``--config``: a CPU tier sized from
 available memory, an SSD tier in the data dir, a GPU tier only when CUDA is present.
-Every key is documented in docs/configuration.md; unknown keys are errors.
+Every key is documented in docs/configuration.md; unknown keys are errors. The YAML reader
+that names file:line is ``yaml_source.py`` (the policy reader uses it too); the host probes the
+default reads are ``environment.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +19,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from kvtierd.environment import (
+    available_memory_bytes,
+    cuda_available,
+    data_dir,
+    default_socket_path,
+)
 from kvtierd.errors import ConfigError
+from kvtierd.yaml_source import YamlSource, read_file
 
 MAX_LEASE_S = 3600.0
 MAX_COMPUTE_THREADS = 1024
@@ -126,49 +133,11 @@ class DaemonConfig:
         raise ConfigError(f"no tier named {name!r}; configured tiers: {known}")
 
 
-def runtime_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/kvtierd-{os.getuid()}"
-    return Path(base) / "kvtierd" if os.environ.get("XDG_RUNTIME_DIR") else Path(base)
-
-
-def default_socket_path() -> str:
-    """The socket :func:`default_config` serves, without probing CUDA (which imports torch):
-    clients and kvtierctl resolve it on every start."""
-    return str(runtime_dir() / "kvtierd.sock")
-
-
-def data_dir() -> Path:
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "kvtierd"
-
-
-def _available_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
-
-
-def cuda_available() -> bool:
-    # Without an NVIDIA device node there is no CUDA; skip importing torch (seconds) then.
-    if not any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")):
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
-
-
 def default_config() -> DaemonConfig:
     """The embedded default: CPU tier = 25% of available memory (at most 64 GiB), SSD tier =
     64 GiB (at most half the free space) under the data dir, GPU tier only with CUDA."""
     data = data_dir()
-    cpu_bytes = min(_available_memory_bytes() // 4, 64 << 30)
+    cpu_bytes = min(available_memory_bytes() // 4, 64 << 30)
     ssd_path = data / "ssd"
     probe = ssd_path if ssd_path.exists() else data.parent if data.parent.exists() else Path("/")
     st = os.statvfs(probe)
@@ -182,80 +151,9 @@ def default_config() -> DaemonConfig:
     return DaemonConfig(socket_path=default_socket_path(), data_dir=str(data), tiers=tuple(tiers))
 
 
-# -- YAML loading ---------------------------------------------------------------------------
-
-
-MAX_YAML_BYTES = 1 << 20
-"""A kvtierd config or policy document is a few KiB; anything larger is refused unread."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader without aliases: a document of a few hundred bytes can alias its
-    way to gigabytes ("billion laughs": a 248-byte policy took 21 s and 1.3 GB), and no
-    kvtierd document needs them."""
-
-    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
-            event: Any = self.peek_event()  # type: ignore[no-untyped-call]
-            raise yaml.composer.ComposerError(
-                None,
-                None,
-                f"aliases (*{event.anchor}) are not allowed in kvtierd documents; "
-                "write the value out",
-                event.start_mark,
-            )
-        return super().compose_node(parent, index)  # type: ignore[arg-type]
-
-
-class _Source:
-    """Parses a document once (refusing aliases and oversized input) and remembers the file
-    and line of every mapping key so errors can point at them; ``data`` is the document as
-    Python values."""
-
-    def __init__(self, path: str, text: str) -> None:
-        self.path = path
-        self.lines: dict[tuple[str, ...], int] = {}
-        self.data: Any = None
-        if len(text.encode()) > MAX_YAML_BYTES:
-            raise ConfigError(f"{path}: larger than {MAX_YAML_BYTES} bytes: not a kvtierd document")
-        try:
-            loader = _StrictLoader(text)  # reads the text: characters YAML refuses raise here
-            try:
-                node = loader.get_single_node()
-                if node is not None:
-                    self._walk(node, ())
-                    self.data = loader.construct_document(node)
-            finally:
-                loader.dispose()
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from e
-        except RecursionError as e:
-            raise ConfigError(f"{path}: nested too deeply to be a kvtierd document") from e
-
-    def _walk(self, node: yaml.Node, at: tuple[str, ...]) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                key = (*at, str(k.value))
-                if key in self.lines:  # YAML's loaders keep the last silently: a lost setting
-                    raise ConfigError(
-                        f"{self.path}:{k.start_mark.line + 1}: {'.'.join(key)}: duplicate key "
-                        f"(first at line {self.lines[key]}); each key may appear once"
-                    )
-                self.lines[key] = k.start_mark.line + 1
-                self._walk(v, key)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                self.lines[(*at, str(i))] = v.start_mark.line + 1
-                self._walk(v, (*at, str(i)))
-
-    def where(self, at: tuple[str, ...]) -> str:
-        for n in range(len(at), 0, -1):
-            if at[:n] in self.lines:
-                return f"{self.path}:{self.lines[at[:n]]}: {'.'.join(at)}"
-        return f"{self.path}: {'.'.join(at) or '(top level)'}"
-
-
-def _check_keys(raw: dict[str, Any], allowed: set[str], src: _Source, at: tuple[str, ...]) -> None:
+def _check_keys(
+    raw: dict[str, Any], allowed: set[str], src: YamlSource, at: tuple[str, ...]
+) -> None:
     for key in raw:
         if key not in allowed:
             raise ConfigError(
@@ -263,7 +161,7 @@ def _check_keys(raw: dict[str, Any], allowed: set[str], src: _Source, at: tuple[
             )
 
 
-def _tier(raw: object, src: _Source, at: tuple[str, ...]) -> TierConfig:
+def _tier(raw: object, src: YamlSource, at: tuple[str, ...]) -> TierConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{src.where(at)}: a tier must be a mapping with name, kind, capacity")
     _check_keys(raw, {"name", "kind", "capacity", "path", "options"}, src, at)
@@ -282,19 +180,10 @@ def _tier(raw: object, src: _Source, at: tuple[str, ...]) -> TierConfig:
     )
 
 
-def read_file(path: str | os.PathLike[str], what: str) -> str:
-    """The text of a ``what`` file (``"config"``, ``"policy"``); ``ConfigError`` naming it and
-    the reason when it cannot be read."""
-    try:
-        return Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} file {path}: {e.strerror}") from e
-
-
 def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
     """Read and validate a daemon config file; missing keys take the embedded defaults."""
     p = Path(path)
-    src = _Source(str(p), read_file(p, "config"))
+    src = YamlSource(str(p), read_file(p, "config"))
     raw = src.data or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of settings")
@@ -380,7 +269,7 @@ def _resolve_tier(tier: TierConfig, resolve: Callable[[str], str]) -> TierConfig
 _TENANT_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-def _tenants(raw: object, src: _Source, tier_names: set[str]) -> tuple[TenantConfig, ...]:
+def _tenants(raw: object, src: YamlSource, tier_names: set[str]) -> tuple[TenantConfig, ...]:
     if not isinstance(raw, list):
         raise ConfigError(f"{src.where(('tenants',))}: must be a list of tenants")
     tenants: list[TenantConfig] = []
@@ -412,7 +301,7 @@ def _tenants(raw: object, src: _Source, tier_names: set[str]) -> tuple[TenantCon
     return tuple(tenants)
 
 
-def _metrics_port(value: object, src: _Source) -> int | Literal["any"]:
+def _metrics_port(value: object, src: YamlSource) -> int | Literal["any"]:
     if value == "any":
         return "any"
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_PORT:
@@ -423,7 +312,7 @@ def _metrics_port(value: object, src: _Source) -> int | Literal["any"]:
     )
 
 
-def _scalar(key: str, value: object, default: object, src: _Source) -> object:
+def _scalar(key: str, value: object, default: object, src: YamlSource) -> object:
     kind = type(default)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)

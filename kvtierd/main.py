@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return router(rest)
     if command == "stack":
-        from kvtierd.integrations.stack import main as stack
+        from kvtierd.integrations.stack_cli import main as stack
 
         return stack(rest)
     if command == "model":

@@ -1,3 +1,4 @@
+# Long because it is the one typed schema every layer reads a policy through, with its checks.
 """Placement policies (``configs/policies/*.yaml``): the typed, frozen :class:`PolicyConfig` every
 layer reads, and the pieces a placer's policy schema is read with.
 
@@ -55,7 +56,6 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from kvtierd.config import _Source
 from kvtierd.errors import ConfigError
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.variants import (
@@ -65,6 +65,7 @@ from kvtierd.variants import (
     parse_grid_method,
     parse_variant,
 )
+from kvtierd.yaml_source import YamlSource
 
 EVALUATORS: tuple[str, ...] = ("attention", "answer", "served", "query_attention")
 """Quality evaluators a policy may name (``kvtierd.profiler``); ``answer`` needs
@@ -182,7 +183,7 @@ class PolicyDocument:
     the key and what is allowed. ``at`` is a key path (``("profiling", "evaluator")``)."""
 
     def __init__(self, text: str, source: str) -> None:
-        self.src = _Source(source, text)
+        self.src = YamlSource(source, text)
         if not isinstance(self.src.data, dict):
             raise ConfigError(f"{source}: a policy must be a mapping with at least a 'placer' key")
         self.raw: dict[str, Any] = self.src.data

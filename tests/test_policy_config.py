@@ -333,7 +333,7 @@ def test_a_placer_declares_every_attribute_its_schema_sets(path: Path) -> None:
 def test_profiling_scoring_reaches_the_answer_evaluators() -> None:
     """``profiling.scoring`` (issue 26): similarity by default, exact_match on request, built
     into ``answer``; anything else is refused naming the allowed values."""
-    from kvtierd.engine.profiler_setup import evaluator_options
+    from kvtierd.engine.profiling.profiler_factory import evaluator_options
 
     base = "placer: evicpress\nprofiling:\n  evaluator: answer\n  model_dir: /m\n"
     assert parse_policy(base, "p.yaml").evaluator_scoring == "similarity"

@@ -1,7 +1,7 @@
 """How kvtierctl reaches the daemon: a Unix socket by default, TCP + TLS + token when asked.
 
 Resolution order for the socket: ``--socket``, ``$KVTIERD_SOCKET``, then the daemon's default
-(``kvtierd.config.default_socket_path()``, ``<runtime dir>/kvtierd.sock``).
+(``kvtierd.environment.default_socket_path()``, ``<runtime dir>/kvtierd.sock``).
 ``--address HOST:PORT`` switches to TCP, always over TLS (``--tls-ca`` for a private CA; the
 daemon refuses plain TCP), with ``authorization: Bearer <token>`` metadata from ``--token``,
 ``--token-file`` or ``$KVTIERD_TOKEN``.
@@ -19,7 +19,7 @@ from typing import TypeVar
 import grpc
 
 from kvtierd.cli.exit_codes import EXIT_OF_STATUS, CliError, ExitCode
-from kvtierd.config import default_socket_path
+from kvtierd.environment import default_socket_path
 from kvtierd.rpc import kvtier_pb2_grpc
 
 logger = logging.getLogger(__name__)

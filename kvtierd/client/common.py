@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from kvtierd import errors
-from kvtierd.config import default_socket_path
+from kvtierd.environment import default_socket_path
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc.framing import data_of
 

@@ -8,7 +8,7 @@ from kvtierd.engine.executor import Executor
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.errors import NotFoundError
 from kvtierd.policy_config import PolicyConfig

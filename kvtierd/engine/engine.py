@@ -1,8 +1,11 @@
-"""The engine: wires the index of contexts and objects, the lease table, the tier mover, the
-variant writer, the profiling service, the placer and the plan executor, and serves the put path
-(allocate, commit, delete) itself. Servicers translate gRPC to calls on it; placement decisions
-come from a :class:`~kvtierd.policies.Placer`; the :class:`~kvtierd.engine.executor.Executor`
-carries plans out in the background.
+# Long because it is the one facade servicers call (a method each) and the one place parts are made.
+"""The engine: the one place that builds the daemon's parts (the index of contexts and
+objects, the lease table, the tier mover, the variant writer, the profiling service and its
+parts, the placer and the plan executor) and the one facade the servicers call; each method
+delegates to the part that does the work (puts: ``writes.py``, reads: ``reads.py``, operator
+actions: ``admin_ops.py``).
+Placement decisions come from a :class:`~kvtierd.policies.Placer`; the
+:class:`~kvtierd.engine.executor.Executor` carries plans out in the background.
 
 Everything here runs on the daemon's event loop, so index updates need no locks; byte copies
 and file I/O run on worker threads inside the tiers. A context's ``lock`` serialises the
@@ -11,8 +14,9 @@ moves of its objects against reads that stage them.
 Dependencies run one way (each module imports only those above it)::
 
     state, context_kv, validate, tokens, servable
-    index -> leases -> mover -> profiling -> placing -> durable, variants -> executor
-    -> reads, writes, admin_ops, write_advice -> views, engine
+    index -> leases -> mover -> profiling/ -> placing -> durable, variants -> executor
+    -> reads, writes, admin_ops, write_advice, segments -> option_table, views
+    -> index_rebuild -> engine
 """
 
 from __future__ import annotations
@@ -24,22 +28,32 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TYPE_CHECKING
 
 from kvtierd.config import DaemonConfig
 from kvtierd.engine.admin_ops import AdminOps
-from kvtierd.engine.context_kv import client_key
+from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
-from kvtierd.engine.in_flight import InFlightReports
-from kvtierd.engine.index import ContextIndex, found_order
+from kvtierd.engine.in_flight_reports import InFlightReports
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.index_rebuild import rebuild_index
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
+from kvtierd.engine.option_table import Option, ReasonSources, placement_reason, utility_table
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.ancestor_kv import AncestorReader
+from kvtierd.engine.profiling.profile_inputs import ProfileInputs
+from kvtierd.engine.profiling.profile_runs import RunLog
+from kvtierd.engine.profiling.profiler_factory import make_profiler
+from kvtierd.engine.profiling.profiling_parts import ProfilingParts
+from kvtierd.engine.profiling.profiling_service import ProfilingService
+from kvtierd.engine.profiling.refinement import Refinement
 from kvtierd.engine.reads import ReadPath
-from kvtierd.engine.segments import Segments
-from kvtierd.engine.servable import load_cards
+from kvtierd.engine.servable import Servability, load_cards
 from kvtierd.engine.shutdown_flush import (
     flush_cpu_tier,
     restore_access_times,
@@ -52,30 +66,44 @@ from kvtierd.engine.state import (
     ObjectRecord,
     RunningPolicy,
 )
-from kvtierd.engine.variants import VariantWriter, settle_variants
-from kvtierd.engine.views import ContextSummary, EngineCounts
-from kvtierd.engine.write_advice import WriteAdvisor
+from kvtierd.engine.tokens import TokenBudget
+from kvtierd.engine.tree_joins import TreeJoins, TreePlace
+from kvtierd.engine.variant_writer import VariantWriter
+from kvtierd.engine.views import (
+    ContextProfiling,
+    ContextSummary,
+    EngineCounts,
+    PrefillSpeed,
+    ProfilingCounts,
+)
+from kvtierd.engine.write_advice import WriteAdvice, WriteAdvisor
 from kvtierd.engine.writes import WritePath
 from kvtierd.errors import (
     ConfigError,
     InvalidArgumentError,
-    KvtierError,
     UnavailableError,
 )
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.policies.evicpress import EvicPressPlacer
 from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.policy_config import PolicyConfig
+from kvtierd.profiler.prefill_fit import PrefillFit, ServedReports
+from kvtierd.profiler.yield_gate import YieldGate
 from kvtierd.storage import CpuTier, Tier, create_tier
+from kvtierd.storage.allocator import Block
+from kvtierd.storage.arena import Arena
 from kvtierd.types import ObjectMeta, Plan
+
+if TYPE_CHECKING:
+    from kvtierd.profiler import Profiler
 
 logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """One daemon's engine. Its parts are attributes; servicers read through the read-only
-    properties (``contexts``, ``objects``, ``leases``, ...) and act through the methods."""
+    """One daemon's engine. Its parts are attributes, built here and nowhere else; servicers
+    read through the read-only properties (``contexts``, ``objects``, ``leases``, ...) and act
+    through the methods, never on the parts."""
 
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
@@ -104,10 +132,7 @@ class Engine:
         self.mover = TierMover(
             tiers=tiers, cpu=cpu, index=index, leases=self.lease_table, metrics=metrics
         )
-        self.profiling = ProfilingService(
-            config=config, index=index, mover=self.mover, policy=self.running, metrics=metrics,
-            model_cards=self.model_cards, loads_busy=self.loads_busy,
-        )  # fmt: skip
+        self.profiling = self._wire_profiling(config, index, self.running, metrics)
         options = self.profiling.options
         self.placing = Placing(
             index=index, options=options, tiers=tiers, cpu=cpu, policy=self.running
@@ -140,7 +165,7 @@ class Engine:
         self.write_advisor = WriteAdvisor(
             index=index, options=options, placing=self.placing, policy=self.running
         )
-        self.segments = Segments(
+        self.tree_joins = TreeJoins(
             index=index, placing=self.placing, executor=self.executor, profiling=self.profiling,
             tiers=self.tiers,
         )  # fmt: skip
@@ -148,9 +173,43 @@ class Engine:
         # do; a forgotten object changes where its context is) close here.
         self.mover.on_forgotten = self._keep_placer_in_step
         self.mover.on_context_gone = self.profiling.forget
-        self.profiling.on_profiled = self._place_again
-        self.profiling.refinement.margin_of = self._margin
         self._reaper: asyncio.Task[None] | None = None
+
+    def _wire_profiling(
+        self, config: DaemonConfig, index: ContextIndex, policy: RunningPolicy, metrics: Metrics
+    ) -> ProfilingService:
+        """The profiling service and the parts it is handed (part of ``__init__``: the engine
+        is the one place that builds parts). Its parts ask for the running profiler late
+        (``self.profiling.profiler``): it is rebuilt on each policy reload."""
+
+        def profiler() -> Profiler | None:
+            return self.profiling.profiler
+
+        tokens = TokenBudget(config.token_bytes_per_tenant)
+        servable = Servability(self.model_cards, lambda: policy.current.evaluator_model_dir)
+        options = ContextOptions(index=index, policy=policy, servable=servable, profiler=profiler)
+        inputs = ProfileInputs(
+            index=index, options=options, servable=servable, tokens=tokens, policy=policy,
+            profiler=profiler, place_again=self._place_again,
+            # (read at each call: self.profiling is built from these parts below)
+            profile_again=lambda context_id: self.profiling.schedule(context_id),  # noqa: PLW0108
+        )  # fmt: skip
+        prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
+        yield_gate = YieldGate(self.loads_busy)  # profiling steps wait for serving
+        parts = ProfilingParts(
+            worker=ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler"),
+            prefill_fit=prefill_fit, served=ServedReports(prefill_fit), yield_gate=yield_gate,
+            run_log=RunLog(), tokens=tokens, servable=servable, options=options, inputs=inputs,
+            ancestors=AncestorReader(index=index, mover=self.mover),
+            refinement=Refinement(index=index, options=options, policy=policy,
+                                  profiler=profiler, margin_of=self._margin),
+        )  # fmt: skip
+        return ProfilingService(
+            config=config, index=index, mover=self.mover, policy=policy, metrics=metrics,
+            parts=parts, loads_busy=self.loads_busy, on_profiled=self._place_again,
+            make_profiler=partial(make_profiler, config=config, prefill_fit=prefill_fit,
+                                  yield_gate=yield_gate, is_busy=self.loads_busy),
+        )  # fmt: skip
 
     # -- read-only views for the servicers -----------------------------------------------------
 
@@ -177,6 +236,19 @@ class Engine:
     @property
     def tier_hits(self) -> Mapping[str, int]:
         return self.reads.tier_hits
+
+    @property
+    def arena(self) -> Arena:
+        """The CPU tier's shared-memory arena, where co-located clients read and write."""
+        return self.cpu.arena
+
+    def view(self, block: Block) -> memoryview:
+        """The arena bytes of ``block`` (an allocation's or a lease's)."""
+        return self.cpu.view(block)
+
+    @property
+    def placer_name(self) -> str:
+        return self.placing.name
 
     def publish_tier_state(self) -> None:
         """Tier occupancy and the contexts placed per (variant, tier) into the metrics (from
@@ -244,49 +316,11 @@ class Engine:
         self.placing.placer = self.placing.make_placer(self.running.current)
         self.profiling.configure()
         self.model_cards.update(load_cards(self.config.data_dir))
-        await self._rebuild_index()
+        await rebuild_index(self.index, self.tiers, self.mover, self.executor, self.placing)
         restore_access_times(self.index, self.config.data_dir)
         self.executor.start()
         self.profiling.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="kvtierd-reaper")
-
-    async def _rebuild_index(self) -> None:
-        """Index every object the persistent tiers still hold (after a restart)."""
-        found: list[tuple[ObjectMeta, str]] = []
-        for tier in self.tiers.values():
-            try:
-                found.extend((meta, tier.name) for meta in tier.metas())
-            except KvtierError as e:
-                # A shared tier that is down at start is not fatal: its objects are found
-                # on demand (``ReadPath._fetch_shared``) once it is back.
-                logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
-        # Each context's objects in the order they were put: tiers list them in scan order.
-        found.sort(key=lambda item: found_order(item[0]))
-        settled = await settle_variants(found, self.tiers, self.mover.reference_tier())
-        index = self.index
-        for meta, tier_name in settled.objects:
-            key = client_key(meta.key)
-            if key in index.objects:
-                logger.warning("object %r found in two tiers; keeping one copy", key)
-                continue
-            # Found on persistent storage: keep it persistent; one committed durable is
-            # protected again until read (the daemon does not know whether it was before).
-            record = ObjectRecord(meta, tier_name, durable=True, unread=meta.durable)
-            index.add(record, key, found=True)
-        index.relink()  # a child found before its parent
-        for ctx in index.contexts.values():
-            ctx.marker = settled.markers.get(ctx.context_id)
-            if ctx.marker is not None:
-                index.marker_owner[ctx.marker[0].key] = ctx.context_id
-            ctx.reference = settled.references.get(ctx.context_id)
-            for meta, where in ctx.reference or ():
-                index.account(meta, where, +1)
-            if ctx.marker is not None:
-                index.account(ctx.marker[0], ctx.marker[1], +1)
-            self.executor.submit(self.placing.adopt_where_it_is(ctx))
-        if index.objects:
-            logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
-                        len(index.contexts))  # fmt: skip
 
     async def close(self, flush_s: float = 0.0) -> None:
         """Stop; ``flush_s`` > 0 (a graceful stop) first writes the CPU tier's hottest
@@ -320,14 +354,12 @@ class Engine:
         placing = self.placing
         profile, chosen = placing.profile(ctx), placing.target(ctx.context_id)
         tiers = placing.tier_models()
-        placer = placing.placer
-        used = placer.used_bytes() if isinstance(placer, EvicPressPlacer) else [0.0] * len(tiers)
-        room = room_bytes(profile, chosen, tiers, used)
+        room = room_bytes(profile, chosen, tiers, placing.placer.used_bytes())
         return decision_margin(profile, chosen, tiers, self.running.current.alpha, room)
 
     def loads_busy(self) -> bool:
         """Requests are being served — the daemon's own reads (``ReadPath.busy``), or vLLM's
-        requests in flight as the routers report them (``in_flight.py``): background
+        requests in flight as the routers report them (``in_flight_reports.py``): background
         profiling waits."""
         return self.reads.busy or self.in_flight.busy
 
@@ -365,6 +397,120 @@ class Engine:
 
     async def apply_policy(self, policy: PolicyConfig) -> Plan:
         return await self.admin.apply_policy(policy)
+
+    # -- the context tree, write advice and profiling (for the servicers) --------------------
+
+    async def join(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
+        """The context a put joins (``tree_joins.py``): ``proposed``, or the context of the
+        chunk ``after_key`` it follows."""
+        return await self.tree_joins.resolve(tenant, proposed, after_key)
+
+    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
+        return self.write_advisor.advise(context_id, num_tokens, size_bytes)
+
+    def ancestors(self, ctx: ContextRecord) -> list[str]:
+        return self.index.ancestors(ctx)
+
+    def descendants(self, ctx: ContextRecord, limit: int) -> list[ContextRecord]:
+        """The contexts under ``ctx``, children first (breadth first), at most ``limit``."""
+        index = self.index
+        out: list[ContextRecord] = []
+        level = [ctx]
+        while level and len(out) < limit:
+            kids = [index.contexts[k] for c in level
+                    for k in sorted(index.children.get(c.context_id, ()))
+                    if k in index.contexts]  # fmt: skip
+            out.extend(kids)
+            level = kids
+        return out[:limit]
+
+    def options_of(self, ctx: ContextRecord) -> list[Option]:
+        """Every placement ``ctx`` could take, priced, best first (``option_table.py``)."""
+        return utility_table(self.placing, self.running.current.alpha, ctx)
+
+    def placement_reason(self, ctx: ContextRecord, table: list[Option]) -> str:
+        sources = ReasonSources(self.index, self.placing, self.profiling, self.running.current)
+        return placement_reason(sources, ctx, table)
+
+    async def add_queries(
+        self, context_id: str, tenant: str, texts: Sequence[str], from_traffic: bool
+    ) -> int:
+        """Store profiling queries of a context, charged to ``tenant``'s token budget."""
+        inputs = self.profiling.inputs
+        inputs.charge_queries(context_id, tenant, sum(len(t.encode()) for t in texts))
+        return await inputs.add_queries(context_id, list(texts), from_traffic)
+
+    def tokens_set_aside(self, context_id: str) -> int:
+        """How many token ids are kept for ``context_id`` since it was dropped (a prompt may
+        still link to it: ``ProfileInputs.set_aside``)."""
+        return self.profiling.inputs.set_aside_tokens(context_id)
+
+    async def set_tokens(self, context_id: str, token_ids: Sequence[int]) -> None:
+        await self.profiling.inputs.set_tokens(context_id, token_ids)
+
+    def note_prompt(self, tenant: str, request_id: str, token_ids: Sequence[int]) -> None:
+        self.profiling.inputs.note_prompt(tenant, request_id, token_ids)
+
+    async def link_prompt(self, context_id: str, request_id: str) -> None:
+        await self.profiling.inputs.link_prompt(context_id, request_id)
+
+    def observe_served(
+        self, prompt_tokens: int, cached_tokens: int, ttft_s: float, tenant: str = ""
+    ) -> bool:
+        return self.profiling.observe_served(prompt_tokens, cached_tokens, ttft_s, tenant)
+
+    def prefill_tokens_per_s(self, tenant: str = "") -> float:
+        return self.profiling.prefill_tokens_per_s(tenant)
+
+    def prefill_speed(self) -> PrefillSpeed:
+        learned = self.profiling.prefill_fit.estimate()
+        return PrefillSpeed(
+            tokens_per_s=self.profiling.prefill_tokens_per_s(),
+            samples=self.profiling.prefill_fit.samples,
+            overhead_s=learned.overhead_s if learned is not None else 0.0,
+            learned=learned is not None,
+        )
+
+    def report_in_flight(self, tenant: str, reporter: str, in_flight: int) -> float:
+        """A router's requests in flight at vLLM (``in_flight_reports.py``); returns how long the
+        report holds."""
+        self.in_flight.report(tenant, reporter, in_flight)
+        return self.in_flight.hold_s
+
+    async def profile(self, ctx: ContextRecord) -> str:
+        """Profile ``ctx`` now; "" when it worked, else why not."""
+        ok = await self.profiling.profile_context(ctx)
+        return "" if ok else self.profiling.last_error
+
+    def profiling_counts(self) -> ProfilingCounts:
+        p = self.profiling
+        return ProfilingCounts(
+            runs_ok=p.runs["ok"], runs_failed=p.runs["failed"], reprofiled=p.reprofiled,
+            last_error=p.last_error, runs=tuple(p.run_log.runs()),
+        )  # fmt: skip
+
+    def context_profiling(self, context_id: str) -> ContextProfiling:
+        p = self.profiling
+        return ContextProfiling(
+            upcoming=p.inputs.upcoming(context_id),
+            record=p.record(context_id),
+            trusted=p.profiler is not None and p.profiler.trusted(context_id),
+        )
+
+    def problems(self) -> list[str]:
+        """Why the daemon is not serving (empty: it is)."""
+        found = []
+        if self.draining:
+            found.append("draining")
+        if not self.executor.healthy:
+            found.append(f"plan executor failed: {self.executor.error!r}")
+        if not self.profiling.healthy:
+            found.append("profiling task stopped")
+        for tier in self.tiers.values():
+            stats = tier.stats()
+            if not stats.healthy:
+                found.append(f"tier {tier.name} unhealthy: {stats.detail}")
+        return found
 
     # -- puts through the arena ----------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import ContextRecord
-from kvtierd.engine.variants import VariantWriter
+from kvtierd.engine.variant_writer import VariantWriter
 from kvtierd.errors import KvtierError
 from kvtierd.metrics import Metrics
 from kvtierd.policies.plan_order import BREAK_CYCLE

@@ -107,7 +107,7 @@ class ContextIndex:
 
     def set_parent(self, ctx: ContextRecord, parent: str, after_key: str = "") -> None:
         """Link ``ctx`` below ``parent`` (``""``: make it a root), after the parent's chunk
-        ``after_key`` (``""``: its last). The caller has checked the link (segments.py)."""
+        ``after_key`` (``""``: its last). The caller has checked the link (tree_joins.py)."""
         if ctx.parent:
             kids = self.children.get(ctx.parent)
             if kids is not None:

@@ -137,7 +137,7 @@ class Placing:
     # -- telling the placer --------------------------------------------------------------------
 
     def _link_all(self, placer: Placer) -> None:
-        """Give ``placer`` the tree as the index has it now (issue 29: segments.py)."""
+        """Give ``placer`` the tree as the index has it now (issue 29: tree_joins.py)."""
         placer.parents.clear()
         placer.children.clear()
         for parent, kids in self._index.children.items():

@@ -15,7 +15,7 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.errors import KvtierError, NotFoundError
 from kvtierd.metrics import Metrics

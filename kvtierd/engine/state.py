@@ -48,7 +48,7 @@ class ContextRecord:
     # The placer dropped the context, but it holds unread durable objects: they stay on a
     # persistent tier, outside the placer's view, until read, deleted or evicted.
     durable_held: bool = False
-    # The context whose prefix this one continues ("" = a root; issue 29, engine/segments.py)
+    # The context whose prefix this one continues ("" = a root; issue 29, engine/tree_joins.py)
     # and the key of the parent's chunk it follows ("" = the parent's last, or not known).
     parent: str = ""
     after_key: str = ""

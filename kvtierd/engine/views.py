@@ -4,6 +4,12 @@ so a servicer reads what the engine shows and cannot change its records."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvtierd.engine.profiling.profile_runs import ProfileRun
+
+if TYPE_CHECKING:
+    from kvtierd.profiler import ProfileRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +48,36 @@ class ContextSummary:
     parent: str = ""  # the context this one continues ("" = a root; issue 29)
     children: int = 0
     token_drop_refused: str = ""  # why token-dropped variants are not offered ("" = they are)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpeed:
+    """The TTFT model's prefill speed (learned from served requests, or configured), the
+    samples served requests gave, and the fitted fixed cost per request (0 until learned)."""
+
+    tokens_per_s: float
+    samples: int
+    overhead_s: float
+    learned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingCounts:
+    """What ``Admin.ProfileStatus`` reports of the daemon's profiling as a whole."""
+
+    runs_ok: int
+    runs_failed: int
+    reprofiled: int
+    last_error: str
+    runs: tuple[ProfileRun, ...]  # the newest runs (profile_runs.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextProfiling:
+    """One context's profile as ``Admin.ProfileStatus`` shows it: what its next profile would
+    run on (``(query source, queries, token ids known)``, None before the profiler is
+    configured), its kept profile (None: not profiled) and whether the placer trusts it."""
+
+    upcoming: tuple[str, int, int] | None
+    record: ProfileRecord | None
+    trusted: bool

@@ -16,10 +16,10 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
-from kvtierd.engine.segments import check_parent
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.servable import save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
+from kvtierd.engine.tree_joins import check_parent
 from kvtierd.engine.validate import validate_meta
 from kvtierd.errors import (
     AlreadyExistsError,

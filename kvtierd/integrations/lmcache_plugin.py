@@ -1,3 +1,4 @@
+# Long because LMCache's storage-backend interface is wide; each method is a thin call.
 """LMCache storage plugin that keeps LMCache's chunks in kvtierd.
 
 Enable it in the LMCache YAML (``configs/lmcache/kvtierd.yaml``)::

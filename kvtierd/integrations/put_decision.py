@@ -10,7 +10,7 @@ stored before). Its context is, in this order:
    joins it (a longer prompt; a request's later put when vLLM prefills its prompt in several
    steps, chunked prefill); when it is inside its context, the put branches off a shared
    prefix: the daemon splits that context there and the put becomes a child context of the
-   prefix, keyed by its first new chunk (``kvtierd/engine/segments.py``). Its chunks carry
+   prefix, keyed by its first new chunk (``kvtierd/engine/tree_joins.py``). Its chunks carry
    the parent (``parent_context_id``), so the placer places a child only with its prefix
    (LMCache only ever loads a chunk after its whole prefix). A rewritten placeholder
    request's put continues the placeholder variant's context the plugin saw it load;

@@ -342,7 +342,7 @@ class ServedEvaluator(QualityEvaluator):
     def _socket(self) -> str:
         if self.daemon_socket:
             return self.daemon_socket
-        from kvtierd.config import default_socket_path
+        from kvtierd.environment import default_socket_path
 
         return os.environ.get("KVTIERD_SOCKET") or default_socket_path()
 

@@ -8,6 +8,7 @@ size formulas are torch-free and live in the bottom layer (:mod:`kvtierd.variant
 * ``kvtierd.kernels.layout`` — ``KVSource`` (contiguous ``[L, H, N, D]``, LMCache ``KV_2LTD``,
   vLLM paged), the layout every kernel reads through;
 * ``kvtierd.kernels.registry`` — ``METHODS``, ``get_method``;
+* ``kvtierd.kernels.window_methods`` — which methods read window queries (torch-free);
 * one module per method (``knorm``, ``keydiff``, ``snapkv``, ``paged_eviction``,
   ``streamingllm``), ``quant`` (``int8``/``int4``), ``rope`` (delta rotation);
 * ``_tl_*`` — the Triton kernels, imported only when a Triton backend runs.

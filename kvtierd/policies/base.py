@@ -52,6 +52,9 @@ class Placer(abc.ABC):
     """
 
     name: ClassVar[str]
+    uses_quality: ClassVar[bool] = False
+    """Whether the placer weighs the quality of a context's variants: only then are contexts
+    profiled (a first profile, drift re-profiling); the others decide on sizes and use."""
     policy_keys: ClassVar[tuple[str, ...]] = ()
     policy_fields: ClassVar[tuple[str, ...]] = ()
     """The ``PolicyConfig`` attributes :meth:`read_policy` sets (``kvtierctl policy validate``
@@ -126,6 +129,12 @@ class Placer(abc.ABC):
         write advice subtracts (engine/write_advice.py). This default, for placers that do
         not price utility, is 0."""
         return 0.0
+
+    def used_bytes(self) -> list[float]:
+        """Bytes the placer has placed in each tier, fastest first: what a decision's margin
+        counts as taken (engine/margin.py). This default, for placers that keep no account
+        of bytes, is none."""
+        return [0.0] * len(self.tiers)
 
     @abc.abstractmethod
     def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:

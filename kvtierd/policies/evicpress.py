@@ -1,3 +1,4 @@
+# Long because Algorithm 1's insert, evict and rebalance share one greedy state (§4.4).
 """``evicpress``: joint compression + eviction by utility (EvicPress §4.2, §4.4, Algorithm 1).
 
 * :meth:`EvicPressPlacer.insert` is Algorithm 1: the new context goes to its best configuration
@@ -74,6 +75,7 @@ class EvicPressPlacer(Placer):
     """EvicPress's greedy multi-choice-knapsack placer."""
 
     name = "evicpress"
+    uses_quality = True
     policy_keys: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_KEYS)
     policy_fields: ClassVar[tuple[str, ...]] = ("alpha", "selection", *PROFILED_FIELDS)
 
@@ -116,17 +118,17 @@ class EvicPressPlacer(Placer):
         before = self._snapshot(cid)  # it is already there: not a change
         # Repaired as an insert is: Algorithm 1 resolves an overflow inside the overflowing
         # tier, so without it an adopt that overflowed the SSD tier dropped contexts there
-        # while a faster tier kept a rarely read context whole (bench_e2e with a system
-        # prompt: two documents of 83 MB whole in the CPU tier to the end of the run).
+        # while a faster tier kept a rarely read context whole (measured: RESULTS.md, the
+        # system-prompt trace).
         return self._resolve(cid, before, tier, "overflow on adopt", repair=True)
 
     def relearn(self, profile: ContextProfile, where: Placement) -> Plan:
         """Take a known context's options afresh, at its placement when its variant is still
         among them, else at ``where``. Each context keeps the options it was inserted with, so
         after a compression that left no original the repair of a later insert could choose
-        the original again: bench_e2e's DEBUG log showed plans of ``none`` for int8-only
-        contexts, counted at their original size in the CPU tier while their int8 objects sat
-        in the SSD tier."""
+        the original again, a form the context no longer has: it would be counted at its
+        original size in one tier while its compressed objects sit in another. Rule: a
+        placer's options for a context are always forms it can still take."""
         cid = profile.context_id
         at = self.placement(cid) if cid in self._state.slots.index else where
         if not at.dropped and at.variant not in {v.variant for v in profile.variants}:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvtierd.config import read_file
 from kvtierd.policies.base import PLACERS
 from kvtierd.policy_config import PolicyConfig, PolicyDocument
+from kvtierd.yaml_source import read_file
 
 COMMON_KEYS: tuple[str, ...] = ("name", "description", "placer")
 """Top-level keys of every policy, whatever its placer."""

@@ -8,7 +8,6 @@ from typing import Any
 
 from kvtierd import __version__
 from kvtierd.engine import Engine
-from kvtierd.engine.state import ContextRecord
 from kvtierd.engine.views import ContextSummary
 from kvtierd.errors import InvalidArgumentError, NotFoundError
 from kvtierd.model_fetch import model_cache_dir
@@ -19,7 +18,6 @@ from kvtierd.server.convert import record_info
 from kvtierd.server.health import HealthMonitor
 from kvtierd.server.identity import Caller
 from kvtierd.server.model_dirs import check_model_dir
-from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import OpKind
 
 MAX_DESCENDANTS = 256
@@ -127,7 +125,7 @@ class AdminServicer(pb_grpc.AdminServicer):
         if ctx is None:
             raise NotFoundError(f"context {request.context_id!r} not found")
         objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
-        table = utility_table(self.engine, ctx)
+        table = self.engine.options_of(ctx)
         return pb.DescribeContextResponse(
             summary=self._summary(self.engine.summary(ctx)),
             objects=objects,
@@ -142,24 +140,13 @@ class AdminServicer(pb_grpc.AdminServicer):
                 )
                 for o in table
             ],
-            reason=placement_reason(self.engine, ctx, table),
-            ancestors=self.engine.index.ancestors(ctx),
-            descendants=[self._summary(self.engine.summary(d)) for d in self._below(ctx)],
+            reason=self.engine.placement_reason(ctx, table),
+            ancestors=self.engine.ancestors(ctx),
+            descendants=[
+                self._summary(self.engine.summary(d))
+                for d in self.engine.descendants(ctx, MAX_DESCENDANTS)
+            ],
         )
-
-    def _below(self, ctx: ContextRecord) -> list[ContextRecord]:
-        """The contexts under ``ctx``, children first (breadth first), at most
-        ``MAX_DESCENDANTS``."""
-        index = self.engine.index
-        out: list[ContextRecord] = []
-        level = [ctx]
-        while level and len(out) < MAX_DESCENDANTS:
-            kids = [index.contexts[k] for c in level
-                    for k in sorted(index.children.get(c.context_id, ()))
-                    if k in index.contexts]  # fmt: skip
-            out.extend(kids)
-            level = kids
-        return out[:MAX_DESCENDANTS]
 
     async def Evict(self, request: pb.EvictRequest, rpc_context: Any) -> pb.EvictResponse:
         return pb.EvictResponse(evicted=await self.engine.evict(request.context_ids))
@@ -198,43 +185,44 @@ class AdminServicer(pb_grpc.AdminServicer):
             ctx = self.engine.contexts.get(cid)
             if ctx is None:
                 continue
-            if await self.engine.profiling.profile_context(ctx):
+            why_not = await self.engine.profile(ctx)
+            if not why_not:
                 ok += 1
             else:
                 failed += 1
-                errors.append(self.engine.profiling.last_error)
+                errors.append(why_not)
         return pb.ProfileResponse(profiled=ok, failed=failed, errors=errors)
 
     async def ProfileStatus(
         self, request: pb.ProfileStatusRequest, rpc_context: Any
     ) -> pb.ProfileStatusResponse:
-        p = self.engine.profiling
+        p = self.engine.profiling_counts()
         resp = pb.ProfileStatusResponse(
             evaluator=self.engine.policy.evaluator,
-            runs_ok=p.runs["ok"],
-            runs_failed=p.runs["failed"],
+            runs_ok=p.runs_ok,
+            runs_failed=p.runs_failed,
             reprofiled=p.reprofiled,
             last_error=p.last_error,
             estimator=self.engine.policy.estimator,
         )
-        if not request.context_id:  # the daemon's newest runs (engine/profile_runs.py)
+        if not request.context_id:  # the daemon's newest runs (engine/profiling/profile_runs.py)
             resp.runs.extend(
                 pb.ProfileRun(context_id=r.context_id, evaluator=r.evaluator, kind=r.kind.value,
                               started_unix_s=r.started_unix_s, ended_unix_s=r.ended_unix_s,
                               waited_s=r.waited_s, ok=r.ok)
-                for r in p.run_log.runs()
+                for r in p.runs
             )  # fmt: skip
         if request.context_id:
             if request.context_id not in self.engine.contexts:
                 raise NotFoundError(f"context {request.context_id!r} not found")
-            upcoming = p.inputs.upcoming(request.context_id)
-            if upcoming is not None:
-                resp.next_query_source, resp.next_num_queries, resp.known_tokens = upcoming
-            record = p.record(request.context_id)
+            c = self.engine.context_profiling(request.context_id)
+            if c.upcoming is not None:
+                resp.next_query_source, resp.next_num_queries, resp.known_tokens = c.upcoming
+            record = c.record
             resp.min_queries = self.engine.policy.min_queries
             if record is not None:
                 resp.profiled = True
-                resp.trusted = p.profiler is not None and p.profiler.trusted(request.context_id)
+                resp.trusted = c.trusted
                 resp.profiled_age_s = max(0.0, time.time() - record.profiled_at_s)
                 resp.num_queries = record.num_queries
                 resp.query_source = record.query_source
@@ -265,11 +253,10 @@ class AdminServicer(pb_grpc.AdminServicer):
 def _prefill_fields(e: Engine) -> dict[str, Any]:
     """The TTFT model's prefill speed (learned from served requests, or configured), the
     prefill samples served requests gave, and the fitted fixed cost per request."""
-    fit = e.profiling.prefill_fit
-    learned = fit.estimate()
+    speed = e.prefill_speed()
     return {
-        "prefill_tokens_per_s": e.profiling.prefill_tokens_per_s(),
-        "prefill_samples": fit.samples,
-        "prefill_overhead_s": learned.overhead_s if learned is not None else 0.0,
-        "prefill_learned": learned is not None,
+        "prefill_tokens_per_s": speed.tokens_per_s,
+        "prefill_samples": speed.samples,
+        "prefill_overhead_s": speed.overhead_s,
+        "prefill_learned": speed.learned,
     }

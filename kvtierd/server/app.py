@@ -148,7 +148,7 @@ class Daemon:
                     self.engine.instance_id, self.socket_path,
                     f" and tcp {self.tcp_address}" if self.tcp_address else "",
                     f" and metrics {self.metrics_url}" if self.metrics_url else "",
-                    self.engine.placing.name, ", ".join(self.engine.tiers))  # fmt: skip
+                    self.engine.placer_name, ", ".join(self.engine.tiers))  # fmt: skip
 
     async def _listen(self, tls: tuple[bytes, bytes, bytes | None] | None) -> None:
         _prepare_socket(self.socket_path)

@@ -27,18 +27,7 @@ class HealthMonitor:
         self._last = ""
 
     def problems(self) -> list[str]:
-        found = []
-        if self.engine.draining:
-            found.append("draining")
-        if not self.engine.executor.healthy:
-            found.append(f"plan executor failed: {self.engine.executor.error!r}")
-        if not self.engine.profiling.healthy:
-            found.append("profiling task stopped")
-        for tier in self.engine.tiers.values():
-            stats = tier.stats()
-            if not stats.healthy:
-                found.append(f"tier {tier.name} unhealthy: {stats.detail}")
-        return found
+        return self.engine.problems()
 
     def describe(self) -> str:
         return "; ".join(self.problems()) or "SERVING"

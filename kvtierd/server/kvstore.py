@@ -69,7 +69,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         _check_batch(len(request.objects), "Allocate")
         caller = CALLER.get()
         recs = self.engine.allocate([meta_from_spec(s, caller) for s in request.objects])
-        arena = self.engine.cpu.arena
+        arena = self.engine.arena
         return pb.AllocateResponse(
             allocations=[
                 pb.Allocation(allocation_id=r.allocation_id, region=region(arena, r.block))
@@ -117,7 +117,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if isinstance(pool, GpuTier):
             out.device.CopyFrom(device_region(pool, lease.block))
         else:
-            out.region.CopyFrom(region(self.engine.cpu.arena, lease.block))
+            out.region.CopyFrom(region(self.engine.arena, lease.block))
         return out
 
     async def Release(self, request: pb.ReleaseRequest, rpc_context: Any) -> pb.ReleaseResponse:
@@ -138,7 +138,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         caller = CALLER.get()
         (rec,) = self.engine.allocate([meta_from_spec(first.spec, caller)])
         try:
-            view = self.engine.cpu.view(rec.block)
+            view = self.engine.view(rec.block)
             filled = 0
             async for part in request_iterator:
                 if part.HasField("spec") or part.durable:
@@ -180,7 +180,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         (lease,) = await self.engine.get([caller.scoped(request.key)], tenant=caller.tenant)
         try:
             yield pb.GetPart(info=info(lease.meta, lease.tier, caller))
-            view = self.engine.cpu.view(lease.block)
+            view = self.engine.view(lease.block)
             for start in range(0, len(view), part):
                 yield data_frame(view[start : start + part])
         finally:
@@ -209,9 +209,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgumentError(
                 f"AddQueries: a query of {max(sizes)} bytes; at most {MAX_QUERY_TEXT_BYTES}"
             )
-        inputs = self.engine.profiling.inputs
-        inputs.charge_queries(cid, caller.tenant, sum(sizes))  # within its token budget
-        stored = await inputs.add_queries(cid, list(request.texts), request.from_traffic)
+        # within its token budget
+        stored = await self.engine.add_queries(
+            cid, caller.tenant, request.texts, request.from_traffic
+        )
         return pb.AddQueriesResponse(stored=stored)
 
     async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
@@ -225,13 +226,13 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 raise InvalidArgumentError(
                     f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
                 )
-            # The context a put joins, from the chunk before its first one (segments.py).
-            joins = await self.engine.segments.resolve(
+            # The context a put joins, from the chunk before its first one (tree_joins.py).
+            joins = await self.engine.join(
                 caller.tenant,
                 caller.scoped(q.context_id),
                 caller.scoped(q.after_key) if q.after_key else "",
             )
-            a = self.engine.write_advisor.advise(joins.context_id, q.num_tokens, q.size_bytes)
+            a = self.engine.advise(joins.context_id, q.num_tokens, q.size_bytes)
             advice.append(
                 pb.WriteAdvice(
                     context_id=caller.unscoped(joins.context_id),
@@ -276,42 +277,41 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     f"SetContextTokens: {name} is longer than {MAX_ID_BYTES} bytes"
                 )
         cid = caller.scoped(request.context_id)
-        inputs = self.engine.profiling.inputs
         # a prompt may also link to a context dropped since its put (ProfileInputs.set_aside)
-        linkable = bool(request.request_id) and inputs.set_aside_tokens(cid) > 0
+        linkable = bool(request.request_id) and self.engine.tokens_set_aside(cid) > 0
         if request.context_id and cid not in self.engine.contexts and not linkable:
             raise NotFoundError(
                 f"context {request.context_id!r} not found: token ids are kept only for a "
                 "context the daemon holds (register them after its put)"
             )
         if not request.request_id:
-            await inputs.set_tokens(cid, request.token_ids)
+            await self.engine.set_tokens(cid, request.token_ids)
         elif request.token_ids:
             rid = caller.scoped(request.request_id)
-            inputs.note_prompt(caller.tenant, rid, request.token_ids)
+            self.engine.note_prompt(caller.tenant, rid, request.token_ids)
         else:
-            await inputs.link_prompt(cid, caller.scoped(request.request_id))
+            await self.engine.link_prompt(cid, caller.scoped(request.request_id))
         return pb.SetContextTokensResponse()
 
     async def ReportServed(
         self, request: pb.ReportServedRequest, rpc_context: Any
     ) -> pb.ReportServedResponse:
         tenant = CALLER.get().tenant  # a named tenant's reports price nobody else's contexts
-        profiling = self.engine.profiling
-        sample = profiling.observe_served(
+        sample = self.engine.observe_served(
             request.prompt_tokens, request.cached_tokens, request.ttft_s, tenant
         )
-        rate = profiling.prefill_tokens_per_s(tenant)
+        rate = self.engine.prefill_tokens_per_s(tenant)
         return pb.ReportServedResponse(prefill_sample=sample, prefill_tokens_per_s=rate)
 
     async def ReportInFlight(
         self, request: pb.ReportInFlightRequest, rpc_context: Any
     ) -> pb.ReportInFlightResponse:
-        """A router's requests in flight at vLLM (``engine/in_flight.py``): kept under the
+        """A router's requests in flight at vLLM (``engine/in_flight_reports.py``): kept under the
         caller's tenant, so that a client only ever replaces its own counts."""
-        reports = self.engine.in_flight
-        reports.report(CALLER.get().tenant, request.reporter, request.in_flight)
-        return pb.ReportInFlightResponse(hold_s=reports.hold_s)
+        hold_s = self.engine.report_in_flight(
+            CALLER.get().tenant, request.reporter, request.in_flight
+        )
+        return pb.ReportInFlightResponse(hold_s=hold_s)
 
     async def Touch(self, request: pb.TouchRequest, rpc_context: Any) -> pb.TouchResponse:
         _check_batch(len(request.keys), "Touch")

@@ -43,7 +43,7 @@ import yaml
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.timing import Batching, LinearPrefill
-from kvtierd.sim.variants import Form
+from kvtierd.sim.variant_space import Form
 from kvtierd.sim.yaml_doc import YamlDoc
 from kvtierd.types import ORIGINAL_VARIANT
 

@@ -184,7 +184,7 @@ def family(name: str) -> Family:
 def _simulated(seed: int, n: int, ratios: tuple[float, ...]) -> tuple[FloatArray, ...]:
     """Sizes, qualities, restore times ``(n, V)``, frequencies and prefill times ``(n,)``."""
     from kvtierd.sim.replay import SimulationConfig, prepare
-    from kvtierd.sim.variants import VariantSpace
+    from kvtierd.sim.variant_space import VariantSpace
     from kvtierd.sim.workload import WorkloadConfig
 
     cfg = SimulationConfig(

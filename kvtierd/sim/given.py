@@ -32,7 +32,7 @@ context's variants hold only its own tokens after it.
 
 ``chunk_tokens`` (optional, default 1) is the size of the chunks the contexts' KV is stored in
 (LMCache's ``chunk_size``): a token-dropped form keeps whole chunks, as the daemon sizes it
-(:func:`kvtierd.sim.variants.shape`).
+(:func:`kvtierd.sim.variant_space.shape`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import numpy as np
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.calibration import Calibration
 from kvtierd.sim.replay import Prepared, prepared
-from kvtierd.sim.variants import Form, VariantTable, shape
+from kvtierd.sim.variant_space import Form, VariantTable, shape
 from kvtierd.sim.workload import ModelPreset, Workload
 from kvtierd.types import ORIGINAL_VARIANT, TierModel
 

@@ -4,9 +4,10 @@ The paper's simulator offers every profiled variant from a context's first put. 
 does not (measured beside ``bench_e2e``):
 
 * **A compressed form only under a trusted profile** (``trusted_after_requests``): a context
-  is profiled by the policy's estimator after its put has settled (``engine/profiling.py``);
-  until then ``ContextOptions.profiled`` gives the placer nothing, so the context is placed as
-  its original. The profile outlives a drop (``Profiler.set_aside``: a context stored again
+  is profiled by the policy's estimator after its put has settled
+  (``engine/profiling/profiling_service.py``); until then ``ContextOptions.profiled`` gives the
+  placer nothing, so the context is placed as its original. The profile outlives a drop
+  (``Profiler.set_aside``: a context stored again
   gets its kept profile back). Applies to placers that read profiles (EvicPress); a ``fixed``
   placer stores its policy's variant whatever the profile says.
 * **A token-dropped form only once the router can serve it** (``servable_after_requests``):

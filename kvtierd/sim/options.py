@@ -25,7 +25,7 @@ from kvtierd.errors import ConfigError
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.sim.frontier import DEFAULT_ALPHAS
 from kvtierd.sim.replay import FREQUENCIES, PAPER_TIERS, SimulationConfig
-from kvtierd.sim.variants import METHOD_MEDIAN, VariantSpace
+from kvtierd.sim.variant_space import METHOD_MEDIAN, VariantSpace
 from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import TierModel
 from kvtierd.variants import QUANT_BITS, expand_variants, parse_grid_method

@@ -1,3 +1,4 @@
+# Long because the replay loop and its per-request metrics share one state; split by caller.
 """Trace-driven simulation of one placer: TTFT, quality and hit rates per request.
 
 Per request for context ``c`` (EvicPress §6.1 metrics):
@@ -71,7 +72,7 @@ from kvtierd.profiler.frequency import FrequencyTracker
 from kvtierd.sim.executing import ExecutingPlacer
 from kvtierd.sim.offers import OfferRule, Offers
 from kvtierd.sim.timing import H100_BF16_FLOPS, PrefillModel, RooflinePrefill
-from kvtierd.sim.variants import VariantSpace, VariantTable, make_variants
+from kvtierd.sim.variant_space import VariantSpace, VariantTable, make_variants
 from kvtierd.sim.workload import Workload, WorkloadConfig, make_workload
 from kvtierd.types import (
     ORIGINAL_VARIANT,

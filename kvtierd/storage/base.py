@@ -233,7 +233,7 @@ class Tier(abc.ABC):
     async def relabel(self, meta: ObjectMeta) -> None:
         """Give the stored object ``meta.key`` the context identity of ``meta``
         (``context_id``, ``parent_context_id``), its bytes and checksum unchanged: a context
-        split at a branch (issue 29, ``engine/segments.py``) must be found split after a
+        split at a branch (issue 29, ``engine/tree_joins.py``) must be found split after a
         restart. A tier whose objects do not outlive the process keeps no identity to change;
         a persistent tier rewrites its stored header. Raises ``NotFoundError`` if absent."""
         self.get_meta(meta.key)

@@ -1,3 +1,4 @@
+# Long because it is one tier's whole contract (put, get, move, scan, recovery) on one index.
 """The SSD tier: one self-describing file per object (DESIGN.md §3.5), aligned parallel I/O.
 
 Files and format: :mod:`kvtierd.storage.ssd_files` and :mod:`kvtierd.storage.ssd_format`.

@@ -162,7 +162,7 @@ def _split_tree(c: KVClient) -> dict[str, tuple[str, int]]:
 
 def test_the_tree_survives_a_restart(daemon):
     """Each child's objects carry its parent onto the persistent tier, and a split rewrites
-    the persistent copies of what it changed (engine/segments.py): after a restart the
+    the persistent copies of what it changed (engine/tree_joins.py): after a restart the
     prefix, the part split off it, the children that followed that part and the later
     branches are as they were."""
     with KVClient(daemon.socket_path, timeout_s=20) as c:

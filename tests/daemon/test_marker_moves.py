@@ -1,7 +1,7 @@
 """The order a move writes a compressed context in (in-process engine, real tiers).
 
 A restart takes a daemon-made variant as complete when it finds its marker on a persistent
-tier (engine/variants.py). So a move must write the marker to a persistent tier only after
+tier (engine/variant_writer.py). So a move must write the marker to a persistent tier only after
 every object the marker covers is there, and take it off a persistent tier before the objects
 leave it: a crash in the move then leaves either the old copy or a complete new one, never a
 part that the restart takes for the whole. ``tests/storage/test_compressed_moves.py`` checks

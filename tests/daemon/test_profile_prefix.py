@@ -125,7 +125,7 @@ async def test_siblings_reuse_the_prefix_read_once(engine: Engine) -> None:
     await put_chunks(engine, "sys", 2)
     await put_chunks(engine, "a", 1, parent="sys", seed=1)
     await put_chunks(engine, "b", 1, parent="sys", seed=2)
-    prefixes = engine.profiling.prefixes
+    prefixes = engine.profiling.ancestors
     first = await prefixes.prefix_of(engine.contexts["a"])
     second = await prefixes.prefix_of(engine.contexts["b"])
     assert first is not None and second is first and prefixes.reads == 1

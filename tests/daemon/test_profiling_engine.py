@@ -31,7 +31,6 @@ from kvtierd.profiler import (
     StoredForm,
 )
 from kvtierd.profiler.quality import DEFAULT_FORM, EVALUATORS
-from kvtierd.server.utility import placement_reason, utility_table
 from kvtierd.types import ObjectMeta
 
 L, H, D, T, CHUNKS = 2, 2, 32, 16, 4
@@ -174,9 +173,9 @@ async def test_profiled_placed_and_replaced_on_drift(engine: Engine) -> None:
     await _until(lambda: engine.profiling.runs["ok"] >= 1 and not engine.executor.pending)
     await _until(lambda: engine.index.placement_of(ctx).variant == "knorm@0.5")
     assert engine.index.placement_of(ctx).tier == "cpu"
-    table = utility_table(engine, ctx)
+    table = engine.options_of(ctx)
     assert (table[0].variant, table[0].tier) == ("knorm@0.5", "cpu")
-    assert "stored as knorm@0.5 in cpu" in placement_reason(engine, ctx, table)
+    assert "stored as knorm@0.5 in cpu" in engine.placement_reason(ctx, table)
     assert ctx.reference is not None  # the original stays on the unbounded tier
 
     # Real traffic now asks about the tail: quality of the placed variant drops.

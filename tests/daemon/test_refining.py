@@ -17,7 +17,7 @@ from typing import ClassVar
 import pytest
 
 from kvtierd.engine import Engine
-from kvtierd.engine.profile_runs import RunKind
+from kvtierd.engine.profiling.profile_runs import RunKind
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.profiler import ContextKV, ProfilingQuery, QualityEvaluator, QualityResult, StoredForm
 from kvtierd.profiler.quality import DEFAULT_FORM, EVALUATORS

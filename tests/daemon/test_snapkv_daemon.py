@@ -1,6 +1,6 @@
 """snapkv in the daemon's own grid: the daemon recomputes the window queries a stored KV cache
 does not keep from the policy's ``profiling.model_dir`` and the context's registered token ids
-(engine/window.py), then profiles and builds snapkv variants with them.
+(engine/profiling/observation_window.py), then profiles and builds snapkv variants with them.
 
 The tiny locally built Llama checks the mechanics (what is computed from what, and what is left
 out without token ids); the real model checks that a daemon profiles a snapkv variant with the
@@ -19,7 +19,7 @@ import torch
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.engine.context_kv import SEPARATOR
-from kvtierd.engine.window import context_queries
+from kvtierd.engine.profiling.observation_window import context_queries
 from kvtierd.kernels.api import compress_dense, to_kv_2ltd
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import ModelCard, model_card_key

@@ -1,11 +1,15 @@
-"""Routers' reports of vLLM's requests in flight (``engine/in_flight.py``): per tenant and
+"""Routers' reports of vLLM's requests in flight (``engine/in_flight_reports.py``): per tenant and
 reporter, bounded, validated, and a nonzero count lapses unless reported again."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvtierd.engine.in_flight import MAX_IN_FLIGHT, MAX_REPORTERS_PER_TENANT, InFlightReports
+from kvtierd.engine.in_flight_reports import (
+    MAX_IN_FLIGHT,
+    MAX_REPORTERS_PER_TENANT,
+    InFlightReports,
+)
 from kvtierd.errors import InvalidArgumentError
 
 

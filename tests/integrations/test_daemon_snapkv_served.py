@@ -1,8 +1,9 @@
 """A snapkv variant the placer chooses is built by the daemon and served through the router
 (issue 12): the daemon recomputes the window queries vLLM's paged cache does not keep from the
 policy's ``profiling.model_dir`` and the context's token ids the router registered
-(engine/window.py), stores the variant in the servable form, and the next routed request with
-the same context loads it (test_daemon_variant_served.py does the same for keydiff@0.5).
+(engine/profiling/observation_window.py), stores the variant in the servable form, and the next
+routed request with the same context loads it (test_daemon_variant_served.py does the same for
+keydiff@0.5).
 
 The needle sits in the document's last window (the 64 tokens before the question), which
 snapkv keeps whole whenever it keeps at least 64 tokens, so the served answer must still hold

@@ -14,6 +14,7 @@ import pytest
 
 from kvtierd.errors import ConfigError, UnavailableError
 from kvtierd.integrations import stack as stack_module
+from kvtierd.integrations import stack_cli
 from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags, given_dtype
 from kvtierd.integrations.stack import Stack, StackConfig
 from tests.integrations.servers import get_json, post, post_stream
@@ -257,7 +258,7 @@ def test_the_stack_prints_its_dtype_choice(
     start fails at once: the daemon's config file does not exist)."""
     monkeypatch.setattr(stack_module, "cpu_flags", lambda: frozenset(AVX2_EPYC.split()))
     monkeypatch.setattr(stack_module, "cuda_available", lambda: False)
-    code = stack_module.main(["--model", str(tmp_path), "--work-dir", str(tmp_path / "work"),
+    code = stack_cli.main(["--model", str(tmp_path), "--work-dir", str(tmp_path / "work"),
                               "--config", str(tmp_path / "absent.yaml")])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 1

@@ -204,3 +204,16 @@ def test_keydiff_keeps_the_outlier() -> None:
     for backend in ("torch", "triton"):
         kept = get_method("keydiff").select(src, 1 / 6, backend=backend)  # type: ignore[arg-type]
         assert kept.flatten().tolist() == [3]
+
+
+@pytest.mark.parametrize("name", registry.METHODS.names())
+def test_window_methods_agree_with_each_method(name: str) -> None:
+    """The torch-free table of window-query methods (kernels/window_methods.py) says of every
+    registered method what its class says (``needs_queries``), and names one of its options."""
+    from kvtierd.kernels.window_methods import window_option
+    from kvtierd.variants import METHOD_OPTIONS
+
+    cls = registry.METHODS.get(name)
+    assert bool(window_option(name)) == cls.needs_queries
+    if cls.needs_queries:
+        assert window_option(name) in {o.name for o in METHOD_OPTIONS[name]}

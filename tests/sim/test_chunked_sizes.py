@@ -1,5 +1,5 @@
 """Token-dropped forms of contexts stored in chunks keep whole chunks, as the daemon sizes them
-(``kvtierd/sim/variants.py``, ``shape``; a workload file's ``chunk_tokens``), and a composed
+(``kvtierd/sim/variant_space.py``, ``shape``; a workload file's ``chunk_tokens``), and a composed
 form offered before it can be served is priced at its quantization's own size."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.calibration import parse_calibration
 from kvtierd.sim.given import calibrated_prepare, parse_workload
 from kvtierd.sim.offers import DAEMON, Offers
-from kvtierd.sim.variants import Form, shape
+from kvtierd.sim.variant_space import Form, shape
 from kvtierd.types import ContextProfile, VariantProfile
 from tests.sim.test_offers import CALIBRATION, MODEL
 

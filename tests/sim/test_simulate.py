@@ -18,7 +18,7 @@ from kvtierd.sim.frontier import frontier, sweep_configs, ttft_at_quality
 from kvtierd.sim.plots import plot_frontier
 from kvtierd.sim.replay import RECOMPUTED, prepare, replay
 from kvtierd.sim.timing import loaded_ttft_s, qps_at_ttft, queued_ttft_s
-from kvtierd.sim.variants import VariantSpace, quant_ratio
+from kvtierd.sim.variant_space import VariantSpace, quant_ratio
 from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import ContextProfile, Plan, TierModel
 

@@ -2,7 +2,7 @@
 
 A daemon-made variant counts as complete at start only when its marker is found on a
 persistent tier (the object the compression writes last: a quantized variant's key list, a
-token-dropped one's placeholder manifest; engine/variants.py). A context compressed in the CPU
+token-dropped one's placeholder manifest; engine/variant_writer.py). A context compressed in the CPU
 tier has its marker there; each way its objects reach a persistent tier later — a plan's
 move, a drain, the shutdown flush — must take the marker along, or the restart deletes the
 variant as a compression cut short: bytes the daemon held and said it kept are lost.

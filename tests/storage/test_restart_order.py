@@ -1,6 +1,6 @@
 """A restarted daemon lists each context's chunks in the order they were put (issue 31), from
 the SSD tier's files and from the remote store's headers: the segment rule's "last chunk"
-(engine/segments.py), the KV the profiler reads and the first tokens a token-dropped variant
+(engine/tree_joins.py), the KV the profiler reads and the first tokens a token-dropped variant
 keeps all follow that order. The tiers list objects in scan order (file hashes, Redis SCAN),
 so the order is kept as each chunk's position in its persistent copy's header."""
 
@@ -106,7 +106,7 @@ def test_a_context_comes_back_in_put_order(start_daemon, request, store):
 
 @pytest.mark.parametrize("store", STORES)
 def test_a_split_tree_comes_back_with_each_segment_in_order(start_daemon, request, store):
-    """A branch inside a context splits it (engine/segments.py): the prefix keeps its first
+    """A branch inside a context splits it (engine/tree_joins.py): the prefix keeps its first
     chunks, the child the later ones, each in its own order after a restart; the child's
     positions are those it had in the prefix, and order it all the same."""
     prefix, doc = PROMPT[:8], PROMPT[8:]

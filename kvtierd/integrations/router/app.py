@@ -1,3 +1,4 @@
+# Long because each OpenAI route is here beside the request rewriting it shares.
 """``kvtierd router``: an OpenAI-compatible HTTP proxy in front of ``vllm serve``.
 
 ``/v1/completions`` and ``/v1/chat/completions`` (streaming or not) go to vLLM; a request whose

@@ -24,19 +24,19 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Stamp = tuple[tuple[str, str, int], ...]  # (id, variant, objects) of each ancestor, root first
-PrefixKV = tuple["torch.Tensor", "torch.Tensor"]
+AncestorKV = tuple["torch.Tensor", "torch.Tensor"]
 
 
-class PrefixReader:
+class AncestorReader:
     """Reads the ancestors' KV of a context through ``mover`` (module docstring)."""
 
     def __init__(self, *, index: ContextIndex, mover: TierMover) -> None:
         self._index = index
         self._mover = mover
-        self._last: tuple[Stamp, PrefixKV] | None = None
+        self._last: tuple[Stamp, AncestorKV] | None = None
         self.reads = 0  # prefixes read from storage (the rest came from the kept one)
 
-    async def prefix_of(self, ctx: ContextRecord) -> PrefixKV | None:
+    async def prefix_of(self, ctx: ContextRecord) -> AncestorKV | None:
         """``(keys, values)`` ``[L, H, P, D]`` of the ancestors of ``ctx``, root first, in the
         dtype and geometry of the first; ``None`` for a root, or when an ancestor cannot be
         read or is of another geometry (logged: the context is then profiled alone, as

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from kvtierd.errors import InvalidArgumentError, KvtierError
+from kvtierd.kernels.window_methods import window_option
 from kvtierd.variants import Variant, as_variant, option_default
 
 if TYPE_CHECKING:
@@ -34,15 +35,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-METHOD = "snapkv"
-
 
 def window_of(variant: Variant | str) -> int:
-    """The observation window of a snapkv variant (0 for any other)."""
+    """The observation window of a variant whose method reads window queries (snapkv;
+    ``kernels/window_methods.py``), 0 for any other."""
     v = as_variant(variant)
-    if v.method != METHOD:
+    option = window_option(v.method)
+    if not option:
         return 0
-    return dict(v.options).get("window", option_default(METHOD, "window"))
+    return dict(v.options).get(option, option_default(v.method, option))
 
 
 def grid_window(variants: Iterable[str]) -> int:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvtierd.engine import Engine
+from kvtierd.engine.index import ContextIndex
+from kvtierd.engine.placing import Placing
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import ContextRecord
+from kvtierd.policy_config import PolicyConfig
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.utility import dropped_utility, load_ttft_s, utility
 
@@ -21,13 +24,12 @@ class Option:
     utility: float
 
 
-def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
+def utility_table(placing: Placing, alpha: float, ctx: ContextRecord) -> list[Option]:
     """Best first. TTFT of a stored option = bytes / the tier's measured load bandwidth + its
     per-load overhead + the variant's restore cost; of ``dropped`` = the context's prefill."""
-    profile = engine.placing.profile(ctx)
-    alpha = engine.policy.alpha
+    profile = placing.profile(ctx)
     options = []
-    for tier in engine.placing.tier_models():
+    for tier in placing.tier_models():
         for v in profile.variants:
             if tier.capacity_bytes is not None and v.size_bytes > tier.capacity_bytes:
                 continue
@@ -39,12 +41,23 @@ def utility_table(engine: Engine, ctx: ContextRecord) -> list[Option]:
     return sorted(options, key=lambda o: -o.utility)
 
 
-def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) -> str:
-    where = engine.index.placement_of(ctx)
+@dataclass(frozen=True, slots=True)
+class ReasonSources:
+    """What a placement's reason is read from."""
+
+    index: ContextIndex
+    placing: Placing
+    profiling: ProfilingService
+    policy: PolicyConfig
+
+
+def placement_reason(of: ReasonSources, ctx: ContextRecord, table: list[Option]) -> str:
+    """Why ``ctx`` is where it is, in words, from its row in ``table`` (:func:`utility_table`)."""
+    where = of.index.placement_of(ctx)
     chosen = next(
         (o for o in table if o.variant == where.variant and o.tier == (where.tier or "")), None
     )
-    name = engine.placing.name
+    name = of.placing.name
     if chosen is None:
         return f"{name}: stored as {where.variant} in {where.tier}"
     best = table[0]
@@ -59,21 +72,21 @@ def placement_reason(engine: Engine, ctx: ContextRecord, table: list[Option]) ->
         )
     if ctx.pinned:
         text += "; pinned"
-    if why := engine.profiling.servable.why.get(ctx.context_id):
+    if why := of.profiling.servable.why.get(ctx.context_id):
         text += f"; token-dropped variants left out until they can be served ({why})"
-    if failed := engine.profiling.failed_why.get(ctx.context_id):
+    if failed := of.profiling.failed_why.get(ctx.context_id):
         text += f"; not profiled, set aside until it changes: {failed}"
-    return text + _untrusted(engine, ctx)
+    return text + _untrusted(of, ctx)
 
 
-def _untrusted(engine: Engine, ctx: ContextRecord) -> str:
+def _untrusted(of: ReasonSources, ctx: ContextRecord) -> str:
     """Why a profiled context's qualities are not in the table (the confidence rule)."""
-    profiler = engine.profiling.profiler
-    record = engine.profiling.record(ctx.context_id)
+    profiler = of.profiling.profiler
+    record = of.profiling.record(ctx.context_id)
     if profiler is None or record is None or profiler.trusted(ctx.context_id):
         return ""
     return (
         f"; its profile is from {record.num_queries} queries, below profiling.min_queries "
-        f"{engine.policy.min_queries}, not each asked twice in that many requests: not used "
+        f"{of.policy.min_queries}, not each asked twice in that many requests: not used "
         "until it has more (kvtierctl profile status)"
     )

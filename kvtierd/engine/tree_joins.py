@@ -3,7 +3,7 @@ a branch (docs/integration.md, "Context ids").
 
 LMCache keys every chunk by its whole prefix, so chunk keys alone tell where a prompt branches
 off another: the put's first chunk follows the chunk ``after_key`` that a lookup hit. The rule
-(:meth:`Segments.resolve`), for a put proposing a new context id:
+(:meth:`TreeJoins.resolve`), for a put proposing a new context id:
 
 * ``after_key`` is the **last** chunk of its context and no child of it branches there: the
   put extends that context (a longer prompt, or a request's next put under chunked prefill)
@@ -45,7 +45,7 @@ from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.placing import Placing
-from kvtierd.engine.profiling import ProfilingService
+from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError
 from kvtierd.policies.precedence import MAX_DEPTH
@@ -56,14 +56,14 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Continuation:
+class TreePlace:
     """Where a put's chunks go: ``context_id`` below ``parent`` (``""``: a root)."""
 
     context_id: str
     parent: str
 
 
-class Segments:
+class TreeJoins:
     """Resolves puts into the tree and splits contexts at branches (module docstring)."""
 
     def __init__(
@@ -84,7 +84,7 @@ class Segments:
         self.splits = 0
         self.relabel_failures = 0
 
-    async def resolve(self, tenant: str, proposed: str, after_key: str) -> Continuation:
+    async def resolve(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
         """Which context a put that proposes ``proposed`` and follows ``after_key`` joins
         (both scoped daemon-wide names; module docstring); a split it made is on the
         persistent tiers when it returns."""
@@ -92,19 +92,19 @@ class Segments:
         await self._save()
         return joins
 
-    def _resolve(self, tenant: str, proposed: str, after_key: str) -> Continuation:
+    def _resolve(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
         index = self._index
         obj = index.owned(after_key, tenant) if after_key else None
         owner = index.contexts.get(obj.meta.context) if obj is not None else None
         if owner is None or after_key not in owner.keys:
             known = index.contexts.get(proposed)
-            return Continuation(proposed, known.parent if known is not None else "")
+            return TreePlace(proposed, known.parent if known is not None else "")
         last = next(reversed(owner.keys)) == after_key
         if proposed == owner.context_id or (last and not self._continued_at(owner, after_key)):
-            return Continuation(owner.context_id, owner.parent)
+            return TreePlace(owner.context_id, owner.parent)
         if not last:
             self.split(owner, after_key)
-        return Continuation(proposed, owner.context_id)
+        return TreePlace(proposed, owner.context_id)
 
     def _continued_at(self, ctx: ContextRecord, key: str) -> bool:
         """Whether a child of ``ctx`` branches after its chunk ``key`` (``after_key`` ``""``:

@@ -31,8 +31,8 @@ def _no_margin(_: ContextRecord) -> float:
 
 class Refinement:
     """The candidates of the module docstring, over the contexts of ``index``.
-    ``margin_of(ctx)`` is the placer's margin on a context (``margin.py``); whoever wires the
-    placer sets it (until then nothing is refined)."""
+    ``margin_of(ctx)`` is the placer's margin on a context (``margin.py``); the engine, which
+    wires the placer, passes it (without it nothing is refined)."""
 
     def __init__(
         self,
@@ -41,12 +41,13 @@ class Refinement:
         options: ContextOptions,
         policy: RunningPolicy,
         profiler: Callable[[], Profiler | None],
+        margin_of: Callable[[ContextRecord], float] = _no_margin,
     ) -> None:
         self._index = index
         self._options = options
         self._policy = policy
         self._profiler = profiler
-        self.margin_of: Callable[[ContextRecord], float] = _no_margin
+        self.margin_of = margin_of
         self._tried: dict[str, int] = {}  # context -> its queries' version when last tried
 
     def next(self) -> ContextRecord | None:

@@ -1,17 +1,18 @@
+# Long because scheduling (settle, drift, refine) and running a profile share one worker.
 """The engine's profiling service (EvicPress §4.1, §4.3): it keeps the profiler of the running
 policy and runs it on the contexts that need a profile.
 
 Contexts arrive chunk by chunk, so a context is profiled — by the policy's cheap estimator,
 trusted from the start — once it has been quiet for ``settle_s`` and vLLM is idle (no load
-queued, no request in flight at a router, ``in_flight.py``), after its put was answered. Where
-the placer's decision on a context is within the estimator's error (``margin.py``), the
+queued, no request in flight at a router, ``in_flight_reports.py``), after its put was answered.
+Where the placer's decision on a context is within the estimator's error (``margin.py``), the
 policy's refining evaluator (``answer``, ``served``) profiles it again while vLLM is idle
-(``refine.py``). The :class:`~kvtierd.profiler.Profiler` runs on one worker thread (it is not
-thread-safe; its query store is, and routed prompts' tokens and queries are recorded on a
-thread of their own, ``profile_inputs.py``) and its results reach the placer as
-a new profile: the options of the context (``context_options.py``). ``snapkv`` variants are
-scored and built with window queries recomputed from the policy's ``profiling.model_dir``
-(``window.py``).
+(``refinement.py``). The :class:`~kvtierd.profiler.Profiler` runs on one worker thread (it is
+not thread-safe; its query store is, and routed prompts' tokens and queries are recorded on a
+thread of their own, ``profile_inputs.py``) and its results reach the placer as a new profile:
+the options of the context (``context_options.py``). ``snapkv`` variants are scored and built
+with window queries recomputed from the policy's ``profiling.model_dir``
+(``observation_window.py``).
 """
 
 from __future__ import annotations
@@ -21,29 +22,21 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
 from kvtierd.config import DaemonConfig
-from kvtierd.engine import window
-from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
-from kvtierd.engine.prefix_kv import PrefixReader
-from kvtierd.engine.profile_inputs import ProfileInputs
-from kvtierd.engine.profile_runs import ProfileRun, RunKind, RunLog
-from kvtierd.engine.profiler_setup import make_profiler
-from kvtierd.engine.refine import Refinement
-from kvtierd.engine.servable import Servability
+from kvtierd.engine.profiling import observation_window as window
+from kvtierd.engine.profiling.profile_runs import ProfileRun, RunKind
+from kvtierd.engine.profiling.profiling_parts import ProfilingParts
 from kvtierd.engine.state import ContextRecord, RunningPolicy
-from kvtierd.engine.tokens import TokenBudget
 from kvtierd.errors import CapacityError, KvtierError, UnavailableError
-from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
-from kvtierd.profiler.prefill_fit import PrefillFit, ServedReports
-from kvtierd.profiler.yield_gate import YieldGate
+from kvtierd.policies import placer_class
+from kvtierd.policy_config import PolicyConfig
 from kvtierd.types import ORIGINAL_VARIANT
 
 if TYPE_CHECKING:
@@ -60,17 +53,18 @@ NO_TOKEN_IDS = (
 )
 
 
-def _ignore(_: ContextRecord) -> None:
-    return None
+def _uses_quality(policy: PolicyConfig) -> bool:
+    return placer_class(policy.placer).uses_quality
 
 
 class ProfilingService:
     """Profiles the contexts of ``index`` (their bytes read through ``mover``) under the running
     ``policy``. ``loads_busy`` says whether loads are being served (profiling then waits);
     ``on_profiled(ctx)`` is told when a context's options changed (a new profile, or a
-    token-dropped variant became servable): whoever wires the service has the placer place
-    it again. ``options`` prices the contexts for the placer; ``inputs`` takes their token
-    ids and queries."""
+    token-dropped variant became servable): the engine has the placer place it again.
+    ``make_profiler(policy)`` builds the profiler of a policy (at start and on each reload).
+    Every collaborator is built by the engine and handed in (``parts``): ``options`` prices
+    the contexts for the placer; ``inputs`` takes their token ids and queries."""
 
     def __init__(
         self,
@@ -80,8 +74,10 @@ class ProfilingService:
         mover: TierMover,
         policy: RunningPolicy,
         metrics: Metrics,
-        model_cards: Mapping[str, ModelCard],
+        parts: ProfilingParts,
+        make_profiler: Callable[[PolicyConfig], Profiler],
         loads_busy: Callable[[], bool],
+        on_profiled: Callable[[ContextRecord], None],
         settle_s: float = 0.5,
     ) -> None:
         self._config = config
@@ -89,32 +85,24 @@ class ProfilingService:
         self._mover = mover
         self._policy = policy
         self._metrics = metrics
+        self._make_profiler = make_profiler
         self._loads_busy = loads_busy
-        self.on_profiled: Callable[[ContextRecord], None] = _ignore
+        self.on_profiled = on_profiled
         self.settle_s = settle_s
         self.profiler: Profiler | None = None
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="kvtierd-profiler")
+        self._worker = parts.worker
         self._changed: dict[str, float] = {}
         self.resume_at = 0.0  # monotonic: the next profile of its own starts no earlier
-        self.prefill_fit = PrefillFit()  # kept across policy reloads: it describes vLLM
-        self.served = ServedReports(self.prefill_fit)  # reports by tenant, rate-limited
-        self.yield_gate = YieldGate(loads_busy)  # profiling steps wait for serving
-        self.run_log = RunLog()
-        self.tokens = TokenBudget(config.token_bytes_per_tenant)
-        self.servable = Servability(model_cards, lambda: policy.current.evaluator_model_dir)
-        self.options = ContextOptions(
-            index=index, policy=policy, servable=self.servable, profiler=lambda: self.profiler
-        )
-        self.inputs = ProfileInputs(
-            index=index, options=self.options, servable=self.servable, tokens=self.tokens,
-            policy=policy, profiler=lambda: self.profiler, profile_again=self._schedule,
-            # on_profiled read at each call: the engine sets it after building the service
-            place_again=lambda ctx: self.on_profiled(ctx),  # noqa: PLW0108
-        )  # fmt: skip
-        self.prefixes = PrefixReader(index=index, mover=mover)
-        self.refinement = Refinement(
-            index=index, options=self.options, policy=policy, profiler=lambda: self.profiler
-        )
+        self.prefill_fit = parts.prefill_fit  # kept across policy reloads: it describes vLLM
+        self.served = parts.served  # reports by tenant, rate-limited
+        self.yield_gate = parts.yield_gate  # profiling steps wait for serving
+        self.run_log = parts.run_log
+        self.tokens = parts.tokens
+        self.servable = parts.servable
+        self.options = parts.options
+        self.inputs = parts.inputs
+        self.ancestors = parts.ancestors
+        self.refinement = parts.refinement
         self._task: asyncio.Task[None] | None = None
         self._drift: asyncio.Task[None] | None = None
         self._loop: ReprofileLoop | None = None
@@ -129,9 +117,7 @@ class ProfilingService:
     def configure(self) -> None:
         """(Re)build the profiler for the running policy (at start and on hot reload)."""
         policy = self._policy.current
-        self.profiler = make_profiler(policy, self._config, prefill_fit=self.prefill_fit,
-                                      yield_gate=self.yield_gate,
-                                      is_busy=self._loads_busy)  # fmt: skip
+        self.profiler = self._make_profiler(policy)
         self.profiler.load()
         self.options.changed()
         for evaluator in (self.profiler.evaluator, self.profiler.refiner):
@@ -149,9 +135,9 @@ class ProfilingService:
             self._drift.cancel()
             self._drift = None
         policy = self._policy.current
-        if self.profiler is None or policy.placer != "evicpress" or not self._running:
+        if self.profiler is None or not _uses_quality(policy) or not self._running:
             return
-        if policy.refines:  # the refining evaluator re-profiles where it matters (refine.py)
+        if policy.refines:  # the refining evaluator re-profiles where it matters (refinement.py)
             return
         self._loop = self.profiler.reprofile_loop(self._measure, self._reprofile)
         self._drift = asyncio.create_task(self._loop.run_forever(), name="kvtierd-reprofile")
@@ -215,9 +201,9 @@ class ProfilingService:
             self._index.self_sourced(ctx) and not self.options.unchoosable(ctx)
         )
         if sourced and not self._kept_profile(ctx):
-            self._schedule(ctx.context_id)
+            self.schedule(ctx.context_id)
 
-    def _schedule(self, context_id: str) -> None:
+    def schedule(self, context_id: str) -> None:
         """Profile the context once it has settled (:attr:`settle_s`)."""
         self._changed[context_id] = time.monotonic()
 
@@ -282,8 +268,8 @@ class ProfilingService:
     async def _run_forever(self, period_s: float = 0.2) -> None:
         while True:
             await asyncio.sleep(period_s)
-            if self._policy.current.placer != "evicpress":
-                self._changed.clear()  # only EvicPress weighs quality; sizes need no profile
+            if not _uses_quality(self._policy.current):
+                self._changed.clear()  # a placer that decides on sizes needs no profile
                 continue
             await self._first_profiles()
             if not self._changed:  # every context has its first profile: refine one
@@ -309,7 +295,7 @@ class ProfilingService:
 
     async def _refine_one(self) -> None:
         """One refinement by the policy's refining evaluator, only while vLLM is idle and
-        the daemon's own profiling is within ``max_share`` (``refine.py``)."""
+        the daemon's own profiling is within ``max_share`` (``refinement.py``)."""
         p = self.profiler
         if p is None or p.refiner is None or not self._running:
             return
@@ -374,7 +360,7 @@ class ProfilingService:
             if evaluator.needs_token_ids and not profiler.queries.tokens(ctx.context_id, n):
                 return self._failed(ctx, started, NO_TOKEN_IDS.format(name=evaluator.name))
             # a child is scored after its ancestors' KV, as a request reads it (issue 29)
-            prefix = await self.prefixes.prefix_of(ctx)
+            prefix = await self.ancestors.prefix_of(ctx)
             if prefix is not None and prefix[0].shape[:2] + prefix[0].shape[3:] != (
                 keys.shape[:2] + keys.shape[3:]
             ):
