@@ -118,6 +118,9 @@ knots, ratio ascending: the mean exact-match label per method and ratio over the
 cases (ratios labelled on 5 cases or more, made non-decreasing in the ratio; same command)."""
 
 
+FIRST_PUT_PROBES = ("window", "reconstruction")
+"""``first_put``: what a context is probed with when no question is known."""
+
 QUESTION_DTYPES: dict[str, torch.dtype | None] = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
@@ -186,6 +189,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         prior_weight: float = 0.5,
         layer_stride: int = 5,
         question_dtype: str = "bfloat16",
+        first_put: str = "window",
     ) -> None:
         if min(window, fallback_probes, layers_per_step, layer_stride) < 1:
             raise InvalidArgumentError(
@@ -198,6 +202,11 @@ class QueryAttentionEvaluator(QualityEvaluator):
             raise InvalidArgumentError(
                 f"question_dtype must be one of {sorted(QUESTION_DTYPES)}, got {question_dtype!r}"
             )
+        if first_put not in FIRST_PUT_PROBES:
+            raise InvalidArgumentError(
+                f"first_put must be one of {', '.join(FIRST_PUT_PROBES)}, got {first_put!r}"
+            )
+        self.first_put = first_put
         if not 0.0 <= prior_weight <= 1.0:
             raise InvalidArgumentError(f"prior_weight must be in [0, 1], got {prior_weight}")
         self.prior_weight = prior_weight
@@ -223,8 +232,11 @@ class QueryAttentionEvaluator(QualityEvaluator):
         fallback probes."""
         t0 = time.perf_counter()
         asked = [q for q in queries if q.token_ids] if self.model_dir else []
-        can_probe = kv.window_queries is not None or (
-            self.model_dir and len(kv.token_ids) >= kv.num_tokens and not kv.prefix_tokens
+        known_ids = bool(self.model_dir) and len(kv.token_ids) >= kv.num_tokens
+        can_probe = (
+            kv.window_queries is not None
+            or (known_ids and not kv.prefix_tokens)
+            or (known_ids and self.first_put == "reconstruction")
         )
         if not asked and not can_probe and (known := prior_quality(variants)) is not None:
             # no question and no model: the labels' per-variant share beats the last keys
@@ -263,12 +275,19 @@ class QueryAttentionEvaluator(QualityEvaluator):
         return Probes(seen.queries[:, :, -last:], seen.keys, seen.values, self.layer_stride)
 
     def probes(self, kv: ContextKV) -> Probes:
-        """Fallback probes: window queries (given, or recomputed when ``model_dir`` and the
-        context's token ids are known; for a root only: a child's window would need its
+        """Probes without a question (a first put): with ``first_put="reconstruction"``, the
+        model and the context's token ids, spans of the context read again after it
+        (:mod:`.reconstruction`); else window queries (given, or recomputed when ``model_dir``
+        and the context's token ids are known; for a root only: a child's window would need its
         ancestors' ids too), else the last keys."""
+        known_ids = len(kv.token_ids) >= kv.num_tokens
+        if self.first_put == "reconstruction" and self.model_dir and known_ids:
+            from kvtierd.profiler.reconstruction import reconstruction_ids
+
+            return self.question_probes(kv, reconstruction_ids(kv.token_ids[: kv.num_tokens]))
         if kv.window_queries is not None:
             return Probes(kv.window_queries)
-        if self.model_dir and len(kv.token_ids) >= kv.num_tokens and not kv.prefix_tokens:
+        if self.model_dir and known_ids and not kv.prefix_tokens:
             from kvtierd.profiler.window_queries import queries_for_context
 
             ids = kv.token_ids[: kv.num_tokens]
