@@ -11,6 +11,7 @@ Run: ``.venv/bin/python -m benchmarks.micro.bench_daemon`` (about a minute).
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -136,11 +137,15 @@ def memory_overhead(d: DaemonProcess, c: KVClient) -> tuple[int, int]:
 
 
 def main() -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    argparse.ArgumentParser(description=__doc__, formatter_class=fmt).parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="kvtierd-bench-"))
     config = write_config(tmp, cpu="2GiB", ssd="1GiB")
     d = DaemonProcess(config, str(tmp / "kvtierd.sock"), tmp / "daemon.log").start()
     raw_socket = str(tmp / "raw.sock")
-    raw = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "raw_grpc.py"), raw_socket])
+    raw = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.micro.raw_grpc", raw_socket], cwd=REPO
+    )
     try:
         while not os.path.exists(raw_socket):
             time.sleep(0.05)

@@ -1,14 +1,14 @@
 """A raw-bytes gRPC server (no protobuf) — the baseline the daemon's streams are held to.
 
-Run as ``python benchmarks/micro/raw_grpc.py SOCKET``: methods /raw.Raw/Empty (unary), /raw.Raw/Put
-(client stream of byte parts) and /raw.Raw/Get (server stream: the request is the total size
-as ASCII, answered in 4 MiB parts from a reused buffer).
+Run as ``python -m benchmarks.micro.raw_grpc SOCKET`` (bench_daemon starts it): methods
+/raw.Raw/Empty (unary), /raw.Raw/Put (client stream of byte parts) and /raw.Raw/Get (server
+stream: the request is the total size as ASCII, answered in 4 MiB parts from a reused buffer).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,5 +53,11 @@ async def serve(socket_path: str) -> None:
     await server.wait_for_termination()
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("socket", help="Unix socket path to serve on")
+    asyncio.run(serve(parser.parse_args().socket))
+
+
 if __name__ == "__main__":
-    asyncio.run(serve(sys.argv[1]))
+    main()
