@@ -53,11 +53,8 @@ async def serve(socket_path: str) -> None:
     await server.wait_for_termination()
 
 
-def main() -> None:
+# No ``main()``: this is the baseline server, not a benchmark that prints figures (and its machine).
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("socket", help="Unix socket path to serve on")
     asyncio.run(serve(parser.parse_args().socket))
-
-
-if __name__ == "__main__":
-    main()
