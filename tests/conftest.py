@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from tests import given_bandwidths as given
-from tests.daemon_proc import DaemonProcess, write_config
 
 
 @pytest.fixture

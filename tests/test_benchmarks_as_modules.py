@@ -15,13 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_benchmark_started_as_a_file_names_the_module_command() -> None:
     env = os.environ | {"PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "benchmarks/bench_placer.py", "--help"],
+        [sys.executable, "benchmarks/micro/bench_placer.py", "--help"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1
-    assert "python -m benchmarks.bench_placer (not python " in done.stderr
+    assert "python -m benchmarks.micro.bench_placer (not python " in done.stderr
     as_module = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench_placer", "--help"],
+        [sys.executable, "-m", "benchmarks.micro.bench_placer", "--help"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert as_module.returncode == 0 and "usage" in as_module.stdout

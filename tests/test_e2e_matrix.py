@@ -1,4 +1,4 @@
-"""The multi-seed table (benchmarks/e2e_matrix.py, issue 30) on hand-made runs."""
+"""The multi-seed table (benchmarks/e2e/e2e_matrix.py, issue 30) on hand-made runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.e2e_matrix import (
+from benchmarks.e2e.e2e_matrix import (
     LEAN,
     OURS,
     RUNS,
@@ -108,7 +108,7 @@ def test_bench_args_name_the_workload_and_every_system(tmp_path: Path) -> None:
 def test_the_simulator_is_set_beside_each_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import benchmarks.e2e_matrix as matrix
+    import benchmarks.e2e.e2e_matrix as matrix
 
     _write_run(tmp_path, "seed1", FAST)
     _write_run(tmp_path, "seed2", FAST)

@@ -1,4 +1,4 @@
-"""The headline's statistics (benchmarks/e2e_stats.py, issue 30), on numbers worked by hand."""
+"""The headline's statistics (benchmarks/e2e/e2e_stats.py, issue 30), on numbers worked by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.e2e_stats import (
+from benchmarks.e2e.e2e_stats import (
     Interval,
     Timed,
     across_seeds,

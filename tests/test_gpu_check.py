@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import wheelhouse
-from benchmarks.gpu_check.pytest_gpu import GPU_TEST_FILES, collected_count, verbose_checks
-from benchmarks.gpu_check.run import GPU_STEPS, Runner
+from benchmarks.gpu import wheelhouse
+from benchmarks.gpu.pytest_gpu import GPU_TEST_FILES, collected_count, verbose_checks
+from benchmarks.gpu.run import GPU_STEPS, Runner
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu-check"

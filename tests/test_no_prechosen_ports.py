@@ -92,7 +92,7 @@ def test_no_helper_picks_a_port_and_closes_it() -> None:
 @pytest.mark.parametrize(
     "code",
     [
-        # the helper issue 25 removed from tests/daemon_proc.py
+        # the helper issue 25 removed from the daemon harness (then tests/daemon_proc.py)
         "def free_port() -> int:\n"
         "    with socket.socket() as s:\n"
         "        s.bind(('127.0.0.1', 0))\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import e2e_workload
+from benchmarks.e2e import e2e_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("kvtierd", "benchmarks", "tests", "scripts")

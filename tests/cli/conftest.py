@@ -11,10 +11,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.cli.main import main
 from kvtierd.client import KVClient
 from tests.cli_result import Result
-from tests.daemon_proc import DaemonProcess
 
 Ctl = Callable[..., Result]
 

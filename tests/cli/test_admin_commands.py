@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
 from tests.cli.conftest import Ctl, put_contexts
-from tests.daemon_proc import DaemonProcess
 
 MiB = 1 << 20
 SIZES = {"alpha": 3000, "beta": 1000, "gamma": 2000}

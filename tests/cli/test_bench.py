@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
 from tests.cli.conftest import Ctl
-from tests.daemon_proc import DaemonProcess
 
 Start = Callable[..., DaemonProcess]
 Bind = Callable[[DaemonProcess | None], Ctl]

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.daemon_proc import DaemonProcess
+from benchmarks._support.daemon_proc import DaemonProcess
 
 KVTIERCTL = str(Path(sys.executable).with_name("kvtierctl"))
 

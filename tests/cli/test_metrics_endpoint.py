@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._support.daemon_proc import DaemonProcess, metrics_port, write_config
 from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
 from kvtierd.errors import ConfigError
-from tests.daemon_proc import DaemonProcess, metrics_port, write_config
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
 from tests.cli.conftest import Ctl, put_contexts
-from tests.daemon_proc import DaemonProcess
 
 POLICIES = Path(__file__).resolve().parents[2] / "configs" / "policies"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from kvtierd.cli.output import human_duration
 from kvtierd.client import KVClient
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from tests.cli.conftest import Ctl, put_contexts
-from tests.daemon_proc import DaemonProcess, write_config
 
 L, H, D, T, CHUNKS = 2, 2, 32, 16, 4
 POLICY = (

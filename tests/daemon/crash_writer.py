@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
+from benchmarks._support.workload import payload, size_of
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload, size_of
 
 PUTS_PER_CYCLE = 400  # at most ~400 MiB a cycle: the test's 4 GiB SSD tier never has to evict
 

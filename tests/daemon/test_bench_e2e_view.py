@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_e2e import _daemon_view
+from benchmarks._support.daemon_proc import DaemonProcess
+from benchmarks.e2e.bench_e2e import _daemon_view
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess
 
 
 def test_the_view_is_the_daemons_accounting(start_daemon: Callable[..., DaemonProcess]) -> None:
@@ -39,7 +39,7 @@ def test_profile_schedule_sets_the_daemons_runs_beside_the_requests(
     """Issue 26's two checks as bench_e2e measures them, on a real daemon's profile runs:
     contexts learned one put at a time (as the warm-up asks them), then requests placed
     before and after the runs."""
-    from benchmarks.bench_e2e import _daemon_contexts, _profile_runs, profile_schedule
+    from benchmarks.e2e.bench_e2e import _daemon_contexts, _profile_runs, profile_schedule
     from tests.daemon.test_profile_schedule import POLICY, _put, _until
 
     policy = tmp_path / "p.yaml"

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
 from kvtierd.errors import NotFoundError
-from tests.daemon_proc import DaemonProcess
 
 
 def test_evict_drops_every_object_of_the_contexts(

@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from benchmarks._support.workload import payload, size_of
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload, size_of
 
 PROCESSES = 8
 OPS = 200

@@ -151,7 +151,7 @@ def test_set_context_tokens_over_the_socket(start_daemon) -> None:
 def test_token_registrations_are_bounded(start_daemon, tmp_path) -> None:
     """Issue 16 (3): token ids are kept only for contexts the daemon holds, at most one
     context's length, and within the tenant's token_bytes_per_tenant - also over TCP."""
-    from tests.daemon_proc import tcp_listener
+    from benchmarks._support.daemon_proc import tcp_listener
 
     tcp = tcp_listener(tmp_path)
     (tmp_path / "a.token").write_text("a-token")

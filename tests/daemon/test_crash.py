@@ -16,9 +16,9 @@ import threading
 
 import pytest
 
+from benchmarks._support.daemon_proc import REPO
+from benchmarks._support.workload import payload, size_of
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload, size_of
-from tests.daemon_proc import REPO
 
 CYCLES = 6
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess
 
 MiB = 1 << 20
 

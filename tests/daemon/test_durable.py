@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from benchmarks._support.daemon_proc import tcp_listener
+from benchmarks._support.workload import payload
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
-from tests.daemon.workload import payload
-from tests.daemon_proc import tcp_listener
 
 MiB = 1 << 20
 DURABLE = [f"durable-{i}" for i in range(4)]

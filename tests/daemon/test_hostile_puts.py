@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, tcp_listener
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, tcp_listener
 
 L, H, D, T = 2, 2, 32, 16
 SHAPE = (2, L, T, H * D)

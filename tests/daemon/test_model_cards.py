@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import pytest
 import yaml
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, tcp_listener, tcp_port
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.engine.writes import MAX_CARDS_PER_TENANT
@@ -19,7 +20,6 @@ from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import MAX_CARD_BYTES, MODEL_CARD_LAYOUT, ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, tcp_listener, tcp_port
 
 MiB = 1 << 20
 MODEL = "/models/m"

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks._support.daemon_proc import tcp_listener
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import tcp_listener
 
 L, H, D, T = 2, 2, 32, 16
 

@@ -1,9 +1,9 @@
 """The daemon's profile on the real model ranks variants as the quality benchmark does (issue 12.6).
 
-Contexts of the quality benchmark (benchmarks/quality_tasks.py) are put into a daemon engine as
-the LMCache plugin puts them (bf16 KV_2LTD chunks of 16 tokens), their questions arrive as
+Contexts of the quality benchmark (benchmarks/quality/quality_tasks.py) are put into a daemon
+engine as the LMCache plugin puts them (bf16 KV_2LTD chunks of 16 tokens), their questions arrive as
 routed prompts linked to the context, and the daemon profiles the context with the ``answer``
-evaluator on SmolLM2-135M-Instruct (benchmarks/bench_profile_quality.py, which prints these
+evaluator on SmolLM2-135M-Instruct (benchmarks/quality/bench_profile_quality.py, which prints these
 profiles beside the benchmark's accuracy on more cases).
 
 Asserted only where the benchmark's gap is large: on these cases the full KV, knorm@0.5 and
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_profile_quality import VARIANTS, profile_case, start_engine
-from benchmarks.quality_tasks import make_case
+from benchmarks.quality.bench_profile_quality import VARIANTS, profile_case, start_engine
+from benchmarks.quality.quality_tasks import make_case
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 

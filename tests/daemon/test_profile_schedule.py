@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks._support.daemon_proc import DaemonProcess
 from kvtierd.client import KVClient
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.integrations.router.app import ROUTER
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess
 from tests.integrations.test_router_errors import Upstream, _prompt, _router, upstream
 
 L, H, D, T, CHUNKS = 2, 2, 32, 16, 4

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.daemon_proc import tcp_listener
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.engine.tokens import MAX_PENDING_PROMPTS
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.server.kvstore import MAX_QUERY_TEXT_BYTES
-from tests.daemon_proc import tcp_listener
 
 MiB = 1 << 20
 

@@ -9,11 +9,11 @@ import contextlib
 
 import pytest
 
+from benchmarks._support.daemon_proc import tcp_listener
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.profiler.prefill_fit import REPORT_BURST
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import tcp_listener
 
 LENGTHS = (500, 1000, 1500, 2000, 2500, 3000, 3500, 4000)
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks._support.tiny_vllm_model import VOCAB, build_tiny_llama
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.engine.context_kv import SEPARATOR
@@ -28,7 +29,6 @@ from kvtierd.policies.loader import parse_policy
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.profiler.window_queries import prefill_with_window_queries
 from kvtierd.types import ObjectMeta
-from tests.integrations.tiny_model import VOCAB, build_tiny_llama
 
 T, N, WINDOW = 16, 128, 64  # a 64-token prefix to score before the default window
 
@@ -164,8 +164,8 @@ async def test_a_daemon_with_the_real_model_profiles_snapkv(
     prefill's up to bf16 rounding and the same kept tokens."""
     from transformers import AutoTokenizer
 
-    from benchmarks.bench_profile_quality import profile_case
-    from benchmarks.quality_tasks import make_case, split_prompt
+    from benchmarks.quality.bench_profile_quality import profile_case
+    from benchmarks.quality.quality_tasks import make_case, split_prompt
 
     await engine.apply_policy(parse_policy(snapkv_policy(real_model, "answer"), "snapkv.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(real_model)

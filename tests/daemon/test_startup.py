@@ -16,12 +16,12 @@ import grpc
 import pytest
 import yaml
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, certificate, write_config
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
 from kvtierd.policies.loader import default_policy, load_policy
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, certificate, write_config
 
 
 @pytest.mark.parametrize("seconds", [1e300, math.inf, math.nan, -1.0, 3601.0])

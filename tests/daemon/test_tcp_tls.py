@@ -9,9 +9,15 @@ import asyncio
 import numpy as np
 import pytest
 
+from benchmarks._support.daemon_proc import (
+    DaemonProcess,
+    certificate,
+    tcp_listener,
+    tcp_port,
+    write_config,
+)
 from kvtierd import errors
 from kvtierd.client import AsyncKVClient, KVClient
-from tests.daemon_proc import DaemonProcess, certificate, tcp_listener, tcp_port, write_config
 
 
 def test_tcp_with_tls_and_token(start_daemon, tmp_path):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
+from benchmarks._support.daemon_proc import certificate, tcp_listener, tcp_port
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon_proc import certificate, tcp_listener, tcp_port
 
 MiB = 1 << 20
 TENANTS = [

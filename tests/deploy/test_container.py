@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks._support.daemon_proc import REPO
 from kvtierd.config import load_daemon_config
-from tests.daemon_proc import REPO
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 CONFIG = REPO / "deploy" / "docker" / "kvtierd.yaml"

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, metrics_port, write_config
 from kvtierd.client import KVClient
 from kvtierd.errors import NotFoundError
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, metrics_port, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

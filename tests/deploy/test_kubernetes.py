@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks._support.daemon_proc import REPO
 from kvtierd.config import load_daemon_config
 from kvtierd.server.app import GRACE_S
-from tests.daemon_proc import REPO
 
 MANIFESTS = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
 KUBERNETES_VERSION = "1.30.0"  # native sidecars (restartPolicy: Always) are on by default

@@ -13,12 +13,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from benchmarks._support.daemon_proc import DaemonProcess, health_port, write_config
 from kvtierd.client import KVClient
 from kvtierd.errors import UnavailableError
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.server import health_probe
-from tests.daemon_proc import DaemonProcess, health_port, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

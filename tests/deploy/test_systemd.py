@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.daemon_proc import REPO
 from kvtierd.config import load_daemon_config
 from kvtierd.server.app import GRACE_S
-from tests.daemon_proc import REPO
 
 UNIT = REPO / "deploy" / "systemd" / "kvtierd.service"
 CONFIG = REPO / "deploy" / "systemd" / "kvtierd.yaml"

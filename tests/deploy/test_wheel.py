@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_proc import REPO
+from benchmarks._support.daemon_proc import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -1,5 +1,5 @@
 """The daemon's rebalance path at scale (issue 28) gives what its plain per-context code
-gave: in a real engine (``benchmarks/placer_daemon.py``'s, a few hundred contexts, the
+gave: in a real engine (``benchmarks/micro/placer_daemon.py``'s, a few hundred contexts, the
 60-variant grid), the reconcile's operations equal those built with
 ``ContextIndex.placement_of`` for every context, also after some contexts were re-profiled
 and frequencies moved."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import placer_daemon as pd
+from benchmarks.micro import placer_daemon as pd
 from kvtierd.engine import Engine
 from kvtierd.types import Operation, OpKind, Plan
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_proc import DaemonProcess
-from tests.fault.arenas import now_s, remove_dead_arenas
+from benchmarks._support.arenas import now_s, remove_dead_arenas
+from benchmarks._support.daemon_proc import DaemonProcess
+from benchmarks._support.redis_cluster import RedisClusterProcs
 from tests.fault.remote_setup import start_remote_daemon
-from tests.storage.redis_cluster import RedisClusterProcs
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from redis.crc import key_slot
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.redis_cluster import RedisClusterProcs
+from benchmarks._support.workload import payload
 from kvtierd.client import KVClient
 from kvtierd.storage.remote_format import object_keys
-from tests.daemon.workload import payload
-from tests.daemon_proc import DaemonProcess, write_config
-from tests.storage.redis_cluster import RedisClusterProcs
 
 KiB = 1 << 10
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.fault.arenas import ARENA_DIR, arenas_of
+from benchmarks._support.arenas import ARENA_DIR, arenas_of
 
 
 def test_default_memfd_arena_leaves_nothing_after_sigkill(start_daemon):

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from benchmarks._support.workload import payload
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc.framing import data_frame
-from tests.daemon.workload import payload
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20

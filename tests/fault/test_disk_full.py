@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.workload import payload
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload
-from tests.daemon_proc import DaemonProcess, write_config
 from tests.fault.remote_setup import settle
 
 pytestmark = pytest.mark.slow

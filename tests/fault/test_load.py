@@ -1,4 +1,4 @@
-"""Short versions of benchmarks/bench_load.py: many client processes x mixed operations, every
+"""Short versions of benchmarks/micro/bench_load.py: many client processes x mixed operations, every
 read verified against its deterministic payload; then the same under daemon restarts (SIGKILL
 and SIGTERM in turn): clients see only kvtierd errors, reconnect, and every durable put they
 had acknowledged - through the arena or streamed (issue 16.1) - reads back whole."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_load import LoadConfig, report, run_load
+from benchmarks.micro.bench_load import LoadConfig, report, run_load
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ from collections import Counter
 import grpc
 import pytest
 
+from benchmarks._support.workload import payload
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon.workload import payload
 from tests.fault.remote_setup import (
     namespace_of,
     port_of,

@@ -10,9 +10,9 @@ import uuid
 
 import pytest
 
+from benchmarks._support.workload import payload
 from kvtierd import errors
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload
 from tests.fault.remote_setup import put_on_remote, settle, size_of
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]

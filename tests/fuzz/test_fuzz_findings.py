@@ -14,10 +14,10 @@ import time
 import grpc
 import pytest
 
+from benchmarks._support.daemon_proc import REPO
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO
 from tests.fuzz.proto_strategies import ALIAS_BOMB
 
 PRESETS = sorted(p.name for p in (REPO / "configs/policies").glob("*.yaml"))

@@ -29,11 +29,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, tcp_listener, write_config
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, model_card_key
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import REPO, DaemonProcess, tcp_listener, write_config
 from tests.fuzz.test_grpc_fuzz import new_tracebacks
 
 EXAMPLES = int(os.environ.get("KVTIERD_FUZZ_EXAMPLES", "40"))

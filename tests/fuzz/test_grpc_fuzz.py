@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks._support.daemon_proc import REPO, DaemonProcess, write_config
+from benchmarks._support.workload import payload
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon.workload import payload
-from tests.daemon_proc import REPO, DaemonProcess, write_config
 from tests.fuzz.proto_strategies import ALIAS_BOMB, Pools, message
 
 CALL_TIMEOUT_S = 10.0

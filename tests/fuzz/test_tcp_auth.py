@@ -13,8 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from benchmarks._support.daemon_proc import DaemonProcess, tcp_listener, write_config
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess, tcp_listener, write_config
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations.tiny_model import build_tiny_llama
+from benchmarks._support.tiny_vllm_model import build_tiny_llama
 
 
 def _have_vllm() -> bool:

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks._support.servers import CHUNK
+
 REPO = Path(__file__).resolve().parents[2]
-CHUNK = 16
 # max |logprob difference| over the top-5 of the first generated token, int8 KV against the
 # original: int8's own rounding, a property of the model and the prompt, so every test that
 # uses it runs vLLM in float32 (test_vllm_lmcache.py, test_advice_driven.py): in bfloat16,

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
-from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import (
     CHUNK,
     INT8_TOLERANCE,

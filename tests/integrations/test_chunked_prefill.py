@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.servers import post, router_stack
+from benchmarks._support.tiny_vllm_model import words
 from kvtierd.client import KVClient
 from kvtierd.router_protocol import context_digest
 from tests.integrations.harness import CHUNK
-from tests.integrations.servers import post, router_stack
-from tests.integrations.tiny_model import words
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

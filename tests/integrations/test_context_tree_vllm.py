@@ -19,12 +19,12 @@ from typing import Any
 import grpc
 import pytest
 
+from benchmarks._support.servers import post, router_stack
+from benchmarks._support.tiny_vllm_model import words
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from tests.integrations.harness import CHUNK, INT8_TOLERANCE
-from tests.integrations.servers import post, router_stack
-from tests.integrations.tiny_model import words
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.servers import post, router_stack
 from kvtierd.client import KVClient
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.harness import CHUNK
-from tests.integrations.servers import post, router_stack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

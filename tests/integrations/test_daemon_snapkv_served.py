@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks._support.servers import get_json
 from kvtierd.client import KVClient
 from kvtierd.kernels.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations import test_daemon_variant_served as keydiff_served
 from tests.integrations.harness import CHUNK
-from tests.integrations.servers import get_json
 from tests.integrations.test_daemon_variant_served import VALUE, chat_ids, complete
 from tests.integrations.test_snapkv_served import in_process_kept
 

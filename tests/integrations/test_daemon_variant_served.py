@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.servers import get_json, post, router_stack
 from kvtierd.client import KVClient
 from kvtierd.kernels.placeholder import Manifest, manifest_key
 from kvtierd.router_protocol import context_digest
 from kvtierd.rpc import kvtier_pb2 as pb
 from tests.integrations.harness import CHUNK
-from tests.integrations.servers import get_json, post, router_stack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations.servers import get_json
+from benchmarks._support.servers import get_json
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "integration.md"

@@ -23,18 +23,18 @@ from typing import Any
 import pytest
 import torch
 
-from kvtierd.client import KVClient
-from kvtierd.kernels.chunk_codec import ChunkFormat
-from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
-from kvtierd.router_protocol import context_digest
-from kvtierd.rpc import kvtier_pb2 as pb
-from tests.integrations.servers import (
+from benchmarks._support.servers import (
     get_json,
     post,
     post_stream,
     router_stack,
 )
-from tests.integrations.tiny_model import words
+from benchmarks._support.tiny_vllm_model import words
+from kvtierd.client import KVClient
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
+from kvtierd.router_protocol import context_digest
+from kvtierd.rpc import kvtier_pb2 as pb
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks._support.servers import post, router_stack
+from benchmarks._support.tiny_vllm_model import words
 from kvtierd.client import KVClient
 from kvtierd.integrations.served_eval import ServedEvaluator
 from kvtierd.profiler import ContextKV, ProfilingQuery, make_evaluator
 from kvtierd.profiler.quality import QualityResult
 from kvtierd.router_protocol import LOADED_HEADER, context_digest
 from tests.integrations.harness import CHUNK
-from tests.integrations.servers import post, router_stack
-from tests.integrations.tiny_model import words
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import CHUNK, lmcache_config, run_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(400)]

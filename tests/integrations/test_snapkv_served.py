@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integrations.servers import router_stack
+from benchmarks._support.servers import router_stack
 from tests.integrations.test_router_placeholder import SUFFIX, complete, served_variant
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.servers import get_json, post, post_stream
 from kvtierd.errors import ConfigError, UnavailableError
 from kvtierd.integrations import stack as stack_module
 from kvtierd.integrations import stack_cli
 from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags, given_dtype
 from kvtierd.integrations.stack import Stack, StackConfig
-from tests.integrations.servers import get_json, post, post_stream
 
 KVTIERD = str(Path(sys.executable).with_name("kvtierd"))
 KVTIERCTL = str(Path(sys.executable).with_name("kvtierctl"))

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess, write_config
 from tests.integrations.harness import (
     CHUNK,
     INT8_TOLERANCE,

@@ -1,4 +1,4 @@
-"""Mechanics of benchmarks/needle_check.py on a tiny random Llama (no quality claim).
+"""Mechanics of benchmarks/quality/needle_check.py on a tiny random Llama (no quality claim).
 
 The needle check's figures rest on two things this test holds: the captured window queries are
 the model's own (RoPE included), and the compressed-cache path answers like plain generation
@@ -10,7 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.needle_check import answer_with_variant, check_window_queries, prefill_context
+from benchmarks.quality.needle_check import (
+    answer_with_variant,
+    check_window_queries,
+    prefill_context,
+)
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks import bench_e2e
-from benchmarks.e2e_workload import Prompt
+from benchmarks.e2e import bench_e2e
+from benchmarks.e2e.e2e_workload import Prompt
 
 
 class _Exact:

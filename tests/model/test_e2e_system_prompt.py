@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_e2e import MAX_MODEL_LEN, _same_system_prompt
-from benchmarks.e2e_workload import (
+from benchmarks.e2e.bench_e2e import MAX_MODEL_LEN, _same_system_prompt
+from benchmarks.e2e.e2e_workload import (
     Outcome,
     Prompt,
     check_fits,
@@ -22,7 +22,7 @@ from benchmarks.e2e_workload import (
     make_contexts,
     prompts,
 )
-from benchmarks.system_prompt import head_ids, system_prompt
+from benchmarks.e2e.system_prompt import head_ids, system_prompt
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -113,7 +113,7 @@ def test_prompts_that_do_not_fit_the_model_are_refused(tokenizer: Any) -> None:
 def test_bench_e2e_refuses_before_starting_anything(tmp_path: Path) -> None:
     argv = ["--contexts", "1", "--lengths", "1024", "--system-prompt-tokens", "8000",
             "--out", str(tmp_path)]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_e2e", *argv], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.e2e.bench_e2e", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 1
     assert "more than the 8192 tokens of max_model_len" in done.stderr
@@ -156,7 +156,7 @@ def test_tiers_are_sized_in_the_dtype_vllm_keeps_kv_in(tmp_path: Path) -> None:
     tiers for bf16 gave them half the share asked for."""
     import json
 
-    from benchmarks.bench_e2e import kv_bytes_per_token
+    from benchmarks.e2e.bench_e2e import kv_bytes_per_token
 
     cfg = {"hidden_size": 576, "num_attention_heads": 9, "num_hidden_layers": 30,
            "num_key_value_heads": 3}  # fmt: skip

@@ -1,4 +1,5 @@
-"""The quality benchmark's cases (benchmarks/quality_tasks.py) on the real model's tokenizer."""
+"""The quality benchmark's cases (benchmarks/quality/quality_tasks.py) on the real model's
+tokenizer."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.quality_tasks import TASKS, accuracy, make_case, make_cases, split_prompt
+from benchmarks.quality.quality_tasks import TASKS, accuracy, make_case, make_cases, split_prompt
 
 pytestmark = pytest.mark.model
 

@@ -16,7 +16,7 @@ def test_the_question_orders_variants_as_their_answers(real_model: Path) -> None
     import torch
     from transformers import AutoTokenizer
 
-    from benchmarks.quality_tasks import make_case, split_prompt
+    from benchmarks.quality.quality_tasks import make_case, split_prompt
     from kvtierd.profiler import ContextKV, ProfilingQuery, StoredForm
     from kvtierd.profiler.query_attention import QueryAttentionEvaluator
     from kvtierd.profiler.window_queries import prefill_with_window_queries, window_model

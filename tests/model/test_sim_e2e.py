@@ -1,4 +1,4 @@
-"""benchmarks/sim_e2e.py: bench_e2e's workload rebuilt for ``kvtierd sim predict`` (real
+"""benchmarks/e2e/sim_e2e.py: bench_e2e's workload rebuilt for ``kvtierd sim predict`` (real
 tokenizer), predicted per system and compared with a measurement of the same requests."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.bench_e2e import kv_bytes_per_token, systems, workload_args
-from benchmarks.e2e_workload import make_contexts, make_requests, trace_gaps
-from benchmarks.sim_e2e import (
+from benchmarks.e2e.bench_e2e import kv_bytes_per_token, systems, workload_args
+from benchmarks.e2e.e2e_workload import make_contexts, make_requests, trace_gaps
+from benchmarks.e2e.sim_e2e import (
     build_workload,
     compare,
     placer_for,
@@ -101,7 +101,7 @@ def test_rebuilt_workload_predicted_and_compared(
 E2E_SMALL = Path(__file__).parent / "data" / "e2e_small"
 """A real bench_e2e run, small (2026-11-23, 2 vCPU AMD EPYC, commit 2d33b40)::
 
-    python -m benchmarks.bench_e2e --contexts 6 --lengths 1024 2048 --requests 16 --qps 0.3 \\
+    python -m benchmarks.e2e.bench_e2e --contexts 6 --lengths 1024 2048 --requests 16 --qps 0.3 \\
         --systems prefill lru --settle-s 30
 
 its ``prefill.json``, ``lru.json``, ``summary.json`` and ``work/lru/daemon/kvtierd.yaml`` as
@@ -122,7 +122,7 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     argv = ["--contexts", "6", "--lengths", "1024", "2048", "--requests", "16", "--qps", "0.3",
             "--systems", "prefill", "lru", "--warmup-questions", "1",
             "--out", str(out)]  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.e2e.sim_e2e", *argv], cwd=REPO,
                           capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     workload = json.loads((out / "workload.json").read_text())
@@ -162,7 +162,7 @@ def test_sim_e2e_calibrates_from_a_real_bench_e2e_run(tmp_path: Path) -> None:
     )
     # a calibration file given instead: nothing is fitted, every row is held out
     given = REPO / "configs/sim/smollm2-vllm-cpu.yaml"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.sim_e2e", *argv, "--calibration",
+    done = subprocess.run([sys.executable, "-m", "benchmarks.e2e.sim_e2e", *argv, "--calibration",
                            str(given)], cwd=REPO, capture_output=True, text=True, timeout=300,
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -174,7 +174,7 @@ def test_sim_e2e_without_a_measurement_says_what_to_run(tmp_path: Path) -> None:
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sim_e2e", "--contexts", "2", "--lengths", "1024",
+        [sys.executable, "-m", "benchmarks.e2e.sim_e2e", "--contexts", "2", "--lengths", "1024",
          "--requests", "3", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

@@ -59,7 +59,7 @@ def test_exchange_never_loses_and_stays_feasible(inst):
 
 
 def test_greedy_reaches_98_percent_of_the_optimum_on_random_instances():
-    """Uniform random instances as in benchmarks/bench_placer.py (the harder kind)."""
+    """Uniform random instances as in benchmarks/micro/bench_placer.py (the harder kind)."""
     rng = np.random.default_rng(7)
     for _ in range(25):
         n, n_var = 12, 6

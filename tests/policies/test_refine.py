@@ -4,7 +4,7 @@ Instances come from ``kvtierd.sim.families`` (seeded). The optimum is
 ``milp_reference.optimum`` (scipy's MILP on a dense formulation written here), so neither the
 exact solver the placer uses nor its refinements check themselves. "Achievable gain" is the
 share of ``opt - u_drop`` reached (``u_drop``: every context dropped), as in
-``benchmarks/bench_placer.py``.
+``benchmarks/micro/bench_placer.py``.
 """
 
 from __future__ import annotations

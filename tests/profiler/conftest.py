@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.profiler.tiny_models import build_tiny_llama
+from benchmarks._support.tiny_llama import build_tiny_llama
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # a missing local file must fail, not reach the hub
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -1,4 +1,4 @@
-"""The estimator benchmark's arithmetic (benchmarks/bench_estimators.py, quality_labels.py):
+"""The estimator benchmark's arithmetic (benchmarks/quality/bench_estimators.py, quality_labels.py):
 pair agreement with ties, Spearman, Wilson intervals, the labels' digest check, and the label
 file as checked in."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_estimators import pair_agreement, prior_scores, spearman
-from benchmarks.quality_labels import (
+from benchmarks.quality.bench_estimators import pair_agreement, prior_scores, spearman
+from benchmarks.quality.quality_labels import (
     LABELS,
     LabelledCase,
     check_split,
@@ -15,7 +15,7 @@ from benchmarks.quality_labels import (
     load_labels,
     wilson,
 )
-from benchmarks.quality_tasks import PromptSplit
+from benchmarks.quality.quality_tasks import PromptSplit
 
 
 def test_pairs_count_only_differing_truth_and_ties_count_half() -> None:

@@ -79,7 +79,7 @@ def test_quality_orders_variants_on_the_real_model(real_model: Path) -> None:
     answers as the full KV does, and a tenth of the tokens loses the needles."""
     from transformers import AutoTokenizer
 
-    from benchmarks.quality_tasks import make_case, split_prompt
+    from benchmarks.quality.quality_tasks import make_case, split_prompt
     from kvtierd.profiler import StoredForm
 
     tok = AutoTokenizer.from_pretrained(real_model)

@@ -1,4 +1,4 @@
-"""benchmarks/e2e_calibration.py: service times from an open-loop run, hits from vLLM's log
+"""benchmarks/e2e/e2e_calibration.py: service times from an open-loop run, hits from vLLM's log
 (LMCache's own lines), and the calibration file they make, fitted by ``kvtierd sim``."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.e2e_calibration import (
+from benchmarks.e2e.e2e_calibration import (
     Lengths,
     Service,
     calibration_yaml,

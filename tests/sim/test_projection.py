@@ -1,4 +1,4 @@
-"""benchmarks/projection.py (issue 30.5): the projection runs end to end on a tiny slice of the
+"""benchmarks/e2e/projection.py (issue 30.5): the projection runs end to end on a tiny slice of the
 paper's setting, its figures are the setting file's, and the setting file is validated."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.common import REPO, cpu_model
-from benchmarks.projection import SETTING, at_equal_quality, case_qualities, load, main
-from benchmarks.projection_setting import load_setting, parse_setting
-from benchmarks.sim_e2e import HOLD_S
+from benchmarks._support.common import REPO, cpu_model
+from benchmarks.e2e.projection import SETTING, at_equal_quality, case_qualities, load, main
+from benchmarks.e2e.projection_setting import load_setting, parse_setting
+from benchmarks.e2e.sim_e2e import HOLD_S
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.sim.workload import WorkloadConfig, make_workload
 
@@ -115,7 +115,7 @@ def test_the_projection_places_under_the_daemons_offer_rules(
 ) -> None:
     """The placer is offered what kvtierd's daemon would offer it (issue 30.4's rules, checked
     beside bench_e2e), not every variant from the first put."""
-    from benchmarks import projection
+    from benchmarks.e2e import projection
     from kvtierd.sim.offers import DAEMON
 
     seen = []

@@ -1,4 +1,4 @@
-"""What ``benchmarks/sim_e2e.py`` takes from a measured bench_e2e run (issue 30.4): the KV dtype
+"""What ``benchmarks/e2e/sim_e2e.py`` takes from a measured bench_e2e run (issue 30.4): the KV dtype
 the cached systems kept, their own prefill line, the decode hold, quantized hits for the load
 model, LMCache's inclusive tiers, the fixed systems' measured quality and what the EvicPress
 daemon's estimator profiled."""
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.e2e_calibration import (
+from benchmarks.e2e.e2e_calibration import (
     Lengths,
     Service,
     fit_calibrations,
@@ -22,13 +22,13 @@ from benchmarks.e2e_calibration import (
     quantized_hits,
     vllm_batching,
 )
-from benchmarks.e2e_measured import (
+from benchmarks.e2e.e2e_measured import (
     estimator_profiles,
     inclusive,
     kv_dtype_bytes,
     measured_quality,
 )
-from benchmarks.sim_e2e import compare, disagreements
+from benchmarks.e2e.sim_e2e import compare, disagreements
 from kvtierd.sim.calibration import parse_calibration
 from kvtierd.sim.given import parse_workload
 from kvtierd.sim.predict import predict
@@ -207,8 +207,8 @@ def test_the_comparison_names_the_requests_where_loading_disagrees() -> None:
 def test_kvtierd_systems_are_simulated_with_the_plugins_lookup_hold() -> None:
     # the daemon defers drops of what a lookup found (kvtierd/sim/executing.py); LMCache alone
     # has no daemon, so nothing holds its contexts
-    from benchmarks.bench_e2e import systems
-    from benchmarks.sim_e2e import HOLD_S, placer_for
+    from benchmarks.e2e.bench_e2e import systems
+    from benchmarks.e2e.sim_e2e import HOLD_S, placer_for
 
     every = systems([2.0], ["int8"], Path("model"), ["keydiff"], [1.0, 0.5])
     held = {name: placer_for(name, s.policy)[0].hold_s for name, s in every.items()}

@@ -2,7 +2,7 @@
 
 Remote tier: ``redis_cluster`` (one 3-master cluster per test module, shared) and
 ``fresh_redis_cluster`` (one per test, for tests that kill nodes) start real ``redis-server``
-processes on loopback (tests/storage/redis_cluster.py); ``remote_tier`` builds started
+processes on loopback (benchmarks/_support/redis_cluster.py); ``remote_tier`` builds started
 ``RemoteTier`` s on a cluster, each in a unique namespace unless told otherwise, closed at
 teardown.
 """
@@ -20,7 +20,7 @@ import pytest
 import redis.cluster
 
 try:  # the helper sits beside this file; its import name depends on pytest's import mode
-    from tests.storage.redis_cluster import RedisClusterProcs
+    from benchmarks._support.redis_cluster import RedisClusterProcs
 except ModuleNotFoundError:
     from redis_cluster import RedisClusterProcs  # type: ignore[no-redef]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.workload import payload
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

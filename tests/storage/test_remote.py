@@ -33,7 +33,7 @@ from kvtierd.storage.remote_format import object_keys
 from kvtierd.types import ObjectMeta
 
 try:  # see conftest.py
-    from tests.storage import redis_cluster as redis_cluster_module
+    from benchmarks._support import redis_cluster as redis_cluster_module
 except ModuleNotFoundError:
     import redis_cluster as redis_cluster_module  # type: ignore[no-redef]
 
