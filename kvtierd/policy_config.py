@@ -79,7 +79,7 @@ the cheap estimator's profiles (``profiling.evaluator``), never give a context i
 DEFAULT_ESTIMATOR = "query_attention"
 """The cheap estimator a policy gets when it names none (``profiling.estimator``): the one
 that orders variants as accuracy does most often at a small share of a prefill (issue 26,
-``benchmarks/bench_estimators.py``)."""
+``benchmarks/quality/bench_estimators.py``)."""
 DEFAULT_ESTIMATOR_ERROR = 0.1
 """``profiling.estimator_error`` when a policy gives none: the quality error the estimator is
 taken to have until it is measured on labelled cases (issue 26)."""

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine
+from benchmarks._support.common import REPO, machine
 from benchmarks.quality.context_kinds import make_kind_case
 from benchmarks.quality.context_labels import (
     LABELS,
@@ -47,8 +47,8 @@ from benchmarks.quality.context_labels import (
     load_context_labels,
     prompts,
 )
+from benchmarks.quality.quality_labels import CHUNK, ids_digest
 from benchmarks.quality.ranking import context_auc, context_spearman, mean_spearman
-from benchmarks.quality_labels import CHUNK, ids_digest
 
 SCORES = REPO / "benchmarks/data/context_scores.jsonl"
 FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram")

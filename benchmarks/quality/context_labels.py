@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine
+from benchmarks._support.common import REPO, machine
 from benchmarks.quality.context_kinds import KINDS, KindCase, make_kind_case
+from benchmarks.quality.quality_labels import CHUNK, WINDOW, ids_digest
+from benchmarks.quality.quality_tasks import Case, split_prompt
 from benchmarks.quality.ranking import spearman
-from benchmarks.quality_labels import CHUNK, WINDOW, ids_digest
-from benchmarks.quality_tasks import Case, split_prompt
 
 LABELS = REPO / "benchmarks/data/context_labels.jsonl"
 VARIANTS = ("int4", "knorm@0.7", "knorm@0.5", "keydiff@0.7", "keydiff@0.5", "keydiff@0.3",

@@ -9,7 +9,7 @@ Both sides move the same bytes twice, measured in the same run (these machines a
 
 Each figure is the best of ``--repeat`` runs; GB/s counts 2 x N MiB per round trip, so the
 ratio daemon / memcpy is the share of the machine's copy bandwidth the data path delivers.
-The full benchmark (raw-gRPC baselines, lookups, memory) is ``benchmarks/bench_daemon.py``.
+The full benchmark (raw-gRPC baselines, lookups, memory) is ``benchmarks/micro/bench_daemon.py``.
 """
 
 from __future__ import annotations

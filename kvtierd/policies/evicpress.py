@@ -55,7 +55,7 @@ INSERT_NODES = 1500
 """Search nodes an overflowing insert's repair may visit: a work limit, not seconds (the same
 inserts give the same plan under any load). Measured on the merged trap instances of
 100-200 contexts (issue 28): within 0.7% of the LP bound, the longest insert well under
-50 ms on an idle core (``benchmarks/bench_placer.py``)."""
+50 ms on an idle core (``benchmarks/micro/bench_placer.py``)."""
 
 INSERT_LIMITS = RefineLimits(max_nodes=INSERT_NODES, rounds=1, own_search=True)
 """What an overflowing insert may spend on its repair: one search of the own branch-and-bound

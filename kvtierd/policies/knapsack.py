@@ -15,7 +15,7 @@ capacity of those tiers — the same optimistic estimate Algorithm 1 uses when i
 down. Contexts that leave compete in the next tier. The bottom tier's leave option is dropping.
 
 Cost: ``O(n V log(n V))`` per tier (a sort of the hull edges); 100,000 contexts x 60 variants x
-3 tiers take well under a second (``benchmarks/bench_placer.py``).
+3 tiers take well under a second (``benchmarks/micro/bench_placer.py``).
 """
 
 from __future__ import annotations

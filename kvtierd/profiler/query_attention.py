@@ -102,7 +102,7 @@ Fitted on the exact-match labels of benchmarks/data/quality_labels.jsonl (65 cas
 SmolLM2-135M-Instruct, 20 variants each) against ``raw`` of the default reading (every fifth
 layer, the question's pass in bfloat16: ``query_attention/question/stride5-bf16`` of
 benchmarks/data/estimator_cost_strides.jsonl): equal-count bins made monotone (``python -m
-benchmarks.bench_estimators --constants --constants-of query_attention/question/stride5-bf16
+benchmarks.quality.bench_estimators --constants --constants-of query_attention/question/stride5-bf16
 --out benchmarks/data/estimator_cost_strides.jsonl``, 2026-11-26)."""
 
 PRIOR: dict[str, tuple[tuple[float, float], ...]] = {

@@ -1,6 +1,6 @@
 """``query_attention``'s errors computed as before issue 26's speed-up: the reference that the
 fast path (:meth:`.QueryAttentionEvaluator.errors`) must match up to float rounding (tests),
-and the "before" of the benchmark's cost comparison (``benchmarks/bench_estimators.py``).
+and the "before" of the benchmark's cost comparison (``benchmarks/quality/bench_estimators.py``).
 
 The straightforward form: per quantization the softmax terms ``e`` ``[L', H, G*T, N]``, per
 keep order a ``gather`` of ``e`` and of the values, prefix sums at the kept counts, and one more

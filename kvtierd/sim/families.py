@@ -1,6 +1,6 @@
 """Seeded placement instances, by family, to measure placers against the exact optimum.
 
-``benchmarks/bench_placer.py`` and ``tests/policies`` draw from these; the module lives with
+``benchmarks/micro/bench_placer.py`` and ``tests/policies`` draw from these; the module lives with
 the simulator, whose calibrated contexts the ``paper`` family uses (the daemon never needs it).
 Each family is a function ``(seed, n_contexts) -> UtilityTable`` in :data:`FAMILIES`; the same
 seed gives the same instance. Sizes are bytes, times seconds, three tiers (two finite, fastest

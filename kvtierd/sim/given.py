@@ -1,6 +1,6 @@
 """A workload given as a file: the contexts and requests a benchmark actually sent.
 
-JSON (``benchmarks/sim_e2e.py`` writes one for ``bench_e2e.py``'s workload)::
+JSON (``benchmarks/e2e/sim_e2e.py`` writes one for ``bench_e2e.py``'s workload)::
 
     {"model": {"name": "SmolLM2-135M-Instruct", "layers": 30, "q_heads": 9, "kv_heads": 3,
                "head_dim": 64, "active_params": 1.35e8, "max_context_tokens": 8192,
@@ -17,7 +17,7 @@ quality per variant; the calibration's ``quality`` covers the others, and a vari
 is not offered for that context. The oracle frequency of a context is its number of requests.
 
 A context's ``profile`` (optional) is what the placer is told: the quality per variant that the
-daemon's estimator profiled (``benchmarks/sim_e2e.py`` takes it from the measured daemon's
+daemon's estimator profiled (``benchmarks/e2e/sim_e2e.py`` takes it from the measured daemon's
 profiles). Where a context has one, the placer is offered the variants it names, at its
 qualities, and decides on them; a request is still served at the measured ``quality`` (the
 profile's where none was measured). Without one the placer decides on the measured quality,

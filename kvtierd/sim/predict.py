@@ -6,7 +6,7 @@ synthetic workload, with the calibrated tiers and prefill line; each measured re
 predicted TTFT then adds waiting on one LLM server serving in arrival order (the requests
 waiting together in one step, as the calibration's ``batch`` allows), held ``decode_s`` after
 each first token (:func:`kvtierd.sim.timing.batched_ttft_s`), so it is comparable with
-TTFTs taken at the client of an open-loop run. ``benchmarks/sim_e2e.py`` puts it beside
+TTFTs taken at the client of an open-loop run. ``benchmarks/e2e/sim_e2e.py`` puts it beside
 ``bench_e2e.py``'s measurements.
 """
 

@@ -1,6 +1,6 @@
 """Reading a YAML settings document by hand, with errors that name the file and the key: the
 simulator's calibration (``calibration.py``) and the projection's setting
-(``benchmarks/projection_setting.py``) are both read through :class:`YamlDoc`."""
+(``benchmarks/e2e/projection_setting.py``) are both read through :class:`YamlDoc`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ Bytes move in ``part_bytes`` pieces, ``queue_depth`` of them in flight, with ``o
 ``os.pwritev`` on the tier's own thread pool — never on the event loop. Not aiofiles (DESIGN.md
 §3.10): it runs the same blocking calls on the loop's shared default executor, only through a
 seek + read file object (one call in flight per handle), and was no faster in
-``benchmarks/bench_ssd.py`` (figures in benchmarks/RESULTS.md).
+``benchmarks/micro/bench_ssd.py`` (figures in benchmarks/RESULTS.md).
 
 Keys are unique within the tier whatever the tenant (the engine namespaces them); the file name
 is xxh3_128 of ``(tenant, key)``, so no client string reaches a path. Zero-byte objects are

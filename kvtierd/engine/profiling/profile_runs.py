@@ -1,7 +1,7 @@
 """The daemon's newest profile runs: when each ran (wall clock), with which evaluator and why.
 
 ``Admin.ProfileStatus`` reports them, so that a benchmark can set them beside its requests'
-send and first-token times (``benchmarks/bench_e2e.py``: no profile inside the timed window
+send and first-token times (``benchmarks/e2e/bench_e2e.py``: no profile inside the timed window
 while vLLM has a request in flight; every context profiled by its second request).
 """
 
