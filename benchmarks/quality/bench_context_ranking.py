@@ -41,6 +41,7 @@ from typing import Any
 from benchmarks._support.common import REPO, machine
 from benchmarks.quality.context_kinds import make_kind_case
 from benchmarks.quality.context_labels import (
+    DTYPE,
     LABELS,
     VARIANTS,
     ContextLabels,
@@ -278,7 +279,7 @@ def run(args: argparse.Namespace) -> None:
     model_dir = str(fetch_model(log=print))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     answer = AnswerEvaluator(model_dir)
-    answer.load()[0].to(torch.float32)
+    answer.load()[0].to(getattr(torch, DTYPE))
     done = {r["case"] for r in _read(args.out)}
     contexts = load_context_labels(args.labels)
     print(f"{len(contexts)} labelled contexts, {len(done)} scored, on {machine()}", flush=True)

@@ -21,7 +21,7 @@ answer:
 Every question asks for one short value whose text is the expected answer, and comes with
 the reply's first words (``lead``: "The code of Hiro Pryce is"), given to the model after the
 chat template's assistant turn opens, so that a greedy answer is the value in a few tokens;
-24 questions per context (fewer when the kind has fewer distinct facts at that length),
+20 questions per context (fewer when the kind has fewer distinct facts at that length),
 so that a context's share of questions kept is measured with enough questions to rank contexts
 (issue 39 asks for a split-half reliability of 0.6). ``fact_share`` is the share of the
 document's characters that are facts: the model-free reference the issue names (1 minus it
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("narrative", "logs", "table", "code", "chat", "mixture")
-QUESTIONS = 24
+QUESTIONS = 20
 
 KEYS = ("apple", "river", "window", "garden", "bridge", "castle", "forest", "island", "market",
         "mountain", "pencil", "rocket", "silver", "tiger", "violin", "wagon", "anchor", "basket",
