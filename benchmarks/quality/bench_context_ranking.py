@@ -52,7 +52,8 @@ from benchmarks.quality.quality_labels import CHUNK, ids_digest
 from benchmarks.quality.ranking import context_auc, context_spearman, mean_spearman
 
 SCORES = REPO / "benchmarks/data/context_scores.jsonl"
-FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram")
+FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram", "coverage1",
+             "coverage2", "coverage3", "coverage4")  # fmt: skip
 AFTER_TRAFFIC = ("question", "answer")
 REFERENCES = ("prior", "fact_share")
 
@@ -76,6 +77,7 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
     """One context's scores and costs (module docstring)."""
     import torch
 
+    from kvtierd.profiler.coverage import ngram_coverage
     from kvtierd.profiler.quality import ContextKV, StoredForm
     from kvtierd.profiler.query_attention import QueryAttentionEvaluator
     from kvtierd.profiler.reconstruction import reconstruction_ids
@@ -122,6 +124,12 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
         r = ngram_redundancy(context)
         return dict.fromkeys(variants, r)
 
+    def coverage(n: int) -> Callable[[], dict[str, float]]:
+        def run() -> dict[str, float]:
+            return ngram_coverage(bare, variants, form, n)
+
+        return run
+
     def question() -> dict[str, float]:
         return qa.raw_scores(bare, variants, qa.question_probes(bare, known), form)
 
@@ -130,7 +138,9 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
     with torch.inference_mode():
         for name, fn in (("window", window), ("keys", keys), ("recon", recon(4, 16)),
                          ("recon8x16", recon(8, 16)), ("recon16x4", recon(16, 4)),
-                         ("ngram", ngram), ("question", question)):  # fmt: skip
+                         ("ngram", ngram), ("coverage1", coverage(1)), ("coverage2", coverage(2)),
+                         ("coverage3", coverage(3)), ("coverage4", coverage(4)),
+                         ("question", question)):  # fmt: skip
             scores, cpu = timed(fn)
             row["scores"][name] = {v: round(s, 6) for v, s in scores.items()}
             row["cpu_s"][name] = round(cpu, 4)
@@ -176,6 +186,19 @@ def label_tables(
     return out
 
 
+def half_tables(
+    contexts: Sequence[ContextLabels], rule: str
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per context and variant, the share kept of its odd questions and of its even ones."""
+    odd: dict[str, dict[str, float]] = {}
+    even: dict[str, dict[str, float]] = {}
+    for c in contexts:
+        kept = c.kept[rule]
+        odd[c.name] = {v: statistics.fmean(kept[v][0::2]) for v in VARIANTS}
+        even[c.name] = {v: statistics.fmean(kept[v][1::2]) for v in VARIANTS}
+    return odd, even
+
+
 def reading_scores(
     rows: dict[str, dict[str, Any]], contexts: Sequence[ContextLabels], fit: Sequence[ContextLabels]
 ) -> dict[str, dict[str, dict[str, float]]]:
@@ -208,7 +231,12 @@ def report(
     tables = reading_scores(rows, held, fit)
     labels_all = label_tables(held, rule, skip_first=False)
     labels_rest = label_tables(held, rule, skip_first=True)
+    odd, even = half_tables(held, rule)
+    ceiling = context_auc(even, odd, VARIANTS) + context_auc(odd, even, VARIANTS)
     lines = [
+        f"The labels' own ceiling: each context's odd questions' share as the score of its even "
+        f"questions' share and the reverse: across-context AUC {_f(ceiling.auc)} (an estimator "
+        "judged on labels this noisy cannot rank far above it).\n",
         f"{len(held)} {half} contexts (of {len(contexts)} labelled; label: share of questions "
         f"kept, {rule}); across-context AUC pooled over the variants' pairs, Spearman per "
         "variant across contexts. After-traffic readings are judged on each context's other "

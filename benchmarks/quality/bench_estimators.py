@@ -402,7 +402,7 @@ def calibration_report(rows: list[dict[str, Any]], labels: dict[str, LabelledCas
     """The calibration of ``query_attention/question`` to exact match and to accuracy: fitted
     on the even cases, judged on the odd (mean absolute error per variant of the predicted
     share, against the unfitted raw score), then the knots fitted on every case."""
-    from kvtierd.profiler.query_attention import calibrate
+    from kvtierd.profiler.quality_tables import calibrate
 
     name = "query_attention/question"
     have = [r for r in rows if name in r["scores"]]
@@ -439,7 +439,7 @@ def _variant_share_error(
     knots: tuple[tuple[float, float], ...],
     label: str,
 ) -> float:
-    from kvtierd.profiler.query_attention import calibrate
+    from kvtierd.profiler.quality_tables import calibrate
 
     pred: dict[str, list[float]] = {}
     true: dict[str, list[float]] = {}
@@ -563,7 +563,7 @@ def add_blends(
     """``query_attention/{question,window}+prior``: the evaluator's default reading — its raw
     score calibrated (knots fitted on the even cases' exact match), averaged with equal weights
     with the leave-one-out prior — at its raw score's cost."""
-    from kvtierd.profiler.query_attention import calibrate
+    from kvtierd.profiler.quality_tables import calibrate
 
     blended = ("query_attention/question", "query_attention/window",
                *(f"query_attention/question/{k}" for k in ("before", "stride2", "stride3", "bf16",

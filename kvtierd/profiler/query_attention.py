@@ -1,3 +1,4 @@
+# Long because its every-ratio-at-once attention arithmetic (_Terms) serves this estimator only.
 """``query_attention``: the question's own attention, full KV against every variant, for every
 ratio at once (issue 26).
 
@@ -40,8 +41,8 @@ this estimate does not follow (its error is of the same size).
 
 ``quality`` is ``raw`` through a monotone calibration to the share of questions whose answer is
 unchanged (exact match of the greedy answer's first 16 tokens) measured on the labelled cases of
-``benchmarks/data/quality_labels.jsonl`` (:data:`CALIBRATION`, where it comes from is said
-there): the placer's ``alpha * quality`` then reads "share of questions still answered".
+``benchmarks/data/quality_labels.jsonl`` (:data:`~.quality_tables.CALIBRATION`, where it comes from
+is said there): the placer's ``alpha * quality`` then reads "share of questions still answered".
 ``calibrate=False`` returns ``raw``. Calibrated, the score is averaged (``prior_weight``, 0.5:
 equal weights, chosen before measuring) with the labels' share for the variant (:data:`PRIOR`)
 when the prior knows every variant: on the labels the prior alone ordered pairs better than the
@@ -64,7 +65,6 @@ as probes; the last keys only for a variant the prior does not know.
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
 from collections.abc import Sequence
@@ -83,40 +83,9 @@ from kvtierd.profiler.quality import (
     QualityResult,
     StoredForm,
 )
+from kvtierd.profiler.quality_tables import calibrate, prior_quality
+from kvtierd.profiler.quant_round_trip import round_trips
 from kvtierd.variants import parse_variant
-
-CALIBRATION: tuple[tuple[float, float], ...] = (
-    (0.6479, 0.1298),
-    (0.7477, 0.2939),
-    (0.8112, 0.3969),
-    (0.842, 0.6489),
-    (0.8814, 0.7252),
-    (0.9196, 0.8244),
-    (0.9397, 0.9084),
-    (0.9802, 0.9237),
-    (0.9965, 1.0),
-    (1.0, 1.0),
-)
-"""``(raw, quality)`` knots, raw ascending, quality non-decreasing; linear between knots.
-Fitted on the exact-match labels of benchmarks/data/quality_labels.jsonl (65 cases of 1k tokens,
-SmolLM2-135M-Instruct, 20 variants each) against ``raw`` of the default reading (every fifth
-layer, the question's pass in bfloat16: ``query_attention/question/stride5-bf16`` of
-benchmarks/data/estimator_cost_strides.jsonl): equal-count bins made monotone (``python -m
-benchmarks.quality.bench_estimators --constants --constants-of query_attention/question/stride5-bf16
---out benchmarks/data/estimator_cost_strides.jsonl``, 2026-11-26)."""
-
-PRIOR: dict[str, tuple[tuple[float, float], ...]] = {
-    "int4": ((1.0, 0.923),),
-    "int8": ((1.0, 0.985),),
-    "keydiff": ((0.1, 0.169), (0.3, 0.662), (0.6, 0.762), (0.9, 0.862)),
-    "knorm": ((0.1, 0.015), (0.3, 0.077), (0.5, 0.523), (0.7, 0.723), (0.9, 0.892)),
-    "knorm+int8": ((0.1, 0.015), (0.3, 0.077), (0.5, 0.523), (0.7, 0.738), (0.9, 0.892)),
-    "streamingllm": ((0.1, 0.138), (0.25, 0.215), (0.5, 0.585)),
-}
-"""Per method (``Variant.method_name``), ``(ratio, share of questions answered unchanged)``
-knots, ratio ascending: the mean exact-match label per method and ratio over the same 65
-cases (ratios labelled on 5 cases or more, made non-decreasing in the ratio; same command)."""
-
 
 FIRST_PUT_PROBES = ("window", "reconstruction")
 """``first_put``: what a context is probed with when no question is known."""
@@ -127,22 +96,6 @@ QUESTION_DTYPES: dict[str, torch.dtype | None] = {
     "": None,  # the stored KV's own dtype
 }
 """``question_dtype``: the dtype the question's pass runs the model in."""
-
-
-def prior_quality(variants: Sequence[str]) -> dict[str, float] | None:
-    """Each variant's share from :data:`PRIOR` (linear in the ratio between its knots, clamped
-    at the ends); ``None`` when a variant's method has none (the caller probes instead)."""
-    out = {}
-    for v in variants:
-        parsed = parse_variant(v)
-        if parsed.method_name == "none":
-            out[v] = 1.0
-            continue
-        knots = PRIOR.get(parsed.method_name)
-        if knots is None:
-            return None
-        out[v] = calibrate(parsed.ratio, knots)
-    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -156,20 +109,6 @@ class Probes:
     own_keys: torch.Tensor | None = None
     own_values: torch.Tensor | None = None
     layer_stride: int = 1  # of every ``layer_stride``-th layer of the model only (0, k, 2k, ..)
-
-
-def calibrate(raw: float, knots: Sequence[tuple[float, float]] | None = None) -> float:
-    """``raw`` through the piecewise-linear monotone map ``knots`` (default
-    :data:`CALIBRATION`, clamped at its ends)."""
-    knots = CALIBRATION if knots is None else knots
-    xs = [x for x, _ in knots]
-    i = bisect.bisect_right(xs, raw)
-    if i == 0:
-        return knots[0][1]
-    if i == len(knots):
-        return knots[-1][1]
-    (x0, y0), (x1, y1) = knots[i - 1], knots[i]
-    return y0 + (y1 - y0) * (raw - x0) / (x1 - x0)
 
 
 class QueryAttentionEvaluator(QualityEvaluator):
@@ -310,7 +249,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         grouped by the KV head they read, ``G`` per group, then the probe tokens)."""
         if self.layer_stride > 1:
             kv, probes = _every_kth_layer(kv, probes, self.layer_stride)
-        plans = _plans(kv, variants, form)
+        plans = keep_plans(kv, variants, form)
         bits = sorted({p.bits for p in plans} | {0})
         n = kv.num_tokens
         per_step: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
@@ -363,7 +302,7 @@ def _every_kth_layer(kv: ContextKV, probes: Probes, k: int) -> tuple[ContextKV, 
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class _Plan:
+class KeepPlan:
     """Variants sharing one keep order (``None``: every token, in place) and one quantization
     (``bits``, 0 for none), and the kept counts they take of that order."""
 
@@ -373,7 +312,7 @@ class _Plan:
     by_count: list[list[str]]  # variant names per count
 
 
-def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Plan]:
+def keep_plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[KeepPlan]:
     parsed = {v: parse_variant(v) for v in variants}
     groups: dict[tuple[str, int], list[str]] = {}
     for v, p in parsed.items():
@@ -398,7 +337,7 @@ def _plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[_Pl
             count_of = {v: method.kept_count(n, parsed[v].ratio, unit) for v in names}
         counts = sorted(set(count_of.values()))
         by_count = [[v for v in names if count_of[v] == c] for c in counts]
-        plans.append(_Plan(order, bits, counts, by_count))
+        plans.append(KeepPlan(order, bits, counts, by_count))
     return plans
 
 
@@ -462,41 +401,6 @@ def _permuted(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     base = torch.arange(lyr * h, device=order.device).reshape(lyr, h, 1) * n
     rows = (order + base).reshape(-1)
     return x.reshape(lyr * h * n, f).index_select(0, rows).reshape(lyr, h, n, f)
-
-
-def round_trips(
-    x: torch.Tensor, bits: Sequence[int], group_size: int, axis: str
-) -> dict[int, torch.Tensor]:
-    """float32 ``x`` ``[..., N, D]`` quantized and dequantized at each of ``bits`` as the
-    kernels' KIVI quantizer does (:mod:`kvtierd.kernels.quant`: the same float32 arithmetic, so
-    the same values), without packing codes, the groups' min and max found once for every
-    ``bits``: keys per channel in groups of ``group_size`` tokens (``axis="channel"``), values
-    per token in groups of channels (``"token"``)."""
-    dim = -2 if axis == "channel" else -1  # the grouped axis
-    n = int(x.shape[dim])
-    groups = -(-n // group_size)
-    pad = groups * group_size - n
-    if pad:  # the last entry again: a partial group's min and max are its own
-        last = x.narrow(dim, n - 1, 1)
-        x = torch.cat([x, last.expand(*(pad if i == x.dim() + dim else s for i, s in
-                                         enumerate(x.shape)))], dim=dim)  # fmt: skip
-    if axis == "channel":
-        grouped = x.reshape(*x.shape[:-2], groups, group_size, x.shape[-1])
-    else:
-        grouped = x.reshape(*x.shape[:-1], groups, group_size)
-    at = dim  # the within-group axis of `grouped` (-2: tokens of a channel group; -1: channels)
-    lo, hi = grouped.amin(at, keepdim=True), grouped.amax(at, keepdim=True)
-    zero = lo.to(torch.float16).to(torch.float32)
-    out = {}
-    for b in bits:
-        qmax = float(2**b - 1)
-        scale = ((hi - lo) / qmax).to(torch.float16).to(torch.float32)
-        # a group of one value has scale 0 and dequantizes to ``zero`` whatever its codes (the
-        # kernels zero them): dividing by 1 there keeps them finite, in place, with no mask
-        safe = torch.where(scale > 0, scale, 1.0)
-        codes = torch.sub(grouped, zero).div_(safe).add_(0.5).floor_().clamp_(0.0, qmax)
-        out[b] = codes.mul_(scale).add_(zero).reshape(x.shape).narrow(dim, 0, n)
-    return out
 
 
 def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from kvtierd.profiler.quality import ContextKV, StoredForm
+from kvtierd.profiler.quant_round_trip import round_trips
 from kvtierd.profiler.query_attention import (
     Probes,
     _Own,
     _own_terms,
-    _plans,
     _relative_error,
     _scaled,
-    round_trips,
+    keep_plans,
 )
 
 
@@ -35,7 +35,7 @@ def reference_errors(
 ) -> dict[str, torch.Tensor]:
     """The same ``[L, H, G*T]`` errors as :meth:`.QueryAttentionEvaluator.errors` (every
     layer), the old way (module docstring)."""
-    plans = _plans(kv, variants, form)
+    plans = keep_plans(kv, variants, form)
     bits = sorted({p.bits for p in plans} | {0})
     per_step: dict[str, list[torch.Tensor]] = {v: [] for v in variants}
     layers = int(kv.keys.shape[0])

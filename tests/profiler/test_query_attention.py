@@ -11,12 +11,8 @@ import torch
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler import ContextKV, ProfilingQuery, StoredForm, make_evaluator
-from kvtierd.profiler.query_attention import (
-    CALIBRATION,
-    Probes,
-    QueryAttentionEvaluator,
-    calibrate,
-)
+from kvtierd.profiler.quality_tables import CALIBRATION, calibrate
+from kvtierd.profiler.query_attention import Probes, QueryAttentionEvaluator
 from kvtierd.profiler.variant_kv import variant_kvs
 
 L, H, HQ, N, D, T = 2, 2, 4, 256, 32, 5
@@ -99,9 +95,9 @@ def test_original_scores_one_and_harder_drops_score_less() -> None:
 
 
 def test_fallback_probes_without_a_question(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtierd.profiler import query_attention
+    from kvtierd.profiler import quality_tables
 
-    monkeypatch.setattr(query_attention, "PRIOR", {})  # the probes, not the labels
+    monkeypatch.setattr(quality_tables, "PRIOR", {})  # the probes, not the labels
     kv, _ = structured()
     windowed = ContextKV(kv.keys, kv.values, window_queries=torch.randn(L, HQ, 8, D))
     ev = QueryAttentionEvaluator(fallback_probes=16, calibrate=False)
@@ -116,9 +112,9 @@ def test_fallback_probes_without_a_question(monkeypatch: pytest.MonkeyPatch) -> 
 def test_without_the_model_questions_give_way_to_key_probes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from kvtierd.profiler import query_attention
+    from kvtierd.profiler import quality_tables
 
-    monkeypatch.setattr(query_attention, "PRIOR", {})  # the probes, not the labels
+    monkeypatch.setattr(quality_tables, "PRIOR", {})  # the probes, not the labels
     """A policy without profiling.model_dir cannot run questions: the last keys stand in."""
     kv, _ = structured()
     ev = QueryAttentionEvaluator(fallback_probes=16)
@@ -177,7 +173,7 @@ def test_question_pass_sees_what_the_model_computes(tiny_llama_dir: Path) -> Non
 @pytest.mark.parametrize("axis", ["channel", "token"])
 def test_round_trip_is_the_kernels_quantizer(bits: int, axis: str) -> None:
     from kvtierd.kernels.quant import dequantize, quantize
-    from kvtierd.profiler.query_attention import round_trips
+    from kvtierd.profiler.quant_round_trip import round_trips
 
     g = torch.Generator().manual_seed(2)
     x = torch.randn(2, 3, 77, 64, generator=g) * torch.linspace(0.1, 3.0, 64)
@@ -204,10 +200,10 @@ def test_the_last_question_tokens_alone_score_as_they_do_among_all() -> None:
 def test_without_model_or_probes_the_labels_prior_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """No question, no window queries, no model: the per-method prior (linear in the ratio
     between its knots); a variant it does not know sends every variant to the key probes."""
-    from kvtierd.profiler import query_attention
+    from kvtierd.profiler import quality_tables
 
     table = {"knorm": ((0.1, 0.0), (0.5, 0.6)), "int8": ((1.0, 0.95),)}
-    monkeypatch.setattr(query_attention, "PRIOR", table)
+    monkeypatch.setattr(quality_tables, "PRIOR", table)
     kv, _ = structured()
     ev = QueryAttentionEvaluator()
     res = ev.evaluate(kv, ["knorm@0.3", "knorm@0.9", "int8"])
@@ -218,10 +214,10 @@ def test_without_model_or_probes_the_labels_prior_answers(monkeypatch: pytest.Mo
 
 
 def test_calibrated_scores_are_averaged_with_the_prior(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kvtierd.profiler import query_attention
+    from kvtierd.profiler import quality_tables
 
-    monkeypatch.setattr(query_attention, "PRIOR", {"knorm": ((0.1, 0.2), (0.9, 0.8))})
-    monkeypatch.setattr(query_attention, "CALIBRATION", ((0.0, 0.0), (1.0, 1.0)))
+    monkeypatch.setattr(quality_tables, "PRIOR", {"knorm": ((0.1, 0.2), (0.9, 0.8))})
+    monkeypatch.setattr(quality_tables, "CALIBRATION", ((0.0, 0.0), (1.0, 1.0)))
     kv, _ = structured()
     windowed = ContextKV(kv.keys, kv.values, window_queries=torch.randn(L, HQ, 8, D))
     names = ["knorm@0.5", "knorm@0.9"]
