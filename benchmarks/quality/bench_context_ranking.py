@@ -50,12 +50,16 @@ from benchmarks.quality.context_labels import (
 )
 from benchmarks.quality.quality_labels import CHUNK, ids_digest
 from benchmarks.quality.ranking import context_auc, context_spearman, mean_spearman
+from kvtierd.variants import parse_variant
 
 SCORES = REPO / "benchmarks/data/context_scores.jsonl"
 FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram", "coverage1",
              "coverage2", "coverage3", "coverage4")  # fmt: skip
 AFTER_TRAFFIC = ("question", "answer")
 REFERENCES = ("prior", "fact_share")
+CHOSEN = "coverage4"
+"""The first-put reading the daemon uses (``first_put="coverage"``, 4-grams): chosen on the fit
+half (the best across-context AUC there with coverage3, and the better mean Spearman)."""
 
 
 def timed(fn: Callable[[], dict[str, float]]) -> tuple[dict[str, float], float]:
@@ -270,6 +274,25 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def coverage_calibration(
+    scores_path: Path = SCORES, labels_path: Path = LABELS, reading: str = CHOSEN
+) -> tuple[tuple[float, float], ...]:
+    """:data:`~kvtierd.profiler.quality_tables.COVERAGE_CALIBRATION`: monotone knots from the
+    chosen coverage reading to the exact-match share, over the token-dropping variants of the
+    fit half only."""
+    from benchmarks.quality.bench_estimators import fit_calibration
+
+    rows = {r["case"]: r for r in _read(scores_path)}
+    pairs = [
+        (rows[c.name]["scores"][reading][v], c.share(v))
+        for c in load_context_labels(labels_path)
+        if c.half == "fit" and c.name in rows
+        for v in VARIANTS
+        if parse_variant(v).drops_tokens
+    ]
+    return fit_calibration(pairs)
+
+
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -285,12 +308,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=SCORES)
     parser.add_argument("--labels", type=Path, default=LABELS)
     parser.add_argument("--report", action="store_true", help="only print the report")
+    parser.add_argument(
+        "--constants", action="store_true",
+        help="print COVERAGE_CALIBRATION fitted on the fit half (no scoring)",
+    )  # fmt: skip
     parser.add_argument("--rule", default="exact", choices=["exact", "answered"])
     parser.add_argument(
         "--half", default="held-out", choices=["held-out", "fit"],
         help="contexts to report on (choices are made on the fit half)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.constants:
+        print(f"COVERAGE_CALIBRATION = {coverage_calibration(args.out, args.labels)}")
+        return
     if not args.report:
         run(args)
     print(report(args.out, args.labels, args.rule, args.half))

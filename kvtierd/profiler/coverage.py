@@ -27,7 +27,7 @@ from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.quality import DEFAULT_FORM, ContextKV, StoredForm
 from kvtierd.profiler.query_attention import keep_plans
 
-NGRAM = 2
+NGRAM = 4
 LAYER_STRIDE = 5
 """Every fifth layer (0, 5, .., 25 of SmolLM2's 30): the methods' scores, most of the cost, for
 a fifth of the layers, as ``query_attention`` reads its errors."""

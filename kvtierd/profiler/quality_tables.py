@@ -31,6 +31,26 @@ benchmarks/data/estimator_cost_strides.jsonl): equal-count bins made monotone (`
 benchmarks.quality.bench_estimators --constants --constants-of query_attention/question/stride5-bf16
 --out benchmarks/data/estimator_cost_strides.jsonl``, 2026-11-26)."""
 
+COVERAGE_CALIBRATION: tuple[tuple[float, float], ...] = (
+    (0.1671, 0.0778),
+    (0.221, 0.0877),
+    (0.271, 0.2251),
+    (0.3326, 0.2477),
+    (0.3909, 0.2663),
+    (0.4395, 0.2974),
+    (0.4873, 0.3149),
+    (0.5847, 0.3246),
+    (1.0, 1.0),
+)
+"""``(coverage, quality)`` knots for ``first_put="coverage"`` (:mod:`.coverage`, 4-grams, every
+fifth layer): the exact-match share of the token-dropping variants (knorm@0.7/0.5,
+keydiff@0.7/0.5, snapkv@0.5) against their coverage on the *fit half* (even seeds, 46
+contexts) of benchmarks/data/context_labels.jsonl (SmolLM2-135M-Instruct, bfloat16), equal-count
+bins made monotone, and coverage 1 (every entry kept) answering as the original (``python -m
+benchmarks.quality.bench_context_ranking --constants``, 2026-11-27). These contexts lose far
+more answers to token dropping than the needle cases :data:`PRIOR` comes from (knorm@0.5: 0.06
+against 0.52): the two label sets disagree on the level, which the equal-weight blend splits."""
+
 PRIOR: dict[str, tuple[tuple[float, float], ...]] = {
     "int4": ((1.0, 0.923),),
     "int8": ((1.0, 0.985),),

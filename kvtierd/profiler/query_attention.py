@@ -83,11 +83,11 @@ from kvtierd.profiler.quality import (
     QualityResult,
     StoredForm,
 )
-from kvtierd.profiler.quality_tables import calibrate, prior_quality
+from kvtierd.profiler.quality_tables import COVERAGE_CALIBRATION, calibrate, prior_quality
 from kvtierd.profiler.quant_round_trip import round_trips
 from kvtierd.variants import parse_variant
 
-FIRST_PUT_PROBES = ("window", "reconstruction")
+FIRST_PUT_PROBES = ("window", "reconstruction", "coverage")
 """``first_put``: what a context is probed with when no question is known."""
 
 QUESTION_DTYPES: dict[str, torch.dtype | None] = {
@@ -128,7 +128,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         prior_weight: float = 0.5,
         layer_stride: int = 5,
         question_dtype: str = "bfloat16",
-        first_put: str = "window",
+        first_put: str = "coverage",
     ) -> None:
         if min(window, fallback_probes, layers_per_step, layer_stride) < 1:
             raise InvalidArgumentError(
@@ -171,6 +171,44 @@ class QueryAttentionEvaluator(QualityEvaluator):
         fallback probes."""
         t0 = time.perf_counter()
         asked = [q for q in queries if q.token_ids] if self.model_dir else []
+        if not asked and self.first_put == "coverage" and len(kv.token_ids) >= kv.num_tokens:
+            return self._by_coverage(kv, variants, form, t0)
+        return self._by_probes(kv, variants, asked, form, t0)
+
+    def _by_coverage(
+        self, kv: ContextKV, variants: Sequence[str], form: StoredForm, t0: float
+    ) -> QualityResult:
+        """A first put with ``first_put="coverage"``: each token-dropping variant's coverage
+        (:mod:`.coverage`: no model pass) through :data:`~.quality_tables.COVERAGE_CALIBRATION`,
+        averaged with the prior as a question's score is; the variants coverage cannot see
+        (quantizations; a method that needs window queries the KV lacks) as without it."""
+        from kvtierd.profiler.coverage import ngram_coverage
+
+        seen = [v for v in variants if _drops_without_queries(v) or (
+            parse_variant(v).drops_tokens and kv.window_queries is not None)]  # fmt: skip
+        rest = [v for v in variants if v not in seen]
+        covered = ngram_coverage(kv, seen, form) if seen else {}
+        prior = prior_quality(variants) if self.calibrate else None
+        w = self.prior_weight if prior is not None else 0.0
+        per: dict[str, list[float]] = {}
+        for v in seen:
+            est = calibrate(covered[v], COVERAGE_CALIBRATION) if self.calibrate else covered[v]
+            per[v] = [(1 - w) * est + w * (prior or {}).get(v, 0.0)]
+        if rest:
+            other = self._by_probes(kv, rest, [], form, t0)
+            per.update({v: [q] for v, q in other.quality.items()})
+        # the context's own n-grams stand for the questions it was not asked yet
+        return QualityResult.mean_of(self.name, per, 1, time.perf_counter() - t0)
+
+    def _by_probes(
+        self,
+        kv: ContextKV,
+        variants: Sequence[str],
+        asked: Sequence[ProfilingQuery],
+        form: StoredForm,
+        t0: float,
+    ) -> QualityResult:
+        """Over the questions ``asked`` (one pass each), or the first-put probes without."""
         known_ids = bool(self.model_dir) and len(kv.token_ids) >= kv.num_tokens
         can_probe = (
             kv.window_queries is not None
@@ -280,6 +318,12 @@ class QueryAttentionEvaluator(QualityEvaluator):
                     for name in names:
                         per_step[name].append(err)
         return {v: torch.cat(errs) for v, errs in per_step.items()}
+
+
+def _drops_without_queries(variant: str) -> bool:
+    """Whether ``variant`` drops tokens by a method that scores them from the KV alone."""
+    parsed = parse_variant(variant)
+    return parsed.drops_tokens and not get_method(parsed.method, parsed.options).needs_queries
 
 
 def _every_kth_layer(kv: ContextKV, probes: Probes, k: int) -> tuple[ContextKV, Probes]:
