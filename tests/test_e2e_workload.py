@@ -135,6 +135,7 @@ def test_the_workload_arguments_default_to_the_tasks_and_the_fixed_frontier() ->
     ("module", "says"),
     [
         ("benchmarks.e2e.bench_e2e", ["--workload {tasks,kinds}", "keydiff@0.7+int8"]),
+        ("benchmarks.e2e.e2e_matrix", ["kinds-seed1", "kinds-seed2", "without lmcache"]),
         ("benchmarks.e2e.sim_e2e", ["--workload {tasks,kinds}"]),
     ],
 )
