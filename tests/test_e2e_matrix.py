@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks.e2e.e2e_matrix import (
+    KINDS_SYSTEMS,
     LEAN,
     OURS,
     RUNS,
@@ -20,24 +22,27 @@ from benchmarks.e2e.e2e_matrix import (
     selected_runs,
 )
 
-# per system: its TTFT on every request, similarity, accuracy and accuracy interval's low end
+# per system: its TTFT on every request, share of identical answers (its interval's low end
+# 0.05 below), accuracy and accuracy interval's low end
 FAST = {"prefill": (1.0, 1.0, 0.7, 0.6), "lmcache": (0.8, 0.98, 0.7, 0.6),
         "lru": (0.6, 0.98, 0.7, 0.6), "fixed-int8": (0.4, 0.98, 0.7, 0.6),
         OURS: (0.2, 0.97, 0.65, 0.55)}  # fmt: skip
 
 
 def _write_run(root: Path, name: str, systems: dict[str, tuple[float, float, float, float]],
-               scale: float = 1.0) -> None:  # fmt: skip
+               scale: float = 1.0, similarity: float = 0.98) -> None:  # fmt: skip
     d = root / name
     d.mkdir(parents=True)
-    rows = {}
-    for s, (ttft, sim, acc, acc_low) in systems.items():
+    rows: dict[str, dict[str, Any]] = {}
+    for s, (ttft, exact, acc, acc_low) in systems.items():
         outs = [{"index": i, "ttft_s": ttft * scale * (1 + 0.1 * (i % 3)), "error": ""}
                 for i in range(30)]  # fmt: skip
         (d / f"{s}.json").write_text(json.dumps({"outcomes": outs}))
         mean = sum(o["ttft_s"] for o in outs) / len(outs)
-        rows[s] = {"ttft_mean_s": mean, "similarity": sim, "accuracy": acc,
-                   "intervals": {"accuracy": [acc, acc_low, acc + 0.1]}}  # fmt: skip
+        intervals = {"accuracy": [acc, acc_low, acc + 0.1],
+                     "exact": [exact, exact - 0.05, min(1.0, exact + 0.05)]}  # fmt: skip
+        rows[s] = {"ttft_mean_s": mean, "similarity": similarity, "accuracy": acc,
+                   "exact": exact, "intervals": intervals}  # fmt: skip
     for row in rows.values():
         row["ceiling_s"] = 0.1 * scale
     (d / "summary.json").write_text(json.dumps(rows))
@@ -76,17 +81,32 @@ def test_a_run_without_a_ceiling_has_no_room(tmp_path: Path) -> None:
 
 def test_a_baseline_of_better_quality_is_not_at_equal_quality(tmp_path: Path) -> None:
     worse = dict(FAST)
-    worse[OURS] = (0.2, 0.94, 0.65, 0.55)  # 4 points below int8's similarity
+    worse[OURS] = (0.2, 0.90, 0.65, 0.55)  # below the low end of int8's identical answers
     _write_run(tmp_path, "seed1", worse)
     _, data = report(tmp_path, [Run("seed1", 1)], {}, sim=False)
     assert not data["runs"]["seed1"]["ratios"]["fixed-int8"]["equal_quality"]
     assert headline(data["runs"]["seed1"]["ratios"]) is None
+    # similarity decides nothing (issue 39): the same answers at any similarity are equal
+    _write_run(tmp_path, "seed3", FAST, similarity=0.5)
+    _, data = report(tmp_path, [Run("seed3", 3)], {}, sim=False)
+    assert data["runs"]["seed3"]["ratios"]["fixed-int8"]["equal_quality"]
     low_acc = dict(FAST)
     low_acc[OURS] = (0.2, 0.98, 0.55, 0.5)  # below the low end of the baselines' accuracy
     _write_run(tmp_path, "seed2", low_acc)
     text, data = report(tmp_path, [Run("seed2", 2)], {}, sim=False)
     assert data["runs"]["seed2"]["headline"] is None
     assert "no baseline is at" in text
+
+
+def test_a_summary_without_identical_answers_is_refused(tmp_path: Path) -> None:
+    _write_run(tmp_path, "seed1", FAST)
+    summary = tmp_path / "seed1" / "summary.json"
+    rows = json.loads(summary.read_text())
+    for row in rows.values():
+        del row["exact"]  # a summary from before issue 39
+    summary.write_text(json.dumps(rows))
+    with pytest.raises(ValueError, match="rerun bench_e2e on its --out"):
+        report(tmp_path, [Run("seed1", 1)], {}, sim=False)
 
 
 def test_runs_not_on_disk_are_left_out(tmp_path: Path) -> None:
@@ -138,3 +158,54 @@ def test_lean_gives_every_selected_run_the_lean_systems() -> None:
     assert [(r.name, r.system_prompt_tokens, r.systems) for r in lean] == [
         ("seed1-sp1024", 1024, LEAN)
     ]
+
+
+def _judged(speedup: float, gain: float) -> dict[str, Any]:
+    return {"speedup": [speedup, speedup - 0.1, speedup + 0.1],
+            "share_gain": [gain, gain - 0.02, gain + 0.02]}  # fmt: skip
+
+
+def test_the_kinds_runs_name_their_workload_frontier_and_prior(tmp_path: Path) -> None:
+    kinds = selected_runs(["kinds-seed1", "kinds-seed2"], lean=False)
+    assert [(r.name, r.seed, r.workload) for r in kinds] == [
+        ("kinds-seed1", 1, "kinds"),
+        ("kinds-seed2", 2, "kinds"),
+    ]
+    args = bench_args(kinds[0], tmp_path)
+    assert args[args.index("--workload") + 1] == "kinds"
+    at = args.index("--fixed") + 1
+    assert args[at : at + 3] == ["int8", "int4", "keydiff@0.7+int8"]
+    at = args.index("--systems") + 1
+    assert tuple(args[at : at + len(KINDS_SYSTEMS)]) == KINDS_SYSTEMS == (
+        "prefill", "lru", "fixed-int8", "fixed-int4", "fixed-keydiff@0.7+int8", OURS,
+        "evicpress-prior-a2")  # fmt: skip
+    assert selected_runs(["kinds-seed1"], lean=True)[0].systems == KINDS_SYSTEMS  # no lmcache
+    # the tasks runs keep their workload and fixed int8
+    args = bench_args(Run("seed1", 1), tmp_path)
+    assert args[args.index("--workload") + 1] == "tasks"
+    assert args[args.index("--fixed") + 1 :][:1] == ["int8"]
+
+
+def test_the_frontier_judgments_are_set_across_runs(tmp_path: Path) -> None:
+    systems = {"prefill": (1.0, 1.0, 0.7, 0.6), "lru": (0.6, 0.98, 0.7, 0.6),
+               "fixed-int8": (0.4, 0.9, 0.7, 0.6), "fixed-int4": (0.25, 0.7, 0.6, 0.5),
+               "fixed-keydiff@0.7+int8": (0.3, 0.5, 0.4, 0.3), OURS: (0.3, 0.85, 0.7, 0.6),
+               "evicpress-prior-a2": (0.35, 0.8, 0.7, 0.6)}  # fmt: skip
+    runs = selected_runs(["kinds-seed1", "kinds-seed2"], lean=False)
+    for run, (speed, gain) in zip(runs, [(1.2, 0.05), (1.4, 0.07)], strict=True):
+        _write_run(tmp_path, run.name, systems)
+        summary = tmp_path / run.name / "summary.json"
+        rows = json.loads(summary.read_text())
+        rows[OURS]["frontier"] = _judged(speed, gain)
+        rows["evicpress-prior-a2"]["frontier"] = _judged(1.0, 0.0)
+        summary.write_text(json.dumps(rows))
+    text, data = report(tmp_path, runs, {}, sim=True)  # the kinds runs are not simulated
+    assert "Not simulated" in text
+    assert data["runs"]["kinds-seed1"]["workload"] == "kinds"
+    assert set(data["runs"]["kinds-seed1"]["ratios"]) == set(KINDS_SYSTEMS) - {
+        OURS, "evicpress-prior-a2"}  # fmt: skip
+    assert data["runs"]["kinds-seed2"]["frontier"][OURS]["speedup"][0] == 1.4
+    assert f"| {OURS} | kinds-seed1 | 1.200 [1.100, 1.300]x | 0.050 [0.030, 0.070] |" in text
+    # across two runs: mean 1.3, t(0.975, 1) = 12.706 times sd 0.1414 / sqrt(2) = 1.2706
+    assert f"| {OURS} | across 2 | 1.300 [0.029, 2.571]x | 0.060 [-0.067, 0.187] |" in text
+    assert "| evicpress-prior-a2 | across 2 | 1.000 [1.000, 1.000]x |" in text

@@ -14,6 +14,7 @@ from benchmarks.e2e.e2e_stats import (
     bootstrap,
     ceiling,
     ratio_bootstrap,
+    wilson,
 )
 
 
@@ -115,3 +116,19 @@ def test_ratio_bootstrap_refuses_what_has_no_ratio(
 ) -> None:
     with pytest.raises(ValueError, match=match):
         ratio_bootstrap(base, ours)
+
+
+def test_wilson_interval_of_a_share() -> None:
+    # textbook values (Newcombe 1998, Table I): 81 of 263, and the edges 0 and n of 10
+    got = wilson(81, 263)
+    assert got.point == pytest.approx(81 / 263)
+    assert (got.low, got.high) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert (wilson(0, 10).low, wilson(0, 10).high) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert (wilson(10, 10).low, wilson(10, 10).high) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson(5, 10).low == pytest.approx(1 - wilson(5, 10).high)  # symmetric about 1/2
+    # issue 39's seed 7: 110 and 131 identical answers of 150 do not overlap
+    assert wilson(110, 150).high < wilson(131, 150).low
+    with pytest.raises(ValueError, match="at least one request"):
+        wilson(0, 0)
+    with pytest.raises(ValueError, match=r"within \[0, 3\]"):
+        wilson(4, 3)

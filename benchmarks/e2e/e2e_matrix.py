@@ -25,25 +25,38 @@ the popularity ranks and the arrivals):
 ``lmcache`` alone, ``lru``, ``fixed-int8`` and EvicPress at alpha 2 (the preset's estimator);
 seeds 2 and 3 leave ``lmcache`` out (:data:`LEAN`: it does not move the headline); ``--lean``
 does so for every run selected (reruns on new code).
-Token-dropping fixed variants are left out of the matrix: at the quality of the others they are
+Token-dropping fixed variants are left out of these runs: at the quality of the others they are
 not a baseline (bench_e2e measures them on its own), and each system costs about 7 minutes.
+
+**Where contexts differ** (issue 39, the ``kinds-seed<N>`` runs): the same arrivals, lengths and
+tiers on ``--workload kinds`` (documents of ``context_kinds.py``'s kinds, built to differ in
+the compression they keep their answers through: facts told three times, or once among
+filler), with the frontier of
+fixed policies (:data:`KINDS_SYSTEMS`: ``lru``, fixed int8, int4 and keydiff@0.7+int8),
+EvicPress and ``evicpress-prior-a2`` (profiles from the prior only). EvicPress is judged
+against that frontier (``e2e_frontier.py``: its TTFT against the frontier's at its share of
+identical answers, and its share against the frontier's at its TTFT), per run and across
+runs. Not simulated.
 
 **The runs** (:data:`RUNS`): seeds 1-3, and seed 1 again with a shared 1,024-token system
 prompt before every document (issue 29: four whole chunks; the headline with and without it
-on the same documents and arrivals). Each run's systems run back to back
-(``bench_e2e --out <out>/<run>``); a run whose systems are all on disk is not run again.
+on the same documents and arrivals); the kinds runs on seeds 1 and 2. Each run's systems run
+back to back (``bench_e2e --out <out>/<run>``); a run whose systems are all on disk is not run
+again.
 
 **The tables** (``<out>/matrix.md``, ``matrix.json``): per run, bench_e2e's rows with their 95%
 bootstrap intervals and the ceiling; per run and baseline, the ratio baseline / EvicPress of
 mean TTFT with its paired 95% bootstrap interval (``e2e_stats.ratio_bootstrap``) and whether
-EvicPress is at equal quality (similarity at most 3 points below the baseline's and accuracy
-not below the low end of the baseline's interval), and the baseline's room (:func:`room`: its
-mean over the ceiling, the most any policy could gain over it on that trace); the simulator's
-prediction of every system (``sim_e2e.simulate_argv``, calibrated from the run: predicted /
-measured mean TTFT); across runs, each ratio's mean with its 95% t-interval
-(``e2e_stats.across_seeds``), the headline (the ratio against the fastest baseline at equal
-quality of each run), and on how many runs the simulator is within 25% for every system. The
-wall time of every run is recorded.
+EvicPress is at equal quality (its shares of identical answers and of accurate ones each at
+least the low end of the baseline's 95% interval, ``e2e_answers.equal_quality``; before issue
+39 similarity within 3 points decided, and hid a 16% drop in identical answers), and the
+baseline's room (:func:`room`: its mean over the ceiling, the most any policy could gain
+over it on that trace); the simulator's prediction of every system (``sim_e2e.simulate_argv``,
+calibrated from the run: predicted / measured mean TTFT); across runs, each ratio's mean
+with its 95% t-interval (``e2e_stats.across_seeds``), the headline (the ratio against the
+fastest baseline at equal quality of each run), each EvicPress system against the fixed
+frontier, and on how many runs the simulator is within 25% for every system. The wall time
+of every run is recorded.
 """
 
 from __future__ import annotations
@@ -59,24 +72,32 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._support.common import REPO, machine
+from benchmarks.e2e.e2e_answers import equal_quality, is_ours
 from benchmarks.e2e.e2e_stats import Interval, across_seeds, ratio_bootstrap
 
 WORKLOAD: dict[str, str | list[str]] = {
     "--contexts": "30", "--lengths": ["1024", "2048"], "--requests": "150", "--qps": "0.5",
     "--zipf": "1.0", "--cpu-share": "0.05", "--ssd-share": "0.16", "--max-tokens": "16",
-    "--warmup-questions": "1", "--alphas": "2", "--fixed": "int8",
+    "--warmup-questions": "1", "--alphas": "2",
 }  # fmt: skip
-"""bench_e2e's arguments for every run (module docstring says why each)."""
+"""bench_e2e's arguments for every run (module docstring says why each); a run adds its
+``--workload`` and ``--fixed`` (:class:`Run`)."""
 
 SYSTEMS = ("prefill", "lmcache", "lru", "fixed-int8", "evicpress-a2")
 OURS = "evicpress-a2"
+KINDS_FIXED = ("int8", "int4", "keydiff@0.7+int8")
+"""The fixed policies of the kinds runs (issue 39): quantized at two widths and one
+token-dropping form, with ``lru`` (every context whole) the frontier EvicPress is judged
+against."""
+KINDS_SYSTEMS = ("prefill", "lru", *(f"fixed-{v}" for v in KINDS_FIXED), OURS,
+                 "evicpress-prior-a2")  # fmt: skip
+"""The systems of the kinds runs: the frontier, EvicPress, and EvicPress with profiles from
+the prior only (what per-context profiles buy is the difference)."""
 SIM_WITHIN = 0.25
 """The issue's bar for the simulator: predicted mean TTFT within 25% of the measured one."""
-SIMILARITY_POINTS = 0.03
-"""Equal quality: EvicPress's similarity at most this far below the baseline's."""
 
 
-LEAN = tuple(s for s in SYSTEMS if s != "lmcache")
+LEAN = tuple(s for s in SYSTEMS if s != "lmcache")  # what --lean leaves of a run's systems
 """The systems of the later seeds: LMCache alone was the slowest by far on the first two runs
 (7.1 s and 3.2 s mean against 1.0-2.0 s for every other baseline), so it does not move the
 headline, and leaving it out saves about 9 minutes a run."""
@@ -88,17 +109,25 @@ class Run:
     seed: int
     system_prompt_tokens: int = 0
     systems: tuple[str, ...] = SYSTEMS
+    workload: str = "tasks"  # bench_e2e's --workload
+    fixed: tuple[str, ...] = ("int8",)  # bench_e2e's --fixed
+
+
+def _kinds(seed: int) -> Run:
+    return Run(f"kinds-seed{seed}", seed, systems=KINDS_SYSTEMS, workload="kinds",
+               fixed=KINDS_FIXED)  # fmt: skip
 
 
 RUNS = (Run("seed1", 1), Run("seed1-sp1024", 1, 1024), Run("seed2", 2, systems=LEAN),
-        Run("seed3", 3, systems=LEAN))  # fmt: skip
+        Run("seed3", 3, systems=LEAN), _kinds(1), _kinds(2))  # fmt: skip
 
 
 def bench_args(run: Run, out: Path) -> list[str]:
     """The bench_e2e command line of ``run`` (into ``out/<run.name>``)."""
     args = [sys.executable, "-m", "benchmarks.e2e.bench_e2e", "--seed", str(run.seed),
             "--system-prompt-tokens", str(run.system_prompt_tokens),
-            "--out", str(out / run.name), "--systems", *run.systems]  # fmt: skip
+            "--out", str(out / run.name), "--systems", *run.systems,
+            "--workload", run.workload, "--fixed", *run.fixed]  # fmt: skip
     for flag, value in WORKLOAD.items():
         args += [flag, *(value if isinstance(value, list) else [value])]
     return args
@@ -114,21 +143,15 @@ def _ttfts(path: Path) -> list[float]:
     return [math.nan if o["error"] else o["ttft_s"] for o in outs]
 
 
-def equal_quality(ours: dict[str, Any], base: dict[str, Any]) -> bool:
-    """EvicPress's quality counts as the baseline's (module docstring)."""
-    acc_low = base["intervals"]["accuracy"][1]
-    return bool(ours["similarity"] >= base["similarity"] - SIMILARITY_POINTS
-                and ours["accuracy"] >= acc_low)  # fmt: skip
-
-
-def run_ratios(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """Per baseline of one run: baseline / EvicPress mean TTFT (paired interval) and whether
-    the two are at equal quality."""
+def run_ratios(run_dir: Path, systems: tuple[str, ...] = SYSTEMS) -> dict[str, dict[str, Any]]:
+    """Per baseline of one run (its ``systems`` but the EvicPress ones): baseline / EvicPress
+    mean TTFT (paired interval) and whether the two are at equal quality
+    (``e2e_answers.equal_quality``)."""
     rows = json.loads((run_dir / "summary.json").read_text())
     ours = _ttfts(run_dir / f"{OURS}.json")
     out = {}
-    for name in SYSTEMS:
-        if name == OURS or name not in rows:
+    for name in systems:
+        if is_ours(name) or name not in rows:
             continue
         base = _ttfts(run_dir / f"{name}.json")
         both = [(b, o) for b, o in zip(base, ours, strict=True)
@@ -175,21 +198,27 @@ def report(
     the simulator's prediction beside each run)."""
     done = [r for r in runs if (out / r.name / "summary.json").exists() and measured(r, out)]
     lines = [f"# bench_e2e on several seeds (issue 30)  {time.strftime('%Y-%m-%d')}",
-             f"\n{machine()}\n", "Workload: " + " ".join(
-                 f"{k} {' '.join(v) if isinstance(v, list) else v}" for k, v in WORKLOAD.items()),
-             f"Systems: {', '.join(SYSTEMS)}\n"]  # fmt: skip
+             f"\n{machine()}\n", "Workload of every run: " + " ".join(
+                 f"{k} {' '.join(v) if isinstance(v, list) else v}" for k, v in WORKLOAD.items())
+             + "\n"]  # fmt: skip
     data: dict[str, Any] = {"machine": machine(), "workload": WORKLOAD, "runs": {}}
     for run in done:
         summary = (out / run.name / "summary.md").read_text()
-        ratios = run_ratios(out / run.name)
+        ratios = run_ratios(out / run.name, run.systems)
         best = headline(ratios)
+        rows = json.loads((out / run.name / "summary.json").read_text())
         data["runs"][run.name] = {"seed": run.seed, "system_prompt_tokens":
-                                  run.system_prompt_tokens, "wall_s": wall.get(run.name),
-                                  "ratios": ratios, "headline": best}  # fmt: skip
+                                  run.system_prompt_tokens, "workload": run.workload,
+                                  "systems": list(run.systems), "wall_s": wall.get(run.name),
+                                  "ratios": ratios, "headline": best,
+                                  "frontier": {k: r["frontier"] for k, r in rows.items()
+                                               if "frontier" in r}}  # fmt: skip
         took = f", {wall[run.name] / 60:.0f} min" if run.name in wall else ""
-        lines += [f"\n## {run.name} (seed {run.seed}"
+        kind = f", workload {run.workload}" if run.workload != "tasks" else ""
+        lines += [f"\n## {run.name} (seed {run.seed}{kind}"
                   + (f", {run.system_prompt_tokens}-token system prompt" if
-                     run.system_prompt_tokens else "") + f"{took})\n", summary,
+                     run.system_prompt_tokens else "") + f"{took})\n",
+                  f"Systems: {', '.join(run.systems)}\n", summary,
                   f"\n{OURS} against each baseline (baseline / {OURS} mean TTFT, paired 95% "
                   "bootstrap over the requests; room: the baseline's mean over the trace's "
                   "ceiling, the most any policy could gain over it):\n",
@@ -198,7 +227,10 @@ def report(
             most = "-" if r["room"] is None else f"{r['room']:.2f}x"
             lines.append(f"| {name} | {Interval(*r['ratio'])} | "
                          f"{'yes' if r['equal_quality'] else 'no'} | {most} |")  # fmt: skip
-        if sim:
+        if sim and run.workload != "tasks":
+            lines.append(f"\nNot simulated: the simulator's bar (issue 30) is on the tasks "
+                         f"workload, not {run.workload}")  # fmt: skip
+        elif sim:
             predicted = simulated(run, out)
             data["runs"][run.name]["simulated"] = predicted
             lines += ["\nThe simulator beside it (`benchmarks.e2e.sim_e2e`, calibrated from this "
@@ -219,7 +251,8 @@ def _across(runs: dict[str, Any]) -> list[str]:
              "(no interval from one run):\n",
              "| baseline | ratio across runs | runs at equal quality |",
              "|---|---|---|"]  # fmt: skip
-    for name in SYSTEMS:
+    baselines = dict.fromkeys(name for r in runs.values() for name in r["ratios"])
+    for name in baselines:
         values = [r["ratios"][name] for r in runs.values() if name in r["ratios"]]
         if not values:
             continue
@@ -233,6 +266,7 @@ def _across(runs: dict[str, Any]) -> list[str]:
         lines.append(f"\nThe simulator within {SIM_WITHIN:.0%} of the measured mean TTFT for "
                      f"every system on {len(within)} of {len(sims)} runs"
                      + (f" ({', '.join(within)})" if within else ""))  # fmt: skip
+    lines += _frontier_across(runs)
     best = [r["headline"] for r in runs.values()]
     if all(b is not None for b in best):
         across = across_seeds([b[1]["ratio"][0] for b in best])
@@ -243,11 +277,41 @@ def _across(runs: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _frontier_across(runs: dict[str, Any]) -> list[str]:
+    """Each EvicPress system against the fixed frontier (``e2e_frontier.py``) on the runs that
+    judged it: per run the speedup at equal identical answers and the answers gained at equal
+    TTFT (paired bootstrap), across runs their means with 95% t-intervals."""
+    judged: dict[str, dict[str, Any]] = {}
+    for run, r in runs.items():
+        for name, j in r.get("frontier", {}).items():
+            judged.setdefault(name, {})[run] = j
+    if not judged:
+        return []
+    lines = ["\nAgainst the frontier of fixed policies (issue 39; per run: bench_e2e's summary "
+             "above), speedup = the frontier's TTFT at the system's share of identical answers "
+             "over its TTFT, answers gained = its share less the frontier's at its TTFT; "
+             "across runs: the mean with its 95% Student-t interval (per run: paired "
+             "bootstrap):\n",
+             "| system | run | speedup at equal answers | answers gained at equal TTFT |",
+             "|---|---|---|---|"]  # fmt: skip
+    for name, per in judged.items():
+        for run, j in per.items():
+            lines.append(f"| {name} | {run} | {Interval(*j['speedup'])}x | "
+                         f"{Interval(*j['share_gain'])} |")  # fmt: skip
+        speed = across_seeds([j["speedup"][0] for j in per.values()])
+        gain = across_seeds([j["share_gain"][0] for j in per.values()])
+        lines.append(f"| {name} | across {len(per)} | {speed}x | {gain} |")
+    return lines
+
+
 def selected_runs(names: list[str] | None, *, lean: bool) -> list[Run]:
-    """The runs named (every run when none is), in :data:`RUNS` order; ``lean``: each with
-    :data:`LEAN`'s systems (a shorter matrix, for reruns on new code)."""
+    """The runs named (every run when none is), in :data:`RUNS` order; ``lean``: each without
+    ``lmcache`` (for the tasks runs :data:`LEAN`'s systems: a shorter matrix, for reruns on
+    new code)."""
     runs = [r for r in RUNS if not names or r.name in names]
-    return [replace(r, systems=LEAN) for r in runs] if lean else runs
+    if not lean:
+        return runs
+    return [replace(r, systems=tuple(s for s in r.systems if s != "lmcache")) for r in runs]
 
 
 def main() -> None:
@@ -257,7 +321,8 @@ def main() -> None:
     p.add_argument("--report-only", action="store_true", help="only the tables from disk")
     p.add_argument("--no-sim", action="store_true", help="without the simulator's prediction")
     p.add_argument("--lean", action="store_true",
-                   help=f"every run with the later seeds' systems ({', '.join(LEAN)})")  # fmt: skip
+                   help=f"every run without lmcache (the tasks runs with the later seeds' "
+                        f"systems: {', '.join(LEAN)})")  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "benchmarks/out/e2e-matrix")
     args = p.parse_args()
     out = args.out.resolve()

@@ -3,6 +3,9 @@
 * :func:`bootstrap` — a 95% percentile-bootstrap interval of a request statistic (mean, p50,
   p90 TTFT; accuracy; similarity) over one run's requests: requests resampled with
   replacement, the statistic of each resample, the 2.5th and 97.5th percentiles of those.
+* :func:`wilson` — a share of requests (answers identical to the full KV's, issue 39) with
+  its 95% Wilson score interval: exact for a count, sound near 0 and 1 where a normal
+  interval leaves [0, 1].
 * :func:`ceiling` — the best any policy could do on one trace: a context's first request in
   the run (warm-up included) is a miss at the measured miss time for its length (the mean of
   every system's misses of that length), every other request a hit at the fastest measured
@@ -67,6 +70,23 @@ def bootstrap(
     drawn = x[rng.integers(0, len(x), size=(resamples, len(x)))]
     low, high = np.percentile(_statistic(drawn, stat), [2.5, 97.5])
     return Interval(float(_statistic(x, stat)), float(low), float(high))
+
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5th percentile: a two-sided 95% interval."""
+
+
+def wilson(successes: int, n: int) -> Interval:
+    """``successes / n`` with its 95% Wilson score interval (module docstring)."""
+    if n <= 0:
+        raise ValueError(f"a share needs at least one request, got n={n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be within [0, {n}], got {successes}")
+    p = successes / n
+    z2 = Z95 * Z95
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return Interval(p, max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass(frozen=True, slots=True)

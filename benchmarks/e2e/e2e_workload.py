@@ -9,6 +9,16 @@ et al. ISCA 2024): its inter-arrival gaps in order from a seeded start, scaled s
 rate is ``qps`` — the trace has no prompt text or context identity, so only its burstiness is
 used (how requests map to contexts is the Zipf choice above; DESIGN.md §4 asks to say so).
 
+With ``--workload kinds`` (issue 39) the contexts are instead documents of the kinds in
+``benchmarks/quality/context_kinds.py`` (narrative and logs, whose facts recur; tables, code,
+chat and mixtures, whose facts are told once): contexts that differ in how much compression
+they keep their answers through. A request asks one of the document's questions, and its
+prompt ends with the question's ``lead`` (the reply's first words, "The apple was worth")
+after the chat template opens the assistant's turn: the request path sends token ids to
+``/v1/completions``, so the reply continues the lead and the answer is the value in a few
+tokens, as the labels of ``context_labels.py`` ask it. The lengths and the popularity, the
+questions' choice and the arrivals follow the same rules as the default workload (``tasks``).
+
 With ``--system-prompt-tokens N`` (``system_prompt.py``) every prompt starts with the same
 ``N``-token system prompt and then the document as before: the contexts then share a prefix,
 as real serving's do (issue 29). ``N = 0`` (default) leaves every prompt exactly as it was.
@@ -27,12 +37,14 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from benchmarks.e2e.system_prompt import system_prompt
+from benchmarks.e2e.system_prompt import SystemPrompt, system_prompt
+from benchmarks.quality.context_kinds import KINDS, KindCase, make_kind_case
 from benchmarks.quality.quality_tasks import TASKS, Case, make_case, split_prompt
 
 # Kept in the repository with its attribution (data/README.md): a clone anywhere reads it.
@@ -57,7 +69,9 @@ class Prompt:
 
 
 def length_class(context: int, lengths: list[int]) -> int:
-    """The length (tokens) :func:`make_contexts` asked for context ``context``."""
+    """The length (tokens) :func:`make_contexts` and :func:`make_kind_contexts` asked for
+    context ``context`` (one rule for both workloads: every ``len(TASKS)`` contexts the next
+    length; with six kinds beside five steps, 30 contexts give every kind every length)."""
     return lengths[(context // len(TASKS)) % len(lengths)]
 
 
@@ -70,6 +84,13 @@ def make_contexts(tokenizer: Any, n: int, lengths: list[int], seed: int = 0) -> 
     return out
 
 
+def make_kind_contexts(tokenizer: Any, n: int, lengths: list[int], seed: int = 0) -> list[KindCase]:
+    """``n`` documents of the kinds of ``context_kinds.py`` in turn (module docstring), each
+    of :func:`length_class`'s length, seeded as :func:`make_contexts` seeds its cases."""
+    return [make_kind_case(tokenizer, KINDS[i % len(KINDS)], length_class(i, lengths),
+                           1000 * seed + i) for i in range(n)]  # fmt: skip
+
+
 def prompts(
     tokenizer: Any, contexts: list[Case], chunk_tokens: int, system_tokens: int = 0
 ) -> list[list[Prompt]]:
@@ -77,18 +98,87 @@ def prompts(
     ``system_tokens`` > 0 every prompt starts with the same system prompt of that many tokens
     (``system_prompt.py``; ``ValueError`` for a count it cannot make), the context counting it."""
     system = system_prompt(tokenizer, system_tokens)
+    return [[_prompt(tokenizer, case, chunk_tokens, question, answers, system=system)
+             for question, answers in case.questions] for case in contexts]  # fmt: skip
+
+
+def kind_prompts(
+    tokenizer: Any, contexts: list[KindCase], chunk_tokens: int, system_tokens: int = 0
+) -> list[list[Prompt]]:
+    """:func:`prompts` for documents of ``context_kinds.py``: each question's prompt ends with
+    its lead's ids after the assistant's turn opens (module docstring); the answer expected is
+    the question's value."""
+    system = system_prompt(tokenizer, system_tokens)
     table = []
-    for case in contexts:
+    for kc in contexts:
         row = []
-        for question, answers in case.questions:
-            text = system.text if system else ""
-            split = split_prompt(tokenizer, case, chunk_tokens, question, system=text)
-            if system and split.ids[:system_tokens] != system.ids:  # never a silent mismatch
-                raise ValueError(f"{case.name}: its prompt does not start with the "
-                                 f"{system_tokens}-token system prompt")  # fmt: skip
-            row.append(Prompt(split.ids, split.context_tokens, answers))
+        for question, lead, answer in kc.questions:
+            case = Case(kc.kind, kc.length, kc.seed, kc.document, question, (answer,), 0.0)
+            asked = _prompt(tokenizer, case, chunk_tokens, question, (answer,), system=system)
+            lead_ids = tokenizer(lead, add_special_tokens=False)["input_ids"]
+            row.append(Prompt((*asked.ids, *lead_ids), asked.context_tokens, asked.answers))
         table.append(row)
     return table
+
+
+def _prompt(
+    tokenizer: Any, case: Case, chunk_tokens: int, question: str, answers: tuple[str, ...], *,
+    system: SystemPrompt | None,
+) -> Prompt:  # fmt: skip
+    split = split_prompt(tokenizer, case, chunk_tokens, question,
+                         system=system.text if system else "")  # fmt: skip
+    if system and split.ids[: len(system.ids)] != system.ids:  # never a silent mismatch
+        raise ValueError(f"{case.name}: its prompt does not start with the "
+                         f"{len(system.ids)}-token system prompt")  # fmt: skip
+    return Prompt(split.ids, split.context_tokens, answers)
+
+
+@dataclass(frozen=True, slots=True)
+class Documents:
+    """A workload's contexts (:func:`make_documents`) and, per context and question, its
+    prompt."""
+
+    contexts: tuple[Case, ...] | tuple[KindCase, ...]
+    table: list[list[Prompt]]
+
+
+class _MakeDocuments(Protocol):
+    def __call__(
+        self, tokenizer: Any, *, n: int, lengths: list[int], seed: int, chunk_tokens: int,
+        system_tokens: int,
+    ) -> Documents: ...  # fmt: skip
+
+
+def _tasks(
+    tokenizer: Any, *, n: int, lengths: list[int], seed: int, chunk_tokens: int,
+    system_tokens: int,
+) -> Documents:  # fmt: skip
+    cases = make_contexts(tokenizer, n, lengths, seed)
+    return Documents(tuple(cases), prompts(tokenizer, cases, chunk_tokens, system_tokens))
+
+
+def _kinds(
+    tokenizer: Any, *, n: int, lengths: list[int], seed: int, chunk_tokens: int,
+    system_tokens: int,
+) -> Documents:  # fmt: skip
+    cases = make_kind_contexts(tokenizer, n, lengths, seed)
+    return Documents(tuple(cases), kind_prompts(tokenizer, cases, chunk_tokens, system_tokens))
+
+
+WORKLOADS: dict[str, _MakeDocuments] = {"tasks": _tasks, "kinds": _kinds}
+"""The workloads by ``--workload`` name (module docstring): ``tasks`` is the default."""
+
+
+def make_documents(
+    tokenizer: Any, workload: str, *, n: int, lengths: list[int], seed: int, chunk_tokens: int,
+    system_tokens: int = 0,
+) -> Documents:  # fmt: skip
+    """``workload``'s ``n`` contexts and their prompts; ``ValueError`` for an unknown name (or
+    a system prompt :func:`prompts` cannot make)."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[workload](tokenizer, n=n, lengths=lengths, seed=seed,
+                               chunk_tokens=chunk_tokens, system_tokens=system_tokens)  # fmt: skip
 
 
 def check_fits(
@@ -130,8 +220,9 @@ def _stamp(text: str) -> float:
 
 
 def make_requests(
-    contexts: list[Case], *, num: int, qps: float, zipf_s: float, seed: int, gaps: list[float]
-) -> list[Request]:
+    contexts: Sequence[Case | KindCase], *, num: int, qps: float, zipf_s: float, seed: int,
+    gaps: list[float],
+) -> list[Request]:  # fmt: skip
     """``num`` requests: Zipf contexts, uniform questions, trace arrivals at mean rate ``qps``."""
     rnd = random.Random(seed)
     ranks = list(range(len(contexts)))

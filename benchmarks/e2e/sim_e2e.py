@@ -77,11 +77,11 @@ from benchmarks.e2e.e2e_measured import (
 )
 from benchmarks.e2e.e2e_workload import (
     check_fits,
-    make_contexts,
+    make_documents,
     make_requests,
-    prompts,
     trace_gaps,
 )
+from benchmarks.quality.quality_tasks import Case
 from kvtierd.integrations.plugin_settings import PluginSettings
 from kvtierd.policies.loader import parse_policy
 from kvtierd.sim.calibration import Calibration, load_calibration
@@ -133,9 +133,11 @@ def case_qualities(path: Path | None) -> dict[str, dict[str, float]]:
 def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dict[str, Any]:
     """bench_e2e's workload as ``kvtierd sim predict`` reads it (module docstring), its KV
     sizes in the dtype the measurement kept it in (:func:`kv_dtype_bytes`)."""
-    contexts = make_contexts(tokenizer, args.contexts, args.lengths, args.seed)
     try:
-        table = prompts(tokenizer, contexts, args.chunk, args.system_prompt_tokens)
+        docs = make_documents(tokenizer, args.workload, n=args.contexts, lengths=args.lengths,
+                              seed=args.seed, chunk_tokens=args.chunk,
+                              system_tokens=args.system_prompt_tokens)  # fmt: skip
+        contexts, table = docs.contexts, docs.table
         check_fits(table, max_model_len=MAX_MODEL_LEN, max_tokens=0,
                    system_tokens=args.system_prompt_tokens)  # fmt: skip
     except ValueError as e:
@@ -147,7 +149,8 @@ def build_workload(args: argparse.Namespace, tokenizer: Any, model: Path) -> dic
     shared = shared_tokens(args)
     ctx_rows = []
     for case, row in zip(contexts, table, strict=True):
-        own = quality.get(case.name) or quality.get(f"{case.task}/{case.length}") or {}
+        group = case.task if isinstance(case, Case) else case.kind  # --workload kinds: KindCase
+        own = quality.get(case.name) or quality.get(f"{group}/{case.length}") or {}
         ctx: dict[str, Any] = {"tokens": row[0].context_tokens, "quality": own}
         if profile := profiled.get(row[0].context_tokens - shared):  # its own tokens'
             ctx["profile"] = profile
@@ -295,8 +298,15 @@ def report(
     }
     lines += ["\nPredicted TTFT reduction at equal quality (within 3 points):\n",
               "| baseline | its TTFT (s) | best EvicPress within 3% | reduction |",
-              "|---|---|---|---|", *reductions(predicted)]  # fmt: skip
+              "|---|---|---|---|", *reductions(predicted, _within_3_points)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _within_3_points(ours: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Equal quality for a prediction: the simulator predicts a similarity, not which answers
+    stay identical, so its rule stays the similarity within 3 points (bench_e2e's before issue
+    39)."""
+    return bool(ours["similarity"] >= base["similarity"] - 0.03)
 
 
 def disagreements(rows: dict[str, dict[str, Any]], most: int = 8) -> list[str]:

@@ -214,4 +214,4 @@ def test_kvtierd_systems_are_simulated_with_the_plugins_lookup_hold() -> None:
     held = {name: placer_for(name, s.policy)[0].hold_s for name, s in every.items()}
     assert HOLD_S == 30.0
     assert held == {"prefill": 0.0, "lmcache": 0.0, "lru": HOLD_S, "fixed-int8": HOLD_S,
-                    "evicpress-a2": HOLD_S}  # fmt: skip
+                    "evicpress-a2": HOLD_S, "evicpress-prior-a2": HOLD_S}  # fmt: skip
