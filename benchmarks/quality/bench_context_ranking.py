@@ -49,7 +49,7 @@ from benchmarks.quality.context_labels import (
     prompts,
 )
 from benchmarks.quality.quality_labels import CHUNK, ids_digest
-from benchmarks.quality.ranking import context_auc, context_spearman, mean_spearman
+from benchmarks.quality.ranking import bootstrap_auc, context_auc, context_spearman, mean_spearman
 from kvtierd.variants import parse_variant
 
 SCORES = REPO / "benchmarks/data/context_scores.jsonl"
@@ -57,6 +57,8 @@ FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram", "cove
              "coverage2", "coverage3", "coverage4")  # fmt: skip
 AFTER_TRAFFIC = ("question", "answer")
 REFERENCES = ("prior", "fact_share")
+BOOTSTRAPPED = ("window", "ngram", "coverage4", "question", "answer")
+"""Readings whose AUC gets a 95% bootstrap interval over contexts (the report's cost)."""
 CHOSEN = "coverage4"
 """The first-put reading the daemon uses (``first_put="coverage"``, 4-grams): chosen on the fit
 half (the best across-context AUC there with coverage3, and the better mean Spearman)."""
@@ -245,7 +247,7 @@ def report(
         f"kept, {rule}); across-context AUC pooled over the variants' pairs, Spearman per "
         "variant across contexts. After-traffic readings are judged on each context's other "
         "questions.\n",
-        "| reading | estimator | across-context AUC | mean Spearman | "
+        "| reading | estimator | across-context AUC [95% bootstrap] | mean Spearman | "
         + " | ".join(VARIANTS)
         + " | cost / serving prefill (median, p90) |",
         "|---|---|---|---|" + "---|" * len(VARIANTS) + "---|",
@@ -260,6 +262,7 @@ def report(
             if name not in tables:
                 continue
             auc = context_auc(labels, tables[name], VARIANTS).auc
+            ci = bootstrap_auc(labels, tables[name], VARIANTS) if name in BOOTSTRAPPED else None
             rho = mean_spearman(labels, tables[name], VARIANTS)
             per = [context_spearman(labels, tables[name], v) for v in VARIANTS]
             cost = "-"
@@ -267,7 +270,7 @@ def report(
                 xs = sorted(ratios[name])
                 cost = f"{statistics.median(xs):.3f}, {xs[int(0.9 * (len(xs) - 1))]:.3f}"
             lines.append(
-                f"| {reading} | {name} | {_f(auc)} | {_f(rho)} | "
+                f"| {reading} | {name} | {_f(auc)}{_interval(ci)} | {_f(rho)} | "
                 + " | ".join(_f(x) for x in per)
                 + f" | {cost} |"
             )
@@ -291,6 +294,10 @@ def coverage_calibration(
         if parse_variant(v).drops_tokens
     ]
     return fit_calibration(pairs)
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def _f(x: float | None) -> str:

@@ -17,6 +17,7 @@ across variants.
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,27 @@ def context_auc(labels: Table, scores: Table, variants: Sequence[str] = ()) -> C
     for v in variants or variants_of(labels):
         total += concordance(*_columns(labels, scores, v))
     return total
+
+
+def bootstrap_auc(
+    labels: Table, scores: Table, variants: Sequence[str], resamples: int = 400, seed: int = 0
+) -> tuple[float, float] | None:
+    """95% percentile interval of :func:`context_auc` over contexts drawn with replacement
+    (a context drawn twice makes no pair with itself: equal labels)."""
+    names = [c for c in labels if c in scores]
+    rng = random.Random(seed)
+    aucs = []
+    for _ in range(resamples):
+        drawn = [rng.choice(names) for _ in names]
+        lab = {f"{i}": labels[c] for i, c in enumerate(drawn)}
+        sco = {f"{i}": scores[c] for i, c in enumerate(drawn)}
+        auc = context_auc(lab, sco, variants).auc
+        if auc is not None:
+            aucs.append(auc)
+    if not aucs:
+        return None
+    aucs.sort()
+    return aucs[int(0.025 * (len(aucs) - 1))], aucs[int(0.975 * (len(aucs) - 1))]
 
 
 def context_spearman(labels: Table, scores: Table, variant: str) -> float | None:

@@ -4,6 +4,8 @@ it orders the variants of each context."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from benchmarks.quality.ranking import (
@@ -58,3 +60,24 @@ def test_spearman_with_ties_and_short_or_constant_sides() -> None:
     assert spearman([1, 1, 2, 2], [1, 2, 3, 4]) == pytest.approx(0.894, abs=1e-3)
     assert spearman([1, 2], [1, 2]) is None
     assert spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_the_checked_in_labels_and_their_report() -> None:
+    """benchmarks/data/context_labels.jsonl and context_scores.jsonl as checked in: at least 80
+    contexts of at least 4 kinds at 1k and 2k tokens with both halves, and the report's prior
+    row at exactly 0.5 whatever the labels (a context-blind score)."""
+    from benchmarks.quality.bench_context_ranking import coverage_calibration, report
+    from benchmarks.quality.context_labels import load_context_labels, table
+
+    contexts = load_context_labels()
+    assert len(contexts) >= 80
+    assert len({c.kind for c in contexts}) >= 4 and {c.length for c in contexts} == {1024, 2048}
+    assert {c.half for c in contexts} == {"fit", "held-out"}
+    assert all(len(c.questions) >= 4 for c in contexts)
+    assert "split-half rho" in table(contexts)
+    out = report()
+    prior = next(line for line in out.splitlines() if line.startswith("| first put | prior |"))
+    assert prior.split("|")[3].strip() == "0.50"
+    knots = coverage_calibration()
+    assert knots[-1] == (1.0, 1.0)
+    assert all(a[0] < b[0] and a[1] <= b[1] for a, b in itertools.pairwise(knots))
