@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,3 +66,11 @@ def print_machine(benchmark: str) -> None:
 def verdict(ratio: float, goal: float, higher_is_better: bool = True) -> str:
     ok = ratio >= goal if higher_is_better else ratio <= goal
     return "PASS" if ok else "FAIL"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a file with one a line (blank lines skipped); ``[]`` when the file
+    does not exist yet (a resumable benchmark's first run)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support.common import REPO, machine
+from benchmarks._support.common import REPO, machine, read_jsonl
 from benchmarks.quality.context_kinds import make_kind_case
 from benchmarks.quality.context_labels import (
     DTYPE,
@@ -229,7 +229,7 @@ def report(
 ) -> str:  # fmt: skip
     """The table of every reading on the contexts of ``half`` (the prior from the fit half)."""
     contexts = load_context_labels(labels_path)
-    rows = {r["case"]: r for r in _read(scores_path)}
+    rows = {r["case"]: r for r in read_jsonl(scores_path)}
     fit = [c for c in contexts if c.half == "fit"]
     held = [c for c in contexts if c.half == half and c.name in rows]
     if not held or not fit:
@@ -285,7 +285,7 @@ def coverage_calibration(
     fit half only."""
     from benchmarks.quality.bench_estimators import fit_calibration
 
-    rows = {r["case"]: r for r in _read(scores_path)}
+    rows = {r["case"]: r for r in read_jsonl(scores_path)}
     pairs = [
         (rows[c.name]["scores"][reading][v], c.share(v))
         for c in load_context_labels(labels_path)
@@ -302,12 +302,6 @@ def _interval(ci: tuple[float, float] | None) -> str:
 
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
-
-
-def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def main() -> None:
@@ -345,7 +339,7 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     answer = AnswerEvaluator(model_dir)
     answer.load()[0].to(getattr(torch, DTYPE))
-    done = {r["case"] for r in _read(args.out)}
+    done = {r["case"] for r in read_jsonl(args.out)}
     contexts = load_context_labels(args.labels)
     print(f"{len(contexts)} labelled contexts, {len(done)} scored, on {machine()}", flush=True)
     for lc in contexts:

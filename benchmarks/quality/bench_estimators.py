@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support.common import REPO, machine
+from benchmarks._support.common import REPO, machine, read_jsonl
 from benchmarks.quality.quality_labels import (
     CHUNK,
     LABELS,
@@ -64,6 +64,7 @@ from benchmarks.quality.quality_labels import (
     LabelledCase,
     load_labels,
 )
+from benchmarks.quality.ranking import spearman
 
 SCORES = REPO / "benchmarks/data/estimator_scores.jsonl"
 FIGURE = REPO / "benchmarks/figures/estimators.png"
@@ -280,32 +281,6 @@ def pair_agreement(
             de = est[a] - est[b]
             agree += 0.5 if de == 0 else float((de > 0) == (dt > 0))
     return agree, pairs
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Spearman's rho with average ranks; ``None`` when either side is constant."""
-    rx, ry = _ranks(x), _ranks(y)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    sxx = sum((a - mx) ** 2 for a in rx)
-    syy = sum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
-        return None
-    return float(sxy / (sxx * syy) ** 0.5)
-
-
-def _ranks(xs: Sequence[float]) -> list[float]:
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    ranks = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2
-        i = j + 1
-    return ranks
 
 
 def prior_scores(labels: list[LabelledCase]) -> dict[str, dict[str, float]]:
@@ -538,7 +513,7 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
 
 def report(out: Path, label_files: Sequence[Path] = (LABELS,)) -> str:
     labels = {c.name: c for path in label_files for c in load_labels(path)}
-    rows = [r for r in _read(out) if r["case"] in labels]
+    rows = [r for r in read_jsonl(out) if r["case"] in labels]
     priors = prior_scores(list(labels.values()))
     for r in rows:
         r["scores"]["prior"] = priors[r["case"]]
@@ -586,12 +561,6 @@ def add_blends(
                     r["cost_cpu_s"][f"{name}+prior"] = r["cost_cpu_s"][name]
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=SCORES)
@@ -617,7 +586,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.constants:
         labels = {c.name: c for path in args.labels for c in load_labels(path)}
-        rows = [r for r in _read(args.out) if r["case"] in labels]
+        rows = [r for r in read_jsonl(args.out) if r["case"] in labels]
         print(constants(rows, labels, args.constants_of))
         return
     if not args.report:
@@ -646,8 +615,8 @@ def run(args: argparse.Namespace) -> None:
     labels = [c for path in args.labels for c in load_labels(path)]
     if args.limit:
         labels = labels[: args.limit]
-    done = {r["case"] for r in _read(args.out)}
-    with_other = sum("answer/other-exact" in r["scores"] for r in _read(args.out))
+    done = {r["case"] for r in read_jsonl(args.out)}
+    with_other = sum("answer/other-exact" in r["scores"] for r in read_jsonl(args.out))
     print(f"{len(labels)} labelled cases, {len(done)} scored; {machine()}", flush=True)
     for lc in labels:
         if lc.name in done:

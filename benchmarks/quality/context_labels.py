@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support.common import REPO, machine
+from benchmarks._support.common import REPO, machine, read_jsonl
 from benchmarks.quality.context_kinds import KINDS, KindCase, make_kind_case
 from benchmarks.quality.quality_labels import CHUNK, WINDOW, ids_digest
 from benchmarks.quality.quality_tasks import Case, split_prompt
@@ -92,16 +92,10 @@ class ContextLabels:
         return sum(xs) / len(xs)
 
 
-def read_rows(path: Path = LABELS) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def load_context_labels(path: Path = LABELS) -> list[ContextLabels]:
     """The labelled contexts (those with at least :data:`MIN_QUESTIONS` answered questions)."""
     return [
-        ContextLabels.of(r) for r in read_rows(path) if len(r.get("asked", ())) >= MIN_QUESTIONS
+        ContextLabels.of(r) for r in read_jsonl(path) if len(r.get("asked", ())) >= MIN_QUESTIONS
     ]
 
 
@@ -236,7 +230,7 @@ def run(args: argparse.Namespace) -> None:
     evaluator = AnswerEvaluator(str(model), max_new_tokens=MAX_NEW_TOKENS, max_batch=args.batch)
     evaluator.load()[0].to(getattr(torch, DTYPE))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["case"] for r in read_rows(args.out)}
+    done = {r["case"] for r in read_jsonl(args.out)}
     print(f"{len(VARIANTS)} variants on {machine()}; {len(done)} contexts already in {args.out}",
           flush=True)  # fmt: skip
     for seed in range(args.first_seed, args.seeds):

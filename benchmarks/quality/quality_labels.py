@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._support.common import REPO, machine
+from benchmarks._support.common import REPO, machine, read_jsonl
 from benchmarks.quality.quality_tasks import (
     TASKS,
     Case,
@@ -123,9 +123,7 @@ def check_split(row: dict[str, Any], split: PromptSplit) -> None:
 
 
 def read_rows(path: Path = LABELS) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def load_labels(path: Path = LABELS) -> list[LabelledCase]:

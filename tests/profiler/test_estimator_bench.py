@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.quality.bench_estimators import pair_agreement, prior_scores, spearman
+from benchmarks.quality.bench_estimators import pair_agreement, prior_scores
 from benchmarks.quality.quality_labels import (
     LABELS,
     LabelledCase,
@@ -16,6 +16,7 @@ from benchmarks.quality.quality_labels import (
     wilson,
 )
 from benchmarks.quality.quality_tasks import PromptSplit
+from benchmarks.quality.ranking import spearman
 
 
 def test_pairs_count_only_differing_truth_and_ties_count_half() -> None:
