@@ -479,8 +479,13 @@ class Engine:
 
     async def profile(self, ctx: ContextRecord) -> str:
         """Profile ``ctx`` now; "" when it worked, else why not."""
-        ok = await self.profiling.profile_context(ctx)
-        return "" if ok else self.profiling.last_error
+        if await self.profiling.profile_context(ctx):
+            return ""
+        # a context with nothing to choose between is not run at all: no last_error of its own
+        why = self.profiling.options.unchoosable(ctx)
+        if why:
+            return f"context {ctx.context_id}: not profiled: {why}"
+        return self.profiling.last_error
 
     def profiling_counts(self) -> ProfilingCounts:
         p = self.profiling
