@@ -60,6 +60,12 @@ def durable_state(c: pb.ContextSummary) -> str:
     return f"{c.durable_unread} unread{held}"
 
 
+def profile_reading(reading: str, evaluator: str, age_s: float) -> str:
+    """``first put (query_attention), 3.0 min ago``: which reading made a context's profile
+    (docs/profiler.md, "Readings"), by which evaluator, and when."""
+    return f"{reading} ({evaluator}), {human_seconds(age_s)} ago"
+
+
 def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
     with connect(args) as conn:
         s = conn.call(conn.stub.Status, pb.StatusRequest())
@@ -195,6 +201,9 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
             ("idle", human_seconds(s.last_access_age_s)),
             ("pinned", "yes" if s.pinned else "no"),
             ("durable", durable_state(s) or "-"),
+            ("profile", profile_reading(d.profile.reading, d.profile.evaluator,
+                                        d.profile.age_s)
+             if d.HasField("profile") else "not profiled"),
             ("why", d.reason or "-"),
             ("ancestors", " > ".join(d.ancestors) or "- (a root)"),
             ("children", s.children),

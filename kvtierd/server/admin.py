@@ -14,7 +14,7 @@ from kvtierd.model_fetch import model_cache_dir
 from kvtierd.policies.loader import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
-from kvtierd.server.convert import record_info
+from kvtierd.server.convert import profile_provenance, record_info
 from kvtierd.server.health import HealthMonitor
 from kvtierd.server.identity import Caller
 from kvtierd.server.model_dirs import check_model_dir
@@ -126,6 +126,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             raise NotFoundError(f"context {request.context_id!r} not found")
         objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
         table = self.engine.options_of(ctx)
+        record = self.engine.context_profiling(ctx.context_id).record
         return pb.DescribeContextResponse(
             summary=self._summary(self.engine.summary(ctx)),
             objects=objects,
@@ -146,6 +147,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 self._summary(self.engine.summary(d))
                 for d in self.engine.descendants(ctx, MAX_DESCENDANTS)
             ],
+            profile=None if record is None else profile_provenance(record),
         )
 
     async def Evict(self, request: pb.EvictRequest, rpc_context: Any) -> pb.EvictResponse:
@@ -226,6 +228,8 @@ class AdminServicer(pb_grpc.AdminServicer):
                 resp.profiled_age_s = max(0.0, time.time() - record.profiled_at_s)
                 resp.num_queries = record.num_queries
                 resp.query_source = record.query_source
+                resp.reading = record.reading.value
+                resp.profile_evaluator = record.evaluator
                 resp.variants.extend(
                     pb.VariantQuality(
                         variant=v.variant,
