@@ -88,9 +88,25 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
             ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%}"),
             ("durable holds", s.durable_holds),
             ("prefill", _prefill(s)),
+            ("quality profiles", quality_profiles(s.quality, s.placer)),
         ],
     )
     return code
+
+
+def quality_profiles(q: pb.QualityProfiling, placer: str) -> str:
+    """What the daemon's profiles read (docs/profiler.md, "Readings"): the prior alone, with
+    nothing to tell contexts apart, says what to set."""
+    if not q.estimator:
+        return f"not used (placer {placer} does not place by quality)"
+    if q.prior_only:
+        return "prior only — contexts are not told apart (set profiling.model_dir)"
+    made = q.estimator + (f", refined by {q.refiner}" if q.refiner else "")
+    if not q.model_dir:
+        return f"{made}, without a model"
+    return f"{made} with model {q.model_dir}" + (
+        " (model cache)" if q.model_dir_from == "model cache" else ""
+    )
 
 
 def _prefill(s: pb.StatusResponse) -> str:

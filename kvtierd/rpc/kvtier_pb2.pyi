@@ -1233,6 +1233,7 @@ class StatusResponse(_message.Message):
     PREFILL_SAMPLES_FIELD_NUMBER: _builtins.int
     PREFILL_OVERHEAD_S_FIELD_NUMBER: _builtins.int
     PREFILL_LEARNED_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -1260,6 +1261,10 @@ class StatusResponse(_message.Message):
     prefill_samples: _builtins.int
     prefill_overhead_s: _builtins.float
     prefill_learned: _builtins.bool
+    @_builtins.property
+    def quality(self) -> Global___QualityProfiling:
+        """how the running policy profiles quality (issue 39)"""
+
     def __init__(
         self,
         *,
@@ -1281,14 +1286,53 @@ class StatusResponse(_message.Message):
         prefill_samples: _builtins.int = ...,
         prefill_overhead_s: _builtins.float = ...,
         prefill_learned: _builtins.bool = ...,
+        quality: Global___QualityProfiling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quality", b"quality"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "quality", b"quality", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class QualityProfiling(_message.Message):
+    """How the daemon's quality profiles are made. Unset estimator: the placer does not use quality."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ESTIMATOR_FIELD_NUMBER: _builtins.int
+    REFINER_FIELD_NUMBER: _builtins.int
+    MODEL_DIR_FIELD_NUMBER: _builtins.int
+    MODEL_DIR_FROM_FIELD_NUMBER: _builtins.int
+    PRIOR_ONLY_FIELD_NUMBER: _builtins.int
+    estimator: _builtins.str
+    """the policy's profiling.estimator (every context's first profile)"""
+    refiner: _builtins.str
+    """the refining evaluator (answer, served); "" when none refines"""
+    model_dir: _builtins.str
+    """the served model's checkpoint profiles read ("" when none)"""
+    model_dir_from: _builtins.str
+    """"policy" (profiling.model_dir) or "model cache" (issue 39)"""
+    prior_only: _builtins.bool
+    """No model: every profile is the labels' per-variant prior, the same for every context."""
+    def __init__(
+        self,
+        *,
+        estimator: _builtins.str = ...,
+        refiner: _builtins.str = ...,
+        model_dir: _builtins.str = ...,
+        model_dir_from: _builtins.str = ...,
+        prior_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimator", b"estimator", "model_dir", b"model_dir", "model_dir_from", b"model_dir_from", "prior_only", b"prior_only", "refiner", b"refiner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QualityProfiling: _TypeAlias = QualityProfiling  # noqa: Y015
 
 @_typing.final
 class TierInfo(_message.Message):
