@@ -110,33 +110,28 @@ def _profiled(run: Ctl, cid: str) -> None:
     assert r.code == 0 and r.json()["profiled"] == 1, (r.out, r.err)
 
 
-def test_a_profile_without_a_model_reads_as_the_prior(
-    prior_only: DaemonProcess, ctl: Callable
+@pytest.mark.parametrize(
+    ("daemon", "reading"),
+    [("prior_only", "prior"), ("with_model", "first put")],  # no model; the context's probes
+)
+def test_contexts_show_and_profile_status_name_the_reading(
+    daemon: str, reading: str, request: pytest.FixtureRequest, ctl: Callable
 ) -> None:
-    run: Ctl = ctl(prior_only)
+    d: DaemonProcess = request.getfixturevalue(daemon)
+    run: Ctl = ctl(d)
     _profiled(run, "doc")
     shown = run("contexts", "show", "doc", "--json").json()["profile"]
-    assert (shown["reading"], shown["evaluator"]) == ("prior", "query_attention")
-    assert (shown["num_queries"], shown["query_source"]) == (0, "initial")
-    assert 0 <= shown["age_s"] < 60
+    assert (shown["reading"], shown["evaluator"]) == (reading, "query_attention")
+    # no question is known either way; the prior reads no query, a first put its probes
+    assert shown["query_source"] == "initial"
+    assert (shown["num_queries"] > 0) == (reading == "first put")
+    assert 0 <= shown["age_s"] < START_S
     human = run("contexts", "show", "doc")
     assert human.code == 0, human.err
-    assert "prior (query_attention), " in human.out and " ago" in human.out
+    assert f"{reading} (query_attention), " in human.out and " ago" in human.out
     status = run("profile", "status", "doc", "--json").json()
-    assert (status["reading"], status["profile_evaluator"]) == ("prior", "query_attention")
-    assert "prior (query_attention)" in run("profile", "status", "doc").out
-
-
-def test_a_profile_from_the_context_s_own_probes_reads_as_first_put(
-    with_model: DaemonProcess, ctl: Callable
-) -> None:
-    run: Ctl = ctl(with_model)
-    _profiled(run, "doc")
-    shown = run("contexts", "show", "doc", "--json").json()["profile"]
-    assert (shown["reading"], shown["evaluator"]) == ("first put", "query_attention")
-    assert shown["num_queries"] > 0 and shown["query_source"] == "initial"
-    assert "first put (query_attention), " in run("contexts", "show", "doc").out
-    assert run("profile", "status", "doc", "--json").json()["reading"] == "first put"
+    assert (status["reading"], status["profile_evaluator"]) == (reading, "query_attention")
+    assert f"{reading} (query_attention)" in run("profile", "status", "doc").out
 
 
 def test_a_context_not_profiled_says_so(lru: DaemonProcess, ctl: Callable) -> None:
