@@ -60,6 +60,12 @@ def durable_state(c: pb.ContextSummary) -> str:
     return f"{c.durable_unread} unread{held}"
 
 
+def profile_reading(reading: str, evaluator: str, age_s: float) -> str:
+    """``first put (query_attention), 3.0 min ago``: which reading made a context's profile
+    (docs/profiler.md, "Readings"), by which evaluator, and when."""
+    return f"{reading} ({evaluator}), {human_seconds(age_s)} ago"
+
+
 def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
     with connect(args) as conn:
         s = conn.call(conn.stub.Status, pb.StatusRequest())
@@ -82,9 +88,25 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
             ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%}"),
             ("durable holds", s.durable_holds),
             ("prefill", _prefill(s)),
+            ("quality profiles", quality_profiles(s.quality, s.placer)),
         ],
     )
     return code
+
+
+def quality_profiles(q: pb.QualityProfiling, placer: str) -> str:
+    """What the daemon's profiles read (docs/profiler.md, "Readings"): the prior alone, with
+    nothing to tell contexts apart, says what to set."""
+    if not q.estimator:
+        return f"not used (placer {placer} does not place by quality)"
+    if q.prior_only:
+        return "prior only — contexts are not told apart (set profiling.model_dir)"
+    made = q.estimator + (f", refined by {q.refiner}" if q.refiner else "")
+    if not q.model_dir:
+        return f"{made}, without a model"
+    return f"{made} with model {q.model_dir}" + (
+        " (model cache)" if q.model_dir_from == "model cache" else ""
+    )
 
 
 def _prefill(s: pb.StatusResponse) -> str:
@@ -195,6 +217,9 @@ def run_contexts_show(args: argparse.Namespace, out: Output) -> ExitCode:
             ("idle", human_seconds(s.last_access_age_s)),
             ("pinned", "yes" if s.pinned else "no"),
             ("durable", durable_state(s) or "-"),
+            ("profile", profile_reading(d.profile.reading, d.profile.evaluator,
+                                        d.profile.age_s)
+             if d.HasField("profile") else "not profiled"),
             ("why", d.reason or "-"),
             ("ancestors", " > ".join(d.ancestors) or "- (a root)"),
             ("children", s.children),

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtierd.cli.admin import connect
+from kvtierd.cli.admin import connect, profile_reading
 from kvtierd.cli.exit_codes import CliError, ExitCode
-from kvtierd.cli.output import Output, human_bytes, human_duration, human_seconds, to_dict
+from kvtierd.cli.output import Output, human_bytes, human_duration, to_dict
 from kvtierd.rpc import kvtier_pb2 as pb
 
 MAX_QUERIES_PER_REQUEST = 1000  # the daemon's limit per AddQueries request
@@ -105,7 +105,7 @@ def run_profile_status(args: argparse.Namespace, out: Output) -> ExitCode:
     out.fields(
         f"context {cid}",
         [
-            ("profiled", f"{human_seconds(r.profiled_age_s)} ago"),
+            ("profiled", profile_reading(r.reading, r.profile_evaluator, r.profiled_age_s)),
             ("queries", f"{r.num_queries} ({r.query_source or '-'})"),
             ("moves the context", trusted),
             *upcoming,

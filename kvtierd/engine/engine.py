@@ -49,6 +49,7 @@ from kvtierd.engine.profiling.ancestor_kv import AncestorReader
 from kvtierd.engine.profiling.profile_inputs import ProfileInputs
 from kvtierd.engine.profiling.profile_runs import RunLog
 from kvtierd.engine.profiling.profiler_factory import make_profiler
+from kvtierd.engine.profiling.profiling_model import ProfilingModel, QualityProfiling
 from kvtierd.engine.profiling.profiling_parts import ProfilingParts
 from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.profiling.refinement import Refinement
@@ -203,6 +204,7 @@ class Engine:
             ancestors=AncestorReader(index=index, mover=self.mover),
             refinement=Refinement(index=index, options=options, policy=policy,
                                   profiler=profiler, margin_of=self._margin),
+            model=ProfilingModel(config, self.model_cards),
         )  # fmt: skip
         return ProfilingService(
             config=config, index=index, mover=self.mover, policy=policy, metrics=metrics,
@@ -314,8 +316,9 @@ class Engine:
             raise
         # Bandwidths are known now: give the placer the calibrated figures.
         self.placing.placer = self.placing.make_placer(self.running.current)
-        self.profiling.configure()
+        # cards first: one kept from vLLM's last start may name the model profiles read
         self.model_cards.update(load_cards(self.config.data_dir))
+        self.profiling.configure()
         await rebuild_index(self.index, self.tiers, self.mover, self.executor, self.placing)
         restore_access_times(self.index, self.config.data_dir)
         self.executor.start()
@@ -493,6 +496,11 @@ class Engine:
             runs_ok=p.runs["ok"], runs_failed=p.runs["failed"], reprofiled=p.reprofiled,
             last_error=p.last_error, runs=tuple(p.run_log.runs()),
         )  # fmt: skip
+
+    def quality_profiling(self) -> QualityProfiling:
+        """How the running policy's quality profiles are made: with which model, or from the
+        prior alone (``profiling_model.py``)."""
+        return self.profiling.quality()
 
     def context_profiling(self, context_id: str) -> ContextProfiling:
         p = self.profiling

@@ -30,7 +30,7 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -249,6 +249,13 @@ class Servability:
 
 def _cards_dir(data_dir: str) -> Path:
     return Path(data_dir) / "model_cards"
+
+
+def card_tenant(name: str, tenants: Collection[str]) -> str:
+    """The tenant a kept card belongs to (its name is ``<tenant>/<model>``, ``<model>`` for
+    the default tenant's, whose model names may hold a ``/`` too): ``""`` for the default."""
+    owner, sep, _ = name.partition("/")
+    return owner if sep and owner in tenants else ""
 
 
 def save_card(data_dir: str, card: ModelCard) -> None:

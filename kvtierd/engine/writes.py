@@ -17,7 +17,7 @@ from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling.profiling_service import ProfilingService
-from kvtierd.engine.servable import save_card
+from kvtierd.engine.servable import card_tenant, save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
 from kvtierd.engine.tree_joins import check_parent
 from kvtierd.engine.validate import validate_meta
@@ -95,8 +95,7 @@ class WritePath:
         return out
 
     def _card_tenant(self, name: str) -> str:
-        owner, sep, _ = name.partition("/")
-        return owner if sep and owner in self._tenants else ""
+        return card_tenant(name, self._tenants)
 
     async def commit(
         self, allocation_ids: Sequence[str], durable: bool = False
@@ -253,6 +252,7 @@ class WritePath:
         self._card_sizes[card.model] = meta.size_bytes
         save_card(self._config.data_dir, card)
         self._profiling.options.changed()  # token-dropped variants may be servable now
+        self._profiling.card_learned()  # the model cache may be the served model's checkpoint
 
     def _joined(self, ctx: ContextRecord, plan: Plan, tier: str) -> Plan:
         """``plan`` (the placer's answer to a context that grew), plus the operation that

@@ -37,6 +37,7 @@ from kvtierd.config import load_daemon_config
 from kvtierd.environment import cuda_available
 from kvtierd.errors import ConfigError, KvtierError, UnavailableError
 from kvtierd.integrations.cpu_dtype import DtypeChoice, choose_dtype, cpu_flags
+from kvtierd.policies.loader import DEFAULT_POLICY_TEXT
 
 BACKENDS = ("kvtierd", "lmcache", "none")
 LOG_LEVELS = ("debug", "info", "warning")  # the daemon's --log-level choices
@@ -52,7 +53,7 @@ CONNECTOR = {
 class StackConfig:
     """What the stack runs. ``daemon_config``: a daemon YAML whose socket the plugin and the
     router use; without one the stack writes one under ``work_dir`` (``cpu`` / ``ssd`` sizes,
-    the daemon's default policy)."""
+    the daemon's default policy with ``profiling.model_dir`` the served ``model``)."""
 
     model: Path
     work_dir: Path
@@ -151,7 +152,7 @@ class Stack:
         c = self.config
         c.work_dir.mkdir(parents=True, exist_ok=True)
         if c.backend == "kvtierd":
-            daemon_config = c.daemon_config or self._write_daemon_config()
+            daemon_config = c.daemon_config or self.write_daemon_config()
             self.socket_path = _socket_of(daemon_config)
             command = [sys.executable, "-m", "kvtierd.main", "serve", "--config",
                        str(daemon_config), "--log-level", c.daemon_log_level]  # fmt: skip
@@ -300,11 +301,20 @@ class Stack:
             f"{tail(part.log)}"
         )
 
-    def _write_daemon_config(self) -> Path:
+    def write_daemon_config(self) -> Path:
+        """The daemon's config (and its policy) in ``work_dir``, when none was given: the
+        daemon's default policy, profiling with the model this stack serves — the one model
+        the stack knows for sure is vLLM's, and without it every profile is the per-variant
+        prior (issue 39)."""
         c, work = self.config, self.config.work_dir
+        policy = yaml.safe_load(DEFAULT_POLICY_TEXT)
+        policy["profiling"] = {"model_dir": str(c.model.resolve())}
+        policy_file = work / "policy.yaml"
+        policy_file.write_text(yaml.safe_dump(policy))
         doc = {
             "socket_path": str(work / "kvtierd.sock"),
             "data_dir": str(work / "data"),
+            "policy_file": str(policy_file),
             "tiers": [
                 {"name": "cpu", "kind": "cpu", "capacity": c.cpu},
                 {"name": "ssd", "kind": "ssd", "capacity": c.ssd, "path": str(work / "ssd")},

@@ -2,20 +2,32 @@
 
 A :class:`ProfileRecord` is what a profiling run established about a context — the
 :class:`~kvtierd.types.ContextProfile` the placer reads, plus where its numbers came from
-(evaluator, query source and count, token count, when). The decayed access count is stored
-beside it so frequency survives restarts too.
+(evaluator, query source and count, token count, when) and so which :class:`ProfileReading`
+made it. The decayed access count is stored beside it so frequency survives restarts too.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kvtierd.errors import CorruptObjectError
+from kvtierd.policy_config import EXPENSIVE_EVALUATORS
 from kvtierd.profiler.files import JsonDir
 from kvtierd.types import ContextProfile, VariantProfile
+
+
+class ProfileReading(enum.Enum):
+    """What a profile knew when it was made (DESIGN.md §3.11: each profile says which reading
+    made it), weakest first. The value is what ``kvtierctl`` shows."""
+
+    PRIOR = "prior"  # no model, no probes: the labels' per-variant share, blind to the context
+    FIRST_PUT = "first put"  # probes from the context itself, no question known
+    TRAFFIC = "traffic"  # questions known from users or traffic
+    REFINED = "refined"  # the refining evaluator (answer, served) decoded answers
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +49,21 @@ class ProfileRecord:
     @property
     def context_id(self) -> str:
         return self.profile.context_id
+
+    @property
+    def reading(self) -> ProfileReading:
+        """Derived from fields every profile file has always kept, so files written before
+        readings were named read as they were made. An estimate from no query at all is the
+        prior (``query_attention`` without a model: ``num_queries`` 0); the query source
+        says whether questions were known (``QueryStore.profiling_set``: ``initial`` is the
+        local set, which only the probes of a first put stand in for)."""
+        if self.evaluator in EXPENSIVE_EVALUATORS:
+            return ProfileReading.REFINED
+        if self.num_queries == 0:
+            return ProfileReading.PRIOR
+        if self.query_source == "initial":
+            return ProfileReading.FIRST_PUT
+        return ProfileReading.TRAFFIC
 
 
 class ProfileStore:

@@ -1233,6 +1233,7 @@ class StatusResponse(_message.Message):
     PREFILL_SAMPLES_FIELD_NUMBER: _builtins.int
     PREFILL_OVERHEAD_S_FIELD_NUMBER: _builtins.int
     PREFILL_LEARNED_FIELD_NUMBER: _builtins.int
+    QUALITY_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -1260,6 +1261,10 @@ class StatusResponse(_message.Message):
     prefill_samples: _builtins.int
     prefill_overhead_s: _builtins.float
     prefill_learned: _builtins.bool
+    @_builtins.property
+    def quality(self) -> Global___QualityProfiling:
+        """how the running policy profiles quality (issue 39)"""
+
     def __init__(
         self,
         *,
@@ -1281,14 +1286,53 @@ class StatusResponse(_message.Message):
         prefill_samples: _builtins.int = ...,
         prefill_overhead_s: _builtins.float = ...,
         prefill_learned: _builtins.bool = ...,
+        quality: Global___QualityProfiling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["quality", b"quality"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "quality", b"quality", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class QualityProfiling(_message.Message):
+    """How the daemon's quality profiles are made. Unset estimator: the placer does not use quality."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ESTIMATOR_FIELD_NUMBER: _builtins.int
+    REFINER_FIELD_NUMBER: _builtins.int
+    MODEL_DIR_FIELD_NUMBER: _builtins.int
+    MODEL_DIR_FROM_FIELD_NUMBER: _builtins.int
+    PRIOR_ONLY_FIELD_NUMBER: _builtins.int
+    estimator: _builtins.str
+    """the policy's profiling.estimator (every context's first profile)"""
+    refiner: _builtins.str
+    """the refining evaluator (answer, served); "" when none refines"""
+    model_dir: _builtins.str
+    """the served model's checkpoint profiles read ("" when none)"""
+    model_dir_from: _builtins.str
+    """"policy" (profiling.model_dir) or "model cache" (issue 39)"""
+    prior_only: _builtins.bool
+    """No model: every profile is the labels' per-variant prior, the same for every context."""
+    def __init__(
+        self,
+        *,
+        estimator: _builtins.str = ...,
+        refiner: _builtins.str = ...,
+        model_dir: _builtins.str = ...,
+        model_dir_from: _builtins.str = ...,
+        prior_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimator", b"estimator", "model_dir", b"model_dir", "model_dir_from", b"model_dir_from", "prior_only", b"prior_only", "refiner", b"refiner"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QualityProfiling: _TypeAlias = QualityProfiling  # noqa: Y015
 
 @_typing.final
 class TierInfo(_message.Message):
@@ -1558,6 +1602,7 @@ class DescribeContextResponse(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     ANCESTORS_FIELD_NUMBER: _builtins.int
     DESCENDANTS_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """why the current placement was chosen"""
     @_builtins.property
@@ -1576,6 +1621,10 @@ class DescribeContextResponse(_message.Message):
     def descendants(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContextSummary]:
         """children first, breadth first (at most 256)"""
 
+    @_builtins.property
+    def profile(self) -> Global___ProfileProvenance:
+        """unset: the context has no profile yet"""
+
     def __init__(
         self,
         *,
@@ -1585,14 +1634,52 @@ class DescribeContextResponse(_message.Message):
         reason: _builtins.str = ...,
         ancestors: _abc.Iterable[_builtins.str] | None = ...,
         descendants: _abc.Iterable[Global___ContextSummary] | None = ...,
+        profile: Global___ProfileProvenance | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["profile", b"profile", "summary", b"summary"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestors", b"ancestors", "descendants", b"descendants", "objects", b"objects", "options", b"options", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ancestors", b"ancestors", "descendants", b"descendants", "objects", b"objects", "options", b"options", "profile", b"profile", "reason", b"reason", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeContextResponse: _TypeAlias = DescribeContextResponse  # noqa: Y015
+
+@_typing.final
+class ProfileProvenance(_message.Message):
+    """Where a context's profile came from (docs/profiler.md, "Readings")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    READING_FIELD_NUMBER: _builtins.int
+    EVALUATOR_FIELD_NUMBER: _builtins.int
+    AGE_S_FIELD_NUMBER: _builtins.int
+    QUERY_SOURCE_FIELD_NUMBER: _builtins.int
+    NUM_QUERIES_FIELD_NUMBER: _builtins.int
+    reading: _builtins.str
+    """"prior", "first put", "traffic" or "refined" """
+    evaluator: _builtins.str
+    """the evaluator that made it"""
+    age_s: _builtins.float
+    """since it was made"""
+    query_source: _builtins.str
+    """"user", "traffic", "user+traffic" or "initial" """
+    num_queries: _builtins.int
+    def __init__(
+        self,
+        *,
+        reading: _builtins.str = ...,
+        evaluator: _builtins.str = ...,
+        age_s: _builtins.float = ...,
+        query_source: _builtins.str = ...,
+        num_queries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "evaluator", b"evaluator", "num_queries", b"num_queries", "query_source", b"query_source", "reading", b"reading"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProfileProvenance: _TypeAlias = ProfileProvenance  # noqa: Y015
 
 @_typing.final
 class EvictRequest(_message.Message):
@@ -1945,6 +2032,8 @@ class ProfileStatusResponse(_message.Message):
     TRUSTED_FIELD_NUMBER: _builtins.int
     RUNS_FIELD_NUMBER: _builtins.int
     ESTIMATOR_FIELD_NUMBER: _builtins.int
+    READING_FIELD_NUMBER: _builtins.int
+    PROFILE_EVALUATOR_FIELD_NUMBER: _builtins.int
     evaluator: _builtins.str
     runs_ok: _builtins.int
     runs_failed: _builtins.int
@@ -1969,6 +2058,10 @@ class ProfileStatusResponse(_message.Message):
     """the profile has at least min_queries (the placer uses it)"""
     estimator: _builtins.str
     """the policy's profiling.estimator (evaluator: its refiner)"""
+    reading: _builtins.str
+    """the profile's reading: "prior", "first put", "traffic", "refined" """
+    profile_evaluator: _builtins.str
+    """the evaluator that made the context's profile"""
     @_builtins.property
     def variants(self) -> _containers.RepeatedCompositeFieldContainer[Global___VariantQuality]: ...
     @_builtins.property
@@ -1995,10 +2088,12 @@ class ProfileStatusResponse(_message.Message):
         trusted: _builtins.bool = ...,
         runs: _abc.Iterable[Global___ProfileRun] | None = ...,
         estimator: _builtins.str = ...,
+        reading: _builtins.str = ...,
+        profile_evaluator: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimator", b"estimator", "evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "min_queries", b"min_queries", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reprofiled", b"reprofiled", "runs", b"runs", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "trusted", b"trusted", "variants", b"variants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["estimator", b"estimator", "evaluator", b"evaluator", "known_tokens", b"known_tokens", "last_error", b"last_error", "min_queries", b"min_queries", "next_num_queries", b"next_num_queries", "next_query_source", b"next_query_source", "num_queries", b"num_queries", "profile_evaluator", b"profile_evaluator", "profiled", b"profiled", "profiled_age_s", b"profiled_age_s", "query_source", b"query_source", "reading", b"reading", "reprofiled", b"reprofiled", "runs", b"runs", "runs_failed", b"runs_failed", "runs_ok", b"runs_ok", "trusted", b"trusted", "variants", b"variants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

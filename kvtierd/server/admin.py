@@ -10,14 +10,13 @@ from kvtierd import __version__
 from kvtierd.engine import Engine
 from kvtierd.engine.views import ContextSummary
 from kvtierd.errors import InvalidArgumentError, NotFoundError
-from kvtierd.model_fetch import model_cache_dir
+from kvtierd.model_dirs import allowed_model_roots, check_model_dir
 from kvtierd.policies.loader import parse_policy
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
-from kvtierd.server.convert import record_info
+from kvtierd.server.convert import profile_provenance, record_info
 from kvtierd.server.health import HealthMonitor
 from kvtierd.server.identity import Caller
-from kvtierd.server.model_dirs import check_model_dir
 from kvtierd.types import OpKind
 
 MAX_DESCENDANTS = 256
@@ -35,8 +34,8 @@ class AdminServicer(pb_grpc.AdminServicer):
     def __init__(self, engine: Engine, health: HealthMonitor) -> None:
         self.engine = engine
         self.health = health
-        # what ApplyPolicy may name as profiling.model_dir (server/model_dirs.py)
-        self._model_dirs = engine.config.model_dirs or (str(model_cache_dir()),)
+        # what ApplyPolicy may name as profiling.model_dir (kvtierd/model_dirs.py)
+        self._model_dirs = allowed_model_roots(engine.config.model_dirs)
         self._started_model_dir = engine.policy.evaluator_model_dir
 
     def _summary(self, s: ContextSummary) -> pb.ContextSummary:
@@ -75,6 +74,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             pending_plans=c.pending_plans,
             durable_holds=c.durable_holds,
             **_prefill_fields(self.engine),
+            quality=_quality(self.engine),
         )
 
     async def ListTiers(
@@ -126,6 +126,7 @@ class AdminServicer(pb_grpc.AdminServicer):
             raise NotFoundError(f"context {request.context_id!r} not found")
         objects = [record_info(self.engine.objects[k], Caller()) for k in ctx.keys]
         table = self.engine.options_of(ctx)
+        record = self.engine.context_profiling(ctx.context_id).record
         return pb.DescribeContextResponse(
             summary=self._summary(self.engine.summary(ctx)),
             objects=objects,
@@ -146,6 +147,7 @@ class AdminServicer(pb_grpc.AdminServicer):
                 self._summary(self.engine.summary(d))
                 for d in self.engine.descendants(ctx, MAX_DESCENDANTS)
             ],
+            profile=None if record is None else profile_provenance(record),
         )
 
     async def Evict(self, request: pb.EvictRequest, rpc_context: Any) -> pb.EvictResponse:
@@ -226,6 +228,8 @@ class AdminServicer(pb_grpc.AdminServicer):
                 resp.profiled_age_s = max(0.0, time.time() - record.profiled_at_s)
                 resp.num_queries = record.num_queries
                 resp.query_source = record.query_source
+                resp.reading = record.reading.value
+                resp.profile_evaluator = record.evaluator
                 resp.variants.extend(
                     pb.VariantQuality(
                         variant=v.variant,
@@ -260,3 +264,10 @@ def _prefill_fields(e: Engine) -> dict[str, Any]:
         "prefill_overhead_s": speed.overhead_s,
         "prefill_learned": speed.learned,
     }
+
+
+def _quality(e: Engine) -> pb.QualityProfiling:
+    """How the running policy's quality profiles are made (issue 39)."""
+    q = e.quality_profiling()
+    return pb.QualityProfiling(estimator=q.estimator, refiner=q.refiner, model_dir=q.model_dir,
+                               model_dir_from=q.model_from, prior_only=q.prior_only)  # fmt: skip

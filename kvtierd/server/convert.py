@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from typing import TYPE_CHECKING
+
 from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.state import ObjectRecord
 from kvtierd.rpc import kvtier_pb2 as pb
@@ -10,6 +13,9 @@ from kvtierd.storage.allocator import Block
 from kvtierd.storage.arena import Arena
 from kvtierd.storage.gpu import GpuTier
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+if TYPE_CHECKING:
+    from kvtierd.profiler import ProfileRecord
 
 
 def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
@@ -72,4 +78,15 @@ def device_region(tier: GpuTier, block: Block) -> pb.DeviceRegion:
 def region(arena: Arena, block: Block) -> pb.ArenaRegion:
     return pb.ArenaRegion(
         arena_path=str(arena.path), arena_id=arena.id, offset=block.offset, length=block.length
+    )
+
+
+def profile_provenance(record: ProfileRecord) -> pb.ProfileProvenance:
+    """Which reading made a context's profile, by which evaluator, how long ago."""
+    return pb.ProfileProvenance(
+        reading=record.reading.value,
+        evaluator=record.evaluator,
+        age_s=max(0.0, time.time() - record.profiled_at_s),
+        query_source=record.query_source,
+        num_queries=record.num_queries,
     )

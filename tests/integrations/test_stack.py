@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -369,3 +370,28 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_stack_s_daemon_profiles_with_the_model_it_serves(tmp_path: Path) -> None:
+    """Without --config the stack writes the daemon's config, and its policy names the model
+    vLLM serves as profiling.model_dir (issue 39): the daemon it starts says so in status."""
+    from kvtierd.cli.main import main
+    from tests.daemon_proc import DaemonProcess
+
+    model = tmp_path / "SmolLM2-135M-Instruct"  # read only once a context is profiled
+    model.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    config = Stack(StackConfig(model=model, work_dir=work, cpu="64MiB", ssd="256MiB"))
+    path = config.write_daemon_config()
+    daemon = DaemonProcess(path, str(work / "kvtierd.sock"), work / "daemon.log").start()
+    try:
+        out = tmp_path / "status.json"
+        with out.open("w") as f, contextlib.redirect_stdout(f):
+            assert main(["status", "--json", "--socket", daemon.socket_path]) == 0
+        quality = json.loads(out.read_text())["quality"]
+        assert (quality["model_dir"], quality["model_dir_from"]) == (str(model), "policy")
+        assert not quality["prior_only"]
+        assert "quality profiles: prior only" not in daemon.logs()
+    finally:
+        daemon.kill()

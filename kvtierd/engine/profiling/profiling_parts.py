@@ -10,6 +10,7 @@ from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.profiling.ancestor_kv import AncestorReader
 from kvtierd.engine.profiling.profile_inputs import ProfileInputs
 from kvtierd.engine.profiling.profile_runs import RunLog
+from kvtierd.engine.profiling.profiling_model import ProfilingModel
 from kvtierd.engine.profiling.refinement import Refinement
 from kvtierd.engine.servable import Servability
 from kvtierd.engine.tokens import TokenBudget
@@ -23,7 +24,8 @@ class ProfilingParts:
     ``prefill_fit``/``served``: vLLM's prefill speed, kept across policy reloads;
     ``yield_gate``: where profiling steps wait for serving; ``options``: the contexts priced
     for the placer; ``inputs``: their token ids and queries; ``ancestors``: the KV a child
-    context is scored after; ``refinement``: which context the refining evaluator takes next."""
+    context is scored after; ``refinement``: which context the refining evaluator takes next;
+    ``model``: which checkpoint profiles read (the policy's, or the model cache's)."""
 
     worker: ThreadPoolExecutor
     prefill_fit: PrefillFit
@@ -36,3 +38,4 @@ class ProfilingParts:
     inputs: ProfileInputs
     ancestors: AncestorReader
     refinement: Refinement
+    model: ProfilingModel

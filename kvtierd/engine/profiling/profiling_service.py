@@ -31,12 +31,15 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.profiling import observation_window as window
 from kvtierd.engine.profiling.profile_runs import ProfileRun, RunKind
+from kvtierd.engine.profiling.profiling_model import QualityProfiling
 from kvtierd.engine.profiling.profiling_parts import ProfilingParts
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import CapacityError, KvtierError, UnavailableError
 from kvtierd.metrics import Metrics
+from kvtierd.model_fetch import SMOLLM2, model_cache_dir
 from kvtierd.policies import placer_class
 from kvtierd.policy_config import PolicyConfig
+from kvtierd.profiler.store import ProfileReading
 from kvtierd.types import ORIGINAL_VARIANT
 
 if TYPE_CHECKING:
@@ -103,6 +106,7 @@ class ProfilingService:
         self.inputs = parts.inputs
         self.ancestors = parts.ancestors
         self.refinement = parts.refinement
+        self.model = parts.model  # which checkpoint profiles read (profiling_model.py)
         self._task: asyncio.Task[None] | None = None
         self._drift: asyncio.Task[None] | None = None
         self._loop: ReprofileLoop | None = None
@@ -111,12 +115,14 @@ class ProfilingService:
         self.runs: Counter[str] = Counter()
         self.last_error = ""
         self.failed_why: dict[str, str] = {}  # contexts whose last profile failed, and why
+        self._prior_to_redo: set[str] = set()  # prior-only profiles a model found since redoes
 
     # -- configuration -----------------------------------------------------------------------
 
     def configure(self) -> None:
-        """(Re)build the profiler for the running policy (at start and on hot reload)."""
-        policy = self._policy.current
+        """(Re)build the profiler for the running policy (at start, on hot reload, and when a
+        model card lets the model cache's checkpoint stand for the served model)."""
+        policy = self._policy.current = self.model.resolve(self._policy.current)
         self.profiler = self._make_profiler(policy)
         self.profiler.load()
         self.options.changed()
@@ -127,7 +133,47 @@ class ProfilingService:
                     "are registered (KVStore.SetContextTokens; kvtierd router does it) are "
                     "profiled by it", evaluator.name,
                 )  # fmt: skip
+        self._say_what_profiles_read(policy)
         self._restart_drift_loop()
+
+    def _say_what_profiles_read(self, policy: PolicyConfig) -> None:
+        quality = self.model.describe(policy)
+        if quality.prior_only:
+            logger.warning(
+                "quality profiles: prior only, contexts are not told apart (set "
+                "profiling.model_dir): estimator %r has no model, so every context gets the "
+                "labels' per-variant share and the placer decides by variant and frequency "
+                "alone. Name the served model's checkpoint in the policy's profiling.model_dir; "
+                "or fetch SmolLM2 into %s (kvtierd model fetch), which the daemon uses by "
+                "itself once the served model's card matches it (docs/profiler.md, "
+                "\"Readings\")", quality.estimator, model_cache_dir() / SMOLLM2.name,
+            )  # fmt: skip
+        elif quality.model_from == "model cache":
+            logger.info(
+                "quality profiles read %s (kvtierd's model cache): the policy names no "
+                "profiling.model_dir, and the checkpoint's geometry is the served model's "
+                "(its model card)", quality.model_dir,
+            )  # fmt: skip
+
+    def card_learned(self) -> None:
+        """A model card arrived: where the policy names no model, the model cache's
+        checkpoint may now stand for the served model (``profiling_model.py``); if so the
+        profiler is rebuilt with it, and contexts profiled from the prior alone are profiled
+        again."""
+        policy = self._policy.current
+        if policy.evaluator_model_dir or not self.model.resolve(policy).evaluator_model_dir:
+            return
+        self.configure()
+        profiler = self.profiler
+        for cid in self._index.contexts:
+            record = None if profiler is None else profiler.record(cid)
+            if record is not None and record.reading is ProfileReading.PRIOR:
+                self._prior_to_redo.add(cid)
+                self.schedule(cid)
+
+    def quality(self) -> QualityProfiling:
+        """How the running policy's profiles are made (``Admin.Status``)."""
+        return self.model.describe(self._policy.current)
 
     def _restart_drift_loop(self) -> None:
         """Periodic re-profiling on drift (EvicPress §4.3), for the placer that uses quality."""
@@ -215,6 +261,8 @@ class ProfilingService:
         record = None if p is None else p.record(ctx.context_id)
         if p is None or record is None or record.num_tokens != self.options.geometry_of(ctx)[1]:
             return False
+        if ctx.context_id in self._prior_to_redo:
+            return False  # profiled from the prior alone; a model can tell it apart now
         return p.trusted(ctx.context_id) or not p.enough_queries(ctx.context_id)
 
     def forget(self, context_id: str) -> None:
@@ -225,6 +273,7 @@ class ProfilingService:
         self.servable.forget(context_id)
         self.failed_why.pop(context_id, None)
         self._changed.pop(context_id, None)
+        self._prior_to_redo.discard(context_id)
         self.refinement.forget(context_id)
         if self.profiler is not None and self._running:
             if not num_tokens:
@@ -292,6 +341,7 @@ class ProfilingService:
             # profile's length at the first)
             if ctx is not None and not self._kept_profile(ctx):
                 await self.profile_context(ctx, kind=RunKind.FIRST)
+            self._prior_to_redo.discard(cid)
 
     async def _refine_one(self) -> None:
         """One refinement by the policy's refining evaluator, only while vLLM is idle and

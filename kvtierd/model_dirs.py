@@ -3,6 +3,10 @@ admin's call, over TCP too, and ``profiling.model_dir`` is a directory the daemo
 from, so it must lie in a directory the daemon's own configuration names (``model_dirs``;
 kvtierd's model cache when none) or be the one the daemon started with, and no other user may
 be able to write it (``/etc`` was accepted, and so was a directory another user can write).
+
+The same rules decide whether the daemon may profile with the model cache's checkpoint when
+its policy names none (issue 39, ``engine/profiling/profiling_model.py``), so they live in the
+bottom layer, below both the servicer and the engine.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kvtierd.errors import PermissionDeniedError
+from kvtierd.model_fetch import model_cache_dir
+
+
+def allowed_model_roots(configured: Sequence[str]) -> tuple[str, ...]:
+    """The directories a loaded ``profiling.model_dir`` may lie in: the daemon config's
+    ``model_dirs``, else kvtierd's model cache."""
+    return tuple(configured) or (str(model_cache_dir()),)
 
 
 def check_model_dir(model_dir: str, allowed: Sequence[str], started_with: str = "") -> None:
