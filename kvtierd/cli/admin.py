@@ -94,13 +94,19 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
     return code
 
 
+NO_MODEL_LINE = (
+    "no model — token-dropping variants from each context's coverage where its token ids are "
+    "registered, the rest from the prior (set profiling.model_dir)"
+)
+
+
 def quality_profiles(q: pb.QualityProfiling, placer: str) -> str:
-    """What the daemon's profiles read (docs/profiler.md, "Readings"): the prior alone, with
-    nothing to tell contexts apart, says what to set."""
+    """What the daemon's profiles read (docs/profiler.md, "Readings"); without a model, what
+    it falls back to and what to set."""
     if not q.estimator:
         return f"not used (placer {placer} does not place by quality)"
     if q.prior_only:
-        return "prior only — contexts are not told apart (set profiling.model_dir)"
+        return NO_MODEL_LINE
     made = q.estimator + (f", refined by {q.refiner}" if q.refiner else "")
     if not q.model_dir:
         return f"{made}, without a model"

@@ -1316,7 +1316,9 @@ class QualityProfiling(_message.Message):
     model_dir_from: _builtins.str
     """"policy" (profiling.model_dir) or "model cache" (issue 39)"""
     prior_only: _builtins.bool
-    """No model: every profile is the labels' per-variant prior, the same for every context."""
+    """No model: token-dropping variants from coverage where a context's token ids are
+    registered, everything else from the labels' per-variant prior.
+    """
     def __init__(
         self,
         *,

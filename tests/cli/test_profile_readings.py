@@ -21,14 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.tiny_vllm_model import VOCAB, build_tiny_llama
+from kvtierd.cli.admin import NO_MODEL_LINE
 from kvtierd.client import KVClient
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import MODEL_CARD_LAYOUT, ModelCard, model_card_key
 from kvtierd.kernels.rope import RopeSpec
 from kvtierd.model_fetch import SMOLLM2, SOURCE_FILE
 from tests.cli.conftest import Ctl
-from tests.daemon_proc import DaemonProcess, write_config
-from tests.integrations.tiny_model import VOCAB, build_tiny_llama
 
 L, H, D, T, CHUNKS = 2, 2, 64, 16, 4  # the tiny Llama's layers, KV heads and head dim
 N = T * CHUNKS
@@ -56,6 +57,9 @@ def _daemon(directory: Path, policy_text: str, cache: Path | None = None) -> Dae
     return d.start(timeout_s=START_S)
 
 
+TOKENS = [3 + (37 * i) % (VOCAB - 3) for i in range(N)]
+
+
 def _put_context(d: DaemonProcess, cid: str, *, with_tokens: bool) -> None:
     """A context of ``N`` tokens as LMCache chunks of random bf16 KV; its token ids too when
     ``with_tokens`` (the probes of a first put are recomputed from them)."""
@@ -66,14 +70,16 @@ def _put_context(d: DaemonProcess, cid: str, *, with_tokens: bool) -> None:
             x = torch.randn(2, L, T, H * D, generator=g).to(torch.bfloat16)
             c.put(f"{cid}/{i}", x, context_id=cid, layout=layout, token_count=T)
         if with_tokens:
-            c.set_context_tokens(cid, [3 + (37 * i) % (VOCAB - 3) for i in range(N)])
+            c.set_context_tokens(cid, TOKENS)
 
 
-def _with_doc(directory: Path, model_dir: Path | None) -> Iterator[DaemonProcess]:
-    """A daemon (:func:`_daemon`) holding the context ``doc`` and its token ids."""
+def _with_doc(
+    directory: Path, model_dir: Path | None, *, with_tokens: bool = True
+) -> Iterator[DaemonProcess]:
+    """A daemon (:func:`_daemon`) holding the context ``doc`` (and its token ids)."""
     d = _daemon(directory, _policy(model_dir))
     try:
-        _put_context(d, "doc", with_tokens=True)
+        _put_context(d, "doc", with_tokens=with_tokens)
         yield d
     finally:
         d.kill()
@@ -81,7 +87,14 @@ def _with_doc(directory: Path, model_dir: Path | None) -> Iterator[DaemonProcess
 
 @pytest.fixture(scope="module")
 def prior_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
-    yield from _with_doc(tmp_path_factory.mktemp("prior-only"), None)
+    """No model, and no token ids for ``doc``: nothing but the prior to read."""
+    yield from _with_doc(tmp_path_factory.mktemp("prior-only"), None, with_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def tokens_only(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    """No model, but ``doc``'s token ids: its token-dropping variants read their coverage."""
+    yield from _with_doc(tmp_path_factory.mktemp("tokens-only"), None)
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +125,8 @@ def _profiled(run: Ctl, cid: str) -> None:
 
 @pytest.mark.parametrize(
     ("daemon", "reading"),
-    [("prior_only", "prior"), ("with_model", "first put")],  # no model; the context's probes
+    # no model and no token ids; no model, coverage from the token ids; the model's probes
+    [("prior_only", "prior"), ("tokens_only", "first put"), ("with_model", "first put")],
 )
 def test_contexts_show_and_profile_status_name_the_reading(
     daemon: str, reading: str, request: pytest.FixtureRequest, ctl: Callable
@@ -154,13 +168,13 @@ def test_a_daemon_profiling_with_the_prior_only_says_so(
     prior_only: DaemonProcess, with_model: DaemonProcess, tiny: Path, ctl: Callable
 ) -> None:
     warned = [ln for ln in prior_only.logs().splitlines() if " WARNING " in ln]
-    assert any("quality profiles: prior only" in ln and "set profiling.model_dir" in ln
+    assert any("quality profiles: no model" in ln and "set profiling.model_dir" in ln
                for ln in warned), warned  # fmt: skip
     doc, line = _status(ctl(prior_only))
     assert (doc["estimator"], doc["prior_only"], doc["model_dir"]) == ("query_attention", True, "")
-    assert line == "prior only — contexts are not told apart (set profiling.model_dir)"
+    assert line == NO_MODEL_LINE
 
-    assert "quality profiles: prior only" not in with_model.logs()
+    assert "quality profiles: no model" not in with_model.logs()
     doc, line = _status(ctl(with_model))
     assert (doc["prior_only"], doc["model_dir"], doc["model_dir_from"]) == (
         False,
@@ -174,7 +188,7 @@ def test_a_placer_without_quality_profiles_nothing(lru: DaemonProcess, ctl: Call
     doc, line = _status(ctl(lru))
     assert (doc["estimator"], doc["prior_only"]) == ("", False)
     assert line == "not used (placer lru does not place by quality)"
-    assert "quality profiles: prior only" not in lru.logs()
+    assert "quality profiles: no model" not in lru.logs()
 
 
 def _card(model: str, vocab_size: int = VOCAB) -> bytes:
@@ -195,11 +209,13 @@ def test_the_model_cache_serves_when_its_geometry_is_the_served_model_s(
     d = _daemon(tmp_path / "d", _policy(None), cache)
     try:
         run: Ctl = ctl(d)
-        _put_context(d, "doc", with_tokens=True)
+        _put_context(d, "doc", with_tokens=False)  # no token ids: no coverage either
         _profiled(run, "doc")
         assert run("contexts", "show", "doc", "--json").json()["profile"]["reading"] == "prior"
         assert _status(run)[0]["prior_only"]
         with KVClient(d.socket_path) as c:
+            # its token ids arrive after that profile: the model's probes are made from them
+            c.set_context_tokens("doc", TOKENS)
             other = "/models/other"
             c.put(model_card_key(other), _card(other, VOCAB * 2), context_id="card",
                   layout=MODEL_CARD_LAYOUT)  # fmt: skip

@@ -375,8 +375,8 @@ def _alive(pid: int) -> bool:
 def test_the_stack_s_daemon_profiles_with_the_model_it_serves(tmp_path: Path) -> None:
     """Without --config the stack writes the daemon's config, and its policy names the model
     vLLM serves as profiling.model_dir (issue 39): the daemon it starts says so in status."""
+    from benchmarks._support.daemon_proc import DaemonProcess
     from kvtierd.cli.main import main
-    from tests.daemon_proc import DaemonProcess
 
     model = tmp_path / "SmolLM2-135M-Instruct"  # read only once a context is profiled
     model.mkdir()

@@ -54,7 +54,8 @@ class QualityProfiling:
 
     @property
     def prior_only(self) -> bool:
-        """No model for an estimator that then gives the prior: contexts are not told apart."""
+        """No model for an estimator that then falls back: to coverage for the token-dropping
+        variants of contexts whose token ids are known, to the prior for the rest."""
         return self.estimator in PRIOR_WITHOUT_MODEL and not self.model_dir
 
 

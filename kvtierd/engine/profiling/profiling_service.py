@@ -140,10 +140,12 @@ class ProfilingService:
         quality = self.model.describe(policy)
         if quality.prior_only:
             logger.warning(
-                "quality profiles: prior only, contexts are not told apart (set "
-                "profiling.model_dir): estimator %r has no model, so every context gets the "
-                "labels' per-variant share and the placer decides by variant and frequency "
-                "alone. Name the served model's checkpoint in the policy's profiling.model_dir; "
+                "quality profiles: no model (set profiling.model_dir): estimator %r scores a "
+                "context's token-dropping variants by their coverage where its token ids are "
+                "registered (kvtierd router and the plugin register them), and everything else "
+                "— quantizations, contexts without token ids — by the labels' per-variant "
+                "share, the same for every context. Name the served model's checkpoint in the "
+                "policy's profiling.model_dir; "
                 "or fetch SmolLM2 into %s (kvtierd model fetch), which the daemon uses by "
                 "itself once the served model's card matches it (docs/profiler.md, "
                 "\"Readings\")", quality.estimator, model_cache_dir() / SMOLLM2.name,
