@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from kvtierd.config import DaemonConfig
@@ -20,7 +20,7 @@ from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.servable import save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
 from kvtierd.engine.tree_joins import check_parent
-from kvtierd.engine.validate import validate_meta
+from kvtierd.engine.validate import check_one_layout, validate_meta
 from kvtierd.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -76,6 +76,7 @@ class WritePath:
         for meta in metas:
             validate_meta(meta, min(largest, self._config.max_object_bytes))
             check_parent(self._index, meta)
+            check_one_layout(meta, self._same_context(meta, metas))
             if meta.key in self._index.objects or meta.key in seen or table.allocating(meta.key):
                 raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
             seen.add(meta.key)
@@ -83,6 +84,15 @@ class WritePath:
         held.update(self._card_bytes())  # a tenant's cards count against its quota
         self._index.check_quota(metas, held)
         return table.allocate(metas, self._config.allocation_timeout_s)
+
+    def _same_context(self, meta: ObjectMeta, batch: Sequence[ObjectMeta]) -> Iterator[ObjectMeta]:
+        """The objects of ``meta``'s context: held, being put, and the rest of this put."""
+        ctx = self._index.contexts.get(meta.context)
+        if ctx is not None:
+            yield from (self._index.objects[k].meta for k in ctx.keys)
+        yield from (a.meta for a in self._leases.allocations.values()
+                    if a.meta.context == meta.context)  # fmt: skip
+        yield from (m for m in batch if m.context == meta.context)
 
     def _card_bytes(self) -> Counter[str]:
         """The bytes of the model cards each tenant keeps."""
