@@ -121,7 +121,7 @@ class TreeJoins:
         later chunks become a child context; returns that child's id, ``""`` when not split."""
         keys = list(ctx.keys)
         tail = keys[keys.index(after_key) + 1 :]
-        if not tail or not self._splittable(ctx, tail):
+        if not tail or not self._splittable(ctx, tail) or not self._room_below(ctx, tail):
             return ""
         index = self._index
         child_id = tail[0]  # a context's id is the key of its first chunk
@@ -187,6 +187,25 @@ class TreeJoins:
                             "(a restart finds it in its old one): %s",
                             key, name, obj.meta.context, e,
                         )  # fmt: skip
+
+    def _room_below(self, ctx: ContextRecord, tail: list[str]) -> bool:
+        """Whether the split keeps the tree within ``MAX_DEPTH``: the new child is one level
+        below ``ctx``, and the children after the moved part (with all below them) go one level
+        down with it. Checked at put only, splits made chains of any depth, and then every
+        rebalance failed for the whole daemon (issue 40.4). Not split, the branch is a child
+        of the whole context (module docstring)."""
+        index, moved = self._index, set(tail)
+        level = [
+            kid
+            for kid in index.children.get(ctx.context_id, ())
+            if (c := index.contexts.get(kid)) is not None
+            and (c.after_key in moved or not c.after_key)
+        ]
+        depth = len(index.ancestors(ctx)) + 1  # the new child's; a root's is 0
+        while level and depth <= MAX_DEPTH:
+            depth += 1
+            level = [k for kid in level for k in index.children.get(kid, ())]
+        return depth <= MAX_DEPTH
 
     def _splittable(self, ctx: ContextRecord, tail: list[str]) -> bool:
         """Only an original context with nothing built on it, and no operation on it now."""

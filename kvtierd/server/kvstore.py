@@ -13,6 +13,7 @@ from kvtierd.engine.state import LeaseRecord
 from kvtierd.engine.tokens import check_request_tokens
 from kvtierd.engine.validate import MAX_KEY_BYTES
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from kvtierd.policies.precedence import MAX_DEPTH
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
@@ -217,6 +218,13 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
         _check_batch(len(request.contexts), "Advise")
+        splits = sum(bool(q.after_key) for q in request.contexts)
+        if splits > MAX_DEPTH:
+            # what one context can split into: every query with an after_key may split one
+            # (tree_joins.py), and a chain of splits is at most MAX_DEPTH deep (issue 40.4)
+            raise InvalidArgumentError(
+                f"Advise: {splits} queries with an after_key in one request; at most {MAX_DEPTH}"
+            )
         caller = CALLER.get()
         advice = []
         for q in request.contexts:

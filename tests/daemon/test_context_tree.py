@@ -125,6 +125,42 @@ def test_a_chain_deeper_than_the_limit_is_refused(client):
         client.put("deep", CHUNK, context_id="deep", parent_context_id=f"d{MAX_DEPTH}")
 
 
+def _depths(client: KVClient) -> dict[str, int]:
+    parents = {c: p for c, (p, _) in tree(client).items()}
+
+    def depth(cid: str) -> int:
+        return 0 if not parents.get(cid) else 1 + depth(parents[cid])
+
+    return {cid: depth(cid) for cid in parents}
+
+
+def test_splits_keep_the_depth_limit(client):
+    """Issue 40.4: each Advise after chunk i of a chain splits the chunks after it into a child
+    one level deeper; 79 of them made a chain of 79, and every Rebalance failed after."""
+    keys = [f"c{i}" for i in range(MAX_DEPTH + 16)]
+    put_prompt(client, keys)
+    for i, key in enumerate(keys[:-1]):
+        client.advise(f"branch{i}", 256, CHUNK.size, after_key=key)
+    assert max(_depths(client).values()) <= MAX_DEPTH
+    client.call(client.admin.Rebalance, pb.RebalanceRequest())  # the whole tree is valid
+    assert client.lookup(keys).found == (True,) * len(keys)
+
+
+def test_one_advise_splits_at_most_the_depth_limit(client):
+    keys = [f"c{i}" for i in range(MAX_DEPTH + 16)]
+    put_prompt(client, keys)
+    queries = [
+        pb.AdviseQuery(
+            context_id=f"branch{i}", num_tokens=256, size_bytes=CHUNK.size, after_key=key
+        )
+        for i, key in enumerate(keys[:-1])
+    ]
+    with pytest.raises(errors.InvalidArgumentError, match=f"at most {MAX_DEPTH}"):
+        client.call(client.kv.Advise, pb.AdviseRequest(contexts=queries))
+    assert _depths(client) == {"c0": 0}  # nothing split
+    client.call(client.kv.Advise, pb.AdviseRequest(contexts=queries[:MAX_DEPTH]))
+
+
 def test_another_tenants_context_is_no_parent(start_daemon):
     d = start_daemon(cpu="16MiB", tenants=[{"name": "a"}, {"name": "b"}])
     with KVClient(d.socket_path, tenant="a") as a, KVClient(d.socket_path, tenant="b") as b:
