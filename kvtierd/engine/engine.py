@@ -332,6 +332,7 @@ class Engine:
                 await self._reaper
         await self.executor.close()
         await self.profiling.close()
+        await self.reads.shared.close()
         if flush_s > 0:
             await flush_cpu_tier(self.index, self.mover, self.tiers, flush_s)
             save_access_times(self.index, self.config.data_dir)
