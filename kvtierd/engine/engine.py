@@ -406,8 +406,10 @@ class Engine:
         chunk ``after_key`` it follows."""
         return await self.tree_joins.resolve(tenant, proposed, after_key)
 
-    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
-        return self.write_advisor.advise(context_id, num_tokens, size_bytes)
+    def advise(
+        self, context_id: str, num_tokens: int, size_bytes: int, tenant: str = ""
+    ) -> WriteAdvice:
+        return self.write_advisor.advise(context_id, num_tokens, size_bytes, tenant)
 
     def ancestors(self, ctx: ContextRecord) -> list[str]:
         return self.index.ancestors(ctx)

@@ -240,7 +240,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 caller.scoped(q.context_id),
                 caller.scoped(q.after_key) if q.after_key else "",
             )
-            a = self.engine.advise(joins.context_id, q.num_tokens, q.size_bytes)
+            a = self.engine.advise(joins.context_id, q.num_tokens, q.size_bytes, caller.tenant)
             advice.append(
                 pb.WriteAdvice(
                     context_id=caller.unscoped(joins.context_id),
