@@ -131,21 +131,22 @@ class WritePath:
             metas.append(rec.meta)
             seconds = time.monotonic() - rec.created_s  # includes the client's copy in
             self._metrics.observe_store(self._cpu.name, seconds, rec.meta.size_bytes)
-        for ctx in grown.values():
-            self._place_grown(ctx, self._cpu.name)
-            parent = self._index.contexts.get(ctx.parent) if ctx.context_id in born else None
-            if parent is not None:  # a new child: its parent's options change (token dropping)
-                self._executor.submit(self._placing.insert(parent))
-        self._mover.publish_tier_state()
-        if durable:
-            try:
-                await self._durable.write_through(
-                    [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
-                )
-            except BaseException:
-                # Not acknowledged, so not stored: the client may put the same keys again.
-                await self.delete([m.key for m in metas])
-                raise
+        kept = [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
+        try:
+            if durable:  # before any plan can meet them (durable.py, ``mark``)
+                self._durable.mark(kept)
+            for ctx in grown.values():
+                self._place_grown(ctx, self._cpu.name)
+                parent = self._index.contexts.get(ctx.parent) if ctx.context_id in born else None
+                if parent is not None:  # a new child: its parent's options change (token drop)
+                    self._executor.submit(self._placing.insert(parent))
+            self._mover.publish_tier_state()
+            if durable:
+                await self._durable.write_through(kept)
+        except BaseException:
+            # Not acknowledged, so not stored: the client may put the same keys again.
+            await self.delete([m.key for m in metas])
+            raise
         return metas
 
     def _read_cards(self, recs: Sequence[AllocationRecord]) -> dict[str, ModelCard]:
