@@ -401,10 +401,16 @@ class Engine:
 
     # -- the context tree, write advice and profiling (for the servicers) --------------------
 
-    async def join(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
+    async def join(
+        self, tenant: str, proposed: str, after_key: str, *, save: bool = True
+    ) -> TreePlace:
         """The context a put joins (``tree_joins.py``): ``proposed``, or the context of the
-        chunk ``after_key`` it follows."""
-        return await self.tree_joins.resolve(tenant, proposed, after_key)
+        chunk ``after_key`` it follows; with ``save`` false, its split is persistent only
+        once :meth:`save_joins` returns (one save for a batch of joins)."""
+        return await self.tree_joins.resolve(tenant, proposed, after_key, save=save)
+
+    async def save_joins(self) -> None:
+        await self.tree_joins.save()
 
     def advise(
         self, context_id: str, num_tokens: int, size_bytes: int, tenant: str = ""

@@ -161,6 +161,42 @@ def test_one_advise_splits_at_most_the_depth_limit(client):
     client.call(client.kv.Advise, pb.AdviseRequest(contexts=queries[:MAX_DEPTH]))
 
 
+def _written_bytes(pid: int) -> int:
+    """What the process wrote through write calls so far (``wchar``: O_DIRECT writes too)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/PID/io")
+
+
+def test_one_advise_rewrites_each_moved_chunk_at_most_once(start_daemon):
+    """Issue 40.5: every split rewrote each moved chunk's whole SSD file, and queries after
+    chunks 0, 1, 2, ... moved the shrinking tail each time: N(N-1)/2 rewrites (60 durable
+    chunks of 256 KiB, one 59-query Advise: 450 MiB written for 15 MiB stored). One Advise
+    writes each moved chunk's file at most once now."""
+    d = start_daemon(cpu="64MiB", ssd="256MiB")
+    chunk = np.ones(256 << 10, np.uint8)
+    keys = [f"c{i}" for i in range(60)]
+    with KVClient(d.socket_path, timeout_s=60) as c:
+        for key in keys:  # durable: each chunk has its SSD file
+            c.put(key, chunk, context_id="c0", durable=True)
+        stored = len(keys) * chunk.size
+        assert d.proc is not None
+        before = _written_bytes(d.proc.pid)
+        queries = [
+            pb.AdviseQuery(context_id=f"b{i}", num_tokens=256, size_bytes=chunk.size, after_key=key)
+            for i, key in enumerate(keys[:-1])
+        ]
+        c.call(c.kv.Advise, pb.AdviseRequest(contexts=queries))
+        written = _written_bytes(d.proc.pid) - before
+        assert len(tree(c)) == len(keys)  # split after every chunk
+        assert written <= 2 * stored, f"{written / 2**20:.1f} MiB written for {stored >> 20} MiB"
+    d.kill()
+    d.start()  # the splits were saved: a restart finds the same tree
+    with KVClient(d.socket_path, timeout_s=60) as c:
+        assert len(tree(c)) == len(keys)
+
+
 def test_another_tenants_context_is_no_parent(start_daemon):
     d = start_daemon(cpu="16MiB", tenants=[{"name": "a"}, {"name": "b"}])
     with KVClient(d.socket_path, tenant="a") as a, KVClient(d.socket_path, tenant="b") as b:
