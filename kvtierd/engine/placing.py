@@ -151,10 +151,15 @@ class Placing:
                 if not contexts[kid].durable_held:
                     placer.link(kid, parent)
 
+    def relink(self, ctx: ContextRecord) -> None:
+        """Tell the placer ``ctx``'s parent, which changed (a split moved it below the new
+        child): the placer's tree is the index's, less the held contexts."""
+        self._link(ctx)
+
     def _link(self, ctx: ContextRecord) -> None:
         parent = self._index.contexts.get(ctx.parent) if ctx.parent else None
-        if parent is not None and parent.durable_held:
-            return  # a held parent is outside the placer's tree (:meth:`_link_all`)
+        if ctx.durable_held or (parent is not None and parent.durable_held):
+            return  # a held context is outside the placer's tree (:meth:`_link_all`)
         if ctx.parent or ctx.context_id in self.placer.parents:
             self.placer.link(ctx.context_id, ctx.parent)
 

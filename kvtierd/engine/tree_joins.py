@@ -149,6 +149,7 @@ class TreeJoins:
             # a child after the moved part, or after the end, continues the moved part now
             if kid is not None and (kid.after_key in moved or not kid.after_key):
                 index.set_parent(kid, child_id, kid.after_key)
+                self._placing.relink(kid)  # the placer's tree follows the index's
                 self._rename_parent(kid, child_id)
         self.splits += 1
         logger.info(
