@@ -175,7 +175,9 @@ class DaemonProcess:
     # (tests/given_bandwidths.py): for tests whose placement is not about speed.
     given_bandwidths: bool = False
 
-    def start(self, timeout_s: float = 90.0) -> DaemonProcess:
+    def start(self, timeout_s: float = 300.0) -> DaemonProcess:
+        # 300 s: at nice 19 beside a long model job a start took over 90 s (the import of
+        # torch and the tiers' calibrations); a daemon that exits is seen at once anyway
         from kvtierd.client import KVClient
 
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}

@@ -90,24 +90,42 @@ class DurableGuard:
             return self._placing.insert(ctx)
         return Plan()
 
-    async def write_through(self, metas: Sequence[ObjectMeta]) -> None:
-        """Give each object a copy on the first persistent tier before acknowledging. The copy
-        is not charged to the tenant's quota again: it is the same object, kept safe."""
-        target = next((t for t in self._tiers.values() if t.persistent), None)
-        if target is None:
-            raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
+    def mark(self, metas: Sequence[ObjectMeta]) -> None:
+        """Mark a durable commit's objects durable and unread, all at once and before anything
+        awaits: from then on no plan can drop, compress or move them as non-durable (a hold
+        keeps every one of them, a move carries ``durable`` into its copy). Marked one at a
+        time, each after awaiting the previous one's SSD write, a drop's hold between two kept
+        only those marked and deleted the rest of an acknowledged commit, and a move copied an
+        unmarked one as not durable (issue 40.1). ``CapacityError`` (nothing marked) when the
+        unread durable objects would exceed the persistent tier (:meth:`_check_room`)."""
+        target = self._persistent()
         self._check_room(target, sum(m.size_bytes for m in metas))
+        for meta in metas:
+            obj = self._index.objects.get(meta.key)
+            if obj is not None:
+                obj.durable = obj.unread = True
+                obj.meta = dataclasses.replace(obj.meta, durable=True)
+
+    async def write_through(self, metas: Sequence[ObjectMeta]) -> None:
+        """Give each object :meth:`mark` marked a copy on the first persistent tier before the
+        commit is acknowledged. The copy is not charged to the tenant's quota again: it is the
+        same object, kept safe."""
+        target = self._persistent()
         cpu = self._cpu
         for meta in metas:
             async with self._index.contexts[meta.context].lock:
                 obj = self._index.objects.get(meta.key)
                 if obj is None:
-                    continue  # deleted meanwhile
-                obj.durable = obj.unread = True
-                obj.meta = dataclasses.replace(obj.meta, durable=True)
+                    continue  # a client's delete or an operator's evict meanwhile
                 if obj.tier == cpu.name and not obj.shadow:
                     await target.put(obj.meta, cpu.view(cpu.block_of(meta.key)))
                     obj.shadow = target.name
+
+    def _persistent(self) -> Tier:
+        target = next((t for t in self._tiers.values() if t.persistent), None)
+        if target is None:
+            raise InvalidArgumentError("durable commit needs a persistent tier (ssd or remote)")
+        return target
 
     def _check_room(self, target: Tier, nbytes: int) -> None:
         """Unread durable objects cannot be dropped to make room, so they may fill at most the

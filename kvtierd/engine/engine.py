@@ -335,6 +335,7 @@ class Engine:
                 await self._reaper
         await self.executor.close()
         await self.profiling.close()
+        await self.reads.shared.close()
         if flush_s > 0:
             await flush_cpu_tier(self.index, self.mover, self.tiers, flush_s)
             save_access_times(self.index, self.config.data_dir)
@@ -403,13 +404,21 @@ class Engine:
 
     # -- the context tree, write advice and profiling (for the servicers) --------------------
 
-    async def join(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
+    async def join(
+        self, tenant: str, proposed: str, after_key: str, *, save: bool = True
+    ) -> TreePlace:
         """The context a put joins (``tree_joins.py``): ``proposed``, or the context of the
-        chunk ``after_key`` it follows."""
-        return await self.tree_joins.resolve(tenant, proposed, after_key)
+        chunk ``after_key`` it follows; with ``save`` false, its split is persistent only
+        once :meth:`save_joins` returns (one save for a batch of joins)."""
+        return await self.tree_joins.resolve(tenant, proposed, after_key, save=save)
 
-    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
-        return self.write_advisor.advise(context_id, num_tokens, size_bytes)
+    async def save_joins(self) -> None:
+        await self.tree_joins.save()
+
+    def advise(
+        self, context_id: str, num_tokens: int, size_bytes: int, tenant: str = ""
+    ) -> WriteAdvice:
+        return self.write_advisor.advise(context_id, num_tokens, size_bytes, tenant)
 
     def ancestors(self, ctx: ContextRecord) -> list[str]:
         return self.index.ancestors(ctx)

@@ -4,7 +4,9 @@ Plans come from the event loop (``submit`` never blocks the put or load path); o
 *reconciling*: a ``move``/``place`` brings every object of the context to the target tier,
 whatever subset is already there, so a plan that races with a later one still converges.
 A failed operation is logged and counted and the engine's index stays the truth (the placer
-adopts where the context is); a crash of the executor task itself marks the daemon unhealthy.
+adopts where the context is); one that fails unexpectedly (not a ``KvtierError``) also sets its
+context aside: its form is not changed again, and the daemon keeps serving. Only a crash of the
+executor task itself marks the daemon unhealthy.
 
 A lookup's hold (``hold_s``: a client is about to load what it found) defers the operations that
 would remove the looked-up objects — a drop, a change of variant — until the hold ends; moves go
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from kvtierd.engine.durable import DurableGuard
@@ -33,6 +35,8 @@ from kvtierd.policies.plan_order import BREAK_CYCLE
 from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
 
 logger = logging.getLogger(__name__)
+
+MAX_SET_ASIDE = 10_000  # reasons kept for contexts set aside (the oldest forgotten first)
 
 
 class Executor:
@@ -64,7 +68,9 @@ class Executor:
         self.deferred: list[Operation] = []  # waiting for a hold to end (module docstring)
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = 0.0
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the executor task itself died
+        # contexts whose operation failed unexpectedly, and why (``_set_aside``)
+        self.set_aside: OrderedDict[str, str] = OrderedDict()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run_forever(), name="kvtierd-executor")
@@ -147,17 +153,29 @@ class Executor:
                 logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
                 self._learn_where_it_is(op.context_id)
             except Exception as e:
-                # A bug, not a condition: keep serving, but say so loudly (health turns
-                # NOT_SERVING with this error until the daemon is restarted).
+                # What a client stored can fail an operation in ways no check foresaw: that
+                # context is set aside, the others and health go on. One such error used to
+                # mark the daemon NOT_SERVING until restart, for every tenant (issue 40.2).
                 self.failed[op.kind.value] += 1
-                self.error = e
-                logger.exception("plan operation %s on %r failed unexpectedly", op.kind.value,
-                                 op.context_id)  # fmt: skip
+                self._set_aside(op, e)
             else:
                 self._relearnt.discard(op.context_id)
                 self.done[op.kind.value] += 1
                 self._metrics.record_operation(op.kind.value)
                 self._metrics.record_placement(op.target.variant, op.target.tier)
+
+    def _set_aside(self, op: Operation, error: Exception) -> None:
+        """After an unexpected error in ``op``: log it with the context, keep the reason
+        (``set_aside``, the newest MAX_SET_ASIDE), and stop changing the context's form: later
+        plans only move or drop it as it is (:meth:`apply`); the placer adopts where it is."""
+        reason = f"{op.kind.value} failed: {type(error).__name__}: {error}"
+        logger.error("context %r set aside: plan operation %s failed unexpectedly",
+                     op.context_id, op.kind.value, exc_info=error)  # fmt: skip
+        self.set_aside[op.context_id] = reason
+        self.set_aside.move_to_end(op.context_id)
+        while len(self.set_aside) > MAX_SET_ASIDE:
+            self.set_aside.popitem(last=False)
+        self._learn_where_it_is(op.context_id)
 
     def _learn_where_it_is(self, context_id: str) -> None:
         """After a failed operation the placer believes the context is where the plan put it;
@@ -195,7 +213,7 @@ class Executor:
                 return
             tier = op.target.tier or self._index.placement_of(ctx).tier
             assert tier is not None
-            if not self._index.can_make(ctx, op.target.variant):
+            if ctx.context_id in self.set_aside or not self._index.can_make(ctx, op.target.variant):
                 await self._keep_form(ctx, op, tier)
                 return
             await self._variants.compress_context(ctx, op.target.variant, tier)

@@ -137,14 +137,29 @@ class Placing:
     # -- telling the placer --------------------------------------------------------------------
 
     def _link_all(self, placer: Placer) -> None:
-        """Give ``placer`` the tree as the index has it now (issue 29: tree_joins.py)."""
+        """Give ``placer`` the tree as the index has it now (issue 29: tree_joins.py), less
+        the contexts held for their unread durable objects: they are outside the placer's
+        view, so outside its tree too. Linked, a held child was one the placer could not find
+        when its parent was dropped (issue 40.3: ``KeyError`` in another tenant's put)."""
         placer.parents.clear()
         placer.children.clear()
+        contexts = self._index.contexts
         for parent, kids in self._index.children.items():
+            if contexts[parent].durable_held:
+                continue
             for kid in kids:
-                placer.link(kid, parent)
+                if not contexts[kid].durable_held:
+                    placer.link(kid, parent)
+
+    def relink(self, ctx: ContextRecord) -> None:
+        """Tell the placer ``ctx``'s parent, which changed (a split moved it below the new
+        child): the placer's tree is the index's, less the held contexts."""
+        self._link(ctx)
 
     def _link(self, ctx: ContextRecord) -> None:
+        parent = self._index.contexts.get(ctx.parent) if ctx.parent else None
+        if ctx.durable_held or (parent is not None and parent.durable_held):
+            return  # a held context is outside the placer's tree (:meth:`_link_all`)
         if ctx.parent or ctx.context_id in self.placer.parents:
             self.placer.link(ctx.context_id, ctx.parent)
 

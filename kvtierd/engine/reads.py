@@ -3,7 +3,6 @@ access recording (what the placer and the profiler learn from reads)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections import Counter
@@ -16,9 +15,11 @@ from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling.profiling_service import ProfilingService
+from kvtierd.engine.shared_lookups import SharedLookups
 from kvtierd.engine.state import ContextRecord, LeaseRecord, ObjectRecord
 from kvtierd.errors import KvtierError, NotFoundError
 from kvtierd.metrics import Metrics
+from kvtierd.storage import Tier
 from kvtierd.storage.pooled import PooledTier
 
 
@@ -48,6 +49,7 @@ class ReadPath:
         self._profiling = profiling
         self._metrics = metrics
         self._shared = [t for t in mover.tiers.values() if t.shared]
+        self.shared = SharedLookups(self._shared, self._fetch_one)
         self.hits = 0
         self.misses = 0
         self.tier_hits: Counter[str] = Counter()
@@ -71,12 +73,9 @@ class ReadPath:
         now = self.last_read_s = time.monotonic()
         found: list[ObjectRecord | None] = [self._index.owned(k, tenant) for k in keys]
         if self._shared:
-            await self._verify_unhealthy_shared(found)
-        if self._shared and None in found:
-            missing = [i for i, f in enumerate(found) if f is None]
-            fetched = await asyncio.gather(*(self._fetch_shared(keys[i], tenant) for i in missing))
-            for i, rec in zip(missing, fetched, strict=True):
-                found[i] = rec
+            self.shared.forget_unusable(found)
+            if None in found:
+                await self.shared.fetch_missing(keys, found, tenant)
         prefix = next((i for i, f in enumerate(found) if f is None), len(found))
         for rec in found:
             if rec is not None and hold_s > 0:
@@ -84,41 +83,28 @@ class ReadPath:
                 ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
         return found, prefix
 
-    async def _verify_unhealthy_shared(self, found: list[ObjectRecord | None]) -> None:
-        """While a shared tier is unhealthy (a Redis node down), an object it holds counts as
-        found only if the tier can still produce its manifest: a lookup must not promise what
-        the following Get cannot deliver."""
-        sick = {t.name: t for t in self._shared if not t.healthy}
-        if not sick:
-            return
-        todo = [i for i, f in enumerate(found) if f is not None and f.tier in sick]
-
-        async def reachable(rec: ObjectRecord) -> bool:
-            try:
-                await sick[rec.tier].fetch_meta(rec.meta.key, tenant=rec.meta.tenant)
-            except KvtierError:
-                return False
-            return True
-
-        checks = [reachable(rec) for rec in found if rec is not None and rec.tier in sick]
-        for i, ok in zip(todo, await asyncio.gather(*checks), strict=True):
-            if not ok:
-                found[i] = None
-
     async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
-        """An object another daemon stored in a shared tier since this one started."""
+        """An object another daemon stored in a shared tier since this one started (a tier
+        whose breaker is open is not asked: shared_lookups.py)."""
         for tier in self._shared:
-            try:
-                meta = await tier.fetch_meta(key, tenant=tenant)
-            except KvtierError:
-                continue  # a miss, or the tier is unreachable: a miss either way
-            if key in self._index.objects:  # found meanwhile by a concurrent call
-                return self._index.owned(key, tenant)  # (or another tenant's)
-            rec = ObjectRecord(meta, tier.name, durable=True, unread=meta.durable)
-            ctx = self._index.add(rec, key)
-            self._executor.submit(self._placing.adopt_where_it_is(ctx))
-            return rec
+            if self.shared.usable(tier):
+                rec = await self._fetch_one(tier, key, tenant)
+                if rec is not None:
+                    return rec
         return None
+
+    async def _fetch_one(self, tier: Tier, key: str, tenant: str) -> ObjectRecord | None:
+        """Ask one shared tier about ``key``; index what it holds."""
+        try:
+            meta = await tier.fetch_meta(key, tenant=tenant)
+        except KvtierError:
+            return None  # a miss, or the tier is unreachable: a miss either way
+        if key in self._index.objects:  # found meanwhile by a concurrent call
+            return self._index.owned(key, tenant)  # (or another tenant's)
+        rec = ObjectRecord(meta, tier.name, durable=True, unread=meta.durable)
+        ctx = self._index.add(rec, key)
+        self._executor.submit(self._placing.adopt_where_it_is(ctx))
+        return rec
 
     async def get(
         self, keys: Sequence[str], lease_s: float, tenant: str = "", device_ok: bool = False

@@ -3,7 +3,8 @@
 The CPU tier is shared memory that dies with the daemon, so a rolling update of the sidecar
 would otherwise empty the hottest part of the cache every time. On SIGTERM, after in-flight
 calls finished, :func:`flush_cpu_tier` moves contexts from the CPU tier to the first SSD tier,
-most recently used first, until ``shutdown_flush_s`` is spent or the SSD tier is full; the SSD
+most recently used first, until ``shutdown_flush_s`` is spent or the SSD tier is full, each only
+where its tenant's quota for the SSD tier has room (the flush moves bytes like any plan); the SSD
 tier rebuilds its index from its files at the next start (``Engine._rebuild_index``).
 
 Idle times survive the same way: :func:`save_access_times` writes every context's last access
@@ -65,7 +66,8 @@ async def flush_cpu_tier(
 ) -> FlushReport:
     """Move the CPU tier's contexts to the SSD tier, most recently used first, for at most
     ``bound_s`` seconds. A context is only started when the rate measured so far says it
-    finishes in time (its first one always is), and only when the SSD tier has room for it."""
+    finishes in time (its first one always is), and only when the SSD tier has room for it
+    within its tenant's quota there."""
     target = flush_target(tiers)
     cpu = mover.cpu.name
     hot = sorted(
@@ -83,8 +85,8 @@ async def flush_cpu_tier(
             room = target.capacity_bytes - target.used_bytes()
             if elapsed + expected_s > bound_s:
                 break
-            if ctx.size_bytes > room:
-                continue
+            if ctx.size_bytes > room or index.quota_tier(ctx, target.name, [target.name]) is None:
+                continue  # no room, or beyond its tenant's quota there (issue 40.7)
             try:
                 written += await mover.move_context(ctx, target.name)
             except KvtierError as e:  # e.g. the SSD tier filled up under us: keep what is done

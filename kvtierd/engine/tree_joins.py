@@ -84,12 +84,18 @@ class TreeJoins:
         self.splits = 0
         self.relabel_failures = 0
 
-    async def resolve(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
+    async def resolve(
+        self, tenant: str, proposed: str, after_key: str, *, save: bool = True
+    ) -> TreePlace:
         """Which context a put that proposes ``proposed`` and follows ``after_key`` joins
         (both scoped daemon-wide names; module docstring); a split it made is on the
-        persistent tiers when it returns."""
+        persistent tiers when it returns, or, with ``save`` false, once :meth:`save` has
+        returned (one Advise of many queries saves once, at its end: each split rewrote the
+        moved chunks' files, and splits after chunks 0, 1, 2, ... moved the shrinking tail
+        each time, N(N-1)/2 rewrites; issue 40.5)."""
         joins = self._resolve(tenant, proposed, after_key)
-        await self._save()
+        if save:
+            await self.save()
         return joins
 
     def _resolve(self, tenant: str, proposed: str, after_key: str) -> TreePlace:
@@ -121,7 +127,7 @@ class TreeJoins:
         later chunks become a child context; returns that child's id, ``""`` when not split."""
         keys = list(ctx.keys)
         tail = keys[keys.index(after_key) + 1 :]
-        if not tail or not self._splittable(ctx, tail):
+        if not tail or not self._splittable(ctx, tail) or not self._room_below(ctx, tail):
             return ""
         index = self._index
         child_id = tail[0]  # a context's id is the key of its first chunk
@@ -143,6 +149,7 @@ class TreeJoins:
             # a child after the moved part, or after the end, continues the moved part now
             if kid is not None and (kid.after_key in moved or not kid.after_key):
                 index.set_parent(kid, child_id, kid.after_key)
+                self._placing.relink(kid)  # the placer's tree follows the index's
                 self._rename_parent(kid, child_id)
         self.splits += 1
         logger.info(
@@ -163,30 +170,55 @@ class TreeJoins:
                 obj.meta = dataclasses.replace(obj.meta, parent_context_id=parent)
                 self._unsaved.append(key)
 
-    async def _save(self) -> None:
-        """Rewrite the persistent copies of the objects a split gave a new identity. A copy
-        that cannot be rewritten is logged and counted: the split holds in memory, and a
-        restart finds that chunk with its old context (module docstring)."""
+    async def save(self) -> None:
+        """Rewrite the persistent copies of the objects splits gave a new identity, each once
+        however many splits moved it since the last save. A copy that cannot be rewritten is
+        logged and counted: the split holds in memory, and a restart finds that chunk with its
+        old context (module docstring)."""
         while self._unsaved:
-            key = self._unsaved.pop(0)
-            obj = self._index.objects.get(key)
-            ctx = None if obj is None else self._index.contexts.get(obj.meta.context)
-            if obj is None or ctx is None:
-                continue  # deleted meanwhile: nothing of it to find after a restart
-            async with ctx.lock:  # no move or delete of the object meanwhile
-                for name in dict.fromkeys((obj.tier, obj.shadow)):
-                    tier = self._tiers.get(name)
-                    if tier is None or not tier.persistent:
-                        continue
-                    try:
-                        await tier.relabel(obj.meta)
-                    except KvtierError as e:
-                        self.relabel_failures += 1
-                        logger.warning(
-                            "object %r on tier %s: its new context %r is not written there "
-                            "(a restart finds it in its old one): %s",
-                            key, name, obj.meta.context, e,
-                        )  # fmt: skip
+            batch = list(dict.fromkeys(self._unsaved))
+            self._unsaved.clear()
+            for key in batch:
+                await self._save_one(key)
+
+    async def _save_one(self, key: str) -> None:
+        obj = self._index.objects.get(key)
+        ctx = None if obj is None else self._index.contexts.get(obj.meta.context)
+        if obj is None or ctx is None:
+            return  # deleted meanwhile: nothing of it to find after a restart
+        async with ctx.lock:  # no move or delete of the object meanwhile
+            for name in dict.fromkeys((obj.tier, obj.shadow)):
+                tier = self._tiers.get(name)
+                if tier is None or not tier.persistent:
+                    continue
+                try:
+                    await tier.relabel(obj.meta)
+                except KvtierError as e:
+                    self.relabel_failures += 1
+                    logger.warning(
+                        "object %r on tier %s: its new context %r is not written there "
+                        "(a restart finds it in its old one): %s",
+                        key, name, obj.meta.context, e,
+                    )  # fmt: skip
+
+    def _room_below(self, ctx: ContextRecord, tail: list[str]) -> bool:
+        """Whether the split keeps the tree within ``MAX_DEPTH``: the new child is one level
+        below ``ctx``, and the children after the moved part (with all below them) go one level
+        down with it. Checked at put only, splits made chains of any depth, and then every
+        rebalance failed for the whole daemon (issue 40.4). Not split, the branch is a child
+        of the whole context (module docstring)."""
+        index, moved = self._index, set(tail)
+        level = [
+            kid
+            for kid in index.children.get(ctx.context_id, ())
+            if (c := index.contexts.get(kid)) is not None
+            and (c.after_key in moved or not c.after_key)
+        ]
+        depth = len(index.ancestors(ctx)) + 1  # the new child's; a root's is 0
+        while level and depth <= MAX_DEPTH:
+            depth += 1
+            level = [k for kid in level for k in index.children.get(kid, ())]
+        return depth <= MAX_DEPTH
 
     def _splittable(self, ctx: ContextRecord, tail: list[str]) -> bool:
         """Only an original context with nothing built on it, and no operation on it now."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 from kvtierd.engine.context_kv import MARKER_LAYOUT
 from kvtierd.errors import CorruptObjectError, InvalidArgumentError
@@ -104,4 +105,33 @@ def _check_variant_and_layout(meta: ObjectMeta) -> None:
         raise InvalidArgumentError(
             f"object {meta.key!r}: layout {meta.layout!r} is {fmt.encoded_bytes()} bytes, "
             f"but size_bytes is {meta.size_bytes}"
+        )
+
+
+def _geometry(layout: str) -> tuple[int, int, int, str, int] | None:
+    """What every chunk of one context shares: ``(2, L, H*D, dtype, H)`` of a chunk layout
+    (its token count ``T`` and its quantization may differ chunk to chunk); ``None`` for a
+    layout that is no chunk format."""
+    if not layout.startswith(f"{LAYOUT_PREFIX};"):
+        return None
+    fmt = ChunkFormat.parse(layout)
+    return fmt.shape[0], fmt.shape[1], fmt.shape[3], fmt.dtype, fmt.num_kv_heads
+
+
+def check_one_layout(meta: ObjectMeta, others: Iterable[ObjectMeta]) -> None:
+    """Refuse a chunk whose geometry is not that of the chunks its context already has (held
+    or being put): a context is decoded as one tensor, and chunks of two geometries (each
+    valid alone) made the executor's concatenation raise while it compressed the context for
+    another tenant's put (issue 40.2). ``InvalidArgumentError`` names the context and both
+    layouts."""
+    mine = _geometry(meta.layout)
+    if mine is None:
+        return
+    # the first chunk found stands for them all: each was checked against those before it
+    other = next((o for o in others if o.key != meta.key and _geometry(o.layout)), None)
+    if other is not None and _geometry(other.layout) != mine:
+        raise InvalidArgumentError(
+            f"object {meta.key!r}: layout {meta.layout!r} does not match layout "
+            f"{other.layout!r} of the other chunks of context {meta.context_id!r}: every "
+            "chunk of one context has the same layers, heads, head size and dtype"
         )

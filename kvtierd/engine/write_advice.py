@@ -8,7 +8,8 @@ there and ship only the compressed bytes, if it knows what the placer will do wi
 * a new context under a quality-seeking placer, once some contexts are profiled: the option
   with the best EvicPress utility ``(alpha * quality - ttft) * frequency`` for a context of the
   given size, with each variant's quality and size ratio averaged over the profiled contexts
-  (``prior``), less what making room for it would cost in a full tier (the placer's price of
+  of the same tenant (``prior``: one tenant's advice never reads another's profiles), less
+  what making room for it would cost in a full tier (the placer's price of
   room, ``EvicPressPlacer.room_cost``: its next operation there, per byte short). Without
   that price the advice was the unconstrained first choice, the original in the fastest
   tier: in bench_e2e's full tiers every put was shipped whole (35-83 MB of float32) and
@@ -37,6 +38,8 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.types import ORIGINAL_VARIANT
 from kvtierd.utility import dropped_utility, load_ttft_s, utility
+
+MAX_PRIORS = 1024  # tenants' priors kept between changes of the profiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +75,14 @@ class WriteAdvisor:
         self._options = options
         self._placing = placing
         self._policy = policy
-        self._prior: dict[str, VariantPrior] = {}
-        self._prior_version = -1  # the options' version it was computed at
-        self._prior_count = 0
+        # per tenant: the options' version it was computed at, the prior, contexts counted
+        self._priors: dict[str, tuple[int, dict[str, VariantPrior], int]] = {}
 
-    def advise(self, context_id: str, num_tokens: int, size_bytes: int) -> WriteAdvice:
+    def advise(
+        self, context_id: str, num_tokens: int, size_bytes: int, tenant: str = ""
+    ) -> WriteAdvice:
+        """Advice for ``tenant``'s context ``context_id`` (a scoped name), from that tenant's
+        own contexts only: no answer tells one tenant about another's (issue 40.8)."""
         ctx = self._index.contexts.get(context_id)
         if ctx is not None:
             where = self._index.placement_of(ctx)
@@ -90,10 +96,10 @@ class WriteAdvisor:
                 context_id, policy.fixed_variant, "", "default",
                 f"policy {policy.name!r} stores every context as {policy.fixed_variant}",
             )  # fmt: skip
-        prior = self.prior()
+        prior = self.prior(tenant)
         if len(prior) <= 1 or size_bytes <= 0:
             why = (
-                "no context is profiled yet"
+                "no context of yours is profiled yet"
                 if len(self._options.variants()) > 1
                 else f"placer {self._placing.name!r} does not compress"
             )
@@ -101,10 +107,15 @@ class WriteAdvisor:
                 context_id, ORIGINAL_VARIANT, "", "default",
                 f"{why}: store the original; it is profiled after it arrives",
             )  # fmt: skip
-        return self._best(context_id, prior, num_tokens, size_bytes)
+        return self._best(context_id, prior, num_tokens, size_bytes, self._priors[tenant][2])
 
     def _best(
-        self, context_id: str, prior: dict[str, VariantPrior], num_tokens: int, size_bytes: int
+        self,
+        context_id: str,
+        prior: dict[str, VariantPrior],
+        num_tokens: int,
+        size_bytes: int,
+        count: int,
     ) -> WriteAdvice:
         alpha = self._policy.current.alpha
         prefill = self._options.prefill_tokens_s(num_tokens)
@@ -128,21 +139,27 @@ class WriteAdvisor:
         return WriteAdvice(
             context_id, variant, tier_name, "prior",
             f"{self._placing.name}: best utility {value:.4g} as {variant} {where} (less the "
-            f"room it takes from others), from the mean profile of {self._prior_count} "
+            f"room it takes from others), from the mean profile of {count} of your "
             "profiled contexts",
         )  # fmt: skip
 
-    def prior(self) -> dict[str, VariantPrior]:
-        """Each variant's quality and size ratio averaged over the profiled contexts;
+    def prior(self, tenant: str = "") -> dict[str, VariantPrior]:
+        """Each variant's quality and size ratio averaged over ``tenant``'s profiled contexts
+        (another tenant's profiles, and their count in the reason, are not its to read);
         recomputed (a pass over every context) only once a profile or a context's form has
         changed since, not on every ``KVStore.Advise``."""
         options = self._options
         version = options.version
-        if version == self._prior_version:
-            return self._prior
+        kept = self._priors.get(tenant)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        if len(self._priors) >= MAX_PRIORS:
+            self._priors.clear()  # a cache: rebuilt on demand
         sums: dict[str, list[float]] = {}
         count = 0
         for ctx in self._index.contexts.values():
+            if ctx.tenant != tenant:
+                continue
             profiled = options.profiled(ctx.context_id)
             if not profiled:
                 continue
@@ -161,8 +178,6 @@ class WriteAdvisor:
                 acc[1] += v.size_bytes / original.size_bytes
                 acc[2] += restore
                 acc[3] += 1
-        self._prior = {
-            name: VariantPrior(q / n, r / n, s / n) for name, (q, r, s, n) in sums.items()
-        }
-        self._prior_version, self._prior_count = version, count
-        return self._prior
+        prior = {name: VariantPrior(q / n, r / n, s / n) for name, (q, r, s, n) in sums.items()}
+        self._priors[tenant] = (version, prior, count)
+        return prior

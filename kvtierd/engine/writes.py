@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from kvtierd.config import DaemonConfig
@@ -20,7 +20,7 @@ from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.servable import card_tenant, save_card
 from kvtierd.engine.state import AllocationRecord, ContextRecord, ObjectRecord
 from kvtierd.engine.tree_joins import check_parent
-from kvtierd.engine.validate import validate_meta
+from kvtierd.engine.validate import check_one_layout, validate_meta
 from kvtierd.errors import (
     AlreadyExistsError,
     CapacityError,
@@ -76,6 +76,7 @@ class WritePath:
         for meta in metas:
             validate_meta(meta, min(largest, self._config.max_object_bytes))
             check_parent(self._index, meta)
+            check_one_layout(meta, self._same_context(meta, metas))
             if meta.key in self._index.objects or meta.key in seen or table.allocating(meta.key):
                 raise AlreadyExistsError(f"object {meta.key!r} already exists or is being put")
             seen.add(meta.key)
@@ -83,6 +84,15 @@ class WritePath:
         held.update(self._card_bytes())  # a tenant's cards count against its quota
         self._index.check_quota(metas, held)
         return table.allocate(metas, self._config.allocation_timeout_s)
+
+    def _same_context(self, meta: ObjectMeta, batch: Sequence[ObjectMeta]) -> Iterator[ObjectMeta]:
+        """The objects of ``meta``'s context: held, being put, and the rest of this put."""
+        ctx = self._index.contexts.get(meta.context)
+        if ctx is not None:
+            yield from (self._index.objects[k].meta for k in ctx.keys)
+        yield from (a.meta for a in self._leases.allocations.values()
+                    if a.meta.context == meta.context)  # fmt: skip
+        yield from (m for m in batch if m.context == meta.context)
 
     def _card_bytes(self) -> Counter[str]:
         """The bytes of the model cards each tenant keeps."""
@@ -120,21 +130,22 @@ class WritePath:
             metas.append(rec.meta)
             seconds = time.monotonic() - rec.created_s  # includes the client's copy in
             self._metrics.observe_store(self._cpu.name, seconds, rec.meta.size_bytes)
-        for ctx in grown.values():
-            self._place_grown(ctx, self._cpu.name)
-            parent = self._index.contexts.get(ctx.parent) if ctx.context_id in born else None
-            if parent is not None:  # a new child: its parent's options change (token dropping)
-                self._executor.submit(self._placing.insert(parent))
-        self._mover.publish_tier_state()
-        if durable:
-            try:
-                await self._durable.write_through(
-                    [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
-                )
-            except BaseException:
-                # Not acknowledged, so not stored: the client may put the same keys again.
-                await self.delete([m.key for m in metas])
-                raise
+        kept = [m for m in metas if m.layout != MODEL_CARD_LAYOUT]
+        try:
+            if durable:  # before any plan can meet them (durable.py, ``mark``)
+                self._durable.mark(kept)
+            for ctx in grown.values():
+                self._place_grown(ctx, self._cpu.name)
+                parent = self._index.contexts.get(ctx.parent) if ctx.context_id in born else None
+                if parent is not None:  # a new child: its parent's options change (token drop)
+                    self._executor.submit(self._placing.insert(parent))
+            self._mover.publish_tier_state()
+            if durable:
+                await self._durable.write_through(kept)
+        except BaseException:
+            # Not acknowledged, so not stored: the client may put the same keys again.
+            await self.delete([m.key for m in metas])
+            raise
         return metas
 
     def _read_cards(self, recs: Sequence[AllocationRecord]) -> dict[str, ModelCard]:

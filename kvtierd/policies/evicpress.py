@@ -356,8 +356,9 @@ class EvicPressPlacer(Placer):
                 continue
             seen.add(key)
             parent = self.parents.get(key, "")
-            if cached(key) and parent and not cached(parent):
-                out.append(self._state.reassign(s.index[key], 0, DROP))
+            slot = s.index.get(key)  # None: outside the placer's view, nothing to drop
+            if slot is not None and cached(key) and parent and not cached(parent):
+                out.append(self._state.reassign(slot, 0, DROP))
             if not cached(key):
                 todo.extend(self.children.get(key, ()))
         return out

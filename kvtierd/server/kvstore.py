@@ -13,6 +13,7 @@ from kvtierd.engine.state import LeaseRecord
 from kvtierd.engine.tokens import check_request_tokens
 from kvtierd.engine.validate import MAX_KEY_BYTES
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from kvtierd.policies.precedence import MAX_DEPTH
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame
@@ -36,6 +37,26 @@ def _check_batch(n: int, what: str) -> None:
         raise InvalidArgumentError(f"{what}: the request names no keys")
     if n > MAX_BATCH:
         raise InvalidArgumentError(f"{what}: {n} keys in one request; at most {MAX_BATCH}")
+
+
+def _check_advise(request: pb.AdviseRequest) -> None:
+    """Every query of an Advise checked before any is answered: a bad one refuses the request
+    before a split of an earlier one is made."""
+    _check_batch(len(request.contexts), "Advise")
+    splits = sum(bool(q.after_key) for q in request.contexts)
+    if splits > MAX_DEPTH:
+        # what one context can split into: every query with an after_key may split one
+        # (tree_joins.py), and a chain of splits is at most MAX_DEPTH deep (issue 40.4)
+        raise InvalidArgumentError(
+            f"Advise: {splits} queries with an after_key in one request; at most {MAX_DEPTH}"
+        )
+    for q in request.contexts:
+        if not q.context_id:
+            raise InvalidArgumentError("Advise: every query needs a context_id")
+        if len(q.after_key.encode()) > MAX_KEY_BYTES or "\x00" in q.after_key:
+            raise InvalidArgumentError(
+                f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
+            )
 
 
 def _check_seconds(value: float, what: str) -> None:
@@ -216,23 +237,18 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return pb.AddQueriesResponse(stored=stored)
 
     async def Advise(self, request: pb.AdviseRequest, rpc_context: Any) -> pb.AdviseResponse:
-        _check_batch(len(request.contexts), "Advise")
+        _check_advise(request)
         caller = CALLER.get()
         advice = []
         for q in request.contexts:
-            if not q.context_id:
-                raise InvalidArgumentError("Advise: every query needs a context_id")
-            if len(q.after_key.encode()) > MAX_KEY_BYTES or "\x00" in q.after_key:
-                raise InvalidArgumentError(
-                    f"Advise: after_key must be at most {MAX_KEY_BYTES} bytes, without NUL"
-                )
             # The context a put joins, from the chunk before its first one (tree_joins.py).
             joins = await self.engine.join(
                 caller.tenant,
                 caller.scoped(q.context_id),
                 caller.scoped(q.after_key) if q.after_key else "",
+                save=False,  # once for the request, below: each moved chunk written once
             )
-            a = self.engine.advise(joins.context_id, q.num_tokens, q.size_bytes)
+            a = self.engine.advise(joins.context_id, q.num_tokens, q.size_bytes, caller.tenant)
             advice.append(
                 pb.WriteAdvice(
                     context_id=caller.unscoped(joins.context_id),
@@ -243,6 +259,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     parent_context_id=caller.unscoped(joins.parent) if joins.parent else "",
                 )
             )
+        await self.engine.save_joins()  # its splits are on disk before anyone is advised
         return pb.AdviseResponse(advice=advice)
 
     async def Plan(self, request: pb.PlanRequest, rpc_context: Any) -> pb.PlanResponse:

@@ -156,6 +156,9 @@ class Tier(abc.ABC):
         self.config = config
         self.name = config.name
         self.capacity_bytes = config.capacity_bytes
+        # How long a lookup may wait on a shared tier about keys it does not hold (seconds):
+        # a lookup never waits on the tier longer (engine/shared_lookups.py).
+        self.lookup_budget_s = math.inf
         self.read_meter = TransferMeter()
         self.write_meter = TransferMeter()
         self.calibration_error = ""  # why the start-up calibration did not time a read

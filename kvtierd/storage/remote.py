@@ -71,6 +71,7 @@ class RemoteTier(Tier):
     def __init__(self, config: TierConfig) -> None:
         super().__init__(config)
         self.options = RemoteOptions.from_mapping(config.options)
+        self.lookup_budget_s = self.options.lookup_budget_s
         self._health = ClusterHealth()
         self._sync: sync_cluster.RedisCluster | None = None
         self._aio: aio_cluster.RedisCluster | None = None

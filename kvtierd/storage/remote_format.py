@@ -99,6 +99,7 @@ class RemoteOptions:
     connect_timeout_s: float = 0.5
     socket_timeout_s: float = 5.0
     op_timeout_s: float = 10.0
+    lookup_budget_s: float = 0.05  # a lookup's wait on the tier (engine/shared_lookups.py)
     health_interval_s: float = 1.0
     write_threads: int = 4
     pipeline_bytes: int = 64 << 20
@@ -138,6 +139,10 @@ class RemoteOptions:
                 raise ConfigError(f"remote tier: {name} must be >= 0")
         if self.op_timeout_s <= 0 or self.health_interval_s <= 0 or self.staging_ttl_s <= 0:
             raise ConfigError("remote tier: op_timeout_s, health_interval_s, staging_ttl_s > 0")
+        if not 0 < self.lookup_budget_s <= self.op_timeout_s:
+            raise ConfigError(
+                f"remote tier: lookup_budget_s {self.lookup_budget_s} not in (0, op_timeout_s]"
+            )
         if self.write_threads < 1 or self.pipeline_bytes < self.value_bytes:
             raise ConfigError("remote tier: write_threads >= 1 and pipeline_bytes >= value_bytes")
 

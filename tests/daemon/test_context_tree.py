@@ -125,6 +125,78 @@ def test_a_chain_deeper_than_the_limit_is_refused(client):
         client.put("deep", CHUNK, context_id="deep", parent_context_id=f"d{MAX_DEPTH}")
 
 
+def _depths(client: KVClient) -> dict[str, int]:
+    parents = {c: p for c, (p, _) in tree(client).items()}
+
+    def depth(cid: str) -> int:
+        return 0 if not parents.get(cid) else 1 + depth(parents[cid])
+
+    return {cid: depth(cid) for cid in parents}
+
+
+def test_splits_keep_the_depth_limit(client):
+    """Issue 40.4: each Advise after chunk i of a chain splits the chunks after it into a child
+    one level deeper; 79 of them made a chain of 79, and every Rebalance failed after."""
+    keys = [f"c{i}" for i in range(MAX_DEPTH + 16)]
+    put_prompt(client, keys)
+    for i, key in enumerate(keys[:-1]):
+        client.advise(f"branch{i}", 256, CHUNK.size, after_key=key)
+    assert max(_depths(client).values()) <= MAX_DEPTH
+    client.call(client.admin.Rebalance, pb.RebalanceRequest())  # the whole tree is valid
+    assert client.lookup(keys).found == (True,) * len(keys)
+
+
+def test_one_advise_splits_at_most_the_depth_limit(client):
+    keys = [f"c{i}" for i in range(MAX_DEPTH + 16)]
+    put_prompt(client, keys)
+    queries = [
+        pb.AdviseQuery(
+            context_id=f"branch{i}", num_tokens=256, size_bytes=CHUNK.size, after_key=key
+        )
+        for i, key in enumerate(keys[:-1])
+    ]
+    with pytest.raises(errors.InvalidArgumentError, match=f"at most {MAX_DEPTH}"):
+        client.call(client.kv.Advise, pb.AdviseRequest(contexts=queries))
+    assert _depths(client) == {"c0": 0}  # nothing split
+    client.call(client.kv.Advise, pb.AdviseRequest(contexts=queries[:MAX_DEPTH]))
+
+
+def _written_bytes(pid: int) -> int:
+    """What the process wrote through write calls so far (``wchar``: O_DIRECT writes too)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/PID/io")
+
+
+def test_one_advise_rewrites_each_moved_chunk_at_most_once(start_daemon):
+    """Issue 40.5: every split rewrote each moved chunk's whole SSD file, and queries after
+    chunks 0, 1, 2, ... moved the shrinking tail each time: N(N-1)/2 rewrites (60 durable
+    chunks of 256 KiB, one 59-query Advise: 450 MiB written for 15 MiB stored). One Advise
+    writes each moved chunk's file at most once now."""
+    d = start_daemon(cpu="64MiB", ssd="256MiB")
+    chunk = np.ones(256 << 10, np.uint8)
+    keys = [f"c{i}" for i in range(60)]
+    with KVClient(d.socket_path, timeout_s=60) as c:
+        for key in keys:  # durable: each chunk has its SSD file
+            c.put(key, chunk, context_id="c0", durable=True)
+        stored = len(keys) * chunk.size
+        assert d.proc is not None
+        before = _written_bytes(d.proc.pid)
+        queries = [
+            pb.AdviseQuery(context_id=f"b{i}", num_tokens=256, size_bytes=chunk.size, after_key=key)
+            for i, key in enumerate(keys[:-1])
+        ]
+        c.call(c.kv.Advise, pb.AdviseRequest(contexts=queries))
+        written = _written_bytes(d.proc.pid) - before
+        assert len(tree(c)) == len(keys)  # split after every chunk
+        assert written <= 2 * stored, f"{written / 2**20:.1f} MiB written for {stored >> 20} MiB"
+    d.kill()
+    d.start()  # the splits were saved: a restart finds the same tree
+    with KVClient(d.socket_path, timeout_s=60) as c:
+        assert len(tree(c)) == len(keys)
+
+
 def test_another_tenants_context_is_no_parent(start_daemon):
     d = start_daemon(cpu="16MiB", tenants=[{"name": "a"}, {"name": "b"}])
     with KVClient(d.socket_path, tenant="a") as a, KVClient(d.socket_path, tenant="b") as b:

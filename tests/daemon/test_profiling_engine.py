@@ -203,7 +203,7 @@ async def test_write_advice_follows_the_placer(
     advisor = engine.write_advisor
     before = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (before.variant, before.source) == ("none", "default")
-    assert "no context is profiled yet" in before.reason
+    assert "no context of yours is profiled yet" in before.reason
 
     await _put_context(engine, "doc")
     await engine.profiling.inputs.add_queries("doc", ["a head question"], from_traffic=False)
@@ -214,7 +214,12 @@ async def test_write_advice_follows_the_placer(
 
     new = advisor.advise("new", CHUNKS * T, CHUNKS * CHUNK_BYTES)
     assert (new.variant, new.tier, new.source) == ("knorm@0.5", "cpu", "prior")
-    assert "1 profiled contexts" in new.reason
+    assert "1 of your profiled contexts" in new.reason
+    # issue 40.8: another tenant's advice reads only its own profiles (none here), and its
+    # reason names no count of the first tenant's contexts
+    other = advisor.advise("b/new", CHUNKS * T, CHUNKS * CHUNK_BYTES, tenant="b")
+    assert (other.variant, other.source) == ("none", "default"), other
+    assert "profiled contexts" not in other.reason and "1 " not in other.reason
     huge = advisor.advise("huge", CHUNKS * T, 10**9)  # fits only the unbounded, slow tier
     assert huge.tier != "cpu"
     # The room a new context takes in a full tier is priced by the placer's next operation
@@ -233,7 +238,10 @@ async def test_write_advice_follows_the_placer(
     monkeypatch.setattr(
         advisor,
         "prior",
-        lambda: {"none": VariantPrior(1.0, 1.0, 0.0), "knorm@0.5": VariantPrior(0.2, 0.5, 0.0)},
+        lambda tenant="": {
+            "none": VariantPrior(1.0, 1.0, 0.0),
+            "knorm@0.5": VariantPrior(0.2, 0.5, 0.0),
+        },
     )
     monkeypatch.setattr(placer, "room_cost", lambda t, b: 0.0)
     whole = advisor.advise("new", CHUNKS * T, size)

@@ -30,6 +30,9 @@ def remote_tier(cluster: RedisClusterProcs, namespace: str) -> dict[str, object]
             "connect_timeout_s": 0.3,
             "socket_timeout_s": 1.0,
             "op_timeout_s": 3.0,
+            # a lookup asks about keys another daemon stored for this long: these tests are
+            # about faults, not speed (test_redis_hung.py checks the default budget)
+            "lookup_budget_s": 2.0,
             "health_interval_s": 0.2,
         },
     }

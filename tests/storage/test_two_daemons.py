@@ -20,7 +20,14 @@ def _remote(cluster, namespace: str) -> dict:
         "name": "remote",
         "kind": "remote",
         "capacity": 0,
-        "options": {"nodes": cluster.addresses, "namespace": namespace, "value_bytes": 1 << 20},
+        # a lookup asks about keys the other daemon stored within lookup_budget_s: a loaded
+        # machine's Redis may answer slower than the default 50 ms
+        "options": {
+            "nodes": cluster.addresses,
+            "namespace": namespace,
+            "value_bytes": 1 << 20,
+            "lookup_budget_s": 5.0,
+        },
     }
 
 
