@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.workload import payload
 from kvtierd import errors
 from kvtierd.client import KVClient
 from kvtierd.config import DaemonConfig, TierConfig
@@ -27,7 +28,6 @@ from kvtierd.engine import Engine
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.storage.ssd_format import data_checksum
 from kvtierd.types import DROPPED, ObjectMeta, Operation, OpKind, Placement, Plan
-from tests.daemon.workload import payload
 
 KiB, MiB = 1 << 10, 1 << 20
 PART = 256 * KiB

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from benchmarks._support.workload import payload
 from kvtierd.client import KVClient
-from tests.daemon.workload import payload
 
 MiB = 1 << 20
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.redis_cluster import RedisClusterProcs
 from kvtierd.client import KVClient
-from tests.daemon_proc import DaemonProcess, write_config
 from tests.fault.remote_setup import put_on_remote, remote_tier, wait_health
-from tests.storage.redis_cluster import RedisClusterProcs
 
 pytestmark = [pytest.mark.redis]
 KEYS = [f"obj-{i}" for i in range(6)]
