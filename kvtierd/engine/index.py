@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
-from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.policies.tree_placement import MAX_DEPTH
 from kvtierd.types import DROPPED, ORIGINAL_VARIANT, ObjectMeta, Placement
 from kvtierd.variants import QUANT_BITS, parse_variant
 

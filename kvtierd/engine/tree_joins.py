@@ -48,7 +48,7 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import InvalidArgumentError, KvtierError, NotFoundError
-from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.policies.tree_placement import MAX_DEPTH
 from kvtierd.storage import Tier
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
 

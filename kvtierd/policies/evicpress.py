@@ -39,9 +39,9 @@ from kvtierd.policies.model import (
     capacity_array,
 )
 from kvtierd.policies.plan_order import Change, order_changes
-from kvtierd.policies.precedence import Forest, solve_with_precedence, subtree_frequency
 from kvtierd.policies.rebalance_plan import LazyPlan, Snapshot, rebalance_plan
 from kvtierd.policies.refine import EXACT_MAX, RefineLimits, contested, refine
+from kvtierd.policies.tree_placement import ContextTree, solve_with_precedence, subtree_frequency
 from kvtierd.policy_config import (
     PROFILED_FIELDS,
     PROFILED_KEYS,
@@ -166,7 +166,7 @@ class EvicPressPlacer(Placer):
         counted = np.where(slot >= 0, s.freq[np.maximum(slot, 0)] if s.freq.size else 0.0, 0.0)
         freq = np.maximum(options.frequency, counted)
         if self.parents:  # a prefix is loaded by every request of its descendants too
-            freq = subtree_frequency(freq, Forest.of(options.context_ids, self.parents))
+            freq = subtree_frequency(freq, ContextTree.of(options.context_ids, self.parents))
         merged = replace(options, frequency=freq)
         table = UtilityTable.from_options(merged, self.tiers, self.params.alpha)
         return self.rebalance_table(table)
@@ -200,7 +200,7 @@ class EvicPressPlacer(Placer):
         write). The returned plan is built when first read.
         """
         before = Snapshot.of(self._state.slots)
-        forest = Forest.of(table.context_ids, self.parents) if self.parents else None
+        forest = ContextTree.of(table.context_ids, self.parents) if self.parents else None
         if forest is not None and forest.has_children:
             assignment = solve_with_precedence(table, forest, lambda t: solve(t, self.selection))
         else:
@@ -335,7 +335,7 @@ class EvicPressPlacer(Placer):
         ]
 
     def _orphans(self, cid: str, steps: list[Step]) -> list[Step]:
-        """Drop what precedence makes useless (:mod:`kvtierd.policies.precedence`): ``cid``
+        """Drop what precedence makes useless (:mod:`kvtierd.policies.tree_placement`): ``cid``
         when its parent is dropped, and whatever is cached below a context that is dropped.
         A parent the placer does not know yet (adopted later at start, or held outside its
         view for its durable objects) drops nothing. Dropping only frees room, so no tier

@@ -156,7 +156,7 @@ def solve_problem(
 
     ``parent``, shape ``(m,)``: each context's parent row (its own row for a root); a context
     is then cached only if its parent is (contexts that form a tree:
-    :mod:`kvtierd.policies.precedence`).
+    :mod:`kvtierd.policies.tree_placement`).
 
     ``start``, a feasible assignment, is handed to HiGHS as its first incumbent (a placer's
     current placement: HiGHS then only has to beat or prove it). ``max_nodes`` bounds the

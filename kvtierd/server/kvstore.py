@@ -13,7 +13,7 @@ from kvtierd.engine.state import LeaseRecord
 from kvtierd.engine.tokens import check_request_tokens
 from kvtierd.engine.validate import MAX_KEY_BYTES
 from kvtierd.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
-from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.policies.tree_placement import MAX_DEPTH
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.rpc.framing import data_frame

@@ -27,7 +27,7 @@ means for the contexts after it is not modelled), with every request counted tow
 frequency (so under the oracle its expected requests are all of them), placed, moved and
 dropped like any context: its profile prices only its own prefill when dropped, as the
 simulator does not link the contexts to it (the daemon's EvicPress placer takes parent links,
-``Placer.link`` / ``policies/precedence.py``; passing them here is not done yet; the replay
+``Placer.link`` / ``policies/tree_placement.py``; passing them here is not done yet; the replay
 below already counts what losing the prefix costs the contexts after it). Each request
 first uses the prefix (a lookup; not cached: prefilled and offered again), then its own
 context, whose variants hold only its own tokens. A context's KV is usable only behind its

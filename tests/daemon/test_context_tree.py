@@ -13,7 +13,7 @@ import pytest
 
 from kvtierd import errors
 from kvtierd.client import KVClient
-from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.policies.tree_placement import MAX_DEPTH
 from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.rpc import kvtier_pb2_grpc as pb_grpc
 from kvtierd.storage.ssd_format import decode_header, encode_header

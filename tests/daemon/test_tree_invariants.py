@@ -14,7 +14,7 @@ import pytest
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.policies.loader import parse_policy
-from kvtierd.policies.precedence import MAX_DEPTH
+from kvtierd.policies.tree_placement import MAX_DEPTH
 from kvtierd.types import DROPPED, ObjectMeta, Operation, OpKind, Plan
 
 KiB = 1 << 10

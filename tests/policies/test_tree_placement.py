@@ -10,9 +10,9 @@ from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.evicpress import EvicPressPlacer, solve
 from kvtierd.policies.exact import Problem, solve_problem
 from kvtierd.policies.model import Assignment, OptionArrays, UtilityTable
-from kvtierd.policies.precedence import (
+from kvtierd.policies.tree_placement import (
     MAX_DEPTH,
-    Forest,
+    ContextTree,
     descendants,
     enforce,
     solve_with_precedence,
@@ -26,7 +26,7 @@ TIERS = [TierModel("cpu", 0, 4e9), TierModel("ssd", 0, 1e9)]
 ALPHA = 2.0
 
 
-def random_tree(rng: np.random.Generator, n: int) -> tuple[UtilityTable, Forest]:
+def random_tree(rng: np.random.Generator, n: int) -> tuple[UtilityTable, ContextTree]:
     """``n`` contexts, each the child of an earlier one or a root, with frequencies, sizes
     and variants drawn at random; both tiers hold about a third of all originals."""
     ids = [f"c{i}" for i in range(n)]
@@ -46,7 +46,7 @@ def random_tree(rng: np.random.Generator, n: int) -> tuple[UtilityTable, Forest]
         for cid, s in zip(ids, sizes, strict=True)
     ]
     options = OptionArrays.from_profiles(profiles)
-    forest = Forest.of(ids, parent_of)
+    forest = ContextTree.of(ids, parent_of)
     options = OptionArrays(
         **{f: getattr(options, f) for f in OptionArrays.__dataclass_fields__ if f != "frequency"},
         frequency=subtree_frequency(options.frequency, forest),
@@ -56,7 +56,7 @@ def random_tree(rng: np.random.Generator, n: int) -> tuple[UtilityTable, Forest]
     return UtilityTable.from_options(options, tiers, ALPHA), forest
 
 
-def exact(table: UtilityTable, forest: Forest) -> Assignment:
+def exact(table: UtilityTable, forest: ContextTree) -> Assignment:
     result = solve_problem(Problem.of(table), parent=forest.parent)
     assert result.assignment is not None and result.optimal
     return result.assignment
@@ -86,7 +86,7 @@ def test_exact_without_precedence_caches_a_child_whose_parent_is_dropped() -> No
         profile("prefix", {"none": (big, 1.0)}, frequency=0.0, prefill_s=0.001),
         profile("doc", {"none": (small, 1.0)}, frequency=5.0, prefill_s=0.001),
     ]
-    forest = Forest.of(ids, {"doc": "prefix"})
+    forest = ContextTree.of(ids, {"doc": "prefix"})
     tiers = [TierModel("cpu", small, 4e9)]
     table = UtilityTable.from_profiles(profiles, tiers, ALPHA)
     free = solve_problem(Problem.of(table)).assignment
@@ -102,7 +102,7 @@ def test_a_dropped_parent_never_leaves_a_cached_child_counted_as_a_hit() -> None
         profile("prefix", {"none": (8 * 2**20, 1.0)}, frequency=0.0, prefill_s=0.001),
         profile("doc", {"none": (2**20, 1.0)}, frequency=5.0, prefill_s=0.001),
     ]
-    forest = Forest.of(["prefix", "doc"], {"doc": "prefix"})
+    forest = ContextTree.of(["prefix", "doc"], {"doc": "prefix"})
     table = UtilityTable.from_profiles(profiles, [TierModel("cpu", 2**20, 4e9)], ALPHA)
     plain = solve(table)
     assert plain.dropped.tolist() == [True, False]  # the hit the precedence rule forbids
@@ -114,7 +114,7 @@ def test_a_dropped_parent_never_leaves_a_cached_child_counted_as_a_hit() -> None
 def test_subtree_frequency_counts_every_descendant_once() -> None:
     """A parent's frequency is at least its children's together (their requests load it),
     and a measured parent that already counts them is not counted twice."""
-    forest = Forest.of(["a", "b", "c", "d"], {"b": "a", "c": "b", "d": "a"})
+    forest = ContextTree.of(["a", "b", "c", "d"], {"b": "a", "c": "b", "d": "a"})
     freq = subtree_frequency(np.array([1.0, 2.0, 3.0, 4.0]), forest)
     assert freq.tolist() == [7.0, 3.0, 3.0, 4.0]
     measured = subtree_frequency(np.array([9.0, 5.0, 3.0, 4.0]), forest)
@@ -124,21 +124,21 @@ def test_subtree_frequency_counts_every_descendant_once() -> None:
 
 
 def test_a_parent_outside_the_rows_makes_a_root() -> None:
-    forest = Forest.of(["a", "b"], {"b": "gone"})
+    forest = ContextTree.of(["a", "b"], {"b": "gone"})
     assert forest.parent.tolist() == [0, 1] and forest.depth.tolist() == [0, 0]
 
 
 def test_a_cycle_is_refused_by_name() -> None:
     with pytest.raises(InvalidArgumentError, match=r"'a'.*cycle"):
-        Forest.of(["a", "b"], {"a": "b", "b": "a"})
+        ContextTree.of(["a", "b"], {"a": "b", "b": "a"})
 
 
 def test_a_chain_deeper_than_the_limit_is_refused() -> None:
     ids = [f"c{i}" for i in range(MAX_DEPTH + 2)]
     chain = {ids[i]: ids[i - 1] for i in range(1, len(ids))}
     with pytest.raises(InvalidArgumentError, match=f"deeper than {MAX_DEPTH}"):
-        Forest.of(ids, chain)
-    Forest.of(ids[:-1], chain)  # MAX_DEPTH levels below the root are allowed
+        ContextTree.of(ids, chain)
+    ContextTree.of(ids[:-1], chain)  # MAX_DEPTH levels below the root are allowed
 
 
 def test_the_evicpress_placer_rebalances_with_precedence() -> None:

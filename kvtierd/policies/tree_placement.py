@@ -18,7 +18,7 @@ where it kept a child but dropped its parent solves again with either side decid
 a dropped ancestor made useless, and fills the room freed with the contexts whose parents are
 cached (:func:`fill`); on small instances an improvement phase adds one context at a time
 (:func:`_grow`). Measured on 1,500 random trees of 4-9 contexts: at worst 98.3% of the exact
-optimum's gain over dropping everything; ``tests/policies/test_precedence.py`` holds 100 of
+optimum's gain over dropping everything; ``tests/policies/test_tree_placement.py`` holds 100 of
 them to 98% of the exact optimum (:func:`~kvtierd.policies.exact.solve_problem` with
 ``parent``: one precedence row per child).
 """
@@ -52,7 +52,7 @@ attempt to make every placement walk a long list."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Forest:
+class ContextTree:
     """Parent links of ``n`` contexts by row. ``parent[i]`` is the row of context ``i``'s
     parent, or ``i`` itself for a root (a context whose parent is not among the rows: none, or
     one outside the placer's view). ``depth[i]`` is 0 for a root. Shapes ``(n,)``."""
@@ -61,7 +61,7 @@ class Forest:
     depth: IntArray
 
     @classmethod
-    def of(cls, context_ids: Sequence[str], parent_of: Mapping[str, str]) -> Forest:
+    def of(cls, context_ids: Sequence[str], parent_of: Mapping[str, str]) -> ContextTree:
         """The forest of ``context_ids`` from ``parent_of`` (child id -> parent id). Raises
         :class:`InvalidArgumentError` on a cycle or a chain deeper than :data:`MAX_DEPTH`."""
         row = {cid: i for i, cid in enumerate(context_ids)}
@@ -112,7 +112,7 @@ def _depths(parent: IntArray, context_ids: Sequence[str]) -> IntArray:
     )
 
 
-def subtree_frequency(frequency: FloatArray, forest: Forest) -> FloatArray:
+def subtree_frequency(frequency: FloatArray, forest: ContextTree) -> FloatArray:
     """Each context's frequency, at least the sum of its children's (each of their requests
     loads its prefix too), shape ``(n,)``. The maximum, not the sum: the daemon counts a
     context's frequency from its loads, and LMCache loads the prefix with every child, so a
@@ -128,7 +128,7 @@ def subtree_frequency(frequency: FloatArray, forest: Forest) -> FloatArray:
     return total
 
 
-def pin_ancestors(pinned: BoolArray, forest: Forest) -> BoolArray:
+def pin_ancestors(pinned: BoolArray, forest: ContextTree) -> BoolArray:
     """A pinned context's ancestors are pinned too: it is useless without them."""
     out = np.array(pinned, dtype=bool, copy=True)
     for rows in reversed(forest.levels()[1:]):
@@ -136,7 +136,7 @@ def pin_ancestors(pinned: BoolArray, forest: Forest) -> BoolArray:
     return out
 
 
-def enforce(assignment: Assignment, forest: Forest) -> Assignment:
+def enforce(assignment: Assignment, forest: ContextTree) -> Assignment:
     """``assignment`` with every context whose ancestor is dropped dropped as well (its KV
     would never be loaded: counting it as a hit would be false)."""
     dropped = assignment.dropped.copy()
@@ -149,12 +149,12 @@ def enforce(assignment: Assignment, forest: Forest) -> Assignment:
     )
 
 
-def violations(assignment: Assignment, forest: Forest) -> IntArray:
+def violations(assignment: Assignment, forest: ContextTree) -> IntArray:
     """Rows cached while their parent is dropped (none in a valid assignment)."""
     return np.flatnonzero(~assignment.dropped & assignment.dropped[forest.parent])
 
 
-def descendants(forest: Forest, row: int) -> IntArray:
+def descendants(forest: ContextTree, row: int) -> IntArray:
     """Rows below ``row`` (children, their children, ...), parents first."""
     found = [np.array([row], dtype=np.int64)]
     while True:
@@ -165,7 +165,7 @@ def descendants(forest: Forest, row: int) -> IntArray:
         found.append(below)
 
 
-def fill(table: UtilityTable, assignment: Assignment, forest: Forest) -> Assignment:
+def fill(table: UtilityTable, assignment: Assignment, forest: ContextTree) -> Assignment:
     """Place dropped contexts whose parent is cached (or that are roots) in the room left,
     the largest gain over dropping per byte first, each in its best option that fits; a
     context placed makes its children candidates. One heap pass; a candidate smaller than
@@ -206,7 +206,7 @@ def fill(table: UtilityTable, assignment: Assignment, forest: Forest) -> Assignm
     return Assignment(variant=variant, tier=tier, dropped=dropped)
 
 
-def priced(table: UtilityTable, forest: Forest) -> UtilityTable:
+def priced(table: UtilityTable, forest: ContextTree) -> UtilityTable:
     """``table`` with ancestors of pinned contexts pinned (the frequencies are the caller's:
     :func:`subtree_frequency` before the table is built)."""
     pinned = pin_ancestors(table.pinned, forest)
@@ -214,7 +214,7 @@ def priced(table: UtilityTable, forest: Forest) -> UtilityTable:
 
 
 def solve_with_precedence(
-    table: UtilityTable, forest: Forest, solve: Callable[[UtilityTable], Assignment]
+    table: UtilityTable, forest: ContextTree, solve: Callable[[UtilityTable], Assignment]
 ) -> Assignment:
     """The greedy ``solve`` of ``table`` (priced with :func:`subtree_frequency`), made valid
     by :func:`enforce`, then :func:`fill`-ed: no cached context below a dropped one.
@@ -256,7 +256,7 @@ def solve_with_precedence(
 
 def _grow(
     table: UtilityTable,
-    forest: Forest,
+    forest: ContextTree,
     best: Assignment,
     solve: Callable[[UtilityTable], Assignment],
 ) -> Assignment:
@@ -281,7 +281,7 @@ def _grow(
     return best
 
 
-def _ancestors(forest: Forest, rows: IntArray) -> BoolArray:
+def _ancestors(forest: ContextTree, rows: IntArray) -> BoolArray:
     """A mask of every ancestor of ``rows``."""
     mask = np.zeros(forest.n_contexts, dtype=bool)
     at = rows
