@@ -139,7 +139,9 @@ class ProfilingService:
     def _say_what_profiles_read(self, policy: PolicyConfig) -> None:
         quality = self.model.describe(policy)
         if quality.prior_only:
-            logger.warning(
+            # INFO, not WARNING: without a model the token-dropping variants still read each
+            # context (coverage, from its token ids); only quantizations get the prior alone
+            logger.info(
                 "quality profiles: no model (set profiling.model_dir): estimator %r scores a "
                 "context's token-dropping variants by their coverage where its token ids are "
                 "registered (kvtierd router and the plugin register them), and everything else "
