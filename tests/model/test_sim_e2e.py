@@ -41,7 +41,8 @@ def test_rebuilt_workload_predicted_and_compared(
     args = argparse.Namespace(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0,
                               seed=0, chunk=256, cpu_share=0.1, ssd_share=0.4,
                               quality=None, out=tmp_path / "e2e",
-                              warmup_questions=3, system_prompt_tokens=0)  # fmt: skip
+                              warmup_questions=3, system_prompt_tokens=0,
+                              workload="tasks")  # fmt: skip
     quality = tmp_path / "cases.jsonl"
     row = {"case": "x", "task": "niah_single", "length": 1024,
            "results": {"knorm@0.5": {"similarity": 0.8}}}  # fmt: skip
@@ -192,7 +193,7 @@ def test_a_shared_system_prompt_in_the_rebuilt_workload(
     find the prefix cached after the warm-up, and prefill longer prompts."""
     base = dict(contexts=5, lengths=[1024], requests=12, qps=0.5, zipf=1.0, seed=0, chunk=256,
                 cpu_share=0.1, ssd_share=0.4, quality=None, out=tmp_path / "e2e",
-                warmup_questions=1)  # fmt: skip
+                warmup_questions=1, workload="tasks")  # fmt: skip
     plain = build_workload(argparse.Namespace(**base, system_prompt_tokens=0), tokenizer,
                            real_model)  # fmt: skip
     shared = build_workload(argparse.Namespace(**base, system_prompt_tokens=1024), tokenizer,
