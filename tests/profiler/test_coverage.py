@@ -60,3 +60,25 @@ def test_it_needs_the_token_ids_and_sane_options() -> None:
         ngram_coverage(bare, ["knorm@0.5"])
     with pytest.raises(InvalidArgumentError, match="must be >= 1"):
         ngram_coverage(kv, ["knorm@0.5"], n=0)
+
+
+def test_the_estimator_reads_coverage_at_a_first_put_and_the_prior_for_quantizations() -> None:
+    """``query_attention`` without a question or a model: a token-dropping variant's estimate
+    is its calibrated coverage averaged with the prior, so a redundant context's is higher
+    than a dense one's; int4 keeps the prior; without token ids everything is the prior."""
+    from kvtierd.profiler.quality_tables import COVERAGE_CALIBRATION, calibrate, prior_quality
+    from kvtierd.profiler.query_attention import QueryAttentionEvaluator
+
+    ev = QueryAttentionEvaluator()
+    names = ["int4", "knorm@0.5"]
+    prior = prior_quality(names)
+    assert prior is not None
+    redundant, dense = context(list(range(64)) * 4), context(list(range(256)))
+    got = ev.evaluate(redundant, names)
+    cov = ngram_coverage(redundant, ["knorm@0.5"])["knorm@0.5"]
+    want = 0.5 * calibrate(cov, COVERAGE_CALIBRATION) + 0.5 * prior["knorm@0.5"]
+    assert got["knorm@0.5"] == pytest.approx(want)
+    assert got["int4"] == prior["int4"] and got.num_queries == 1
+    assert ev.evaluate(dense, names)["knorm@0.5"] < got["knorm@0.5"]
+    blind = ev.evaluate(ContextKV(redundant.keys, redundant.values), names)
+    assert dict(blind.quality) == prior and blind.num_queries == 0
