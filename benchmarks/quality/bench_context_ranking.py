@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks._support.common import REPO, machine, read_jsonl
+from benchmarks.quality.bench_estimators import serving_prefill_cpu_s, timed
 from benchmarks.quality.context_kinds import make_kind_case
 from benchmarks.quality.context_labels import (
     DTYPE,
@@ -62,12 +62,6 @@ BOOTSTRAPPED = ("window", "ngram", "coverage4", "question", "answer")
 CHOSEN = "coverage4"
 """The first-put reading the daemon uses (``first_put="coverage"``, 4-grams): chosen on the fit
 half (the best across-context AUC there with coverage3, and the better mean Spearman)."""
-
-
-def timed(fn: Callable[[], dict[str, float]]) -> tuple[dict[str, float], float]:
-    t0 = time.process_time()
-    out = fn()
-    return out, time.process_time() - t0
 
 
 def ngram_redundancy(ids: Sequence[int], n: int = 4) -> float:
@@ -96,7 +90,7 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
                  if text == lc.questions[0])  # fmt: skip
     form = StoredForm(chunk_tokens=CHUNK)
     kv = answer.encode_context(context, window=64)
-    prefill_s = serving_prefill_cpu_s(answer, context)
+    prefill_s = bf16_prefill_cpu_s(answer, context)
     variants = list(VARIANTS)
     qa = QueryAttentionEvaluator(model_dir, calibrate=False)
     bare = ContextKV(kv.keys, kv.values, kv.window_queries, tuple(context))
@@ -155,21 +149,18 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
     return row
 
 
-def serving_prefill_cpu_s(answer: Any, ids: Sequence[int]) -> float:
-    """CPU seconds of a bfloat16 prefill of ``ids`` that keeps the KV and the last position's
-    logits (as a server's), the model put back in its dtype after."""
+def bf16_prefill_cpu_s(answer: Any, ids: Sequence[int]) -> float:
+    """:func:`~.bench_estimators.serving_prefill_cpu_s` with the model in bfloat16 (its
+    kernels warmed by a short pass first), the model put back in its dtype after."""
     import torch
 
     model, _ = answer.load()
     dtype = model.dtype
     model.to(torch.bfloat16)
-    x = torch.tensor([list(ids)], dtype=torch.long)
     try:
-        with torch.inference_mode():
-            model(input_ids=x[:, :64], use_cache=True, logits_to_keep=1)  # warm the kernels
-            c0 = time.process_time()
-            model(input_ids=x, use_cache=True, logits_to_keep=1)
-            return time.process_time() - c0
+        with torch.inference_mode():  # warm the bf16 kernels
+            model(input_ids=torch.tensor([list(ids[:64])]), use_cache=True, logits_to_keep=1)
+        return serving_prefill_cpu_s(answer, ids)
     finally:
         model.to(dtype)
 
