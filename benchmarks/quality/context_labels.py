@@ -186,7 +186,7 @@ def table(contexts: Sequence[ContextLabels], rule: str = "exact") -> str:
         by_kind = [statistics.fmean(c.share(v, rule) for c in contexts if c.kind == k)
                    for k in kinds]  # fmt: skip
         rho = split_half(contexts, v, rule)
-        sb = None if rho is None else 2 * rho / (1 + rho) if rho > -1 else None
+        sb = None if rho is None or rho <= -1 else 2 * rho / (1 + rho)
         cells = [f"{statistics.fmean(shares):.2f}", f"{statistics.pstdev(shares):.2f}",
                  f"{q[0]:.2f}-{q[2]:.2f}", *(f"{x:.2f}" for x in by_kind), _f(rho),
                  _f(sb)]  # fmt: skip
