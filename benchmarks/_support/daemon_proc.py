@@ -129,11 +129,12 @@ def write_config(
     cpu: str = "64MiB",
     ssd: str = "256MiB",
     extra_tiers: list[dict[str, Any]] | None = None,
+    cpu_staging: str = "128MiB",
     **settings: Any,
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     tiers = [
-        {"name": "cpu", "kind": "cpu", "capacity": cpu, "options": {"staging_bytes": "128MiB"}},
+        {"name": "cpu", "kind": "cpu", "capacity": cpu, "options": {"staging_bytes": cpu_staging}},
         {"name": "ssd", "kind": "ssd", "capacity": ssd, "path": str(directory / "ssd")},
         *(extra_tiers or []),
     ]

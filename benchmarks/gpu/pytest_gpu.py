@@ -17,6 +17,7 @@ GPU_TEST_FILES = (
     "tests/daemon/test_device_leases.py",
     "tests/storage/test_tier_matrix.py",
     "tests/storage/test_uncalibrated.py",
+    "tests/storage/test_pool_compaction.py",
 )
 PYTEST_ARGS = (
     # The image's own pytest plugins (cov, xdist, benchmark, ...) are not loaded: they were

@@ -118,7 +118,8 @@ class DurableGuard:
                 if obj is None:
                     continue  # a client's delete or an operator's evict meanwhile
                 if obj.tier == cpu.name and not obj.shadow:
-                    await target.put(obj.meta, cpu.view(cpu.block_of(meta.key)))
+                    with cpu.pinned(meta.key) as block:  # not moved by a compaction
+                        await target.put(obj.meta, cpu.view(block))
                     obj.shadow = target.name
 
     def _persistent(self) -> Tier:

@@ -5,6 +5,7 @@ slower tier) is freed by the last release."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -40,6 +41,9 @@ class LeaseTable:
         self._block_refs: dict[tuple[str, int], int] = {}
         self._orphans: dict[tuple[str, int], Block] = {}
         self._ids = itertools.count(1)
+        for name, tier in pools.items():
+            if isinstance(tier, PooledTier):  # a block leased in place is never compacted
+                tier.check_leases_with(functools.partial(self._leased, name))
 
     @property
     def busy(self) -> bool:
@@ -124,6 +128,9 @@ class LeaseTable:
         )  # fmt: skip
         self.leases[lease.lease_id] = lease
         return lease
+
+    def _leased(self, pool: str, offset: int) -> bool:
+        return (pool, offset) in self._block_refs
 
     def release(self, lease_ids: Sequence[str]) -> None:
         for lid in lease_ids:

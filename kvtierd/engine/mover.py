@@ -290,7 +290,8 @@ class TierMover:
         if target == self.cpu.name:
             self.cpu.adopt(meta, await self.stage_from(obj))
         elif source == self.cpu.name:
-            await self.tiers[target].put(meta, self.cpu.view(self.cpu.block_of(meta.key)))
+            with self.cpu.pinned(meta.key) as block:  # a compaction must not move it meanwhile
+                await self.tiers[target].put(meta, self.cpu.view(block))
         else:
             block = await self.stage_from(obj)
             try:

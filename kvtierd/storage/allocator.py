@@ -4,11 +4,17 @@ Blocks are aligned to ``alignment`` bytes (4096: page size, which O_DIRECT also 
 rounded up to it. Free blocks are kept twice — by offset (to coalesce neighbours on free) and
 by (size, offset) (best fit, lowest address on ties) — so allocate and free are a bisect plus
 a list insert. Fragmentation is reported as ``1 - largest_free / total_free``.
+
+A pool that can refuse a request for want of one contiguous block while its free bytes would
+hold it (issue 40.9: the placer counts bytes) is :meth:`~FreeListAllocator.compact`-ed: the
+blocks its owner says may move slide down to the lowest free offsets, and the owner copies
+their bytes as the returned :class:`Move` s say (``PooledTier.allocate``).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvtierd.errors import CapacityError, InvalidArgumentError
@@ -21,6 +27,15 @@ class Block:
     offset: int
     length: int
     padded: int
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A block's bytes go from ``old`` to ``new`` (a lower offset; the two may overlap, so
+    the copy must behave as ``memmove``)."""
+
+    old: Block
+    new: Block
 
 
 class FreeListAllocator:
@@ -51,11 +66,8 @@ class FreeListAllocator:
                 f"no free block of {padded} bytes (free {self.free_bytes} bytes in "
                 f"{len(self._by_size)} blocks, largest {self.largest_free_bytes})"
             )
-        size, offset = self._by_size[i]
-        self._remove_free(offset, size)
-        if size > padded:
-            self._add_free(offset + padded, size - padded)
-        self.allocated_bytes += padded
+        offset = self._by_size[i][1]
+        self._take(offset, padded)
         return Block(offset, nbytes, padded)
 
     def free(self, block: Block) -> None:
@@ -79,6 +91,41 @@ class FreeListAllocator:
                 offset, size = prev, size + psize
         self._add_free(offset, size)
         self.allocated_bytes -= block.padded
+
+    def compact(self, movable: Iterable[Block], nbytes: int) -> list[Move]:
+        """Slide ``movable`` blocks (allocated, each once) down until a block of ``nbytes``
+        is free; returns the moves in the order their bytes must be copied.
+
+        Blocks are taken by ascending offset; each is freed (joining the free space around
+        it) and allocated again at the lowest free offset that holds it, which is never above
+        where it was. Every destination is free when its move is made in order: free before,
+        vacated by an earlier move, or the block's own old range (an overlap). Blocks not in
+        ``movable`` (leased in place, in flight) stay and the slide fills the holes below
+        them with later blocks that fit. Stops as soon as a block of ``nbytes`` is free (a
+        compaction copies no more than it must); returns what it moved even when that
+        is not enough (blocks that may not move are in the way). The free space scanned for
+        each block is the holes below it, which after the slide are only those beside
+        blocks that stay: O(blocks x pinned) on a pool that is compacted once.
+        """
+        padded = self.round_up(nbytes)
+        moves: list[Move] = []
+        for block in sorted(movable, key=lambda b: b.offset):
+            if self.largest_free_bytes >= padded:
+                break
+            self.free(block)
+            offset = next(o for o in self._by_offset if self._size_at[o] >= block.padded)
+            self._take(offset, block.padded)
+            if offset != block.offset:
+                moves.append(Move(block, Block(offset, block.length, block.padded)))
+        return moves
+
+    def _take(self, offset: int, padded: int) -> None:
+        """Allocate ``padded`` bytes at the start of the free block at ``offset``."""
+        size = self._size_at[offset]
+        self._remove_free(offset, size)
+        if size > padded:
+            self._add_free(offset + padded, size - padded)
+        self.allocated_bytes += padded
 
     @property
     def free_bytes(self) -> int:

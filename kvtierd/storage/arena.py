@@ -23,7 +23,7 @@ import secrets
 from pathlib import Path
 
 from kvtierd.errors import CapacityError, InvalidArgumentError
-from kvtierd.storage.allocator import Block, FreeListAllocator
+from kvtierd.storage.allocator import Block, FreeListAllocator, Move
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,14 @@ class Arena:
 
     def free(self, block: Block) -> None:
         self.allocator.free(block)
+
+    def move(self, move: Move) -> None:
+        """Copy a block's bytes to its new offset (a compaction); the ranges may overlap,
+        which memoryview assignment handles as ``memmove`` does."""
+        n = move.old.length
+        self._view[move.new.offset : move.new.offset + n] = self._view[
+            move.old.offset : move.old.offset + n
+        ]
 
     def view(self, block: Block, padded: bool = False) -> memoryview:
         """A view of the block's bytes (``padded``: including the alignment tail)."""

@@ -45,6 +45,17 @@ class BlockIndex:
         self.used_bytes -= stored.meta.size_bytes
         return stored
 
+    def blocks(self) -> Iterator[tuple[str, Block]]:
+        """Every object's key and block (a snapshot)."""
+        return ((k, s.block) for k, s in list(self._objects.items()))
+
+    def relocate(self, key: str, block: Block) -> None:
+        """The object's bytes now live in ``block`` (a compaction moved them)."""
+        stored = self.get(key)
+        if block.length != stored.block.length:
+            raise ValueError(f"object {key!r}: a block of {block.length} bytes for {stored.block}")
+        self._objects[key] = Stored(stored.meta, block)
+
     def metas(self) -> Iterator[ObjectMeta]:
         return (s.meta for s in list(self._objects.values()))
 

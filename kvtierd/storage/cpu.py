@@ -22,12 +22,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kvtierd.config import TierConfig, parse_size
-from kvtierd.errors import InvalidArgumentError
+from kvtierd.errors import CapacityError, InvalidArgumentError
 from kvtierd.storage.aligned_io import copy_bytes
-from kvtierd.storage.allocator import Block
+from kvtierd.storage.allocator import Block, Move
 from kvtierd.storage.arena import MEMFD, Arena
 from kvtierd.storage.base import TransferFit
-from kvtierd.storage.block_index import BlockIndex
 from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta, TierStats
 
@@ -48,7 +47,6 @@ class CpuTier(PooledTier):
             config.options.get("staging_bytes", default_staging), f"tier {self.name} staging"
         )
         self.arena_dir = str(config.options.get("arena_dir", MEMFD))
-        self._index = BlockIndex(self.name)
         self._arena: Arena | None = None
 
     @property
@@ -102,8 +100,15 @@ class CpuTier(PooledTier):
     # -- blocks (the engine's data plane) ------------------------------------------------------
 
     def stage(self, nbytes: int) -> Block:
-        """A block for bytes in flight; raises ``CapacityError`` when the arena is full."""
-        return self.arena.allocate(nbytes)
+        """A block for bytes in flight (compacting a fragmented arena: ``PooledTier``);
+        raises ``CapacityError`` when the arena is full."""
+        try:
+            return self.allocate(self.arena.allocator, nbytes)
+        except CapacityError as e:
+            raise CapacityError(f"shared-memory arena full: {e}") from e
+
+    def _move_bytes(self, move: Move) -> None:
+        self.arena.move(move)
 
     def view(self, block: Block, padded: bool = False) -> memoryview:
         return self.arena.view(block, padded)
@@ -146,11 +151,12 @@ class CpuTier(PooledTier):
             raise
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
-        stored = self._index.get(key)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(copy_bytes, dst[: stored.meta.size_bytes], self.view(stored.block))
-        self.read_meter.record(stored.meta.size_bytes, time.perf_counter() - t0)
-        return stored.meta
+        meta = self._index.get(key).meta
+        with self.pinned(key) as block:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(copy_bytes, dst[: meta.size_bytes], self.view(block))
+        self.read_meter.record(meta.size_bytes, time.perf_counter() - t0)
+        return meta
 
     async def delete(self, key: str, *, tenant: str = "") -> None:
         self.free_block(self.detach(key))

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvtierd.config import TierConfig, parse_size
-from kvtierd.errors import InvalidArgumentError
-from kvtierd.storage.allocator import Block, FreeListAllocator
+from kvtierd.errors import CapacityError, InvalidArgumentError
+from kvtierd.storage.allocator import Block, FreeListAllocator, Move
 from kvtierd.storage.base import TransferFit
-from kvtierd.storage.block_index import BlockIndex
 from kvtierd.storage.pooled import PooledTier
 from kvtierd.types import ObjectMeta
 
@@ -47,6 +46,24 @@ class CudaIpcHandle:
     event_sync_required: bool
 
 
+MOVE_PIECE_BYTES = 64 << 20
+"""The most device memory a move within the pool borrows (for a piece that overlaps itself)."""
+
+
+def move_within(pool: torch.Tensor, move: Move, piece_bytes: int = MOVE_PIECE_BYTES) -> None:
+    """``memmove`` of ``move.old`` to ``move.new`` (a lower offset) within the ``uint8`` tensor
+    ``pool``. ``Tensor.copy_`` refuses a source and destination that partly overlap, so the
+    bytes go in ascending pieces, each through a temporary copy when it overlaps itself: a
+    piece's destination ends before the next piece's source begins, so no piece overwrites
+    bytes not yet copied."""
+    old, new, n = move.old.offset, move.new.offset, move.old.length
+    shift = old - new
+    for start in range(0, n, piece_bytes):
+        k = min(piece_bytes, n - start)
+        src = pool[old + start : old + start + k]
+        pool[new + start : new + start + k].copy_(src if k <= shift else src.clone())
+
+
 class GpuTier(PooledTier):
     kind = "gpu"
     # Nothing measured on the reference machine (no GPU): pinned host<->device copies run at
@@ -62,7 +79,6 @@ class GpuTier(PooledTier):
         self.device = torch.device(str(config.options.get("device", "cuda:0")))
         self.staging_bytes = parse_size(config.options.get("staging_bytes", "64MiB"))
         self.allocator = FreeListAllocator(config.capacity_bytes, alignment=256)
-        self._index = BlockIndex(self.name)
         self._pool: torch.Tensor | None = None
         self._staging: torch.Tensor | None = None
         self._ipc: CudaIpcHandle | None = None
@@ -135,7 +151,13 @@ class GpuTier(PooledTier):
             raise InvalidArgumentError(
                 f"object {meta.key!r}: {len(data)} bytes given, size_bytes says {meta.size_bytes}"
             )
-        block = self.allocator.allocate(meta.size_bytes)
+        try:
+            block = self.allocator.allocate(meta.size_bytes)
+        except CapacityError:
+            # Compact under the lock every copy takes: no copy on a worker thread reads or
+            # writes an object's block while it moves (``PooledTier.allocate``).
+            async with self._lock:
+                block = self.allocate(self.allocator, meta.size_bytes)
         try:
             async with self._lock:
                 t0 = time.perf_counter()
@@ -146,6 +168,12 @@ class GpuTier(PooledTier):
             self.allocator.free(block)
             raise
         return meta
+
+    def _move_bytes(self, move: Move) -> None:
+        import torch
+
+        move_within(self.pool, move)
+        torch.cuda.synchronize(self.device)
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         stored = self._index.get(key)

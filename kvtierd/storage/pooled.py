@@ -1,17 +1,61 @@
 """Tiers whose objects are blocks of one memory pool the daemon maps: the CPU tier's arena and
 a gpu tier's CUDA pool. A reader can be leased such a block in place; when the object is moved
 or deleted under a lease, the engine detaches the block from the index and frees it only after
-the last release."""
+the last release.
+
+**Room the placer counted is room** (issue 40.9). The placer counts a tier's bytes; a pool
+carved by a best-fit allocator fragments, and refused ``no free block of 16777216 bytes (free
+16777216 bytes in 2 blocks, largest 14674688)`` while the placer believed the context placed.
+An allocation that fails while the pool's free bytes would hold it compacts the pool
+(:meth:`PooledTier.allocate`): the index's objects slide down to the lowest free offsets
+(``FreeListAllocator.compact``) and their bytes are copied there (a ``memmove`` in the arena,
+a device-to-device copy in the GPU pool). What must not move stays, and the slide fills the
+holes below it:
+
+* an object leased in place — a client reads it at its offset (the engine's lease table says
+  which: :meth:`check_leases_with`);
+* an object whose bytes a copy on a worker thread reads (:meth:`pinned`);
+* every block that is no index object: a put in flight (a client writes it at its offset), a
+  block detached under a lease, a copy staged for a reader.
+
+Size classes (pages of the chunk size) were the other way: they waste the tail of every
+object that is not a whole number of pages (a compressed variant, a model card, the last
+chunk), and the daemon does not know the chunk size before the first put. A compaction runs
+only when an allocation would otherwise fail, copies no more than it needs to free one block,
+and is synchronous (no other coroutine sees a half-moved pool; in the GPU pool it runs under
+the lock every copy takes). A place that fails all the same (the objects in the way are
+leased) is adopted where the context is (``Executor._learn_where_it_is``).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from abc import abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterator
 
-from kvtierd.storage.allocator import Block
+from kvtierd.config import TierConfig
+from kvtierd.errors import CapacityError
+from kvtierd.storage.allocator import Block, FreeListAllocator, Move
 from kvtierd.storage.base import Tier
+from kvtierd.storage.block_index import BlockIndex
+
+logger = logging.getLogger(__name__)
+
+
+def _nothing_leased(offset: int) -> bool:
+    return False
 
 
 class PooledTier(Tier):
+    def __init__(self, config: TierConfig) -> None:
+        super().__init__(config)
+        self._index = BlockIndex(self.name)
+        self._pins: Counter[int] = Counter()  # offset -> copies reading that block
+        self._leased: Callable[[int], bool] = _nothing_leased
+        self.compacted_bytes = 0  # moved by compactions since start
+
     @abstractmethod
     def block_of(self, key: str) -> Block:
         """The block holding an object's bytes."""
@@ -23,3 +67,58 @@ class PooledTier(Tier):
     @abstractmethod
     def free_block(self, block: Block) -> None:
         """Return a detached block to the pool."""
+
+    @abstractmethod
+    def _move_bytes(self, move: Move) -> None:
+        """Copy a block's bytes to a lower offset of the pool (ranges may overlap)."""
+
+    def check_leases_with(self, leased: Callable[[int], bool]) -> None:
+        """``leased(offset)``: a reader holds the block at ``offset`` in place (it never
+        moves); the engine's lease table answers."""
+        self._leased = leased
+
+    @contextlib.contextmanager
+    def pinned(self, key: str) -> Iterator[Block]:
+        """The object's block, kept where it is while the caller reads it across awaits (a
+        copy to another tier on a worker thread)."""
+        block = self.block_of(key)
+        self._pins[block.offset] += 1
+        try:
+            yield block
+        finally:
+            self._pins[block.offset] -= 1
+            if not self._pins[block.offset]:
+                del self._pins[block.offset]
+
+    def allocate(self, allocator: FreeListAllocator, nbytes: int) -> Block:
+        """A block of ``nbytes`` from ``allocator`` (this tier's pool), compacting the pool
+        when its free bytes would hold one but no free block does (module docstring). Raises
+        ``CapacityError`` when the bytes are not free, or when what may not move is in the
+        way."""
+        try:
+            return allocator.allocate(nbytes)
+        except CapacityError:
+            if allocator.free_bytes < allocator.round_up(nbytes):
+                raise
+        keys = {
+            block.offset: key
+            for key, block in self._index.blocks()
+            if not self._pins[block.offset] and not self._leased(block.offset)
+        }
+        movable = [self._index.get(key).block for key in keys.values()]
+        moves = allocator.compact(movable, nbytes)
+        for move in moves:
+            self._move_bytes(move)
+            self._index.relocate(keys[move.old.offset], move.new)
+        moved = sum(m.old.length for m in moves)
+        self.compacted_bytes += moved
+        logger.info("tier %s: compacted for a block of %d bytes: moved %d objects, %d bytes",
+                    self.name, nbytes, len(moves), moved)  # fmt: skip
+        try:
+            return allocator.allocate(nbytes)
+        except CapacityError as e:
+            stay = len(self._index) - len(movable)
+            raise CapacityError(
+                f"{e}, after compacting the pool: {stay} objects leased in place or being "
+                "read may not move, and blocks in flight stay"
+            ) from e
