@@ -173,7 +173,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 return claimed  # a placeholder request's load then fails, as documented
             hold = self.settings.hold_s if pin else 0.0
             names = self.placeholders.translate(keys, [key_string(k) for k in keys])
-            hits = self.client.lookup(names, hold_s=hold).prefix_hits
+            hits = self.client.lookup(names, hold_s=hold, request=prompt).prefix_hits
             store = StoreRequest.of(keys[0]) if keys else None
             if store is not None:  # its put must carry the context's last chunk
                 hits = self.context_chunks.looked_up(store, names, hits, self.chunk_tokens)
