@@ -8,7 +8,8 @@ Exported series (all prefixed ``kvtierd_``)::
 
     tier_capacity_bytes{tier}, tier_used_bytes{tier}, tier_objects{tier}     gauges
     tier_healthy{tier}                                                        gauge 1/0
-    hits_total{tier}, misses_total                                            counters
+    hits_total{tier}, misses_total       chunks read, chunks not found or not read  counters
+    lookups_total{outcome}               served requests' lookups: hit, partial, miss  counter
     tier_hit_ratio{tier}       hits in this tier / all lookups since start    gauge
     load_seconds{tier}, store_seconds{tier}                                   histograms
     load_bytes_total{tier}, store_bytes_total{tier}                           counters
@@ -82,7 +83,18 @@ class Metrics:
                                         registry=r)  # fmt: skip
         self._hits = prom.Counter("kvtierd_hits", "Lookups answered from the tier", tier,
                                   registry=r)  # fmt: skip
-        self._misses = prom.Counter("kvtierd_misses", "Lookups that found nothing", registry=r)
+        self._misses = prom.Counter(
+            "kvtierd_misses",
+            "Chunks a served request's lookup did not find (after its found prefix), and reads "
+            "that found nothing",
+            registry=r,
+        )
+        self._request_lookups = prom.Counter(
+            "kvtierd_lookups", "Served requests' lookups by outcome (hit, partial, miss)",
+            ("outcome",), registry=r,
+        )  # fmt: skip
+        for outcome in ("hit", "partial", "miss"):  # each series exists from the start
+            self._request_lookups.labels(outcome)
         self._hit_ratio = prom.Gauge("kvtierd_tier_hit_ratio",
                                      "Hits in the tier / all lookups since start", tier,
                                      registry=r)  # fmt: skip
@@ -140,11 +152,18 @@ class Metrics:
             self._lookups += 1
         self._ensure_tier(tier)
 
-    def record_miss(self) -> None:
-        """A lookup found nothing in any tier."""
-        self._misses.inc()
+    def record_miss(self, chunks: int = 1) -> None:
+        """``chunks`` were found in no tier."""
+        self._misses.inc(chunks)
         with self._lock:
-            self._lookups += 1
+            self._lookups += chunks
+
+    def record_lookup(self, outcome: str, missed_chunks: int) -> None:
+        """A served request's lookup ended so (``hit``, ``partial``, ``miss``), not finding
+        ``missed_chunks`` (each a miss, in every tier's hit ratio too)."""
+        self._request_lookups.labels(outcome).inc()
+        if missed_chunks:
+            self.record_miss(missed_chunks)
 
     def observe_load(self, tier: str, seconds: float, nbytes: int) -> None:
         """A get served ``nbytes`` from ``tier`` in ``seconds``."""

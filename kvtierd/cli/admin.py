@@ -84,14 +84,22 @@ def run_status(args: argparse.Namespace, out: Output) -> ExitCode:
             ("objects", s.objects),
             ("leases", s.leases),
             ("allocations", s.allocations),
-            ("hits / misses", f"{s.hits} / {s.misses}"),
-            ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%}"),
+            ("lookups", _lookups(s)),
+            ("chunks hit / missed", f"{s.hits} / {s.misses}"),
+            ("hit rate", f"{_ratio(s.hits, s.hits + s.misses):.1%} of chunks"),
             ("durable holds", s.durable_holds),
             ("prefill", _prefill(s)),
             ("quality profiles", quality_profiles(s.quality, s.placer)),
         ],
     )
     return code
+
+
+def _lookups(s: pb.StatusResponse) -> str:
+    """Served requests' lookups by outcome: ``6 (3 hit, 2 partial, 1 missed)``."""
+    total = s.lookups_hit + s.lookups_partial + s.lookups_missed
+    return (f"{total} ({s.lookups_hit} hit, {s.lookups_partial} partial, "
+            f"{s.lookups_missed} missed)")  # fmt: skip
 
 
 NO_MODEL_LINE = (

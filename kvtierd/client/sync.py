@@ -169,9 +169,13 @@ class KVClient:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def lookup(self, keys: Sequence[str], hold_s: float = 0.0) -> LookupResult:
-        resp = self.call(self.kv.Lookup, pb.LookupRequest(keys=list(keys), hold_s=hold_s))
-        return lookup_result(resp)
+    def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, *, request: bool = False
+    ) -> LookupResult:
+        """``request``: this is a served request's lookup of its prompt, whose outcome the
+        daemon counts (hit, partial, miss; ``LookupRequest.request``)."""
+        message = pb.LookupRequest(keys=list(keys), hold_s=hold_s, request=request)
+        return lookup_result(self.call(self.kv.Lookup, message))
 
     @contextlib.contextmanager
     def lease(self, key: str, lease_s: float = 0.0) -> Iterator[tuple[pb.ObjectInfo, memoryview]]:

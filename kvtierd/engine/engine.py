@@ -271,6 +271,7 @@ class Engine:
             draining=self.draining,
             hits=self.reads.hits,
             misses=self.reads.misses,
+            lookups=dict(self.reads.lookup_outcomes),
             pending_plans=self.executor.pending,
             durable_holds=self.durable.holds,
         )

@@ -17,6 +17,7 @@ from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.shared_lookups import SharedLookups
 from kvtierd.engine.state import ContextRecord, LeaseRecord, ObjectRecord
+from kvtierd.engine.views import LookupOutcome
 from kvtierd.errors import KvtierError, NotFoundError
 from kvtierd.metrics import Metrics
 from kvtierd.storage import Tier
@@ -51,7 +52,8 @@ class ReadPath:
         self._shared = [t for t in mover.tiers.values() if t.shared]
         self.shared = SharedLookups(self._shared, self._fetch_one)
         self.hits = 0
-        self.misses = 0
+        self.misses = 0  # chunks: reads that found nothing, and served lookups' unfound chunks
+        self.lookup_outcomes: Counter[LookupOutcome] = Counter()
         self.tier_hits: Counter[str] = Counter()
         self.loads_in_flight = 0
         self.last_read_s = -math.inf  # monotonic time of the newest Lookup or Get
@@ -82,6 +84,16 @@ class ReadPath:
                 ctx = self._index.contexts[rec.meta.context]
                 ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
         return found, prefix
+
+    def record_request_lookup(self, asked: int, prefix: int) -> LookupOutcome:
+        """A served request's lookup of ``asked`` chunks found its first ``prefix``: counted by
+        outcome, and the chunks after the prefix (the request recomputes them) as misses. Only
+        reads counted before (issue 41): a request that found nothing was no miss at all."""
+        outcome = LookupOutcome.of(asked, prefix)
+        self.lookup_outcomes[outcome] += 1
+        self.misses += asked - prefix
+        self._metrics.record_lookup(outcome.value, asked - prefix)
+        return outcome
 
     async def _fetch_shared(self, key: str, tenant: str) -> ObjectRecord | None:
         """An object another daemon stored in a shared tier since this one started (a tier

@@ -140,7 +140,9 @@ class TreeJoins:
             )
             index.context_add(obj.meta, key)
         child = index.contexts[child_id]
-        child.variant, child.hits, child.last_access_s = ctx.variant, ctx.hits, ctx.last_access_s
+        # The reads so far were the whole context's: the child counts only its own from now
+        # on (it inherited the parent's count, issue 41), but it was last used when it was.
+        child.variant, child.last_access_s = ctx.variant, ctx.last_access_s
         index.set_parent(child, ctx.context_id, after_key)
         moved = set(tail)
         self._unsaved.extend(tail)

@@ -3,13 +3,30 @@ so a servicer reads what the engine shows and cannot change its records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.profiling.profile_runs import ProfileRun
 
 if TYPE_CHECKING:
     from kvtierd.profiler import ProfileRecord
+
+
+class LookupOutcome(enum.Enum):
+    """What a served request's lookup found (``LookupRequest.request``): every chunk asked,
+    its first chunks only (vLLM computes the rest), or nothing."""
+
+    HIT = "hit"
+    PARTIAL = "partial"
+    MISS = "miss"
+
+    @classmethod
+    def of(cls, asked: int, prefix: int) -> LookupOutcome:
+        if prefix <= 0:
+            return cls.MISS
+        return cls.HIT if prefix >= asked else cls.PARTIAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +45,7 @@ class EngineCounts:
     misses: int
     pending_plans: int
     durable_holds: int
+    lookups: Mapping[LookupOutcome, int] = field(default_factory=dict)  # served requests'
 
 
 @dataclass(frozen=True, slots=True)

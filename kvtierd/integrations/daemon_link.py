@@ -4,7 +4,8 @@ In a pod the vLLM container and the kvtierd sidecar start, and restart, in no fi
 The plugin therefore never needs the daemon to exist: while it does not answer, lookups are
 misses and puts are dropped (vLLM prefills, as without a cache), one WARNING says so, and a
 probe thread asks the daemon's status every ``probe_period_s`` until it answers; then the
-plugin caches again (one INFO line) after ``on_connected`` ran (e.g. registering the model
+plugin caches again (one INFO line: the outage's length and the stores dropped during it,
+``dropped``) after ``on_connected`` ran (e.g. registering the model
 card, which a new daemon does not know). Together with the client's bounded reconnect backoff
 (``client.common.RECONNECT_BACKOFF_MS``), and a new channel every ``RECONNECT_EVERY_S`` while it
 is down (``KVClient.reconnect``), a restarted daemon is used again within about a second.
@@ -44,6 +45,8 @@ class DaemonLink:
         self._down_since = time.monotonic()
         self._probe: threading.Thread | None = None
         self._closed = threading.Event()
+        self._dropped_chunks = 0  # stores dropped in the current outage, told at its end
+        self._dropped_puts = 0
 
     @property
     def up(self) -> bool:
@@ -72,6 +75,12 @@ class DaemonLink:
             self.client.endpoint.target, f" ({e})" if e is not None else "",
         )  # fmt: skip
 
+    def dropped(self, chunks: int) -> None:
+        """A put of ``chunks`` was not stored because the daemon did not answer."""
+        with self._lock:
+            self._dropped_chunks += chunks
+            self._dropped_puts += 1
+
     def _try(self) -> bool:
         try:
             status = self.client.status()
@@ -92,10 +101,14 @@ class DaemonLink:
                 self.client.reconnect()
                 reconnected = time.monotonic()
             if self._try():
+                with self._lock:
+                    chunks, puts = self._dropped_chunks, self._dropped_puts
+                    self._dropped_chunks = self._dropped_puts = 0
                 logger.info(
-                    "kvtierd plugin: kvtierd %s at %s answers again after %.1f s; caching",
+                    "kvtierd plugin: kvtierd %s at %s answers again after an outage of %.1f s; "
+                    "caching again (%d chunks of %d puts were NOT stored during it)",
                     self.version, self.client.endpoint.target,
-                    time.monotonic() - self._down_since,
+                    time.monotonic() - self._down_since, chunks, puts,
                 )  # fmt: skip
                 return
 

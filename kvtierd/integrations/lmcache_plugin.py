@@ -59,6 +59,7 @@ from kvtierd.errors import CorruptObjectError, InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, lease_many, put_many
 from kvtierd.integrations.daemon_link import DaemonLink
 from kvtierd.integrations.placeholder_serve import PlaceholderKeys, register_model_card
+from kvtierd.integrations.plugin_log import ensure_plugin_log
 from kvtierd.integrations.plugin_settings import (
     ADVISED,
     PluginSettings,
@@ -108,6 +109,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         self.prompts = PromptLinks(self.client, self.links, self.stats, self._lock)
         self.placeholders = PlaceholderKeys(self)
         self._model_name = str(metadata.model_name)
+        ensure_plugin_log()  # its INFO lines in vLLM's log (plugin_log)
         # The daemon may start after vLLM, or restart under it: never required (daemon_link).
         self.link = DaemonLink(self.client, self._connected)
         self.link.connect()
@@ -173,7 +175,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 return claimed  # a placeholder request's load then fails, as documented
             hold = self.settings.hold_s if pin else 0.0
             names = self.placeholders.translate(keys, [key_string(k) for k in keys])
-            hits = self.client.lookup(names, hold_s=hold).prefix_hits
+            hits = self.client.lookup(names, hold_s=hold, request=prompt).prefix_hits
             store = StoreRequest.of(keys[0]) if keys else None
             if store is not None:  # its put must carry the context's last chunk
                 hits = self.context_chunks.looked_up(store, names, hits, self.chunk_tokens)
@@ -232,10 +234,12 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         # which follows, counts it anyway.
         try:
             if self._offline("puts"):
-                logger.info("kvtierd plugin: %d chunks NOT stored: kvtierd is unreachable "
-                            "(LMCache's 'Stored' line counts them anyway)", len(keys))  # fmt: skip
+                self._not_stored(len(keys))
             else:
                 self._put(keys, objs)
+        except UnavailableError as e:  # the put that found the outage: dropped like the rest
+            self._failed("put", e)
+            self._not_stored(len(keys))
         except Exception as e:
             # not stored: a later request recomputes these chunks
             self._failed(f"put of {len(keys)} chunks (NOT stored; LMCache's 'Stored' line "
@@ -245,6 +249,13 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         if on_complete_callback is not None:
             for key in keys:
                 on_complete_callback(key)
+
+    def _not_stored(self, chunks: int) -> None:
+        """A put dropped while the daemon does not answer: one INFO line, and counted for the
+        outage's end (``daemon_link``)."""
+        logger.info("kvtierd plugin: %d chunks NOT stored: kvtierd is unreachable (LMCache's "
+                    "'Stored' line counts them anyway)", chunks)  # fmt: skip
+        self.link.dropped(chunks)
 
     async def async_batched_submit_put_task(
         self,

@@ -83,6 +83,11 @@ class StackConfig:
     daemon_log_level: str = "info"  # debug: every plan operation the daemon runs, and why
     lmcache_cpu_gb: float = 1.0
     lmcache_disk_gb: float = 4.0
+    # A short name requests may give as "model" (``kvtierd stack --model smollm2``: "smollm2";
+    # served under its path alone, the docs' "model": "smollm2" answered 404). vLLM serves it
+    # first and the checkpoint's path too (--served-model-name NAME PATH), so requests that
+    # name the path, as the benchmarks' do, still work. "": the path alone.
+    served_name: str = ""
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.max_model_len < self.chunk_size:
@@ -134,6 +139,20 @@ class Stack:
     @property
     def vllm_url(self) -> str:
         return f"http://{self.config.host}:{self.vllm_port}"
+
+    @property
+    def served_name(self) -> str:
+        """The model's name in requests: a ``--served-model-name`` among ``vllm_args``, else
+        the config's ``served_name``, else the checkpoint's path (vLLM's default)."""
+        c = self.config
+        return _arg_value(c.vllm_args, "--served-model-name") or c.served_name or str(c.model)
+
+    def example_request(self) -> str:
+        """A request that works against the running stack, as a shell command."""
+        body = json.dumps({"model": self.served_name, "prompt": "The capital of France is",
+                           "max_tokens": 8, "temperature": 0})  # fmt: skip
+        return (f"curl -s {self.serve_url}/v1/completions -H 'Content-Type: application/json' "
+                f"-d '{body}'")  # fmt: skip
 
     def __enter__(self) -> Stack:
         try:
@@ -242,6 +261,8 @@ class Stack:
                "--host", c.host, "--port", str(self.vllm_port), "--max-model-len",
                str(c.max_model_len), "--max-num-batched-tokens", str(c.max_model_len),
                "--seed", "0", "--enable-prompt-tokens-details"]  # fmt: skip
+        if c.served_name and not _arg_value(c.vllm_args, "--served-model-name"):
+            cmd += ["--served-model-name", c.served_name, str(c.model)]  # the path still works
         if c.backend != "none":
             cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
         if not cuda_available():
@@ -385,3 +406,13 @@ def stopped_with_parent(cmd: list[str]) -> list[str]:
     if not sys.platform.startswith("linux"):
         return cmd
     return [sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *cmd]
+
+
+def _arg_value(args: tuple[str, ...], flag: str) -> str:
+    """The value of ``flag`` among ``args`` (``--flag v`` or ``--flag=v``); "" when absent."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(f"{flag}="):
+            return arg.split("=", 1)[1]
+    return ""

@@ -43,6 +43,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--vllm-port", type=int, default=8000)
     p.add_argument("--chunk-size", type=int, default=256, help="LMCache chunk_size")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--served-model-name",
+        default="",
+        help="a short name requests may give as 'model', beside the checkpoint's path "
+        "(default: --model when it is a short name such as 'smollm2', else the folder's name)",
+    )
     p.add_argument("--kv-cache-gib", type=float, default=1.0, help="vLLM-CPU's own KV cache")
     p.add_argument(
         "--no-prefix-caching",
@@ -64,6 +70,7 @@ def main(argv: list[str]) -> int:
             router_port=args.port, chunk_size=args.chunk_size, max_model_len=args.max_model_len,
             kv_cache_gib=args.kv_cache_gib, prefix_caching=not args.no_prefix_caching,
             vllm_args=tuple(args.vllm_arg), daemon_log_level=args.daemon_log_level,
+            served_name=args.served_model_name or _short_name(args.model),
         )  # fmt: skip
     except KvtierError as e:
         print(f"kvtierd stack: {e}", file=sys.stderr)
@@ -79,8 +86,9 @@ def main(argv: list[str]) -> int:
         stack.start()
         for name, where, log in stack.describe():
             print(f"kvtierd stack: {name:6s} {where}  (log {log})", flush=True)
-        print(f"kvtierd stack: ready; send OpenAI requests to {stack.router_url}/v1; "
-              "Ctrl-C stops all three", flush=True)  # fmt: skip
+        print(f"kvtierd stack: ready; send OpenAI requests to {stack.router_url}/v1 (model "
+              f"{stack.served_name!r}); Ctrl-C stops all three", flush=True)  # fmt: skip
+        print(f"kvtierd stack: try: {stack.example_request()}", flush=True)
         while (failed := stack.failed_part()) is None:
             time.sleep(0.5)
         print(
@@ -109,6 +117,14 @@ class _Stop(Exception):  # noqa: N818 - a signal, not an error
 
 def _stop_on_signal(signum: int, frame: object) -> None:
     raise _Stop
+
+
+def _short_name(model: str) -> str:
+    """``--model``'s own name when it names a fetched model (``smollm2``), else its folder's
+    name."""
+    from kvtierd.model_fetch import MODELS
+
+    return model if model in MODELS and not Path(model).is_dir() else Path(model).name
 
 
 def _model_path(model: str) -> Path:

@@ -161,9 +161,15 @@ class LookupRequest(_message.Message):
 
     KEYS_FIELD_NUMBER: _builtins.int
     HOLD_S_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
     hold_s: _builtins.float
     """Protect found objects from eviction for this long (e.g. between an engine's lookup
     and its load); 0 = no protection.
+    """
+    request: _builtins.bool
+    """A served request's lookup of its prompt (the LMCache plugin's, from its first chunk): the
+    daemon counts its outcome (lookups_hit, lookups_partial, lookups_missed in Status) and the
+    chunks after its found prefix as misses. Single-key and manifest lookups leave it unset.
     """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
@@ -172,10 +178,11 @@ class LookupRequest(_message.Message):
         *,
         keys: _abc.Iterable[_builtins.str] | None = ...,
         hold_s: _builtins.float = ...,
+        request: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_s", b"hold_s", "keys", b"keys"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_s", b"hold_s", "keys", b"keys", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1234,6 +1241,9 @@ class StatusResponse(_message.Message):
     PREFILL_OVERHEAD_S_FIELD_NUMBER: _builtins.int
     PREFILL_LEARNED_FIELD_NUMBER: _builtins.int
     QUALITY_FIELD_NUMBER: _builtins.int
+    LOOKUPS_HIT_FIELD_NUMBER: _builtins.int
+    LOOKUPS_PARTIAL_FIELD_NUMBER: _builtins.int
+    LOOKUPS_MISSED_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     instance_id: _builtins.str
     uptime_s: _builtins.float
@@ -1261,6 +1271,13 @@ class StatusResponse(_message.Message):
     prefill_samples: _builtins.int
     prefill_overhead_s: _builtins.float
     prefill_learned: _builtins.bool
+    lookups_hit: _builtins.int
+    """Served requests' lookups (LookupRequest.request) by outcome: every chunk found, some of
+    its first chunks found (a partial hit), none found (issue 41). `misses` counts the chunks
+    such lookups did not find, and reads that failed.
+    """
+    lookups_partial: _builtins.int
+    lookups_missed: _builtins.int
     @_builtins.property
     def quality(self) -> Global___QualityProfiling:
         """how the running policy profiles quality (issue 39)"""
@@ -1287,10 +1304,13 @@ class StatusResponse(_message.Message):
         prefill_overhead_s: _builtins.float = ...,
         prefill_learned: _builtins.bool = ...,
         quality: Global___QualityProfiling | None = ...,
+        lookups_hit: _builtins.int = ...,
+        lookups_partial: _builtins.int = ...,
+        lookups_missed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["quality", b"quality"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "quality", b"quality", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "contexts", b"contexts", "draining", b"draining", "durable_holds", b"durable_holds", "health", b"health", "hits", b"hits", "instance_id", b"instance_id", "leases", b"leases", "lookups_hit", b"lookups_hit", "lookups_missed", b"lookups_missed", "lookups_partial", b"lookups_partial", "misses", b"misses", "objects", b"objects", "pending_plans", b"pending_plans", "placer", b"placer", "prefill_learned", b"prefill_learned", "prefill_overhead_s", b"prefill_overhead_s", "prefill_samples", b"prefill_samples", "prefill_tokens_per_s", b"prefill_tokens_per_s", "quality", b"quality", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

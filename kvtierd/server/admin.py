@@ -8,7 +8,7 @@ from typing import Any
 
 from kvtierd import __version__
 from kvtierd.engine import Engine
-from kvtierd.engine.views import ContextSummary
+from kvtierd.engine.views import ContextSummary, LookupOutcome
 from kvtierd.errors import InvalidArgumentError, NotFoundError
 from kvtierd.model_dirs import allowed_model_roots, check_model_dir
 from kvtierd.policies.loader import parse_policy
@@ -71,6 +71,9 @@ class AdminServicer(pb_grpc.AdminServicer):
             health=self.health.describe(),
             hits=c.hits,
             misses=c.misses,
+            lookups_hit=c.lookups.get(LookupOutcome.HIT, 0),
+            lookups_partial=c.lookups.get(LookupOutcome.PARTIAL, 0),
+            lookups_missed=c.lookups.get(LookupOutcome.MISS, 0),
             pending_plans=c.pending_plans,
             durable_holds=c.durable_holds,
             **_prefill_fields(self.engine),

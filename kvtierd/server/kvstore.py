@@ -79,6 +79,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         caller = CALLER.get()
         keys = [caller.scoped(k) for k in request.keys]
         found, prefix = await self.engine.lookup(keys, request.hold_s, caller.tenant)
+        if request.request and keys:
+            self.engine.reads.record_request_lookup(len(keys), prefix)
         index = self.engine.tier_index
         resp = pb.LookupResponse(prefix_hits=prefix, tiers=list(index))
         resp.found.extend([f is not None for f in found])

@@ -205,3 +205,43 @@ def test_contexts_ls_draws_the_tree_and_show_gives_ancestors_and_descendants(
     assert "refused: it continues context 'a0'" in shown.out
     top = run("contexts", "show", "s0")
     assert "descendants" in top.out and "└ a0" in top.out and "  └ x0" in top.out
+
+
+def test_lookups_that_find_nothing_are_misses(
+    start_daemon: Callable[..., DaemonProcess], ctl: Callable
+) -> None:
+    """Issue 41's run: one of six requests a full miss and two partial showed "hit rate 100%"
+    (misses counted only failed reads). A served request's lookup (``request=True``, the
+    plugin's lookup of a prompt) counts by outcome, and its chunks not found are misses, in
+    the status, each tier's hit rate and the metrics; single-key lookups count nothing."""
+    from benchmarks._support.daemon_proc import metrics_port
+    from tests.cli.test_metrics_endpoint import scrape
+
+    d = start_daemon(cpu="4MiB", metrics_port="any")
+    stored = [f"p{i}" for i in range(4)]
+    requests = [stored, stored, ["p0", "p1", "q2", "q3"], ["p0", "p1", "p2", "r3"],
+                ["z0", "z1", "z2", "z3"], stored]  # fmt: skip
+    with KVClient(d.socket_path) as c:
+        for key in stored:
+            c.put(key, np.zeros(1024, np.uint8), context_id="p0")
+        assert c.lookup(["z9"]).prefix_hits == 0  # not a request's: not counted
+        for keys in requests:
+            found = c.lookup(keys, request=True).prefix_hits
+            for key in keys[:found]:  # vLLM loads the prefix found, computes the rest
+                c.get(key)
+    run: Ctl = ctl(d)
+    s = run("status", "--json").json()
+    assert (s["lookups_hit"], s["lookups_partial"], s["lookups_missed"]) == (3, 2, 1)
+    assert (s["hits"], s["misses"]) == (17, 7)  # 4+4+2+3+0+4 read; 0+0+2+1+4+0 not found
+    assert s["hit_rate"] == 17 / 24
+    human = run("status").out
+    assert "6 (3 hit, 2 partial, 1 missed)" in human and "70.8% of chunks" in human, human
+    (cpu,) = [t for t in run("tiers", "--json").json() if t["name"] == "cpu"]
+    assert cpu["hit_rate"] == 17 / 24
+    got = scrape(metrics_port(d))
+    lookups = {
+        o: got[("kvtierd_lookups_total", (("outcome", o),))] for o in ("hit", "partial", "miss")
+    }
+    assert lookups == {"hit": 3, "partial": 2, "miss": 1}
+    assert got[("kvtierd_misses_total", ())] == 7
+    assert got[("kvtierd_tier_hit_ratio", (("tier", "cpu"),))] == 17 / 24

@@ -313,3 +313,19 @@ def test_a_copy_that_cannot_be_relabelled_does_not_fail_the_put(daemon):
         assert (joins.context_id, joins.parent_context_id) == ("b0", "s0")
         assert tree(c) == {"s0": ("", 2), "a0": ("s0", 1), "b0": ("s0", 1)}
     assert "object 'a0' on tier ssd: its new context 'a0' is not written there" in daemon.logs()
+
+
+def _hits(client: KVClient) -> dict[str, int]:
+    return {c.context_id: c.hits for c in client.contexts()}
+
+
+def test_a_split_child_starts_its_own_hit_count(client):
+    """Issue 41: a child split off a context counted the context's reads as its own (2 hits
+    after one read). Reads before the split are the context's; each part counts its own after."""
+    put_prompt(client, ["s0", "s1", "a0", "a1"])
+    client.get("s0")
+    assert _hits(client) == {"s0": 1}
+    put_prompt(client, ["b0"], after="s1")  # splits a0, a1 off s0
+    assert _hits(client) == {"s0": 1, "a0": 0, "b0": 0}
+    client.get("a0")
+    assert _hits(client) == {"s0": 1, "a0": 1, "b0": 0}

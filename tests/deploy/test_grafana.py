@@ -76,6 +76,7 @@ def _traffic(socket_path: str, stop: threading.Event) -> None:
             c.put(f"t/{i}", np.full(16 << 10, i % 251, np.uint8), context_id=f"t{i % 8}")
             c.get(f"t/{i}")
             c.lookup([f"absent/{i}"])
+            c.lookup([f"t/{i}", f"absent/{i}"], request=True)  # a partial hit
             with pytest.raises(NotFoundError):
                 c.get(f"absent/{i}")
             i += 1

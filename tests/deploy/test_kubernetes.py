@@ -90,7 +90,7 @@ def _config() -> Any:
 def test_pod_shares_socket_and_arena_and_probes_health(tmp_path: Path) -> None:
     pod = _by_kind("Deployment")["spec"]["template"]["spec"]
     (daemon,) = pod["initContainers"]
-    (vllm,) = pod["containers"]
+    vllm, _ = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["shm"]["emptyDir"]["medium"] == "Memory"
     assert (
@@ -129,3 +129,30 @@ def test_service_monitor_scrapes_the_metrics_port() -> None:
     assert (
         monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     )
+
+
+def test_router_probes_split_liveness_from_readiness() -> None:
+    """Issue 41: the router is live while it answers and ready while vLLM does; the daemon's
+    state is a field of /readyz, never its status (probes.py). The probes need no token."""
+    from kvtierd.integrations.router.probes import PROBE_PATHS
+
+    pod = _by_kind("Deployment")["spec"]["template"]["spec"]
+    vllm, router = pod["containers"]
+    assert router["name"] == "router"
+    args = router["args"]
+    port = int(args[args.index("--port") + 1])
+    assert router["livenessProbe"]["httpGet"] == {"path": "/livez", "port": port}
+    assert router["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert {"/livez", "/readyz"} == set(PROBE_PATHS)
+    assert (
+        args[args.index("--upstream") + 1]
+        == f"http://127.0.0.1:{vllm['ports'][0]['containerPort']}"
+    )
+    assert args[args.index("--socket") + 1] == _config()["socket_path"]
+    lmcache = yaml.safe_load(_by_kind("ConfigMap")["data"]["lmcache.yaml"])
+    assert int(args[args.index("--chunk-size") + 1]) == lmcache["chunk_size"]
+    assert "--token-file" in args  # bound beyond loopback: never without a token
+    mounts = {m["name"]: m["mountPath"] for m in router["volumeMounts"]}
+    assert args[args.index("--token-file") + 1].startswith(mounts["router-token"] + "/")
+    service_ports = {p["name"]: p["port"] for p in _by_kind("Service")["spec"]["ports"]}
+    assert service_ports["router"] == port

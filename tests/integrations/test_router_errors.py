@@ -111,9 +111,12 @@ async def test_without_the_daemon_a_request_is_served_from_the_real_prompt(
         assert up.bodies == [body]  # as sent: no placeholder ids, no tags
         assert "sending the real prompt" in caplog.text and "cannot reach kvtierd" in caplog.text
         assert router.server.app[ROUTER].lookup_errors == 1
+        # Ready: it serves (issue 41: it answered 503, and a readiness probe took it out).
         health = await router.get("/health")
-        assert health.status == 503
-        assert (await health.json())["status"] == "unhealthy"
+        assert health.status == 200
+        state = await health.json()
+        assert (state["status"], state["upstream"]) == ("ready", True)
+        assert state["daemon"].startswith("unreachable: "), state
     finally:
         await router.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -100,9 +101,10 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         assert f"kvtierd stack: vLLM dtype {choose_dtype(cpu_flags()).dtype} (" in text, text
         port, vllm_port = _listed_port(text, "router"), _listed_port(text, "vllm")
         assert port not in (0, vllm_port) and vllm_port != 0
+        _the_printed_request_works(stack, port)
         doc = " ".join(["Paris is the capital of France and its largest city."] * 20)
         question = f"{doc}\nWhat is the capital of France?"
-        body = {"model": str(real_model), "max_tokens": 12, "temperature": 0.0,
+        body = {"model": "smollm2", "max_tokens": 12, "temperature": 0.0,
                 "messages": [{"role": "user", "content": question}]}  # fmt: skip
         first, _ = post(f"http://127.0.0.1:{port}/v1/chat/completions", body)
         second, _ = post(f"http://127.0.0.1:{port}/v1/chat/completions", body)
@@ -116,7 +118,7 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         daemon = json.loads(status.stdout)
         # every chunk of the prompt was read back (with vLLM's prefix cache on: only a lookup)
         assert daemon["objects"] > 1 and daemon["hits"] == daemon["objects"], daemon
-        _streamed_requests_report_their_timing(port, real_model, tmp_path / "kvtierd.sock")
+        _streamed_requests_report_their_timing(port, "smollm2", tmp_path / "kvtierd.sock")
         # --daemon-log-level debug: the daemon says what it did with the contexts and why
         log = (tmp_path / "daemon.log").read_text()
         assert "DEBUG kvtierd.engine.executor: plan operation place on" in log, log[-2000:]
@@ -130,17 +132,29 @@ def test_documented_command_serves_the_real_model_and_stops_on_ctrl_c(
         stack.kill()
 
 
-def _streamed_requests_report_their_timing(port: int, model: Path, socket: Path) -> None:
+def _the_printed_request_works(stack: StackProcess, port: int) -> None:
+    """Issue 41: the stack served the model under its path, so the docs' ``"model":
+    "smollm2"`` answered 404. It serves ``--model smollm2`` as ``smollm2`` and prints a request
+    that works: sent here as printed."""
+    line = stack.wait_for("kvtierd stack: try: curl", timeout_s=10)
+    command = shlex.split(line.split("try: ", 1)[1])
+    url, body = command[2], json.loads(command[command.index("-d") + 1])
+    assert url == f"http://127.0.0.1:{port}/v1/completions" and body["model"] == "smollm2"
+    answer, _ = post(url, body)
+    assert answer["model"] == "smollm2" and answer["choices"][0]["text"], answer
+
+
+def _streamed_requests_report_their_timing(port: int, model: str, socket: Path) -> None:
     """Issue 13.3: the router times streamed requests and reports them (prefill samples for
     the daemon's TTFT model); a client that did not ask for usage gets no usage event."""
     url = f"http://127.0.0.1:{port}/v1/completions"
     for i, words in enumerate((30, 60)):  # new documents: misses, computed in full
         prompt = " ".join([f"Document {i} says the river is {words} miles long."] * words)
-        body = {"model": str(model), "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
+        body = {"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0.0}
         events, _ = post_stream(url, body)
         assert events[-1] == "[DONE]"
         assert all(e == "[DONE]" or e["choices"] for e in events), events[-3:]
-    asked = {"model": str(model), "prompt": "One more question.", "max_tokens": 2,
+    asked = {"model": model, "prompt": "One more question.", "max_tokens": 2,
              "stream_options": {"include_usage": True}}  # fmt: skip
     events, _ = post_stream(url, asked)
     assert events[-2]["usage"]["prompt_tokens"] > 0  # the client asked: it gets the usage
@@ -395,3 +409,29 @@ def test_the_stack_s_daemon_profiles_with_the_model_it_serves(tmp_path: Path) ->
         assert "quality profiles: prior only" not in daemon.logs()
     finally:
         daemon.kill()
+
+
+def test_vllm_serves_a_short_model_name(tmp_path: Path) -> None:
+    """vLLM's ``--served-model-name``: the config's name and the checkpoint's path (which
+    the benchmarks' requests name); none without a name; one among the vLLM arguments goes as
+    it is, once. ``kvtierd stack --model smollm2`` names it ``smollm2``."""
+    model = tmp_path / "SmolLM2-135M-Instruct"
+
+    def served(cmd: list[str]) -> list[str]:
+        flag = "--served-model-name"
+        return [a for i, a in enumerate(cmd) if a.startswith(flag) or cmd[i - 1] == flag]
+
+    short = Stack(StackConfig(model=model, work_dir=tmp_path, served_name="smollm2"))
+    assert served(short.vllm_command()) == ["--served-model-name", "smollm2"]
+    command = short.vllm_command()
+    at = command.index("--served-model-name")
+    assert command[at : at + 3] == ["--served-model-name", "smollm2", str(model)]
+    assert "smollm2" in short.example_request() and short.served_name == "smollm2"
+    plain = Stack(StackConfig(model=model, work_dir=tmp_path))
+    assert served(plain.vllm_command()) == [] and plain.served_name == str(model)
+    given = StackConfig(model=model, work_dir=tmp_path, served_name="x",
+                        vllm_args=("--served-model-name=mine",))  # fmt: skip
+    assert served(Stack(given).vllm_command()) == ["--served-model-name=mine"]
+    assert Stack(given).served_name == "mine"
+    assert stack_cli._short_name("smollm2") == "smollm2"
+    assert stack_cli._short_name(str(model)) == "SmolLM2-135M-Instruct"

@@ -23,7 +23,8 @@ daemon learns its context's tokens and records it as a query (``prompts.py``).
 Serving does not depend on the daemon: a request whose manifests it cannot look up (daemon down,
 failing, or silent for ``lookup_timeout_s``) goes out as the real prompt, logged and counted in
 ``/health``'s ``lookup_errors``; only a store request, which needs the daemon, is refused (503).
-A malformed request is a 400, an unreachable vLLM a 502.
+So the router is ready (``/readyz``, ``/health``) whenever vLLM is, with the daemon's state
+reported beside it (``probes.py``). A malformed request is a 400, an unreachable vLLM a 502.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ from aiohttp import web
 from kvtierd.client import AsyncKVClient
 from kvtierd.errors import AlreadyExistsError, InvalidArgumentError, KvtierError
 from kvtierd.integrations.router.in_flight import InFlightReporter
+from kvtierd.integrations.router.probes import (
+    PROBE_PATHS,
+    Readiness,
+    RouterCounts,
+    metrics_text,
+    readiness,
+)
 from kvtierd.integrations.router.prompts import PromptNote
 from kvtierd.integrations.router.rewrite import Rewrite, find_rewrite
 from kvtierd.integrations.router.store import (
@@ -123,18 +131,33 @@ class Router:
 
     # -- handlers ----------------------------------------------------------------------------
 
+    async def live(self, request: web.Request) -> web.Response:
+        """Liveness: this answer itself (``probes.py``)."""
+        return web.json_response({"status": "alive"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        """Readiness: vLLM answers; the daemon's state beside it (``probes.py``)."""
+        state = await self._readiness()
+        return web.json_response(state.body(), status=200 if state.ready else 503)
+
     async def health(self, request: web.Request) -> web.Response:
-        try:
-            async with self.http.get(f"{self.config.upstream}/health") as r:
-                upstream_ok = r.status == 200
-            status = await self.client.status()
-        except Exception as e:
-            return web.json_response({"status": "unhealthy", "error": str(e)}, status=503)
-        ok = upstream_ok and status.health == "SERVING"
-        body = {"status": "ok" if ok else "unhealthy", "daemon": status.health,
-                "upstream": upstream_ok, "rewrites": self.rewrites,
-                "fallbacks": self.fallbacks, "lookup_errors": self.lookup_errors}  # fmt: skip
-        return web.json_response(body, status=200 if ok else 503)
+        """``/readyz``'s answer with the router's counters."""
+        state = await self._readiness()
+        c = self._counts()
+        body = {**state.body(), "rewrites": c.rewrites, "fallbacks": c.fallbacks,
+                "lookup_errors": c.lookup_errors}  # fmt: skip
+        return web.json_response(body, status=200 if state.ready else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = metrics_text(await self._readiness(), self._counts())
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})  # fmt: skip
+
+    async def _readiness(self) -> Readiness:
+        return await readiness(self.http, self.config.upstream, self.client)
+
+    def _counts(self) -> RouterCounts:
+        return RouterCounts(self.rewrites, self.fallbacks, self.lookup_errors)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         return await self._forward("/v1/models", None, request)
@@ -532,13 +555,14 @@ ROUTER = web.AppKey("router", Router)
 
 
 def _bearer(token: str) -> Any:
-    """A middleware that answers 401 to a request without ``Authorization: Bearer <token>``."""
+    """A middleware that answers 401 to a request without ``Authorization: Bearer <token>``
+    (the probes excepted: ``probes.PROBE_PATHS``)."""
     expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if request.path not in PROBE_PATHS and not hmac.compare_digest(given, expected):
             return _error("missing or wrong bearer token (Authorization: Bearer <token>)", 401)
         response: web.StreamResponse = await handler(request)
         return response
@@ -549,7 +573,10 @@ def _bearer(token: str) -> Any:
 def make_app(config: RouterConfig) -> web.Application:
     router = Router(config)
     app = web.Application(middlewares=[_bearer(config.api_token)] if config.api_token else [])
+    app.router.add_get("/livez", router.live)
+    app.router.add_get("/readyz", router.ready)
     app.router.add_get("/health", router.health)
+    app.router.add_get("/metrics", router.metrics)
     app.router.add_get("/v1/models", router.models)
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_post("/v1/chat/completions", router.chat)
