@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from kvtierd import namespaces
 from kvtierd.environment import (
     available_memory_bytes,
     cuda_available,
@@ -78,6 +79,16 @@ class TlsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class NamespaceConfig:
+    """A namespace inside a tenant (issue 41.2): the keys that begin ``ns:<name>:``
+    (``kvtierd.namespaces``; the LMCache plugin makes them from a request's ``cache_salt``).
+    ``quota_bytes`` caps its bytes per tier name, inside its tenant's own quota."""
+
+    name: str
+    quota_bytes: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class TenantConfig:
     """A namespace of keys and contexts. On TCP the bearer token in ``token_file`` identifies
     the tenant; on the Unix socket (trusted, mode 0600) the ``x-kvtierd-tenant`` metadata
@@ -88,6 +99,7 @@ class TenantConfig:
     token_file: str = ""
     quota_bytes: dict[str, int] = field(default_factory=dict)
     admin: bool = False
+    namespaces: tuple[NamespaceConfig, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +114,7 @@ class DaemonConfig:
     tls: TlsConfig | None = None
     token_file: str = ""
     tenants: tuple[TenantConfig, ...] = ()
+    namespaces: tuple[NamespaceConfig, ...] = ()  # the default tenant's (a tenant's: its own)
     policy_file: str = ""  # a configs/policies/*.yaml document; empty = the embedded EvicPress
     lease_s: float = 30.0
     allocation_timeout_s: float = 60.0
@@ -213,6 +226,9 @@ def load_daemon_config(path: str | os.PathLike[str]) -> DaemonConfig:
             values[key] = TlsConfig(**{k: str(v) for k, v in value.items()})
         elif key == "tenants":
             values[key] = _tenants(value, src, {t.name for t in values.get("tiers", base.tiers)})
+        elif key == "namespaces":
+            tier_names = {t.name for t in values.get("tiers", base.tiers)}
+            values[key] = _namespaces(value, src, ("namespaces",), tier_names)
         elif key == "model_dirs":
             if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
                 raise ConfigError(f"{src.where((key,))}: must be a list of directories")
@@ -277,28 +293,65 @@ def _tenants(raw: object, src: YamlSource, tier_names: set[str]) -> tuple[Tenant
         at = ("tenants", str(i))
         if not isinstance(t, dict) or "name" not in t:
             raise ConfigError(f"{src.where(at)}: a tenant is a mapping with at least a name")
-        _check_keys(t, {"name", "token_file", "quota", "admin"}, src, at)
+        _check_keys(t, {"name", "token_file", "quota", "admin", "namespaces"}, src, at)
         name = str(t["name"])
         if not _TENANT_NAME.match(name) or name in {x.name for x in tenants}:
             raise ConfigError(
                 f"{src.where((*at, 'name'))}: tenant names are unique, 1-64 of A-Z a-z 0-9 _ . -"
             )
-        quota = t.get("quota") or {}
-        if not isinstance(quota, dict):
-            raise ConfigError(f"{src.where((*at, 'quota'))}: a mapping of tier name to size")
-        for tier in quota:
-            if tier not in tier_names:
-                raise ConfigError(
-                    f"{src.where((*at, 'quota', str(tier)))}: unknown tier {tier!r}; "
-                    f"tiers: {', '.join(sorted(tier_names))}"
-                )
-        quotas = {
-            str(k): parse_size(v, src.where((*at, "quota", str(k)))) for k, v in quota.items()
-        }
+        quotas = _quota(t.get("quota"), src, (*at, "quota"), tier_names)
+        spaces = _namespaces(t.get("namespaces") or [], src, (*at, "namespaces"), tier_names)
         tenants.append(
-            TenantConfig(name, str(t.get("token_file", "")), quotas, bool(t.get("admin", False)))
+            TenantConfig(
+                name, str(t.get("token_file", "")), quotas, bool(t.get("admin", False)), spaces
+            )
         )
     return tuple(tenants)
+
+
+def _quota(
+    raw: object, src: YamlSource, at: tuple[str, ...], tier_names: set[str]
+) -> dict[str, int]:
+    quota = raw or {}
+    if not isinstance(quota, dict):
+        raise ConfigError(f"{src.where(at)}: a mapping of tier name to size")
+    for tier in quota:
+        if tier not in tier_names:
+            raise ConfigError(
+                f"{src.where((*at, str(tier)))}: unknown tier {tier!r}; "
+                f"tiers: {', '.join(sorted(tier_names))}"
+            )
+    return {str(k): parse_size(v, src.where((*at, str(k)))) for k, v in quota.items()}
+
+
+def _namespaces(
+    raw: object, src: YamlSource, at: tuple[str, ...], tier_names: set[str]
+) -> tuple[NamespaceConfig, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{src.where(at)}: must be a list of namespaces (name, quota)")
+    if len(raw) > namespaces.MAX_PER_TENANT:
+        raise ConfigError(
+            f"{src.where(at)}: {len(raw)} namespaces; a tenant may have at most "
+            f"{namespaces.MAX_PER_TENANT}"
+        )
+    out: list[NamespaceConfig] = []
+    for i, n in enumerate(raw):
+        here = (*at, str(i))
+        if not isinstance(n, dict) or "name" not in n:
+            raise ConfigError(
+                f"{src.where(here)}: a namespace is a mapping with a name and a quota"
+            )
+        _check_keys(n, {"name", "quota"}, src, here)
+        name = n["name"]
+        if not isinstance(name, str) or not namespaces.NAME.fullmatch(name):
+            raise ConfigError(
+                f"{src.where((*here, 'name'))}: {name!r}: namespace names are "
+                f"{namespaces.NAME_RULE}"
+            )
+        if name in {x.name for x in out}:
+            raise ConfigError(f"{src.where((*here, 'name'))}: namespace {name!r} named twice")
+        out.append(NamespaceConfig(name, _quota(n.get("quota"), src, (*here, "quota"), tier_names)))
+    return tuple(out)
 
 
 def _metrics_port(value: object, src: YamlSource) -> int | Literal["any"]:

@@ -8,6 +8,8 @@ Exported series (all prefixed ``kvtierd_``)::
 
     tier_capacity_bytes{tier}, tier_used_bytes{tier}, tier_objects{tier}     gauges
     tier_healthy{tier}                                                        gauge 1/0
+    namespace_used_bytes{tenant,namespace,tier}, namespace_quota_bytes{...}   gauges
+      (configured namespaces only, issue 41.2; a quota of -1: none in that tier)
     hits_total{tier}, misses_total       chunks read, chunks not found or not read  counters
     lookups_total{outcome}               served requests' lookups: hit, partial, miss  counter
     tier_hit_ratio{tier}       hits in this tier / all lookups since start    gauge
@@ -81,6 +83,13 @@ class Metrics:
                                    registry=r)  # fmt: skip
         self._tier_healthy = prom.Gauge("kvtierd_tier_healthy", "1 when the tier works", tier,
                                         registry=r)  # fmt: skip
+        space = ("tenant", "namespace", "tier")
+        self._ns_used = prom.Gauge("kvtierd_namespace_used_bytes",
+                                   "Bytes a tenant's namespace keeps in the tier", space,
+                                   registry=r)  # fmt: skip
+        self._ns_quota = prom.Gauge("kvtierd_namespace_quota_bytes",
+                                    "A namespace's quota in the tier (-1: none)", space,
+                                    registry=r)  # fmt: skip
         self._hits = prom.Counter("kvtierd_hits", "Lookups answered from the tier", tier,
                                   registry=r)  # fmt: skip
         self._misses = prom.Counter(
@@ -143,6 +152,15 @@ class Metrics:
         self._objects.labels(tier).set(objects)
         self._tier_healthy.labels(tier).set(1 if healthy else 0)
         self._ensure_tier(tier)
+
+    def set_namespace_state(
+        self, tenant: str, namespace: str, tier: str, used_bytes: int, quota_bytes: int | None
+    ) -> None:
+        """A configured namespace's bytes in a tier, and its quota there (``None``: none)."""
+        self._ns_used.labels(tenant, namespace, tier).set(used_bytes)
+        self._ns_quota.labels(tenant, namespace, tier).set(
+            -1 if quota_bytes is None else quota_bytes
+        )
 
     def record_hit(self, tier: str) -> None:
         """A lookup found its object in ``tier``."""

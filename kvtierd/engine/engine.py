@@ -126,7 +126,11 @@ class Engine:
         self.running = RunningPolicy(
             load_policy(config.policy_file) if config.policy_file else default_policy()
         )
-        self.index = ContextIndex({t.name: t.quota_bytes for t in config.tenants})
+        spaces = {"": config.namespaces, **{t.name: t.namespaces for t in config.tenants}}
+        self.index = ContextIndex(
+            {t.name: t.quota_bytes for t in config.tenants},
+            {tenant: {n.name: n.quota_bytes for n in ns} for tenant, ns in spaces.items() if ns},
+        )
         self.lease_table = LeaseTable(self.instance_id, self.cpu, self.tiers)
         self.in_flight = InFlightReports()  # vLLM's requests, as the routers report them
         tiers, cpu, index, metrics = self.tiers, self.cpu, self.index, self.metrics

@@ -8,6 +8,7 @@ import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from kvtierd import namespaces
 from kvtierd.engine.context_kv import SEPARATOR
 from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
@@ -19,7 +20,11 @@ from kvtierd.variants import QUANT_BITS, parse_variant
 class ContextIndex:
     """Objects by key, contexts by id, and who is charged for what (quotas)."""
 
-    def __init__(self, quotas: Mapping[str, Mapping[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        quotas: Mapping[str, Mapping[str, int]] | None = None,
+        namespace_quotas: Mapping[str, Mapping[str, Mapping[str, int]]] | None = None,
+    ) -> None:
         self.objects: dict[str, ObjectRecord] = {}
         self.contexts: dict[str, ContextRecord] = {}
         # A daemon-made variant's marker key -> its context (the marker is no object of the
@@ -29,6 +34,14 @@ class ContextIndex:
         # (a durable object's persistent copy under a faster tier is not charged again).
         self.usage: Counter[tuple[str, str]] = Counter()
         self.quotas = {tenant: dict(q) for tenant, q in (quotas or {}).items()}
+        # Namespaces inside tenants (issue 41.2, kvtierd/namespaces.py): tenant -> configured
+        # namespace -> its quota per tier, and (tenant, namespace, tier) -> bytes charged. An
+        # object whose key names no configured namespace of its tenant is charged to none.
+        self.namespace_quotas = {
+            tenant: {name: dict(q) for name, q in spaces.items()}
+            for tenant, spaces in (namespace_quotas or {}).items()
+        }
+        self.namespace_usage: Counter[tuple[str, str, str]] = Counter()
         # Contexts that form a tree (issue 29): parent id -> its children's ids.
         self.children: dict[str, set[str]] = {}
 
@@ -54,7 +67,8 @@ class ContextIndex:
         """Add an indexed object to its context, last (the caller numbered it)."""
         ctx = self.contexts.get(meta.context)
         if ctx is None:
-            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant)
+            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant,
+                                namespace=self.namespace_of(meta))  # fmt: skip
             self.contexts[meta.context] = ctx
             parent = self.contexts.get(meta.parent_context_id)
             if parent is not None and parent.tenant == ctx.tenant:  # a restart: check again
@@ -166,6 +180,18 @@ class ContextIndex:
         """Keep per-tenant bytes per tier (quotas) in step with where objects are charged:
         their placement, a variant's marker, the reference copy of an original."""
         self.usage[meta.tenant, tier] += sign * meta.size_bytes
+        space = self.namespace_of(meta)
+        if space:
+            self.namespace_usage[meta.tenant, space, tier] += sign * meta.size_bytes
+
+    def namespace_of(self, meta: ObjectMeta) -> str:
+        """The configured namespace of its tenant an object's key names (``""``: none)."""
+        spaces = self.namespace_quotas.get(meta.tenant)
+        if not spaces:
+            return ""
+        key = meta.key.removeprefix(f"{meta.tenant}/") if meta.tenant else meta.key
+        name = namespaces.named_in(key)
+        return name if name in spaces else ""
 
     # -- questions -----------------------------------------------------------------------------
 
@@ -248,8 +274,25 @@ class ContextIndex:
         """A tenant's objects (stored, ``in_flight`` bytes being put, and ``metas``) stay
         within the sum of its tier quotas."""
         asked: Counter[str] = Counter()
+        in_space: Counter[tuple[str, str]] = Counter()
         for meta in metas:
             asked[meta.tenant] += meta.size_bytes
+            space = self.namespace_of(meta)
+            if space:
+                in_space[meta.tenant, space] += meta.size_bytes
+        for (tenant, space), nbytes in in_space.items():
+            limits = self.namespace_quotas[tenant][space]
+            if not limits:
+                continue
+            total = sum(limits.values())
+            held = sum(v for (t, n, _), v in self.namespace_usage.items()
+                       if t == tenant and n == space)  # fmt: skip
+            if held + nbytes > total:
+                raise CapacityError(
+                    f"namespace {space!r} of tenant {tenant!r} quota exceeded: {held} bytes "
+                    f"stored, {nbytes} more asked, quota {total} bytes over tiers "
+                    f"{', '.join(limits)}"
+                )
         for tenant, nbytes in asked.items():
             quota = self.quotas.get(tenant)
             if not quota:
@@ -267,17 +310,42 @@ class ContextIndex:
         """The first tier of ``tiers`` from ``wanted`` down where the context fits the tenant's
         quota (``None``: nowhere, drop it). Tiers without a quota for the tenant are
         unlimited."""
-        quota = self.quotas.get(ctx.tenant)
         for name in tiers[tiers.index(wanted) :]:
-            limit = quota.get(name) if quota else None
-            if limit is None:
-                return name
-            here = sum(
-                self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == name
-            )
-            if self.usage[ctx.tenant, name] - here + ctx.size_bytes <= limit:
+            if self._fits(ctx, name):
                 return name
         return None
+
+    def _fits(self, ctx: ContextRecord, tier: str) -> bool:
+        """Whether the context fits its tenant's quota in ``tier``, and its namespace's."""
+        quota = self.quotas.get(ctx.tenant)
+        limit = quota.get(tier) if quota else None
+        if limit is not None:
+            here = sum(
+                self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == tier
+            )
+            if self.usage[ctx.tenant, tier] - here + ctx.size_bytes > limit:
+                return False
+        space = ctx.namespace
+        limit = self.namespace_quotas.get(ctx.tenant, {}).get(space, {}).get(tier)
+        if not space or limit is None:
+            return True
+        mine = [
+            self.objects[k] for k in ctx.keys if self.namespace_of(self.objects[k].meta) == space
+        ]
+        here = sum(o.meta.size_bytes for o in mine if o.tier == tier)
+        size = sum(o.meta.size_bytes for o in mine)
+        return self.namespace_usage[ctx.tenant, space, tier] - here + size <= limit
+
+    def namespace_rows(self, tiers: Sequence[str]) -> list[tuple[str, str, str, int, int | None]]:
+        """(tenant, namespace, tier, bytes charged, quota or ``None``) of every configured
+        namespace and tier (the metrics' rows: only configured names, so a client cannot
+        make label values)."""
+        return [
+            (tenant, space, tier, self.namespace_usage[tenant, space, tier], quota.get(tier))
+            for tenant, spaces in self.namespace_quotas.items()
+            for space, quota in spaces.items()
+            for tier in tiers
+        ]
 
 
 def derivable(source: str, target: str) -> bool:

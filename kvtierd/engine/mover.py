@@ -78,6 +78,8 @@ class TierMover:
             self._metrics.set_tier_state(
                 st.name, st.used_bytes, st.object_count, st.capacity_bytes, st.healthy
             )
+        for row in self._index.namespace_rows(list(self.tiers)):
+            self._metrics.set_namespace_state(*row)
 
     # -- reading -------------------------------------------------------------------------------
 

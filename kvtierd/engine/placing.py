@@ -193,7 +193,27 @@ class Placing:
         """Place the context afresh (new, grown, profiled, or back in the placer's view): its
         options are worked out again, whatever changed."""
         self._link(ctx)
-        return self.placer.insert(self.profile(ctx, fresh=True))
+        profile = self.profile(ctx, fresh=True)
+        floor = self._quota_floor(ctx)
+        if not floor:
+            return self.placer.insert(profile)
+        # Its tenant's or namespace's quota is full in the faster tiers: the placer learns it
+        # in the first tier with room for it there, so that it never makes room above by
+        # moving down another's contexts for a context the quota then sends down (issue 41.2).
+        here, there = self._index.placement_of(ctx), Placement(ctx.variant, floor)
+        plan = self.placer.adopt(profile, there)
+        if here.tier == floor or here.dropped:
+            return plan
+        return Plan((Operation(OpKind.MOVE, ctx.context_id, here, there, "quota"),)) + plan
+
+    def _quota_floor(self, ctx: ContextRecord) -> str:
+        """The fastest tier where the context fits its tenant's and namespace's quotas, when
+        that is not the fastest tier (``""``: the fastest, or none: the executor drops it)."""
+        names = list(self._tiers)
+        if not ctx.keys or not names:
+            return ""
+        tier = self._index.quota_tier(ctx, names[0], names)
+        return tier if tier is not None and tier != names[0] else ""
 
     def access(self, context_id: str, now_s: float) -> Plan:
         return self.placer.access(context_id, now_s)

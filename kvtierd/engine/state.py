@@ -33,6 +33,7 @@ class ContextRecord:
     context_id: str
     variant: str = ORIGINAL_VARIANT
     tenant: str = ""
+    namespace: str = ""  # the configured namespace of its tenant its first object names
     keys: dict[str, None] = field(default_factory=dict)  # ordered set
     size_bytes: int = 0
     hits: int = 0

@@ -1,4 +1,5 @@
-"""vLLM KV connector for LMCache on vLLM-CPU: ``LMCacheConnectorV1`` with a CPU GPU-connector.
+"""vLLM KV connector for LMCache: ``LMCacheConnectorV1`` that keeps ``cache_salt``, and runs
+on vLLM-CPU.
 
 Register it with vLLM::
 
@@ -6,7 +7,9 @@ Register it with vLLM::
                      kv_connector_module_path="kvtierd.integrations.cpu_connector",
                      kv_role="kv_both")
 
-On a CUDA worker it is exactly ``LMCacheConnectorV1``. On a CPU worker, LMCache's factory finds
+Every request's ``cache_salt`` goes into its LMCache keys (``salt.py``: LMCache 0.5.6's own
+connector drops it, so users' identical prompts would share chunks); otherwise, on a CUDA
+worker it is exactly ``LMCacheConnectorV1``. On a CPU worker, LMCache's factory finds
 no connector for the device; while the LMCache engine is built, this class answers the factory
 with :class:`~kvtierd.integrations.paged_cpu.TorchPagedCPUConnector` instead (the factory is
 swapped back as soon as the engine exists).
@@ -20,6 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
+
+from kvtierd.integrations.salt import salt_request
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +62,16 @@ def _cpu_gpu_connector_factory() -> Iterator[None]:
 
 
 class KvtierLMCacheConnectorV1(LMCacheConnectorV1):
-    """``LMCacheConnectorV1`` that also runs on vLLM-CPU (module docstring)."""
+    """``LMCacheConnectorV1`` that keeps ``cache_salt`` and also runs on vLLM-CPU (module
+    docstring)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         with _cpu_gpu_connector_factory():
             super().__init__(vllm_config, role, kv_cache_config)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Any:
+        # The scheduler asks this before it schedules a request, so the tag is in the request's
+        # settings before LMCache's lookup and before the workers see the request (they store
+        # and load under the keys of the same settings).
+        salt_request(request)
+        return super().get_num_new_matched_tokens(request, num_computed_tokens)

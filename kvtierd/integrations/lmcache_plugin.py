@@ -152,12 +152,12 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self.stats.offline[what] = self.stats.offline.get(what, 0) + 1
         return True
 
-    def _report_prompt(self, key: Any, first_chunk: str = "") -> None:
-        """Link a registered prompt to its context (``prompt_links``); ``first_chunk``: at its
-        lookup, the key of the prompt's first chunk."""
+    def _report_prompt(self, key: Any, looked_up: bool = False) -> None:
+        """Link a registered prompt to its context (``prompt_links``); ``looked_up``: at its
+        lookup (``key``: the prompt's first chunk's)."""
         try:
-            if first_chunk:
-                self.prompts.looked_up(key, first_chunk)
+            if looked_up:
+                self.prompts.looked_up(key, key_string(key))
             else:
                 self.prompts.report(key)
         except Exception as e:
@@ -184,7 +184,7 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
             self._failed("lookup", e)
             hits = 0
         if prompt and keys:
-            self._report_prompt(keys[0], key_string(keys[0]))
+            self._report_prompt(keys[0], looked_up=True)
         with self._lock:
             self.stats.lookups += 1
             self.stats.hit_chunks += hits

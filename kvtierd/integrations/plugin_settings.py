@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvtierd.errors import ConfigError
+from kvtierd.errors import ConfigError, InvalidArgumentError
+from kvtierd.integrations.salt import SALT_TAG, valid_tag
 from kvtierd.variants import parse_variant
 
 logger = logging.getLogger(__name__)
@@ -122,11 +123,24 @@ class PluginStats:
 
 
 def key_string(key: Any) -> str:
-    """An LMCache ``CacheEngineKey`` as a daemon key, without its tags: a request's tags name
-    what to do with it, not a different KV."""
-    return (
+    """An LMCache ``CacheEngineKey`` as a daemon key, without its tags (a request's tags name
+    what to do with it, not a different KV) but for the request's ``cache_salt``, which does
+    (``salt.py``: ``[ns:<name>:]<digest>@`` first). A salt tag ``salt.salt_tag`` did not make
+    (a client's own, through a connector that does not write it) raises
+    :class:`InvalidArgumentError`: the plugin answers it as a miss, never as another's key."""
+    base = (
         f"{key.model_name}@{key.world_size}@{key.worker_id}@{key.chunk_hash_hex}@{key._dtype_str}"
     )
+    salt = tag(key, SALT_TAG)
+    if not salt:
+        return base
+    if not valid_tag(salt):
+        raise InvalidArgumentError(
+            f"lmcache.tag.{SALT_TAG} {salt[:80]!r} is not a salt tag of KvtierLMCacheConnectorV1 "
+            "([ns:<namespace>:]<32 hex digits>); use that connector, which writes it from the "
+            "request's cache_salt"
+        )
+    return f"{salt}@{base}"
 
 
 def tag(key: Any, name: str) -> str:

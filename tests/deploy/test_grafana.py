@@ -74,6 +74,7 @@ def _traffic(socket_path: str, stop: threading.Event) -> None:
         i = 0
         while not stop.is_set():
             c.put(f"t/{i}", np.full(16 << 10, i % 251, np.uint8), context_id=f"t{i % 8}")
+            c.put(f"ns:team-a:t/{i}", np.zeros(1 << 10, np.uint8), context_id=f"ns:team-a:{i % 8}")
             c.get(f"t/{i}")
             c.lookup([f"absent/{i}"])
             c.lookup([f"t/{i}", f"absent/{i}"], request=True)  # a partial hit
@@ -90,7 +91,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
         pytest.skip("prometheus missing: scripts/setup installs Debian's package")
     work = tmp_path_factory.mktemp("prom")
     evicpress = REPO / "configs" / "policies" / "evicpress.yaml"  # it profiles; lru does not
-    config = write_config(work / "d", metrics_port="any", policy_file=str(evicpress))
+    config = write_config(work / "d", metrics_port="any", policy_file=str(evicpress),
+                          namespaces=[{"name": "team-a", "quota": {"cpu": "8MiB"}}])  # fmt: skip
     daemon = DaemonProcess(config, str(work / "d" / "kvtierd.sock"), work / "daemon.log").start()
     scrape_port = metrics_port(daemon)
     (work / "prometheus.yml").write_text(

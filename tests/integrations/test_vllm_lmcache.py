@@ -7,7 +7,9 @@ One scenario, run once for the module, with two engine processes (each engine st
 2. engine 2 (a fresh process): A again -> every stored chunk hits, from the SSD tier (d), and
    the tokens are identical (a); context B with ``kvtierd_variant=int8`` stores int8 chunks,
    prefix cache reset, B again loads them (b); then the plugin corrupts what it loads and A
-   again must change its tokens (a's negative control: the loaded KV is what vLLM uses).
+   again must change its tokens (a's negative control: the loaded KV is what vLLM uses);
+   context C under two ``cache_salt`` values of one namespace (issue 41.2): the second salt
+   reads nothing of the first's, the first salt reads its own chunks back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 
 from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from kvtierd.client import KVClient
+from kvtierd.integrations.salt import salt_key_prefix
 from tests.integrations.harness import (
     CHUNK,
     INT8_TOLERANCE,
@@ -32,6 +35,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CONTEXT_A = [10 + (7 * i) % 900 for i in range(70)]  # 4 full chunks of 16 + 6 tokens
 CONTEXT_B = [20 + (13 * i) % 900 for i in range(50)]  # 3 full chunks
+CONTEXT_C = [30 + (11 * i) % 900 for i in range(50)]  # 3 full chunks, asked under two salts
+ALICE, BOB = "team-a:alice-secret", "team-a:bob-secret"  # one namespace, two users
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,13 @@ def scenario(
             tiny_model,
             [
                 gen("a2", CONTEXT_A),
+                # vLLM's own prefix cache keeps salts apart; reset it so that the same salt's
+                # second request can only hit through LMCache and the plugin
+                gen("c_alice1", CONTEXT_C, salt=ALICE),
+                {"op": "reset_prefix_cache"},
+                gen("c_bob1", CONTEXT_C, salt=BOB),
+                {"op": "reset_prefix_cache"},
+                gen("c_alice2", CONTEXT_C, salt=ALICE),
                 gen("b1", CONTEXT_B, int8),
                 {"op": "reset_prefix_cache"},
                 gen("b2", CONTEXT_B, int8),
@@ -70,14 +82,22 @@ def scenario(
         )
         with KVClient(sock) as c:
             status = c.status()
-        yield {**first, **second, "tiers_after_restart": tiers_after_restart, "status": status}
+            contexts = c.contexts()
+        yield {**first, **second, "tiers_after_restart": tiers_after_restart, "status": status,
+               "contexts": contexts}  # fmt: skip
     finally:
         daemon.kill()
 
 
-def gen(name: str, prompt: list[int], params: dict[str, str] | None = None) -> dict[str, Any]:
+def gen(
+    name: str, prompt: list[int], params: dict[str, str] | None = None, salt: str | None = None
+) -> dict[str, Any]:
     return {"op": "generate", "name": name, "prompt_ids": prompt, "max_tokens": 8,
-            "logprobs": 5, "kv_transfer_params": params or {}}  # fmt: skip
+            "logprobs": 5, "kv_transfer_params": params or {}, "cache_salt": salt}  # fmt: skip
+
+
+def delta(scenario: dict[str, Any], before: str, after: str, counter: str) -> int:
+    return int(scenario[after]["stats"][counter] - scenario[before]["stats"][counter])
 
 
 def test_first_run_stores_every_full_chunk(scenario: dict[str, Any]) -> None:
@@ -117,3 +137,34 @@ def test_int8_variant_loads_and_stays_close(scenario: dict[str, Any]) -> None:
     assert len(diffs) >= 3
     assert max(diffs) < INT8_TOLERANCE, diffs
     assert b2["logprobs"] != b1["logprobs"]  # int8 really was loaded (not the bf16 chunks)
+
+
+def test_cache_salts_never_share_chunks(scenario: dict[str, Any]) -> None:
+    """Issue 41.2: same prompt, another salt: no hit, no load, its own chunks stored."""
+    full_chunks = len(CONTEXT_C) // CHUNK
+    assert scenario["c_alice2"]["stats"]["errors"] == 0, scenario["c_alice2"]["stats"]
+    assert delta(scenario, "a2", "c_alice1", "hit_chunks") == 0
+    assert delta(scenario, "a2", "c_alice1", "put_chunks") == full_chunks
+    assert delta(scenario, "c_alice1", "c_bob1", "lookups") >= 1
+    assert delta(scenario, "c_alice1", "c_bob1", "hit_chunks") == 0
+    assert delta(scenario, "c_alice1", "c_bob1", "get_chunks") == 0
+    assert delta(scenario, "c_alice1", "c_bob1", "put_chunks") == full_chunks
+    # The same salt shares: every full chunk of C read back, and the tokens are C's own.
+    assert delta(scenario, "c_bob1", "c_alice2", "hit_chunks") == full_chunks
+    assert delta(scenario, "c_bob1", "c_alice2", "get_chunks") == full_chunks
+    assert scenario["c_alice2"]["token_ids"] == scenario["c_alice1"]["token_ids"]
+    assert scenario["c_bob1"]["token_ids"] == scenario["c_alice1"]["token_ids"]
+
+
+def test_cache_salts_have_their_own_daemon_contexts(scenario: dict[str, Any]) -> None:
+    """The daemon holds C twice, once per salt, each in namespace team-a; only Alice's was
+    read."""
+    alice, bob = (salt_key_prefix(s) for s in (ALICE, BOB))
+    assert alice.startswith("ns:team-a:") and bob.startswith("ns:team-a:") and alice != bob
+    assert "alice-secret" not in alice  # the salt itself never reaches the daemon
+    mine = {who: [c for c in scenario["contexts"] if c.context_id.startswith(prefix)]
+            for who, prefix in (("alice", alice), ("bob", bob))}  # fmt: skip
+    assert [c.objects for c in mine["alice"]] == [len(CONTEXT_C) // CHUNK]
+    assert [c.objects for c in mine["bob"]] == [len(CONTEXT_C) // CHUNK]
+    assert mine["alice"][0].hits >= 1  # its second request's read (a context's hits count reads)
+    assert mine["bob"][0].hits == 0

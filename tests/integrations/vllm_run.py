@@ -6,7 +6,7 @@ subprocess with a timeout (a broken vLLM tends to hang). SPEC::
     {"model": DIR, "lmcache": {...LMCache config...} | null,
      "dtype": "bfloat16" | "float16" | "float32",
      "steps": [{"op": "generate", "name": "r1", "prompt_ids": [...], "max_tokens": 8,
-                "logprobs": 5, "kv_transfer_params": {...}},
+                "logprobs": 5, "kv_transfer_params": {...}, "cache_salt": "..."},
                {"op": "reset_prefix_cache"}, {"op": "corrupt_next_get"},
                {"op": "sync", "name": "s1"}]}
 
@@ -129,7 +129,10 @@ def main(spec_path: str, out_path: str) -> None:
                     logprobs=step.get("logprobs", 5),
                     extra_args=extra,
                 )
-                (out,) = llm.generate([{"prompt_token_ids": step["prompt_ids"]}], sp)
+                prompt: dict[str, Any] = {"prompt_token_ids": step["prompt_ids"]}
+                if step.get("cache_salt") is not None:
+                    prompt["cache_salt"] = step["cache_salt"]
+                (out,) = llm.generate([prompt], sp)
                 comp = out.outputs[0]
                 logprobs = [
                     {str(t): float(lp.logprob) for t, lp in pos.items()}

@@ -1,0 +1,145 @@
+"""Namespaces inside a tenant (issue 41.2): keys ``ns:<name>:...`` (the LMCache plugin makes
+them from a request's ``cache_salt``) are charged to the namespace the daemon's YAML
+configures, with its own quota per tier and metrics; one namespace filling its quota never
+moves another's contexts out of their tier; names and counts a client or a YAML gives are
+checked."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from benchmarks._support.daemon_proc import DaemonProcess, metrics_port
+from kvtierd import errors, namespaces
+from kvtierd.client import KVClient
+from kvtierd.config import load_daemon_config
+from kvtierd.engine.index import ContextIndex
+from kvtierd.types import ObjectMeta
+from tests.cli.test_metrics_endpoint import scrape
+
+MiB = 1 << 20
+SPACES = [
+    {"name": "team-a", "quota": {"cpu": "1MiB", "ssd": "2MiB"}},
+    {"name": "team-b", "quota": {"cpu": "2MiB"}},
+]
+
+
+def _settle(c: KVClient) -> None:
+    deadline = time.monotonic() + 10
+    while c.status().pending_plans and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _tiers(c: KVClient) -> dict[str, str]:
+    return {ctx.context_id: ctx.tier for ctx in c.contexts()}
+
+
+def test_a_namespace_filling_its_quota_never_moves_anothers(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    # The CPU tier holds team-b's 2 MiB and team-a's 1 MiB exactly: team-a's later contexts
+    # are newer (LRU would make room for them by moving team-b's down) but over its CPU quota.
+    tenants = [{"name": "t", "namespaces": [{"name": "team-a", "quota": {"cpu": "1MiB"}}]}]
+    d = start_daemon(
+        cpu="3MiB", ssd="16MiB", namespaces=SPACES, tenants=tenants, metrics_port="any"
+    )
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+        _settle(c)
+        for i in range(3):
+            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
+            _settle(c)
+        tiers = _tiers(c)
+        assert tiers["ns:team-b:u@c0"] == tiers["ns:team-b:u@c1"] == "cpu", tiers
+        team_a = sorted(t for ctx, t in tiers.items() if ctx.startswith("ns:team-a:"))
+        assert team_a == ["cpu", "ssd", "ssd"], tiers
+        with pytest.raises(errors.CapacityError, match="namespace 'team-a' of tenant '' quota"):
+            c.put("ns:team-a:u@3", np.zeros(MiB, np.uint8), context_id="ns:team-a:u@c3")
+        # team-b's own contexts read back as they were
+        for i in range(2):
+            assert np.array_equal(c.get(f"ns:team-b:u@{i}"), np.full(MiB, i, np.uint8))
+    got = scrape(metrics_port(d))
+
+    def row(name: str, space: str, tier: str) -> float:
+        labels = (("namespace", space), ("tenant", ""), ("tier", tier))
+        return got[(f"kvtierd_namespace_{name}_bytes", labels)]
+
+    assert row("used", "team-a", "cpu") == MiB and row("used", "team-a", "ssd") == 2 * MiB
+    assert row("used", "team-b", "cpu") == 2 * MiB and row("used", "team-b", "ssd") == 0
+    assert row("quota", "team-a", "cpu") == MiB and row("quota", "team-b", "ssd") == -1
+    # Tenant t's namespace team-a is its own; the default tenant's is another.
+    with KVClient(d.socket_path, tenant="t") as t:
+        t.put("ns:team-a:u@0", np.zeros(MiB // 2, np.uint8), context_id="ns:team-a:u@c0")
+        with pytest.raises(errors.CapacityError, match="namespace 'team-a' of tenant 't'"):
+            t.put("ns:team-a:u@1", np.zeros(MiB, np.uint8), context_id="ns:team-a:u@c1")
+    # A key naming no configured namespace is the tenant's, outside every namespace quota,
+    # and makes no metric labels.
+    with KVClient(d.socket_path) as c:
+        c.put("ns:team-z:u@0", np.zeros(4 * MiB, np.uint8), context_id="ns:team-z:u@c0")
+    assert not [k for k in scrape(metrics_port(d)) if ("namespace", "team-z") in k[1]]
+
+
+def _meta(key: str, size: int = 100, tenant: str = "") -> ObjectMeta:
+    return ObjectMeta(key=key, size_bytes=size, tenant=tenant)
+
+
+def test_only_a_well_formed_key_of_a_configured_namespace_is_charged_to_it() -> None:
+    index = ContextIndex(namespace_quotas={"": {"a": {"cpu": 10}}, "t": {"b": {}}})
+    assert index.namespace_of(_meta("ns:a:x")) == "a"
+    assert index.namespace_of(_meta("t/ns:b:x", tenant="t")) == "b"
+    for key in ("ns:a", "ns::x", "ns:zz:x", "xns:a:x", "ns:" + "a" * 65 + ":x", "ns:a/b:x"):
+        assert index.namespace_of(_meta(key)) == "", key
+    assert index.namespace_of(_meta("ns:b:x")) == ""  # b is tenant t's, not the default's
+    assert index.namespace_of(_meta("t/ns:a:x", tenant="t")) == ""
+    assert namespaces.named_in("ns:a:x") == "a"
+
+
+@pytest.mark.parametrize(
+    ("namespaces_yaml", "message"),
+    [
+        ({"name": "a"}, "must be a list of namespaces"),
+        ([{"quota": {}}], "a mapping with a name"),
+        ([{"name": "a/b"}], r"'a/b': namespace names are 1-64 of"),
+        ([{"name": "a:b"}], r"'a:b': namespace names are"),
+        ([{"name": 7}], r"7: namespace names are"),
+        ([{"name": "a"}, {"name": "a"}], "namespace 'a' named twice"),
+        ([{"name": "a", "quota": {"tape": "1MiB"}}], "unknown tier 'tape'"),
+        ([{"name": "a", "quota": {"cpu": "lots"}}], "cpu"),
+        ([{"name": "a", "limit": 1}], "unknown key; allowed keys: name, quota"),
+        ([{"name": f"n{i}"} for i in range(257)], "257 namespaces; a tenant may have at most 256"),
+    ],
+)
+def test_bad_namespaces_are_refused_at_load(
+    tmp_path: Path, namespaces_yaml: object, message: str
+) -> None:
+    doc = {
+        "socket_path": str(tmp_path / "s.sock"),
+        "data_dir": str(tmp_path / "data"),
+        "tiers": [{"name": "cpu", "kind": "cpu", "capacity": "8MiB"}],
+        "tenants": [{"name": "t", "namespaces": namespaces_yaml}],
+    }
+    for where in (doc, {**{k: v for k, v in doc.items() if k != "tenants"},
+                        "namespaces": namespaces_yaml}):  # fmt: skip
+        path = tmp_path / "kvtierd.yaml"
+        path.write_text(yaml.safe_dump(where))
+        with pytest.raises(errors.ConfigError, match=message):
+            load_daemon_config(path)
+
+
+def test_namespaces_load_for_the_default_tenant_and_a_tenant(tmp_path: Path) -> None:
+    path = tmp_path / "kvtierd.yaml"
+    path.write_text(yaml.safe_dump({
+        "socket_path": str(tmp_path / "s.sock"), "data_dir": str(tmp_path / "data"),
+        "tiers": [{"name": "cpu", "kind": "cpu", "capacity": "8MiB"}],
+        "namespaces": [{"name": "team-a", "quota": {"cpu": "1MiB"}}],
+        "tenants": [{"name": "t", "namespaces": [{"name": "team-a"}]}],
+    }))  # fmt: skip
+    config = load_daemon_config(path)
+    assert [(n.name, n.quota_bytes) for n in config.namespaces] == [("team-a", {"cpu": MiB})]
+    assert [(n.name, n.quota_bytes) for n in config.tenants[0].namespaces] == [("team-a", {})]
