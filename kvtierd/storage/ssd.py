@@ -47,6 +47,7 @@ import errno
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -181,6 +182,7 @@ class SsdTier(Tier):
     async def _rebuild_index(self) -> None:
         """The index from the checkpoint where it agrees with the files, else (or for the
         files it does not know as they are) from their headers (``ssd_checkpoint``)."""
+        started = time.perf_counter()
         rows, why = await self._io.run(load_checkpoint, self.layout)
         found, bad = await self._scan(rows)
         if rows is not None and not why:
@@ -190,7 +192,8 @@ class SsdTier(Tier):
             if why:
                 why = f"disagrees with a file header: {why}"
                 found, bad = await self._scan(None)
-        self.index_source = self._describe_source(rows, why)
+        took = time.perf_counter() - started
+        self.index_source = f"{self._describe_source(rows, why)}, in {took:.2f} s"
         self._index.clear()
         self._used_bytes = 0
         # Two files of one context at one position: neither is trusted (ssd_format).
