@@ -113,7 +113,7 @@ class _Flush:
         self.started = time.perf_counter()
         self.written = self.done = self.batches = 0
         self.batch: list[tuple[ContextRecord, list[ObjectRecord]]] = []
-        self.batch_bytes = 0
+        self.batch_bytes = self.batch_objects = 0
         self.locks = contextlib.AsyncExitStack()
 
     def _in_time(self, nbytes: int) -> bool:
@@ -152,7 +152,8 @@ class _Flush:
             self.index.account(obj.meta, target.name, +1)
         self.batch.append((ctx, objs))
         self.batch_bytes += sum(o.meta.size_bytes for o in objs)
-        if self.batch_bytes >= BATCH_BYTES or sum(len(b[1]) for b in self.batch) >= BATCH_OBJECTS:
+        self.batch_objects += len(objs)
+        if self.batch_bytes >= BATCH_BYTES or self.batch_objects >= BATCH_OBJECTS:
             await self.write_batch()
         return True
 
@@ -171,7 +172,7 @@ class _Flush:
 
     async def write_batch(self) -> None:
         """Write the batch's objects with one sync, then drop their CPU-tier copies."""
-        batch, self.batch, self.batch_bytes = self.batch, [], 0
+        batch, self.batch, self.batch_bytes, self.batch_objects = self.batch, [], 0, 0
         locks, self.locks = self.locks, contextlib.AsyncExitStack()
         async with locks:
             if not batch:
