@@ -167,14 +167,21 @@ class ContextOptions:
 
     def unchoosable(self, ctx: ContextRecord) -> str:
         """Why a profile of the context would have nothing to choose between (``""``: it
-        would). A self-sourced form (int8 only) is profiled against its dequantized KV
-        (:meth:`grid`) when the policy names a variant that can be made from it."""
-        if self.geometry_of(ctx)[0] is None:  # a token-dropped form, no reference copy
-            return "its original is not kept"
+        would), as what happens to it (the message says so after ``context ID:``). A
+        self-sourced form (int8 only) is profiled against its dequantized KV (:meth:`grid`)
+        when the policy names a variant that can be made from it."""
+        if self.geometry_of(ctx)[0] is None:
+            if self.sources(ctx):  # objects whose layout is no chunk format (opaque bytes)
+                return "no chunk layout: placed as stored, not profiled"
+            # a token-dropped form, no reference copy
+            return f"not profiled: it is stored only as {ctx.variant!r}, its original is not kept"
         own = self._index.self_sourced(ctx)
         if own and not any(v != ctx.variant and self._index.can_make(ctx, v)
                            for v in self.variants()):  # fmt: skip
-            return "its original is not kept, and the policy names no variant made from it"
+            return (
+                f"not profiled: it is stored only as {ctx.variant!r}, its original is not kept, "
+                "and the policy names no variant made from it"
+            )
         return ""
 
     def stored_form_of(self, ctx: ContextRecord) -> StoredForm:

@@ -501,7 +501,7 @@ class Engine:
         # a context with nothing to choose between is not run at all: no last_error of its own
         why = self.profiling.options.unchoosable(ctx)
         if why:
-            return f"context {ctx.context_id}: not profiled: {why}"
+            return f"context {ctx.context_id}: {why}"
         return self.profiling.last_error
 
     def profiling_counts(self) -> ProfilingCounts:

@@ -30,6 +30,12 @@ Options (``TierConfig.options``):
     ``chunk_bytes``, its name before issue 17, is accepted for one release with a warning.
 ``fsync``: bool, default true
     fsync each object and its directory at put. ``false`` trades crash durability for speed.
+``index_checkpoint_s``: seconds, default 300
+    How often the index checkpoint (``ssd_checkpoint``) is written while objects change; it is
+    always written at stop. ``0``: at stop only.
+
+:meth:`SsdTier.put_many` writes many small objects with one filesystem sync for the whole batch
+(``ssd_batch``; the shutdown flush uses it): same files, same guarantees once it returns.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import errno
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -54,6 +61,16 @@ from kvtierd.errors import (
 )
 from kvtierd.storage.aligned_io import BouncePool, byte_view, open_file
 from kvtierd.storage.base import Tier, Timer, TransferFit
+from kvtierd.storage.ssd_batch import BatchItem, commit_batch, discard, write_temps
+from kvtierd.storage.ssd_checkpoint import (
+    SAMPLE,
+    Row,
+    disagreeing,
+    load_checkpoint,
+    scan_with_checkpoint,
+    stamp_files,
+    write_checkpoint,
+)
 from kvtierd.storage.ssd_files import (
     BadFile,
     Layout,
@@ -110,6 +127,11 @@ class SsdTier(Tier):
         self._removing: dict[str, asyncio.Event] = {}
         self._io = IoRunner(config.name, self.options.queue_depth)
         self._bounce: BouncePool | None = None
+        self.index_source = ""  # how start found the index (checkpoint or header scan, why)
+        self._changes = self._saved_changes = 0  # index changes, and as of the last checkpoint
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._reused: set[str] = set()
+        self._scan_counts = (0, 0, 0)  # from the checkpoint, headers read, checkpoint rows gone
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -121,35 +143,61 @@ class SsdTier(Tier):
         removed = await self._io.run(self.layout.remove_temp_files)
         self.direct = await self._io.run(probe_o_direct, self.layout, self.options.o_direct)
         await self._rebuild_index()
+        self._saved_changes = self._changes
+        if self.options.index_checkpoint_s > 0:
+            self._checkpointer = asyncio.create_task(
+                self._checkpoint_forever(), name=f"kvtierd-{self.name}-checkpoint"
+            )
         failed = await calibrate(self, self.layout)
         self.calibrated = not failed
         if failed:
             self.calibration_failed(failed)
         logger.info(
-            "ssd tier %s at %s: %d objects, %d bytes, %d temp files removed, %d quarantined, "
+            "ssd tier %s at %s: %d objects, %d bytes (%s), %d temp files removed, %d quarantined, "
             "o_direct=%s, calibrated=%s, read %.2f GB/s, write %.2f GB/s",
-            self.name, self.layout.root, len(self._index), self._used_bytes, removed,
+            self.name, self.layout.root, len(self._index), self._used_bytes, self.index_source,
+            removed,
             self.quarantined_count, self.direct, self.calibrated, self.read_meter.bytes_per_s / 1e9,
             self.write_meter.bytes_per_s / 1e9,
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Refuse new operations, wait for in-flight ones, stop the I/O threads."""
+        """Stop the checkpoint loop, write the index checkpoint, refuse new operations, wait
+        for in-flight ones, stop the I/O threads."""
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpointer
+            self._checkpointer = None
+        if self._bounce is not None:  # started
+            try:
+                await self.save_checkpoint()
+            except OSError as e:
+                logger.warning("ssd tier %s: index checkpoint not written: %s", self.name, e)
         await self._io.close()
         if self._bounce is not None:
             self._bounce.close()
             self._bounce = None
 
     async def _rebuild_index(self) -> None:
-        scans = await asyncio.gather(
-            *(self._io.run(scan_subdir, d, self.layout) for d in self.layout.subdirs())
-        )
+        """The index from the checkpoint where it agrees with the files, else (or for the
+        files it does not know as they are) from their headers (``ssd_checkpoint``)."""
+        started = time.perf_counter()
+        rows, why = await self._io.run(load_checkpoint, self.layout)
+        found, bad = await self._scan(rows)
+        if rows is not None and not why:
+            reused = [f for f in found if f.path in self._reused]
+            step = max(1, len(reused) // SAMPLE)
+            why = await self._io.run(disagreeing, reused[::step][:SAMPLE], self.layout)
+            if why:
+                why = f"disagrees with a file header: {why}"
+                found, bad = await self._scan(None)
+        took = time.perf_counter() - started
+        self.index_source = f"{self._describe_source(rows, why)}, in {took:.2f} s"
         self._index.clear()
         self._used_bytes = 0
-        found = [f for good, _ in scans for f in good]
         # Two files of one context at one position: neither is trusted (ssd_format).
         refused = duplicate_positions(f.meta for f in found)
-        bad = [b for _, bads in scans for b in bads]
         bad += [BadFile(f.path, f"{f.path}: {refused[f.meta.key]}") for f in found
                 if f.meta.key in refused]  # fmt: skip
         for b in bad:
@@ -159,6 +207,59 @@ class SsdTier(Tier):
         for f in found:
             if f.meta.key not in refused:
                 self._remember(f)
+        self._reused = set()
+
+    async def _scan(self, rows: dict[str, Row] | None) -> tuple[list[StoredFile], list[BadFile]]:
+        """Every object file: with the checkpoint's ``rows``, or by header alone."""
+        subdirs = self.layout.subdirs()
+        if rows is None:
+            scans = await asyncio.gather(
+                *(self._io.run(scan_subdir, d, self.layout) for d in subdirs)
+            )
+            self._scan_counts = (0, sum(len(g) + len(b) for g, b in scans), 0)
+            return [f for good, _ in scans for f in good], [b for _, bads in scans for b in bads]
+        helped = await asyncio.gather(
+            *(self._io.run(scan_with_checkpoint, d, self.layout, rows) for d in subdirs)
+        )
+        self._reused = {f.path for h in helped for f in h.reused}
+        seen = sum(h.seen for h in helped)
+        self._scan_counts = (len(self._reused), sum(h.read for h in helped), len(rows) - seen)
+        return [f for h in helped for f in h.good], [b for h in helped for b in h.bad]
+
+    def _describe_source(self, rows: dict[str, Row] | None, why: str) -> str:
+        """How the index was found, for the start-up line (tests and operators read it)."""
+        if why:
+            return f"header scan of {self._scan_counts[1]} files (index checkpoint {why})"
+        reused, read, gone = self._scan_counts
+        return (f"index checkpoint: {reused} objects from it, {read} headers read "
+                f"(files new or changed since it), {gone} of its files gone")  # fmt: skip
+
+    async def save_checkpoint(self) -> None:
+        """Write the index checkpoint now (at stop and every ``index_checkpoint_s``). Files
+        being put, rewritten or removed meanwhile are left out: the next start reads their
+        headers (a row is only kept where the index still holds the very entry stamped)."""
+        changes = self._changes
+        files = list(self._index.values())
+        stamped = await self._io.run(stamp_files, files)
+        index, writing = self._index, self._writing
+        kept = [
+            (f, st) for f, st in stamped if index.get(f.meta.key) is f and f.meta.key not in writing
+        ]
+        job = functools.partial(write_checkpoint, self.layout, kept, self.options.fsync)
+        with Timer() as t:
+            nbytes = await self._io.run(job)
+        self._saved_changes = changes
+        logger.info("ssd tier %s: index checkpoint of %d objects written (%d bytes, %.2f s)",
+                    self.name, len(kept), nbytes, t.seconds)  # fmt: skip
+
+    async def _checkpoint_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.index_checkpoint_s)
+            if self._changes != self._saved_changes:
+                try:
+                    await self.save_checkpoint()
+                except OSError as e:  # the start reads headers instead: slower, not wrong
+                    logger.warning("ssd tier %s: index checkpoint not written: %s", self.name, e)
 
     # -- Tier interface -------------------------------------------------------------------
 
@@ -175,6 +276,57 @@ class SsdTier(Tier):
             return await self._io.spawn(self._put(meta, view))
         finally:
             self._writing.discard(meta.key)
+
+    async def put_many(self, items: list[tuple[ObjectMeta, memoryview]]) -> list[ObjectMeta]:
+        """Put many (small) objects with one filesystem sync for all (``ssd_batch``): all are
+        stored and durable when it returns, or none is (the error is raised)."""
+        batch = [BatchItem(meta, byte_view(data, "put data")) for meta, data in items]
+        keys = [b.meta.key for b in batch]
+        for b in batch:
+            if b.data.nbytes != b.meta.size_bytes:
+                raise InvalidArgumentError(
+                    f"put {b.meta.key!r}: size_bytes is {b.meta.size_bytes} but "
+                    f"{b.data.nbytes} bytes given"
+                )
+        if len(set(keys)) != len(keys) or any(k in self._index or k in self._writing for k in keys):
+            raise AlreadyExistsError(f"a batch of {len(keys)} objects names one that exists "
+                                     f"in tier {self.name} (or names one twice)")  # fmt: skip
+        self._writing.update(keys)  # claimed before any await, as put does
+        try:
+            for key in keys:
+                pending = self._removing.get(key)
+                if pending is not None:
+                    await pending.wait()
+            with Timer() as t:
+                try:
+                    stored = await self._io.spawn(self._write_batch(batch))
+                except OSError as e:
+                    if e.errno in _FULL_ERRNOS:
+                        raise StorageFullError(f"tier {self.name}: no space for a batch of "
+                                               f"{len(keys)} objects under {self.layout.root}: "
+                                               f"{os.strerror(e.errno)}") from e  # fmt: skip
+                    raise
+        finally:
+            self._writing.difference_update(keys)
+        for f in stored:
+            self._remember(f)
+        self.write_meter.record(sum(f.meta.size_bytes for f in stored), t.seconds)
+        return [f.meta for f in stored]
+
+    async def _write_batch(self, batch: list[BatchItem]) -> list[StoredFile]:
+        """``ssd_batch``'s steps: temp files written by every I/O thread, then one commit."""
+        share = -(-len(batch) // self.options.queue_depth)
+        calls: list[Callable[[], Any]] = [
+            functools.partial(write_temps, batch[i : i + share], self.layout)
+            for i in range(0, len(batch), share)
+        ]
+        results = await self._io.run_all(calls)
+        temps = [t for r in results if not isinstance(r, Exception) for t in r]
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            await self._io.run(discard, temps)
+            raise failed[0]
+        return await self._io.run(commit_batch, temps, self.layout, self.options.fsync)
 
     async def read_into(self, key: str, dst: memoryview, *, tenant: str = "") -> ObjectMeta:
         view = byte_view(dst, "read destination")
@@ -212,6 +364,7 @@ class SsdTier(Tier):
             await self._io.spawn(self._io.run(job))
             if self._index.get(meta.key) is entry:
                 self._index[meta.key] = StoredFile(new, entry.path, len(header))
+                self._changes += 1
             else:  # deleted or quarantined while the copy ran: the rename brought it back
                 await self._io.run(_unlink_if_present, entry.path)
         except FileNotFoundError as e:
@@ -394,10 +547,12 @@ class SsdTier(Tier):
     # -- bookkeeping ----------------------------------------------------------------------
 
     def _remember(self, f: StoredFile) -> None:
+        self._changes += 1
         self._index[f.meta.key] = f
         self._used_bytes += f.meta.size_bytes
 
     def _forget(self, key: str) -> None:
+        self._changes += 1
         entry = self._index.pop(key)
         self._used_bytes -= entry.meta.size_bytes
 

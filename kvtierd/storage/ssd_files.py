@@ -103,13 +103,14 @@ def scan_subdir(subdir: Path, layout: Layout) -> tuple[list[StoredFile], list[Ba
         if not entry.name.endswith(OBJECT_SUFFIX) or not entry.is_file(follow_symlinks=False):
             continue
         try:
-            good.append(_inspect(entry.path, layout))
+            good.append(inspect_file(entry.path, layout))
         except CorruptObjectError as e:
             bad.append(BadFile(entry.path, str(e)))
     return good, bad
 
 
-def _inspect(path: str, layout: Layout) -> StoredFile:
+def inspect_file(path: str, layout: Layout) -> StoredFile:
+    """The committed object file at ``path``, from its header (``CorruptObjectError`` if bad)."""
     with open(path, "rb") as f:
         page = f.read(4096)
         header_len = header_len_from_prefix(page, path)

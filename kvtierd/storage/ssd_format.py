@@ -143,17 +143,7 @@ class Header:
 
 def encode_header(meta: ObjectMeta) -> bytes:
     """Serialize ``meta`` (with its data checksum set) into a header padded to 4096 bytes."""
-    doc: dict[str, object] = {name: getattr(meta, name) for name in _STR_FIELDS + _INT_FIELDS}
-    doc["shape"] = list(meta.shape)
-    # Fixed width, so the header length (= the data offset) is known before the checksum is.
-    doc["checksum"] = f"{meta.checksum:016x}"
-    if meta.durable:  # only when set: headers of other objects stay as earlier versions wrote
-        doc["durable"] = True
-    if meta.parent_context_id:  # likewise (issue 29: contexts that form a tree)
-        doc["parent_context_id"] = meta.parent_context_id
-    if meta.position is not None:
-        doc["position"] = meta.position
-    body = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    body = json.dumps(meta_doc(meta), ensure_ascii=False, separators=(",", ":")).encode()
     used = PREFIX_BYTES + len(body) + len(meta.kept_indices)
     header_len = round_up(used, ALIGN)
     out = bytearray(header_len)
@@ -164,6 +154,22 @@ def encode_header(meta: ObjectMeta) -> bytes:
     checksum = xxhash.xxh3_64_intdigest(memoryview(out)[:used])
     _PREFIX.pack_into(out, 0, *args, checksum)
     return bytes(out)
+
+
+def meta_doc(meta: ObjectMeta) -> dict[str, object]:
+    """The header's JSON fields of ``meta`` (all but ``kept_indices``, stored raw after them);
+    :func:`meta_from_doc` reads them back, checking each."""
+    doc: dict[str, object] = {name: getattr(meta, name) for name in _STR_FIELDS + _INT_FIELDS}
+    doc["shape"] = list(meta.shape)
+    # Fixed width, so the header length (= the data offset) is known before the checksum is.
+    doc["checksum"] = f"{meta.checksum:016x}"
+    if meta.durable:  # only when set: headers of other objects stay as earlier versions wrote
+        doc["durable"] = True
+    if meta.parent_context_id:  # likewise (issue 29: contexts that form a tree)
+        doc["parent_context_id"] = meta.parent_context_id
+    if meta.position is not None:
+        doc["position"] = meta.position
+    return doc
 
 
 def header_len_from_prefix(prefix: bytes, where: str) -> int:
@@ -203,13 +209,15 @@ def decode_header(raw: bytes | memoryview, where: str) -> Header:
         raise CorruptObjectError(f"{where}: header checksum mismatch")
     try:
         doc = json.loads(raw[PREFIX_BYTES : PREFIX_BYTES + json_len].decode())
-        meta = _meta_from_doc(doc, raw[PREFIX_BYTES + json_len : used])
+        meta = meta_from_doc(doc, raw[PREFIX_BYTES + json_len : used])
     except (ValueError, TypeError, KeyError) as e:
         raise CorruptObjectError(f"{where}: malformed header metadata: {e}") from e
     return Header(meta=meta, header_len=header_len)
 
 
-def _meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
+def meta_from_doc(doc: object, kept: bytes) -> ObjectMeta:
+    """The metadata a header's JSON fields ``doc`` and raw ``kept`` indices describe; raises
+    ``ValueError``/``TypeError``/``KeyError`` for any field that is missing or ill-typed."""
     if not isinstance(doc, dict):
         raise TypeError("metadata is not a JSON object")
     strs = {name: doc[name] for name in _STR_FIELDS}

@@ -14,7 +14,7 @@ from kvtierd.storage.aligned_io import ALIGN
 
 logger = logging.getLogger(__name__)
 
-_ALLOWED = ("o_direct", "queue_depth", "part_bytes", "fsync")
+_ALLOWED = ("o_direct", "queue_depth", "part_bytes", "fsync", "index_checkpoint_s")
 _MAX_QUEUE_DEPTH = 64
 PART_BYTES_BEFORE = "chunk_bytes"
 """``part_bytes``'s name before issue 17 ("chunk" is LMCache's unit of KV), accepted one release
@@ -29,6 +29,7 @@ class SsdOptions:
     queue_depth: int = 4
     part_bytes: int = 4 << 20
     fsync: bool = True
+    index_checkpoint_s: float = 300.0  # 0: only at stop; the checkpoint is never turned off
 
     @property
     def o_direct_auto(self) -> bool:
@@ -62,7 +63,14 @@ class SsdOptions:
         fsync = raw.get("fsync", True)
         if not isinstance(fsync, bool):
             raise InvalidArgumentError(f"ssd option fsync: true or false, got {fsync!r}")
-        return cls(o_direct=o_direct, queue_depth=depth, part_bytes=part, fsync=fsync)
+        every = raw.get("index_checkpoint_s", 300.0)
+        if type(every) not in (int, float) or not 0 <= every <= 86400:
+            raise InvalidArgumentError(
+                f"ssd option index_checkpoint_s: seconds in 0..86400 (0: at stop only), "
+                f"got {every!r}"
+            )
+        return cls(o_direct=o_direct, queue_depth=depth, part_bytes=part, fsync=fsync,
+                   index_checkpoint_s=float(every))  # fmt: skip
 
 
 def _renamed(raw: Mapping[str, Any], tier: str) -> Mapping[str, Any]:

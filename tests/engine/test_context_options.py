@@ -70,7 +70,8 @@ def test_a_quantized_context_with_nothing_to_make_is_not_worth_profiling() -> No
     ctx = _context(index, "int8")
     assert [v.variant for v in options.grid(ctx)] == ["int8"]
     assert options.unchoosable(ctx) == (
-        "its original is not kept, and the policy names no variant made from it"
+        "not profiled: it is stored only as 'int8', its original is not kept, and the policy "
+        "names no variant made from it"
     )
 
 
@@ -81,7 +82,9 @@ def test_a_token_dropped_form_without_its_original_has_only_itself() -> None:
                       variant="knorm@0.5")  # fmt: skip
     ctx = index.add(ObjectRecord(meta, "cpu"))
     assert options.grid(ctx) == (VariantProfile("knorm@0.5", 123),)
-    assert options.unchoosable(ctx) == "its original is not kept"
+    assert options.unchoosable(ctx) == (
+        "not profiled: it is stored only as 'knorm@0.5', its original is not kept"
+    )
 
 
 def test_an_eviction_only_policy_offers_the_form_the_context_has() -> None:

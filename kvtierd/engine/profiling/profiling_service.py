@@ -30,6 +30,7 @@ from kvtierd.config import DaemonConfig
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.profiling import observation_window as window
+from kvtierd.engine.profiling.decision_log import DecisionLog
 from kvtierd.engine.profiling.profile_runs import ProfileRun, RunKind
 from kvtierd.engine.profiling.profiling_model import QualityProfiling
 from kvtierd.engine.profiling.profiling_parts import ProfilingParts
@@ -116,6 +117,8 @@ class ProfilingService:
         self.last_error = ""
         self.failed_why: dict[str, str] = {}  # contexts whose last profile failed, and why
         self._prior_to_redo: set[str] = set()  # prior-only profiles a model found since redoes
+        # contexts with nothing to profile: DEBUG each, an INFO summary per interval
+        self.not_profiled = DecisionLog("contexts not profiled")
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -310,6 +313,7 @@ class ProfilingService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._worker.shutdown(wait=True)  # first: a profile running there writes its files too
+        self.not_profiled.summarize()
         if self.profiler is not None:
             self.profiler.flush()
         self.inputs.close()
@@ -383,8 +387,7 @@ class ProfilingService:
             raise UnavailableError("the profiler is not configured (the daemon is starting)")
         why = self.options.unchoosable(ctx)
         if why:
-            logger.info("context %s: not profiled: it is stored only as %r, %s", ctx.context_id,
-                        ctx.variant, why)  # fmt: skip
+            self.not_profiled.note(ctx.context_id, why)  # DEBUG, counted (issue 42)
             return False
         refine = kind in (RunKind.REFINE, RunKind.ASKED)
         evaluator = self.profiler.evaluator_for(refine)

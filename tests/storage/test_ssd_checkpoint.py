@@ -1,0 +1,139 @@
+"""Issue 42.4 and 42.5 on real files: ``SsdTier.put_many`` (many objects, one sync) and the
+index checkpoint a restart reads instead of every header, with the header scan as its fallback
+when the checkpoint is missing, torn, stale or disagrees with the files."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvtierd.config import TierConfig
+from kvtierd.errors import AlreadyExistsError
+from kvtierd.storage.ssd import SsdTier
+from kvtierd.storage.ssd_checkpoint import checkpoint_path, stamp_files, write_checkpoint
+from kvtierd.types import ObjectMeta
+
+N = 40
+SIZE = 4096 + 100
+
+
+def _tier(path: Path, **options: Any) -> SsdTier:
+    return SsdTier(TierConfig("ssd", "ssd", 1 << 30, str(path), dict(options)))
+
+
+def _data(i: int) -> bytes:
+    return np.random.default_rng(i).bytes(SIZE)
+
+
+async def _filled(path: Path, n: int = N) -> set[str]:
+    """A tier at ``path`` given ``n`` objects in one batch, then stopped (checkpoint written)."""
+    t = _tier(path)
+    await t.start()
+    items = [(ObjectMeta(key=f"k{i}", size_bytes=SIZE), memoryview(_data(i))) for i in range(n)]
+    stored = await t.put_many(items)
+    assert all(m.checksum for m in stored)
+    await t.close()
+    return {f"k{i}" for i in range(n)}
+
+
+async def _restarted(path: Path) -> tuple[SsdTier, dict[str, bytes]]:
+    t = _tier(path)
+    await t.start()
+    found = {}
+    for m in t.metas():
+        buf = bytearray(m.size_bytes)
+        await t.read_into(m.key, memoryview(buf))
+        found[m.key] = bytes(buf)
+    return t, found
+
+
+def _intact(found: dict[str, bytes], keys: set[str]) -> bool:
+    return set(found) == keys and all(found[k] == _data(int(k[1:])) for k in keys)
+
+
+async def test_a_batch_is_stored_whole_and_a_valid_checkpoint_is_used_at_restart(tmp_path):
+    keys = await _filled(tmp_path / "ssd")
+    assert checkpoint_path(_tier(tmp_path / "ssd").layout).exists()
+    t, found = await _restarted(tmp_path / "ssd")
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(f"index checkpoint: {N} objects from it, 0 headers read")
+    finally:
+        await t.close()
+
+
+async def test_a_batch_naming_an_existing_key_stores_nothing(tmp_path):
+    t = _tier(tmp_path / "ssd")
+    await t.start()
+    try:
+        await t.put_many([(ObjectMeta(key="a", size_bytes=SIZE), memoryview(_data(0)))])
+        again = [(ObjectMeta(key=k, size_bytes=SIZE), memoryview(_data(1))) for k in ("b", "a")]
+        with pytest.raises(AlreadyExistsError):
+            await t.put_many(again)
+        assert [m.key for m in t.metas()] == ["a"]
+    finally:
+        await t.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "torn"])
+async def test_a_missing_or_torn_checkpoint_falls_back_to_the_header_scan(tmp_path, damage):
+    keys = await _filled(tmp_path / "ssd")
+    ckpt = checkpoint_path(_tier(tmp_path / "ssd").layout)
+    if damage == "missing":
+        ckpt.unlink()
+    else:  # cut short, as a crash in the middle of its write would leave a non-atomic copy
+        ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    t, found = await _restarted(tmp_path / "ssd")
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(f"header scan of {N} files (index checkpoint {damage}")
+    finally:
+        await t.close()
+
+
+async def test_a_stale_checkpoint_is_used_only_for_the_files_it_knows_as_they_are(tmp_path):
+    path = tmp_path / "ssd"
+    keys = await _filled(path)
+    old = tmp_path / "old.ckpt"
+    shutil.copy(checkpoint_path(_tier(path).layout), old)
+    t = _tier(path)
+    await t.start()
+    new = [(ObjectMeta(key=f"k{i}", size_bytes=SIZE), memoryview(_data(i))) for i in (100, 101)]
+    await t.put_many(new)
+    await t.delete("k0")
+    await t.delete("k1")
+    await t.delete("k2")
+    await t.close()
+    shutil.copy(old, checkpoint_path(t.layout))  # as if killed after those changes
+    t, found = await _restarted(path)
+    try:
+        assert _intact(found, (keys - {"k0", "k1", "k2"}) | {"k100", "k101"})
+        assert t.index_source.startswith(
+            f"index checkpoint: {N - 3} objects from it, 2 headers read "
+            "(files new or changed since it), 3 of its files gone"
+        )
+    finally:
+        await t.close()
+
+
+async def test_a_checkpoint_that_disagrees_with_a_file_header_is_discarded(tmp_path):
+    path = tmp_path / "ssd"
+    keys = await _filled(path)
+    t = _tier(path)
+    await t.start()
+    files = list(t._index.values())
+    await t.close()
+    # a row whose file stamp still matches but whose metadata is not the header's
+    files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, checksum=1))
+    write_checkpoint(t.layout, stamp_files(files), sync=False)
+    t, found = await _restarted(path)
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(f"header scan of {N} files (index checkpoint disagrees")
+    finally:
+        await t.close()
