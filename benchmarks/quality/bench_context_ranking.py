@@ -39,7 +39,6 @@ from typing import Any
 
 from benchmarks._support.common import REPO, machine, read_jsonl
 from benchmarks.quality.bench_estimators import serving_prefill_cpu_s, timed
-from benchmarks.quality.context_kinds import make_kind_case
 from benchmarks.quality.context_labels import (
     DTYPE,
     LABELS,
@@ -73,8 +72,11 @@ def ngram_redundancy(ids: Sequence[int], n: int = 4) -> float:
     return sum(counts[g] > 1 for g in grams) / len(grams)
 
 
-def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels) -> dict[str, Any]:
-    """One context's scores and costs (module docstring)."""
+def score_context(
+    model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels,
+    readings: Sequence[str] = (*FIRST_PUT, "question"),
+) -> dict[str, Any]:  # fmt: skip
+    """One context's scores and costs (module docstring), of ``readings`` only."""
     import torch
 
     from kvtierd.profiler.coverage import ngram_coverage
@@ -82,7 +84,7 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
     from kvtierd.profiler.query_attention import QueryAttentionEvaluator
     from kvtierd.profiler.reconstruction import reconstruction_ids
 
-    case = make_kind_case(tokenizer, lc.kind, lc.length, lc.seed)
+    case = lc.case(tokenizer)
     context, queries = prompts(tokenizer, case)
     if ids_digest(context) != lc.digest:
         raise ValueError(f"{lc.name}: the regenerated context differs from the labelled one")
@@ -141,6 +143,8 @@ def score_context(model_dir: str, answer: Any, tokenizer: Any, lc: ContextLabels
                          ("ngram", ngram), ("coverage1", coverage(1)), ("coverage2", coverage(2)),
                          ("coverage3", coverage(3)), ("coverage4", coverage(4)),
                          ("question", question)):  # fmt: skip
+            if name not in readings:
+                continue
             scores, cpu = timed(fn)
             row["scores"][name] = {v: round(s, 6) for v, s in scores.items()}
             row["cpu_s"][name] = round(cpu, 4)
@@ -306,6 +310,14 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--rule", default="exact", choices=["exact", "answered"])
     parser.add_argument(
+        "--readings", nargs="+", default=[*FIRST_PUT, "question"],
+        choices=[*FIRST_PUT, "question"], help="the readings to score (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--halves", nargs="+", default=["fit", "held-out"], choices=["fit", "held-out"],
+        help="the halves whose contexts are scored",
+    )  # fmt: skip
+    parser.add_argument(
         "--half", default="held-out", choices=["held-out", "fit"],
         help="contexts to report on (choices are made on the fit half)",
     )  # fmt: skip
@@ -334,9 +346,9 @@ def run(args: argparse.Namespace) -> None:
     contexts = load_context_labels(args.labels)
     print(f"{len(contexts)} labelled contexts, {len(done)} scored, on {machine()}", flush=True)
     for lc in contexts:
-        if lc.name in done:
+        if lc.name in done or lc.half not in args.halves:
             continue
-        row = score_context(model_dir, answer, tokenizer, lc)
+        row = score_context(model_dir, answer, tokenizer, lc, args.readings)
         with args.out.open("a") as f:
             f.write(json.dumps(row) + "\n")
         print(

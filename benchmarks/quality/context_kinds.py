@@ -99,9 +99,45 @@ class KindCase:
         return f"{self.kind}/{self.length}/{self.seed}"
 
 
-def make_kind_case(tokenizer: Any, kind: str, length: int, seed: int) -> KindCase:
+@dataclass(frozen=True, slots=True)
+class Redundancy:
+    """How a context of a kind is made (the knob that makes contexts of one kind differ):
+    ``tellings``, how many times each fact is told (in that many phrasings, spread over the
+    document); ``fact_share``, the share of the token budget facts take before filler fills the
+    rest (at least :data:`MIN_FACTS` facts whatever the share, as many as fit)."""
+
+    tellings: int
+    fact_share: float
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tellings <= MAX_TELLINGS or not 0.0 < self.fact_share <= 1.0:
+            raise ValueError(
+                f"redundancy needs 1 <= tellings <= {MAX_TELLINGS} and 0 < fact_share <= 1, "
+                f"got {self.tellings}, {self.fact_share}"
+            )
+
+
+MAX_TELLINGS = 4
+MIN_FACTS = 16
+ASKED_WITH_REDUNDANCY = len(KEYS)
+"""With a :class:`Redundancy` every fact is asked about (a context's label needs many
+questions to be measured well)."""
+
+
+def draw_redundancy(kind: str, length: int, seed: int) -> Redundancy:
+    """The redundancy of a labelled context, drawn from its ``(kind, length, seed)`` over a wide
+    range: each fact told 1 to 4 times, facts 15% to 95% of the budget."""
+    rnd = random.Random(f"redundancy/{kind}/{length}/{seed}")
+    return Redundancy(rnd.randint(1, MAX_TELLINGS), round(rnd.uniform(0.15, 0.95), 3))
+
+
+def make_kind_case(
+    tokenizer: Any, kind: str, length: int, seed: int, redundancy: Redundancy | None = None
+) -> KindCase:
     """A context of ``kind`` of about ``length`` tokens (the chat template and a question of
-    ~40 tokens fit beside it)."""
+    ~40 tokens fit beside it). Without ``redundancy``: the kind's own (module docstring), and
+    :data:`QUESTIONS` questions at most; with it: each fact told ``redundancy.tellings`` times,
+    facts ``redundancy.fact_share`` of the budget, and every fact asked about."""
     if kind not in _BUILDERS:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     rnd = random.Random(f"{kind}/{length}/{seed}")
@@ -113,10 +149,20 @@ def make_kind_case(tokenizer: Any, kind: str, length: int, seed: int) -> KindCas
     sep = "\n" if kind in ("logs", "table", "code", "chat") else " "
     # facts first up to their share of the budget, then filler to the length
     share = _FACT_SHARE[kind] if kind != "mixture" else 0.8 - 0.7 * (seed % 8) / 7
+    if redundancy is not None:
+        share = redundancy.fact_share
     for key in rnd.sample(KEYS, len(KEYS)):  # one fact per key: keys tell facts apart
-        if _count(tokenizer, lines, sep) >= budget * share:
+        count = _count(tokenizer, lines, sep)
+        if redundancy is None:
+            if count >= budget * share:
+                break
+        elif count >= budget or (count >= budget * share and len(facts) >= MIN_FACTS):
             break
         fact = build(rnd, key)
+        if redundancy is not None:
+            fact = _retold(kind, fact, key, redundancy.tellings, rnd)
+            if facts and _count(tokenizer, [*lines, *fact.tellings], sep) > budget:
+                break
         facts.append(fact)
         lines.extend(fact.tellings)
         fact_chars += sum(len(t) + 1 for t in fact.tellings)
@@ -129,7 +175,8 @@ def make_kind_case(tokenizer: Any, kind: str, length: int, seed: int) -> KindCas
             break
         del lines[spare[-1]]
     document = _header(kind) + sep.join(lines)
-    asked = rnd.sample(facts, min(QUESTIONS, len(facts)))
+    most = QUESTIONS if redundancy is None else ASKED_WITH_REDUNDANCY
+    asked = rnd.sample(facts, min(most, len(facts)))
     questions = tuple((f.question, f.lead, f.answer) for f in asked)
     return KindCase(kind, length, seed, document, questions, fact_chars / max(len(document), 1))
 
@@ -222,6 +269,28 @@ def _mixture_fact(rnd: random.Random, key: str) -> Fact:
     n = _value(rnd)
     return Fact((f"The {key} weighs {n} grams.",), f"How much does the {key} weigh?", n,
                 f"The {key} weighs")  # fmt: skip
+
+
+def _retold(kind: str, fact: Fact, key: str, times: int, rnd: random.Random) -> Fact:
+    """``fact`` told ``times`` times, in the kind's phrasings (the first ``times`` of them)."""
+    v = fact.answer
+    first = fact.tellings[0]
+    phrasings = {
+        "narrative": [*fact.tellings, f"Nobody forgot that the {key} was worth {v} coins."],
+        "logs": [f"{rnd.randint(10, 23)}:{rnd.randint(10, 59)} INFO the {key} service is "
+                 f"listening on port {v}" for _ in range(MAX_TELLINGS)],
+        "table": [first, f"the {key} costs {v} | (repeated row)", f"the {key} costs {v} | "
+                  "(price checked)", f"the {key} costs {v} | (price confirmed)"],
+        "code": [first, f"assert {key}_limit == {v}", f"DEFAULTS['{key}_limit'] = {v}",
+                 f"# {key}_limit is {v}"],
+        "chat": [first, f"Assistant: Noted, your {key} number is {v}.",
+                 f"User: Again, my {key} number is {v}.",
+                 f"Assistant: So your {key} number is {v}."],
+        "mixture": [first, f"Again, the {key} weighs {v} grams.",
+                    f"Everyone knew the {key} weighs {v} grams.",
+                    f"Weighed once more, the {key} weighs {v} grams."],
+    }[kind]  # fmt: skip
+    return Fact(tuple(phrasings[:times]), fact.question, fact.answer, fact.lead)
 
 
 _FACT_SHARE = {"narrative": 0.6, "logs": 0.8, "table": 0.95, "code": 0.35, "chat": 0.3}

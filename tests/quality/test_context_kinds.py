@@ -4,14 +4,26 @@ tokenizer stands in for SmolLM2's (lengths only)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
 
-from benchmarks.quality.context_kinds import KINDS, QUESTIONS, make_kind_case
+from benchmarks.quality.context_kinds import (
+    KINDS,
+    MAX_TELLINGS,
+    MIN_FACTS,
+    QUESTIONS,
+    Redundancy,
+    draw_redundancy,
+    make_kind_case,
+)
 from benchmarks.quality.context_labels import ContextLabels, half, split_half
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.profiler.reconstruction import reconstruction_ids
+
+PINNED = "2bea111409fe6f9358b72d5c01f910ffa17672ad340834d8fed3a31a52dc3d2e"
+"""The digest of :func:`make_kind_case`'s cases below (no redundancy), taken before the knob."""
 
 
 class Words:
@@ -64,3 +76,52 @@ def test_reconstruction_probes_are_spans_spread_over_the_context() -> None:
         reconstruction_ids([])
     with pytest.raises(InvalidArgumentError, match="spans and span_tokens must be >= 1"):
         reconstruction_ids(ids, spans=0)
+
+
+def test_without_redundancy_the_contexts_are_the_ones_the_e2e_workload_was_built_on() -> None:
+    # a digest of the cases as they were before the redundancy knob: the e2e workload
+    # (benchmarks/e2e/e2e_workload.py) builds its documents with these arguments
+    digest = hashlib.sha256()
+    for kind in KINDS:
+        for seed in (0, 5):
+            digest.update(repr(make_kind_case(Words(), kind, 600, seed)).encode())
+    assert digest.hexdigest() == PINNED
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_redundancy_retells_each_fact_and_asks_about_every_one(kind: str) -> None:
+    once = make_kind_case(Words(), kind, 1200, 1, Redundancy(1, 0.9))
+    thrice = make_kind_case(Words(), kind, 1200, 1, Redundancy(3, 0.9))
+    sparse = make_kind_case(Words(), kind, 1200, 1, Redundancy(1, 0.2))
+    for case, least in ((once, 1), (thrice, 3), (sparse, 1)):
+        assert len(case.document.split()) <= 1200 and len(case.questions) >= MIN_FACTS
+        for *_, answer in case.questions:
+            assert case.document.count(answer) >= least, (kind, answer)
+    # every fact is asked about: as many questions as facts, more than QUESTIONS
+    assert len(once.questions) >= len(thrice.questions)
+    assert len(once.questions) > QUESTIONS
+    assert sparse.fact_share < once.fact_share
+
+
+def test_redundancy_is_drawn_from_the_seed_over_a_wide_range() -> None:
+    drawn = [draw_redundancy("chat", 1024, s) for s in range(40)]
+    assert drawn == [draw_redundancy("chat", 1024, s) for s in range(40)]
+    assert {d.tellings for d in drawn} == set(range(1, MAX_TELLINGS + 1))
+    shares = [d.fact_share for d in drawn]
+    assert min(shares) < 0.3 and max(shares) > 0.8
+    with pytest.raises(ValueError, match=r"1 <= tellings <= 4 and 0 < fact_share <= 1"):
+        Redundancy(0, 0.5)
+    with pytest.raises(ValueError, match=r"got 2, 1\.5"):
+        Redundancy(2, 1.5)
+
+
+def test_a_labelled_context_regenerates_with_its_redundancy() -> None:
+    row = {"case": "code/1200/3", "kind": "code", "length": 1200, "seed": 3, "fact_share": 0.5,
+           "context_tokens": 10, "sha256": "x", "asked": ["q"] * 4, "redundancy": [2, 0.4],
+           "exact": {"int4": [1, 1, 0, 0]}, "answered": {"int4": [1, 1, 1, 0]}}  # fmt: skip
+    lc = ContextLabels.of(row)
+    assert lc.redundancy == Redundancy(2, 0.4)
+    assert lc.case(Words()) == make_kind_case(Words(), "code", 1200, 3, Redundancy(2, 0.4))
+    assert ContextLabels.of({**row, "redundancy": None}).case(Words()) == make_kind_case(
+        Words(), "code", 1200, 3
+    )
