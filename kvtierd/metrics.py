@@ -83,6 +83,13 @@ class Metrics:
         self._hits = prom.Counter("kvtierd_hits", "Lookups answered from the tier", tier,
                                   registry=r)  # fmt: skip
         self._misses = prom.Counter("kvtierd_misses", "Lookups that found nothing", registry=r)
+        self._lookup_decisions = prom.Counter(
+            "kvtierd_lookup_decisions",
+            "Lookups that found chunks, by what they reported: load all, recompute all, or "
+            "split (load a prefix, recompute the rest)",
+            ("decision",),
+            registry=r,
+        )
         self._hit_ratio = prom.Gauge("kvtierd_tier_hit_ratio",
                                      "Hits in the tier / all lookups since start", tier,
                                      registry=r)  # fmt: skip
@@ -139,6 +146,10 @@ class Metrics:
             self._tier_hits[tier] = self._tier_hits.get(tier, 0) + 1
             self._lookups += 1
         self._ensure_tier(tier)
+
+    def record_lookup_decision(self, decision: str) -> None:
+        """A lookup's load-or-recompute decision (``engine/lookup_decision.py``)."""
+        self._lookup_decisions.labels(decision).inc()
 
     def record_miss(self) -> None:
         """A lookup found nothing in any tier."""

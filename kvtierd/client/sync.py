@@ -169,9 +169,13 @@ class KVClient:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def lookup(self, keys: Sequence[str], hold_s: float = 0.0) -> LookupResult:
-        resp = self.call(self.kv.Lookup, pb.LookupRequest(keys=list(keys), hold_s=hold_s))
-        return lookup_result(resp)
+    def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, decide: bool = False
+    ) -> LookupResult:
+        """Which keys are stored, where; ``decide``: and how many of the found prefix to load
+        (``LookupResult.load_chunks``, the daemon's load-or-recompute decision)."""
+        request = pb.LookupRequest(keys=list(keys), hold_s=hold_s, decide=decide)
+        return lookup_result(self.call(self.kv.Lookup, request))
 
     @contextlib.contextmanager
     def lease(self, key: str, lease_s: float = 0.0) -> Iterator[tuple[pb.ObjectInfo, memoryview]]:
