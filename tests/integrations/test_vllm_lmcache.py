@@ -97,8 +97,9 @@ def _scenario(tiny_model: Path, work: Path, remote: str) -> Iterator[dict[str, A
 
         def run() -> None:
             try:
+                # more steps than engine 1 and a sync: the sidecar test's budget
                 second.update(run_vllm(work, tiny_model, steps, lm, dtype="float32",
-                                       log_level="DEBUG"))  # fmt: skip
+                                       log_level="DEBUG", timeout_s=360))  # fmt: skip
             except BaseException as e:
                 second["error"] = e
 
