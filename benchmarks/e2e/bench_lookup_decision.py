@@ -60,7 +60,7 @@ def run_mode(args: argparse.Namespace, mode: str, work: Path) -> dict[str, list[
     with throttled_redis(work / "redis", args.remote_mb_s * 1e6) as (address, _):
         remote = {"name": "remote", "kind": "remote", "capacity": 0,
                   "options": {"nodes": [address], "namespace": mode, "value_bytes": "1MiB",
-                              "op_timeout_s": 120.0}}  # fmt: skip
+                              "op_timeout_s": 120.0, "lookup_budget_s": 2.0}}  # fmt: skip
         daemon = write_config(work / "daemon", cpu="2GiB", ssd="4GiB", extra_tiers=[remote],
                               lookup_decision=mode)  # fmt: skip
         config = StackConfig(model=args.model, work_dir=work, daemon_config=daemon,

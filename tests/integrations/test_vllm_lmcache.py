@@ -127,10 +127,13 @@ def _scenario(tiny_model: Path, work: Path, remote: str) -> Iterator[dict[str, A
 
 def slow_remote_tier(address: str) -> dict[str, Any]:
     """The remote tier behind the throttled proxy (``throttled_proxy.py``): its start-up
-    calibration reads 2 MiB through it, so the tier's read fit is the proxy's rate."""
+    calibration reads 2 MiB through it, so the tier's read fit is the proxy's rate. A lookup
+    may wait 2 s on it (not the default 50 ms): past its budget the tier's breaker counts
+    what it holds as not found, and S's lookup would find nothing to decide on (seen at a
+    load average of 50)."""
     return {"name": "remote", "kind": "remote", "capacity": 0,
             "options": {"nodes": [address], "namespace": "e2e", "value_bytes": "64KiB",
-                        "op_timeout_s": 30.0}}  # fmt: skip
+                        "op_timeout_s": 30.0, "lookup_budget_s": 2.0}}  # fmt: skip
 
 
 def lookup_decisions(daemon: DaemonProcess) -> dict[str, float]:
