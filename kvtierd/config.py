@@ -59,6 +59,10 @@ def parse_size(value: object, where: str = "size") -> int:
     )
 
 
+LOOKUP_DECISIONS = ("decide", "load", "recompute")
+"""``lookup_decision``: per lookup, the system's rule; always load; always recompute."""
+
+
 @dataclass(frozen=True, slots=True)
 class TierConfig:
     """One tier. ``kind`` picks the implementation (cpu, ssd, gpu, remote); ``options`` holds
@@ -137,6 +141,10 @@ class DaemonConfig:
     # host:port of a plain gRPC server with only grpc.health.v1 on it (Kubernetes' native
     # grpc probes cannot use a Unix socket or TLS); empty = none. No data RPC is served there.
     health_address: str = ""
+    # What a Lookup that asks for the decision (the LMCache plugin's) reports of the chunks it
+    # found: "decide" the prefix whose load beats its prefill (engine/lookup_decision.py),
+    # "load" all of them, "recompute" none (comparison runs).
+    lookup_decision: str = "decide"
 
     def tier(self, name: str) -> TierConfig:
         for t in self.tiers:
@@ -411,6 +419,11 @@ def validate(config: DaemonConfig, origin: str = "config") -> None:
         raise ConfigError(
             f"{origin}: health_address must be host:port (e.g. 0.0.0.0:8081, port 0 = any "
             f"free port), got {config.health_address!r}"
+        )
+    if config.lookup_decision not in LOOKUP_DECISIONS:
+        raise ConfigError(
+            f"{origin}: lookup_decision must be one of {', '.join(LOOKUP_DECISIONS)}, got "
+            f"{config.lookup_decision!r}"
         )
     if config.token_bytes_per_tenant <= 0:
         raise ConfigError(f"{origin}: token_bytes_per_tenant must be > 0")

@@ -104,6 +104,13 @@ class Metrics:
         )  # fmt: skip
         for outcome in ("hit", "partial", "miss"):  # each series exists from the start
             self._request_lookups.labels(outcome)
+        self._lookup_decisions = prom.Counter(
+            "kvtierd_lookup_decisions",
+            "Lookups that found chunks, by what they reported: load all, recompute all, or "
+            "split (load a prefix, recompute the rest)",
+            ("decision",),
+            registry=r,
+        )
         self._hit_ratio = prom.Gauge("kvtierd_tier_hit_ratio",
                                      "Hits in the tier / all lookups since start", tier,
                                      registry=r)  # fmt: skip
@@ -169,6 +176,10 @@ class Metrics:
             self._tier_hits[tier] = self._tier_hits.get(tier, 0) + 1
             self._lookups += 1
         self._ensure_tier(tier)
+
+    def record_lookup_decision(self, decision: str) -> None:
+        """A lookup's load-or-recompute decision (``engine/lookup_decision.py``)."""
+        self._lookup_decisions.labels(decision).inc()
 
     def record_miss(self, chunks: int = 1) -> None:
         """``chunks`` were found in no tier."""

@@ -5,6 +5,10 @@
                                + restore_s (dequantize, rotate)
     TTFT of ``dropped`` = the context's prefill, at quality 1.0 (recomputed KV is exact)
 
+Load or recompute (issue 41): a lookup that finds chunks loads the longest prefix of them whose
+load beats prefilling its tokens by :data:`LOAD_MARGIN` (:func:`loaded_prefix`); the daemon's
+Lookup and the simulator's replay both decide with it, on the same predicted costs.
+
 The query's own prefill is the same in every option of a context, so it shifts a context's
 utilities by a constant and never changes a decision: it is left out here (the simulator adds it
 to the TTFT it reports). ``alpha`` is in 1/seconds (the policy's quality weight).
@@ -25,6 +29,13 @@ import numpy as np
 import numpy.typing as npt
 
 from kvtierd.types import TierModel
+
+LOAD_MARGIN = 0.1
+"""A load must beat recomputing its tokens by this share of its own predicted time: the load
+side of :func:`loaded_prefix` is charged ``(1 + LOAD_MARGIN) * load_s``. A load is priced
+from fits of past reads that a busy tier can miss by a lot (a 40 s disk hit against a 0.9 s
+prefill, issue 41), while a recompute's cost is bounded by what the fit of vLLM's prefill
+says; near a tie recomputing is the safer side."""
 
 Value = TypeVar("Value", float, npt.NDArray[np.float64])
 """A number or an array of them: every function here is elementwise."""
@@ -83,3 +94,35 @@ def utility(alpha: float, quality: Value | float, ttft_s: Value, frequency: Valu
 def dropped_utility(alpha: float, prefill_s: Value, frequency: Value) -> Value:
     """The utility of not caching: recomputed in ``prefill_s`` at quality 1.0."""
     return utility(alpha, 1.0, prefill_s, frequency)
+
+
+def loaded_prefix(
+    load_s: npt.ArrayLike, saved_s: npt.ArrayLike, margin: float = LOAD_MARGIN
+) -> npt.NDArray[np.int64]:
+    """How many leading chunks of what a lookup found to load; the rest are recomputed.
+
+    Along the last axis, entry ``k`` prices loading the first ``k + 1`` chunks found:
+    ``load_s[..., k]`` the seconds to load them (:func:`load_seconds`, summed over the
+    chunks, each tier's overhead once), ``saved_s[..., k]`` the seconds of prefill that load
+    saves (their tokens at the server's prefill speed). Both are cumulative, so
+    non-decreasing. The answer (per row) is the ``k + 1`` that maximises
+    ``saved_s - (1 + margin) * load_s`` when that is >= 0, else 0 (recompute everything);
+    among equal gains the longer prefix (a tie loads, as a lookup did before the rule). One
+    candidate per row (``[..., 1]``) is the whole-context choice: load iff
+    ``(1 + margin) * load_s <= saved_s``."""
+    if not (math.isfinite(margin) and margin >= 0):
+        raise ValueError(f"the load margin must be a finite number >= 0, got {margin!r}")
+    load = np.asarray(load_s, dtype=np.float64)
+    saved = np.asarray(saved_s, dtype=np.float64)
+    if load.shape != saved.shape or load.ndim == 0:
+        raise ValueError(
+            f"load_s and saved_s must be arrays of one shape with a candidates axis, got "
+            f"{load.shape} and {saved.shape}"
+        )
+    gain = saved - (1.0 + margin) * load
+    gain = np.where(np.isnan(gain), -np.inf, gain)  # an unpriceable side never wins
+    zeros = np.zeros((*gain.shape[:-1], 1))
+    gains = np.concatenate([zeros, gain], axis=-1)  # entry 0: load nothing
+    last = gains.shape[-1] - 1
+    best: npt.NDArray[np.int64] = last - np.argmax(gains[..., ::-1], axis=-1)  # the longest max
+    return best

@@ -213,7 +213,7 @@ class RedisClusterProcs:
 
     def _create_cluster(self) -> None:
         cli = shutil.which("redis-cli")
-        if cli is not None:
+        if cli is not None and len(self.nodes) >= 3:  # redis-cli creates 3 masters or more
             cmd = [cli, "--cluster", "create", *self.addresses]
             cmd += ["--cluster-replicas", "0", "--cluster-yes"]
             done = subprocess.run(

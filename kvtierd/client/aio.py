@@ -121,9 +121,13 @@ class AsyncKVClient:
         commit: pb.CommitResponse = await self.call(self.kv.Commit, req)
         return commit.objects[0]
 
-    async def lookup(self, keys: Sequence[str], hold_s: float = 0.0) -> LookupResult:
-        resp = await self.call(self.kv.Lookup, pb.LookupRequest(keys=list(keys), hold_s=hold_s))
-        return lookup_result(resp)
+    async def lookup(
+        self, keys: Sequence[str], hold_s: float = 0.0, decide: bool = False
+    ) -> LookupResult:
+        """Which keys are stored, where; ``decide``: and how many of the found prefix to load
+        (``LookupResult.load_chunks``, the daemon's load-or-recompute decision)."""
+        request = pb.LookupRequest(keys=list(keys), hold_s=hold_s, decide=decide)
+        return lookup_result(await self.call(self.kv.Lookup, request))
 
     @contextlib.asynccontextmanager
     async def lease(

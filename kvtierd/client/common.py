@@ -122,9 +122,15 @@ def decode_get_part(data: bytes) -> pb.GetPart | memoryview:
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
+    """``load_chunks``/``decision``/``reason``: the daemon's load-or-recompute decision, when
+    the lookup asked for it (``decide``; else ``load_chunks`` is ``prefix_hits``)."""
+
     found: tuple[bool, ...]
     tiers: tuple[str, ...]
     prefix_hits: int
+    load_chunks: int = 0
+    decision: str = ""
+    reason: str = ""
 
 
 def lookup_result(resp: pb.LookupResponse) -> LookupResult:
@@ -133,7 +139,15 @@ def lookup_result(resp: pb.LookupResponse) -> LookupResult:
     tiers = tuple(map(names.__getitem__, resp.tier_index))  # C loops: a 1,000-key batch
     if not all(found):
         tiers = tuple(t if f else "" for f, t in zip(found, tiers, strict=True))
-    return LookupResult(found=found, tiers=tiers, prefix_hits=resp.prefix_hits)
+    decided = bool(resp.decision)
+    return LookupResult(
+        found=found,
+        tiers=tiers,
+        prefix_hits=resp.prefix_hits,
+        load_chunks=min(resp.load_chunks, resp.prefix_hits) if decided else resp.prefix_hits,
+        decision=resp.decision,
+        reason=resp.reason,
+    )
 
 
 _HANDSHAKE_TIMED_OUT = "connection attempt timed out before receiving SETTINGS frame"

@@ -170,11 +170,18 @@ class KVClient:
     # -- reads -------------------------------------------------------------------------------
 
     def lookup(
-        self, keys: Sequence[str], hold_s: float = 0.0, *, request: bool = False
+        self,
+        keys: Sequence[str],
+        hold_s: float = 0.0,
+        decide: bool = False,
+        *,
+        request: bool = False,
     ) -> LookupResult:
-        """``request``: this is a served request's lookup of its prompt, whose outcome the
-        daemon counts (hit, partial, miss; ``LookupRequest.request``)."""
-        message = pb.LookupRequest(keys=list(keys), hold_s=hold_s, request=request)
+        """Which keys are stored, where; ``decide``: and how many of the found prefix to load
+        (``LookupResult.load_chunks``, the daemon's load-or-recompute decision); ``request``:
+        this is a served request's lookup of its prompt, whose outcome the daemon counts (hit,
+        partial, miss; ``LookupRequest.request``)."""
+        message = pb.LookupRequest(keys=list(keys), hold_s=hold_s, decide=decide, request=request)
         return lookup_result(self.call(self.kv.Lookup, message))
 
     @contextlib.contextmanager

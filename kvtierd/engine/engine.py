@@ -41,6 +41,7 @@ from kvtierd.engine.in_flight_reports import InFlightReports
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.index_rebuild import rebuild_index
 from kvtierd.engine.leases import LeaseTable
+from kvtierd.engine.lookup_decision import LookupDecision, decide, restore_share
 from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.option_table import Option, ReasonSources, placement_reason, utility_table
@@ -378,6 +379,34 @@ class Engine:
         self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
     ) -> tuple[list[ObjectRecord | None], int]:
         return await self.reads.lookup(keys, hold_s, tenant)
+
+    def lookup_decision(self, found: Sequence[ObjectRecord | None]) -> LookupDecision:
+        """Of a lookup's found prefix, the chunks to load (``lookup_decision.py``), priced as
+        the placer prices them; counted in ``kvtierd_lookup_decisions``."""
+        prefix = next((i for i, f in enumerate(found) if f is None), len(found))
+        held = [f for f in found[:prefix] if f is not None]
+        options = self.profiling.options
+        per_context: dict[str, tuple[int, float | None]] = {}  # a lookup's chunks share few
+
+        def restore_s(rec: ObjectRecord) -> float:
+            cid = rec.meta.context
+            if cid not in per_context:
+                ctx = self.index.contexts.get(cid)
+                known = None if ctx is None else options.profiled(cid).get(ctx.variant)
+                per_context[cid] = (0 if ctx is None else ctx.size_bytes,
+                                    known.restore_s if known else None)  # fmt: skip
+            return restore_share(rec, *per_context[cid])
+
+        decision = decide(
+            held,
+            self.placing.tier_models(),
+            restore_s=restore_s,
+            prefill_tokens_per_s=self.profiling.prefill_tokens_per_s(),
+            mode=self.config.lookup_decision,
+        )
+        if decision.decision:
+            self.metrics.record_lookup_decision(decision.decision)
+        return decision
 
     async def get(
         self, keys: Sequence[str], lease_s: float = 0.0, tenant: str = "", device_ok: bool = False

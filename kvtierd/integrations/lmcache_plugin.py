@@ -24,7 +24,9 @@ the context's last chunk missing so that a put always comes (``store_request``,
 compressed it (plugin or daemon). A request whose prompt ``kvtierd router`` registered with the
 daemon (``lmcache.tag.kvtierd_request``) is linked to the context it stored or read, so that
 the daemon learns the context's tokens and records the prompt as a real query of it
-(``prompt_links``).
+(``prompt_links``). vLLM's lookup of a prompt reports only the chunks whose load the daemon
+predicts faster than prefilling them (``Lookup.decide``: load, recompute or split, logged at
+DEBUG with the predicted seconds; docs/daemon.md, "Load or recompute").
 
 **Failures never reach LMCache as exceptions.** LMCache 0.5.6 does not catch a plugin's
 exceptions on the load path: one raised from a get reaches vLLM's worker and kills vLLM's
@@ -175,11 +177,18 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
                 return claimed  # a placeholder request's load then fails, as documented
             hold = self.settings.hold_s if pin else 0.0
             names = self.placeholders.translate(keys, [key_string(k) for k in keys])
-            hits = self.client.lookup(names, hold_s=hold, request=prompt).prefix_hits
             store = StoreRequest.of(keys[0]) if keys else None
+            # vLLM's lookup (pinned, the whole prompt) asks whether to load or recompute; a
+            # placeholder or store request must load what it finds (module docstring).
+            decide = pin and prompt and not claimed and store is None
+            found = self.client.lookup(names, hold_s=hold, decide=decide, request=prompt)
+            hits = found.prefix_hits
             if store is not None:  # its put must carry the context's last chunk
                 hits = self.context_chunks.looked_up(store, names, hits, self.chunk_tokens)
             self.links.looked_up(names, hits)
+            if decide and found.decision:
+                logger.debug("kvtierd plugin: lookup %s: %s", found.decision, found.reason)
+                hits = found.load_chunks
         except Exception as e:
             self._failed("lookup", e)
             hits = 0

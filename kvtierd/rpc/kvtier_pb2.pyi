@@ -162,6 +162,7 @@ class LookupRequest(_message.Message):
     KEYS_FIELD_NUMBER: _builtins.int
     HOLD_S_FIELD_NUMBER: _builtins.int
     REQUEST_FIELD_NUMBER: _builtins.int
+    DECIDE_FIELD_NUMBER: _builtins.int
     hold_s: _builtins.float
     """Protect found objects from eviction for this long (e.g. between an engine's lookup
     and its load); 0 = no protection.
@@ -171,6 +172,10 @@ class LookupRequest(_message.Message):
     daemon counts its outcome (lookups_hit, lookups_partial, lookups_missed in Status) and the
     chunks after its found prefix as misses. Single-key and manifest lookups leave it unset.
     """
+    decide: _builtins.bool
+    """Ask for the load-or-recompute decision (docs/daemon.md, "Load or recompute"): the
+    response's load_chunks says how many of the found prefix to load.
+    """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -179,10 +184,11 @@ class LookupRequest(_message.Message):
         keys: _abc.Iterable[_builtins.str] | None = ...,
         hold_s: _builtins.float = ...,
         request: _builtins.bool = ...,
+        decide: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hold_s", b"hold_s", "keys", b"keys", "request", b"request"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decide", b"decide", "hold_s", b"hold_s", "keys", b"keys", "request", b"request"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -201,8 +207,18 @@ class LookupResponse(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     TIERS_FIELD_NUMBER: _builtins.int
     PREFIX_HITS_FIELD_NUMBER: _builtins.int
+    LOAD_CHUNKS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     prefix_hits: _builtins.int
     """number of leading keys found"""
+    load_chunks: _builtins.int
+    """Only when the request set `decide`: how many of the prefix_hits to load (the rest are
+    cheaper to recompute), the decision (load, recompute, split; "" if nothing was found) and
+    its reason (the predicted load and prefill seconds).
+    """
+    decision: _builtins.str
+    reason: _builtins.str
     @_builtins.property
     def found(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]: ...
     @_builtins.property
@@ -225,10 +241,13 @@ class LookupResponse(_message.Message):
         size_bytes: _abc.Iterable[_builtins.int] | None = ...,
         tiers: _abc.Iterable[_builtins.str] | None = ...,
         prefix_hits: _builtins.int = ...,
+        load_chunks: _builtins.int = ...,
+        decision: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found", "prefix_hits", b"prefix_hits", "size_bytes", b"size_bytes", "tier_index", b"tier_index", "tiers", b"tiers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "found", b"found", "load_chunks", b"load_chunks", "prefix_hits", b"prefix_hits", "reason", b"reason", "size_bytes", b"size_bytes", "tier_index", b"tier_index", "tiers", b"tiers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -86,6 +86,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         resp.found.extend([f is not None for f in found])
         resp.tier_index.extend([index[f.tier] if f is not None else 0 for f in found])
         resp.size_bytes.extend([f.meta.size_bytes if f is not None else 0 for f in found])
+        if request.decide:
+            decision = self.engine.lookup_decision(found)
+            resp.load_chunks, resp.decision = decision.chunks, decision.decision
+            resp.reason = decision.reason
         return resp
 
     async def Allocate(self, request: pb.AllocateRequest, rpc_context: Any) -> pb.AllocateResponse:

@@ -61,7 +61,9 @@ def add_placer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-recompute",
         action="store_true",
-        help="load from a tier even when recomputing would be faster (the old baselines)",
+        help="load from a tier even when recomputing would be faster (the old baselines); "
+        "by default a request loads only when the daemon's rule says so "
+        "(kvtierd.utility.loaded_prefix: the load beats the prefill it saves by 10%%)",
     )
     g.add_argument(
         "--hold-s",

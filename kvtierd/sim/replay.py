@@ -5,8 +5,10 @@ Per request for context ``c`` (EvicPress §6.1 metrics):
 
 * cached at ``(variant, tier)``: TTFT = bytes / tier bandwidth + tier overhead + restore +
   prefill of the query after the kept tokens; quality = the variant's profiled quality. When
-  that is slower than recomputing (``recompute_slower_loads``, on by default) the request is
-  **recomputed** instead, as an LLM server that knows both costs would: TTFT = prefill of
+  the load is not faster than recomputing by the daemon's margin (``recompute_slower_loads``, on by
+  default: the rule the daemon's Lookup applies, :func:`kvtierd.utility.loaded_prefix`, with
+  :data:`kvtierd.utility.LOAD_MARGIN`) the request is
+  **recomputed** instead, as kvtierd's lookup decides (issue 41): TTFT = prefill of
   context + query, quality 1.0. This applies to every placer alike: without it the LRU family
   loads from tiers slower than prefill (29-39% of its requests in the paper-scale sweep);
 * not cached (first use, evicted, or dropped): TTFT = prefill of context + query, quality 1.0.
@@ -64,6 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 
 from kvtierd.errors import InvalidArgumentError
 from kvtierd.policies.base import Placer, PlacerParams, make_placer
@@ -80,7 +83,7 @@ from kvtierd.types import (
     TierModel,
     VariantProfile,
 )
-from kvtierd.utility import load_seconds
+from kvtierd.utility import load_seconds, loaded_prefix
 
 GB = 1e9
 
@@ -365,9 +368,10 @@ def _measure(cfg: SimulationConfig, prep: Prepared, done: Replay) -> SimulationR
     if shared:  # the prefix's load too; its tier's overhead once when both share a tier
         pt = done.prefix_hit[hit]
         load = load + prefix_bytes / bw[pt] + np.where(pt == t, 0.0, overhead[pt])
-    loaded = load + prep.prefill.seconds(query[hit], vt.kept_tokens[c, v] + shared)
-    if cfg.recompute_slower_loads:
-        slower = loaded > service[hit]
+    after = prep.prefill.seconds(query[hit], vt.kept_tokens[c, v] + shared)
+    loaded = load + after
+    if cfg.recompute_slower_loads:  # the daemon's rule, on the prefill the load saves
+        slower = _recomputed(load, service[hit] - after)
         served[hit[slower]] = RECOMPUTED
         hit, loaded, c, v = hit[~slower], loaded[~slower], c[~slower], v[~slower]
     service[hit] = loaded
@@ -431,9 +435,21 @@ def _prefix_only(
     new = own + wl.query_tokens[only].astype(np.float64)
     size = np.full_like(new, shared * wl.model.kv_bytes_per_token)
     load = load_seconds(size, np.zeros_like(new), bw, 0.0)
-    loaded = load + prep.prefill.seconds(new, np.full_like(new, shared))
-    slower = loaded > service[only] if cfg.recompute_slower_loads else np.zeros(only.size, bool)
+    after = prep.prefill.seconds(new, np.full_like(new, shared))
+    loaded = load + after
+    if cfg.recompute_slower_loads:
+        slower = _recomputed(load, service[only] - after)
+    else:
+        slower = np.zeros(only.size, bool)
     served[only[slower]] = RECOMPUTED
     served[only[~slower]] = PREFIX
     service[only[~slower]] = loaded[~slower]
     new_tokens[only[~slower]] = new[~slower]
+
+
+def _recomputed(load_s: FloatArray, saved_s: FloatArray) -> npt.NDArray[np.bool_]:
+    """Per request: recomputed rather than loaded, by the daemon's own rule
+    (:func:`kvtierd.utility.loaded_prefix`, one candidate each: the whole cached context,
+    margin :data:`~kvtierd.utility.LOAD_MARGIN`); ``saved_s``: the prefill its load saves."""
+    recomputed: npt.NDArray[np.bool_] = loaded_prefix(load_s[:, None], saved_s[:, None]) == 0
+    return recomputed

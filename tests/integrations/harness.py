@@ -51,16 +51,19 @@ def run_vllm(
     *,
     timeout_s: float = 240.0,
     dtype: str = "",
+    log_level: str = "INFO",
 ) -> dict[str, Any]:
     """One vLLM process through ``steps`` in ``dtype`` ("": the dtype ``kvtierd stack`` picks
-    for this CPU, ``cpu_dtype.py``); returns its named results (raises with its log)."""
+    for this CPU, ``cpu_dtype.py``), the plugin logging at ``log_level``; returns its named
+    results (raises with its log)."""
     from kvtierd.integrations.cpu_dtype import choose_dtype, cpu_flags
 
     dtype = dtype or choose_dtype(cpu_flags(), connector=lmcache is not None).dtype
     work.mkdir(parents=True, exist_ok=True)
     n = len(list(work.glob("spec-*.json")))
     spec, out, log = work / f"spec-{n}.json", work / f"out-{n}.json", work / f"vllm-{n}.log"
-    run = {"model": str(model), "lmcache": lmcache, "steps": steps, "dtype": dtype}
+    run = {"model": str(model), "lmcache": lmcache, "steps": steps, "dtype": dtype,
+           "kvtierd_log_level": log_level}  # fmt: skip
     spec.write_text(json.dumps(run))
     # This checkout first; the caller's path after it (tests/integrations/force_avx2 must reach
     # vLLM's process for the AVX2 check of issue 25).

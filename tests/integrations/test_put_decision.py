@@ -135,8 +135,10 @@ def plugin_for(start_daemon: Any) -> Iterator[Any]:
     made: list[Any] = []
     daemons: list[Any] = []
 
-    def make(policy: str, **settings: str) -> tuple[Any, KVClient]:
-        d = start_daemon(name=f"d{len(made)}", cpu="8MiB", ssd="32MiB")
+    def make(
+        policy: str, daemon: dict[str, Any] | None = None, **settings: str
+    ) -> tuple[Any, KVClient]:
+        d = start_daemon(name=f"d{len(made)}", cpu="8MiB", ssd="32MiB", **(daemon or {}))
         daemons.append(d)
         client = KVClient(d.socket_path)
         client.call(client.admin.ApplyPolicy, pb.ApplyPolicyRequest(yaml=policy, source="t"))
@@ -316,4 +318,21 @@ def test_three_documents_after_one_system_prompt_make_a_tree(plugin_for: Any) ->
     tree = {c.context_id: (c.parent_context_id, c.objects) for c in client.contexts()}
     assert tree == {names[0]: ("", 3), **{n: (names[0], 2) for n in names[1:]}}
     assert plugin.stats.branched_puts == 2  # the first document became a child by the split
+    assert plugin.stats.errors == 0, plugin.stats.last_error
+
+
+def test_only_vllms_prompt_lookup_asks_to_load_or_recompute(
+    plugin_for: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 41: the pinned lookup of a prompt (vLLM's) reports what the daemon's decision
+    loads — here none (``lookup_decision: recompute``) — and logs it at DEBUG; LMCache's other
+    lookups (its retrieve's block mapping, a put's presence check) still see every chunk."""
+    plugin, _ = plugin_for("placer: lru\n", daemon={"lookup_decision": "recompute"})
+    keys, objs = _keys(7, 3), _chunks(3)
+    plugin.batched_submit_put_task(keys, objs)
+    with caplog.at_level(logging.DEBUG, logger="kvtierd.integrations.lmcache_plugin"):
+        assert plugin.batched_contains(keys, pin=True) == 0
+    assert "kvtierd plugin: lookup recompute: lookup_decision: recompute (always)" in caplog.text
+    assert plugin.batched_contains(keys) == 3
+    assert plugin.contains(keys[0], pin=True)
     assert plugin.stats.errors == 0, plugin.stats.last_error

@@ -10,17 +10,26 @@ One scenario, run once for the module, with two engine processes (each engine st
    again must change its tokens (a's negative control: the loaded KV is what vLLM uses);
    context C under two ``cache_salt`` values of one namespace (issue 41.2): the second salt
    reads nothing of the first's, the first salt reads its own chunks back.
+3. load or recompute (issue 41): context S is stored, then every context is drained to a
+   remote tier made slow on purpose (a one-node Redis Cluster behind a proxy that sleeps per
+   block it returns, ``benchmarks/_support/throttled_proxy.py``, 1 MB/s); S again is
+   recomputed (its lookup reports no chunk: the daemon predicts its load slower than its
+   prefill), while context F, stored in the CPU tier, is loaded.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.daemon_proc import DaemonProcess, metrics_port, write_config
+from benchmarks._support.throttled_proxy import throttled_redis
 from kvtierd.client import KVClient
 from kvtierd.integrations.salt import salt_key_prefix
 from tests.integrations.harness import (
@@ -37,6 +46,13 @@ CONTEXT_A = [10 + (7 * i) % 900 for i in range(70)]  # 4 full chunks of 16 + 6 t
 CONTEXT_B = [20 + (13 * i) % 900 for i in range(50)]  # 3 full chunks
 CONTEXT_C = [30 + (11 * i) % 900 for i in range(50)]  # 3 full chunks, asked under two salts
 ALICE, BOB = "team-a:alice-secret", "team-a:bob-secret"  # one namespace, two users
+CONTEXT_S = [30 + (17 * i) % 900 for i in range(70)]  # 4 full chunks, then on the slow tier
+CONTEXT_F = [40 + (19 * i) % 900 for i in range(70)]  # 4 full chunks, in the CPU tier
+RESET = {"op": "reset_prefix_cache"}
+# The remote tier's link: a 16 KiB chunk (float32) takes ~16 ms, its 16 tokens' prefill at the
+# daemon's prefill_tokens_per_s (5,000, nothing served teaches it here) 3.2 ms: recompute.
+# A CPU-tier chunk loads in microseconds: load.
+SLOW_BYTES_PER_S = 1e6
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +60,13 @@ def scenario(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("e2e")
-    config = write_config(work / "daemon", cpu="64MiB", ssd="256MiB")
+    with throttled_redis(work / "redis", SLOW_BYTES_PER_S) as (address, _):
+        yield from _scenario(tiny_model, work, address)
+
+
+def _scenario(tiny_model: Path, work: Path, remote: str) -> Iterator[dict[str, Any]]:
+    config = write_config(work / "daemon", cpu="64MiB", ssd="256MiB",
+                          extra_tiers=[slow_remote_tier(remote)], metrics_port="any")  # fmt: skip
     sock = str(work / "daemon" / "kvtierd.sock")
     daemon = DaemonProcess(config, sock, work / "daemon" / "daemon.log").start()
     lm = lmcache_config(sock, durable=True)
@@ -58,35 +80,94 @@ def scenario(
         with KVClient(sock) as c:
             tiers_after_restart = {ctx.tier for ctx in c.contexts()}
         int8 = {"lmcache.tag.kvtierd_variant": "int8"}
-        second = run_vllm(
-            work,
-            tiny_model,
-            [
-                gen("a2", CONTEXT_A),
-                # vLLM's own prefix cache keeps salts apart; reset it so that the same salt's
-                # second request can only hit through LMCache and the plugin
-                gen("c_alice1", CONTEXT_C, salt=ALICE),
-                {"op": "reset_prefix_cache"},
-                gen("c_bob1", CONTEXT_C, salt=BOB),
-                {"op": "reset_prefix_cache"},
-                gen("c_alice2", CONTEXT_C, salt=ALICE),
-                gen("b1", CONTEXT_B, int8),
-                {"op": "reset_prefix_cache"},
-                gen("b2", CONTEXT_B, int8),
-                {"op": "reset_prefix_cache"},
-                {"op": "corrupt_next_get"},
-                gen("a3", CONTEXT_A),
-            ],
-            lm,
-            dtype="float32",
-        )
+        steps = [
+            gen("a2", CONTEXT_A),
+            # vLLM's own prefix cache keeps salts apart; reset it so that the same salt's
+            # second request can only hit through LMCache and the plugin
+            gen("c_alice1", CONTEXT_C, salt=ALICE),
+            RESET,
+            gen("c_bob1", CONTEXT_C, salt=BOB),
+            RESET,
+            gen("c_alice2", CONTEXT_C, salt=ALICE),
+            gen("b1", CONTEXT_B, int8),
+            RESET,
+            gen("b2", CONTEXT_B, int8),
+            RESET,
+            {"op": "corrupt_next_get"},
+            gen("a3", CONTEXT_A),
+            # load or recompute (issue 41); loads from here on are corrupted: only the
+            # plugin's counters and the daemon's decisions are asserted
+            gen("s1", CONTEXT_S),
+            {"op": "sync", "name": "slow"},  # every context moves to the throttled remote
+            RESET,
+            gen("s2", CONTEXT_S),
+            gen("f1", CONTEXT_F),
+            RESET,
+            gen("f2", CONTEXT_F),
+        ]
+        second: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                # more steps than engine 1 and a sync: the sidecar test's budget
+                second.update(run_vllm(work, tiny_model, steps, lm, dtype="float32",
+                                       log_level="DEBUG", timeout_s=360))  # fmt: skip
+            except BaseException as e:
+                second["error"] = e
+
+        vllm = threading.Thread(target=run)
+        vllm.start()
+        try:
+            _reached(work, "slow", vllm)
+            with KVClient(sock) as c:
+                c.drain("cpu")
+                c.drain("ssd")
+                on_remote = {"tiers": [ctx.tier for ctx in c.contexts()]}
+        finally:
+            (work / "slow.go").touch()  # never leave vLLM waiting
+            vllm.join(600)
+        if "error" in second:
+            raise second["error"]
         with KVClient(sock) as c:
             status = c.status()
             contexts = c.contexts()
         yield {**first, **second, "tiers_after_restart": tiers_after_restart, "status": status,
-               "contexts": contexts}  # fmt: skip
+               "contexts": contexts, "on_remote": on_remote, "decisions": lookup_decisions(daemon),
+               "vllm_log": Path(second["_log"]).read_text(errors="replace")}  # fmt: skip
     finally:
         daemon.kill()
+
+
+def slow_remote_tier(address: str) -> dict[str, Any]:
+    """The remote tier behind the throttled proxy (``throttled_proxy.py``): its start-up
+    calibration reads 2 MiB through it, so the tier's read fit is the proxy's rate. A lookup
+    may wait 2 s on it (not the default 50 ms): past its budget the tier's breaker counts
+    what it holds as not found, and S's lookup would find nothing to decide on (seen at a
+    load average of 50)."""
+    return {"name": "remote", "kind": "remote", "capacity": 0,
+            "options": {"nodes": [address], "namespace": "e2e", "value_bytes": "64KiB",
+                        "op_timeout_s": 30.0, "lookup_budget_s": 2.0}}  # fmt: skip
+
+
+def lookup_decisions(daemon: DaemonProcess) -> dict[str, float]:
+    """The daemon's ``kvtierd_lookup_decisions`` by decision (its /metrics)."""
+    url = f"http://127.0.0.1:{metrics_port(daemon)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvtierd_lookup_decisions_total{"):
+            label, value = line.split("} ")
+            out[label.split('"')[1]] = float(value)
+    return out
+
+
+def _reached(work: Path, name: str, vllm: threading.Thread, timeout_s: float = 400) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (work / f"{name}.reached").exists():
+        if not vllm.is_alive() or time.monotonic() > deadline:
+            raise AssertionError(f"vLLM did not reach sync step {name!r}")
+        time.sleep(0.05)
 
 
 def gen(
@@ -168,3 +249,22 @@ def test_cache_salts_have_their_own_daemon_contexts(scenario: dict[str, Any]) ->
     assert [c.objects for c in mine["bob"]] == [len(CONTEXT_C) // CHUNK]
     assert mine["alice"][0].hits >= 1  # its second request's read (a context's hits count reads)
     assert mine["bob"][0].hits == 0
+
+
+def test_slow_tier_hit_recomputed_fast_tier_hit_loaded(scenario: dict[str, Any]) -> None:
+    chunks = len(CONTEXT_S) // CHUNK
+    assert scenario["on_remote"]["tiers"] == ["remote"] * len(scenario["on_remote"]["tiers"])
+    s1, s2 = scenario["s1"]["stats"], scenario["s2"]["stats"]
+    f1, f2 = scenario["f1"]["stats"], scenario["f2"]["stats"]
+    for stats in (s2, f2):
+        assert stats["errors"] == 0, stats["last_error"]
+    # S is held (on the slow tier) but nothing of it is reported or loaded: recomputed
+    assert (s2["hit_chunks"], s2["get_chunks"]) == (s1["hit_chunks"], s1["get_chunks"])
+    assert s2["put_chunks"] == s1["put_chunks"]  # and not stored again: the daemon has it
+    # F, in the CPU tier, is loaded whole
+    assert f2["hit_chunks"] - f1["hit_chunks"] == chunks
+    assert f2["get_chunks"] - f1["get_chunks"] == chunks
+    assert scenario["decisions"]["recompute"] >= 1 and scenario["decisions"]["load"] >= 1
+    log = scenario["vllm_log"]
+    assert "kvtierd plugin: lookup recompute: 4 chunks found (remote)" in log
+    assert "kvtierd plugin: lookup load: 4 chunks found (cpu)" in log

@@ -21,6 +21,7 @@ from kvtierd.sim.timing import loaded_ttft_s, qps_at_ttft, queued_ttft_s
 from kvtierd.sim.variant_space import VariantSpace, quant_ratio
 from kvtierd.sim.workload import MODELS, WorkloadConfig
 from kvtierd.types import ContextProfile, Plan, TierModel
+from kvtierd.utility import LOAD_MARGIN, loaded_prefix
 
 SMALL = SimulationConfig(workload=WorkloadConfig(n_contexts=60, n_requests=1500, seed=3))
 
@@ -105,6 +106,30 @@ def test_a_load_slower_than_prefill_is_recomputed():
     assert np.all(fair.service_s[fair.served == RECOMPUTED] == prefill[fair.served == RECOMPUTED])
     assert np.all(old.service_s[fair.served == RECOMPUTED] > prefill[fair.served == RECOMPUTED])
     assert fair.ttft_mean_s < old.ttft_mean_s and fair.served_as().count("recompute") > 0
+
+
+def test_the_recompute_rule_is_the_daemons():
+    """Issue 41: a request is recomputed exactly where the daemon's Lookup would recompute it
+    (``utility.loaded_prefix`` on its load and the prefill that load saves, margin
+    ``LOAD_MARGIN``), including loads faster than the prefill but not by the margin (a remote
+    tier at 2 GB/s puts 100 of SMALL's requests there)."""
+    tiers = (TierModel("dram", int(2e9), 20e9, 0.0005), TierModel("remote", None, 2e9, 0.01))
+    cfg = replace(SMALL, placer="lru", tiers=tiers)
+    fair = run_simulation(cfg)
+    every = run_simulation(replace(cfg, recompute_slower_loads=False))  # every hit loads
+    prep = prepare(cfg)
+    wl = prep.workload
+    ctx = wl.request_context[wl.measured]
+    tokens = wl.context_tokens[ctx].astype(float)
+    query = wl.query_tokens[wl.measured].astype(float)
+    after = prep.prefill.seconds(query, tokens)  # LRU keeps originals: the query is left
+    saved = prep.prefill.seconds(tokens + query, np.zeros_like(query)) - after
+    load = every.service_s - after
+    hit = every.served >= 0
+    rule = loaded_prefix(load[:, None], saved[:, None]) == 0
+    assert np.array_equal(fair.served[hit] == RECOMPUTED, rule[hit])
+    in_margin = hit & (load < saved) & ((1 + LOAD_MARGIN) * load > saved)
+    assert in_margin.sum() > 0 and np.all(fair.served[in_margin] == RECOMPUTED)
 
 
 class _Recording(LruPlacer):
