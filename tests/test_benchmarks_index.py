@@ -108,6 +108,7 @@ def test_the_table_opens_results_and_names_commands() -> None:
     assert text.index(TABLE_HEADING) < text.index("\n### ")  # the table before any section
     modules = {c.module for c in results_commands()}
     assert "benchmarks.e2e.e2e_matrix" in modules
+    assert "benchmarks.e2e.bench_scale" in modules  # issue 42's figures at scale
     assert len(modules) >= 15
     assert len(text.splitlines()) < 600
 

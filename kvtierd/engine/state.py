@@ -40,7 +40,7 @@ class ContextRecord:
     last_access_s: float = 0.0
     pinned: bool = False
     hold_until_s: float = 0.0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _lock: asyncio.Lock | None = field(default=None, repr=False)
     # The object that marks a daemon-made variant complete (written last), and its tier.
     marker: tuple[ObjectMeta, str] | None = None
     # The original's objects (meta, tier) kept in an unbounded tier while the context is
@@ -56,6 +56,14 @@ class ContextRecord:
     # The position the next object joining the context gets (ObjectMeta.position): one past
     # the highest it has held, so that positions only grow, even after a chunk is removed.
     next_position: int = 0
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while the context's bytes move or are read (made on first use: an
+        ``asyncio.Lock`` is ~350 bytes, and most contexts of a large daemon never need one)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
 
 
 @dataclass(slots=True)

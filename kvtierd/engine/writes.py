@@ -125,7 +125,8 @@ class WritePath:
                 continue
             if rec.meta.context not in self._index.contexts:
                 born.add(rec.meta.context)
-            ctx = self._add_object(self._cpu.adopt(rec.meta, rec.block), self._cpu.name)
+            meta = self._index.numbered(rec.meta)  # one ObjectMeta for the tier and the index
+            ctx = self._add_object(self._cpu.adopt(meta, rec.block), self._cpu.name)
             grown[ctx.context_id] = ctx
             metas.append(rec.meta)
             seconds = time.monotonic() - rec.created_s  # includes the client's copy in

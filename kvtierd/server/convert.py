@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -19,21 +21,32 @@ if TYPE_CHECKING:
 
 
 def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
-    """Keys and context ids become daemon-wide names scoped by the caller's tenant."""
+    """Keys and context ids become daemon-wide names scoped by the caller's tenant. The
+    strings many objects repeat (context id, variant, dtype, layout, tenant) are interned and
+    equal shapes share one tuple: each put would otherwise bring its own copies, ~200 bytes an
+    object for a daemon holding a million (issue 42)."""
+    intern = sys.intern
+    parent = caller.scoped(spec.parent_context_id) if spec.parent_context_id else ""
     return ObjectMeta(
         key=caller.scoped(spec.key),
         size_bytes=spec.size_bytes,
-        context_id=caller.scoped(spec.context_id),
-        tenant=caller.tenant,
-        variant=spec.variant or ORIGINAL_VARIANT,
-        dtype=spec.dtype or "uint8",
-        shape=tuple(spec.shape),
-        layout=spec.layout,
+        context_id=intern(caller.scoped(spec.context_id)),
+        tenant=intern(caller.tenant),
+        variant=intern(spec.variant or ORIGINAL_VARIANT),
+        dtype=intern(spec.dtype or "uint8"),
+        shape=_shared_shape(tuple(spec.shape)),
+        layout=intern(spec.layout),
         token_count=spec.token_count,
         kept_indices=spec.kept_indices,
         checksum=spec.checksum,
-        parent_context_id=caller.scoped(spec.parent_context_id) if spec.parent_context_id else "",
+        parent_context_id=intern(parent),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """One tuple for equal shapes (the cache hands back the first one it was given)."""
+    return shape
 
 
 def spec_from_meta(meta: ObjectMeta, caller: Caller) -> pb.ObjectSpec:

@@ -1,0 +1,279 @@
+"""One daemon at scale (issue 42): N small objects (1-16 KiB; one and several per context,
+one context in ten with a chunk layout, so with a grid of variants) put through a real daemon
+(CPU tier 256 MiB, SSD tier sized for them, the EvicPress preset), and per N:
+
+* metadata memory: the daemon's anonymous RSS (its Python heap; the CPU tier's arena is shared
+  memory, not in it) grown by the puts, per object, against the 1 KB goal;
+* puts: rate, p50 and p99 of single puts and of batches of 64 (Allocate + Commit);
+* a batched Lookup of 1,000 keys: p99;
+* the first rebalance after the puts (the 2 s goal at 100k) and the warm ones after it;
+* a graceful stop (SIGTERM): its seconds, and the share of the CPU tier's contexts (by count
+  and by bytes) found again after the restart;
+* the restart to answering (and its first rebalance), and the restart after a SIGKILL;
+* INFO log lines per put;
+
+then, over the Ns run, each figure's growth exponent against N (``log(b/a) / log(Nb/Na)``:
+1 is linear, 0 flat).
+
+Run: ``.venv/bin/python -m benchmarks.e2e.bench_scale --n 10000 100000``. On the shared 2-vCPU
+machine at load ~20, ``--n 10000 30000`` took 22 min and 100k did not finish in the time there
+was; ``--n 1000000`` needs ~20 GB of disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import random
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._support.common import REPO, print_machine, verdict
+from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from kvtierd.client import KVClient
+from kvtierd.client.buffers import copy_bytes
+from kvtierd.client.common import spec
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.rpc import kvtier_pb2 as pb
+
+KiB, MiB = 1 << 10, 1 << 20
+BATCH = 64
+SINGLE_EVERY = 50  # one batch in 50 is put as single puts instead
+CHUNK = ChunkFormat((2, 2, 16, 64), "bfloat16", 2)  # 8 KiB, 16 tokens
+CHUNK_BYTES = 2 * 2 * 16 * 64 * 2
+
+
+@dataclass(frozen=True, slots=True)
+class Obj:
+    key: str
+    context_id: str
+    size_bytes: int
+    layout: str
+
+
+def objects(n: int, seed: int = 0) -> Iterator[Obj]:
+    """``n`` objects, context by context: of ten contexts, one of four chunks with a layout,
+    three of three plain objects, six of one."""
+    rng = random.Random(seed)
+    layout = CHUNK.layout()
+    made, c = 0, 0
+    while made < n:
+        kind = c % 10
+        count = 4 if kind == 0 else 3 if kind <= 3 else 1
+        for i in range(min(count, n - made)):
+            if kind == 0:
+                yield Obj(f"c{c}/{i}", f"c{c}", CHUNK_BYTES, layout)
+            else:
+                yield Obj(f"c{c}/{i}", f"c{c}", rng.randint(1, 16) * KiB, "")
+            made += 1
+        c += 1
+
+
+@dataclass
+class Figures:
+    n: int
+    rss_anon_per_object_b: float = 0.0
+    single_per_s: float = 0.0
+    single_p50_ms: float = 0.0
+    single_p99_ms: float = 0.0
+    batched_per_s: float = 0.0
+    batch_p50_ms: float = 0.0
+    batch_p99_ms: float = 0.0
+    lookup_p99_ms: float = 0.0
+    first_rebalance_s: float = 0.0
+    warm_rebalance_s: float = 0.0
+    stop_s: float = 0.0
+    cpu_kept_by_count: float = 0.0
+    cpu_kept_by_bytes: float = 0.0
+    restart_s: float = 0.0
+    restart_rebalance_s: float = 0.0
+    kill_restart_s: float = 0.0
+    info_lines_per_put: float = 0.0
+
+
+def rss_anon(d: DaemonProcess) -> int:
+    assert d.proc is not None
+    status = Path(f"/proc/{d.proc.pid}/status").read_text()
+    return int(re.search(r"RssAnon:\s+(\d+) kB", status).group(1)) * KiB  # type: ignore[union-attr]
+
+
+def put_all(c: KVClient, n: int, f: Figures) -> None:
+    payload = memoryview(np.random.default_rng(0).integers(0, 255, 16 * KiB, dtype=np.uint8))
+    single: list[float] = []
+    batches: list[float] = []
+    batched_objects = 0
+    todo = list(objects(n))
+    for b, at in enumerate(range(0, n, BATCH)):
+        group = todo[at : at + BATCH]
+        if b % SINGLE_EVERY == SINGLE_EVERY - 1:
+            for o in group:
+                t0 = time.perf_counter()
+                c.put(o.key, payload[: o.size_bytes], context_id=o.context_id, layout=o.layout,
+                      token_count=16 if o.layout else 0)  # fmt: skip
+                single.append(time.perf_counter() - t0)
+            continue
+        t0 = time.perf_counter()
+        specs = [spec(o.key, o.size_bytes, "uint8", (o.size_bytes,), context_id=o.context_id,
+                      variant="", layout=o.layout, token_count=16 if o.layout else 0)
+                 for o in group]  # fmt: skip
+        allocs = c.call(c.kv.Allocate, pb.AllocateRequest(objects=specs)).allocations
+        for o, a in zip(group, allocs, strict=True):
+            copy_bytes(c._arena.region(a.region), payload[: o.size_bytes], c._copier)
+        ids = [a.allocation_id for a in allocs]
+        c.call(c.kv.Commit, pb.CommitRequest(allocation_ids=ids))
+        batches.append(time.perf_counter() - t0)
+        batched_objects += len(group)
+    f.single_per_s = len(single) / sum(single)
+    f.single_p50_ms, f.single_p99_ms = (float(np.percentile(single, q)) * 1e3 for q in (50, 99))
+    f.batched_per_s = batched_objects / sum(batches)
+    f.batch_p50_ms, f.batch_p99_ms = (float(np.percentile(batches, q)) * 1e3 for q in (50, 99))
+
+
+def lookup_p99(c: KVClient, n: int) -> float:
+    keys = [o.key for o in objects(n)]
+    rng = random.Random(1)
+    times = []
+    for _ in range(200):
+        batch = rng.sample(keys, 1000)
+        t0 = time.perf_counter()
+        c.lookup(batch)
+        times.append(time.perf_counter() - t0)
+    return float(np.percentile(times, 99)) * 1e3
+
+
+def rebalance_s(c: KVClient) -> float:
+    t0 = time.perf_counter()
+    c.call(c.admin.Rebalance, pb.RebalanceRequest())
+    return time.perf_counter() - t0
+
+
+def settle(c: KVClient, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while c.status().pending_plans and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def info_lines(log: str) -> int:
+    return sum(1 for line in log.splitlines() if " INFO " in line)
+
+
+def run(n: int, tmp: Path, cpu: str) -> Figures:
+    f = Figures(n)
+    ssd = max(2 * 1024, math.ceil(n * 20 * KiB / MiB))
+    policy = str(REPO / "configs" / "policies" / "evicpress.yaml")
+    config = write_config(tmp, cpu=cpu, ssd=f"{ssd}MiB", policy_file=policy)
+    d = DaemonProcess(config, str(tmp / "kvtierd.sock"), tmp / "daemon.log").start()
+    try:
+        with KVClient(d.socket_path, timeout_s=600) as c:
+            before, lines = rss_anon(d), info_lines(d.logs())
+            put_all(c, n, f)
+            settle(c)
+            f.info_lines_per_put = (info_lines(d.logs()) - lines) / n
+            f.rss_anon_per_object_b = (rss_anon(d) - before) / n
+            f.lookup_p99_ms = lookup_p99(c, n)
+            f.first_rebalance_s = rebalance_s(c)
+            settle(c)
+            f.warm_rebalance_s = float(np.median([rebalance_s(c) for _ in range(3)]))
+            settle(c)
+            on_cpu = {s.context_id: s.size_bytes for s in c.contexts(tier="cpu")}
+        t0 = time.perf_counter()
+        d.stop(timeout_s=600)
+        f.stop_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        d.start(timeout_s=1200)
+        f.restart_s = time.perf_counter() - t0
+        with KVClient(d.socket_path, timeout_s=600) as c:
+            held = {s.context_id for s in c.contexts()}
+            kept = [cid for cid in on_cpu if cid in held]
+            f.cpu_kept_by_count = len(kept) / max(1, len(on_cpu))
+            f.cpu_kept_by_bytes = sum(on_cpu[k] for k in kept) / max(1, sum(on_cpu.values()))
+            f.restart_rebalance_s = rebalance_s(c)
+            settle(c)
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(60)
+        t0 = time.perf_counter()
+        d.start(timeout_s=1200)
+        f.kill_restart_s = time.perf_counter() - t0
+    finally:
+        d.kill()
+    return f
+
+
+ROWS = [  # field, label, goal, higher is better (goal 0: no goal)
+    ("rss_anon_per_object_b", "metadata RSS per object (B)", 1024, False),
+    ("single_per_s", "single puts /s", 0, True),
+    ("single_p50_ms", "single put p50 (ms)", 0, False),
+    ("single_p99_ms", "single put p99 (ms)", 0, False),
+    ("batched_per_s", f"batched puts /s ({BATCH} a batch)", 0, True),
+    ("batch_p50_ms", "batch p50 (ms)", 0, False),
+    ("batch_p99_ms", "batch p99 (ms)", 0, False),
+    ("lookup_p99_ms", "Lookup 1,000 keys p99 (ms)", 0, False),
+    ("first_rebalance_s", "first rebalance (s)", 2.0, False),
+    ("warm_rebalance_s", "warm rebalance, median of 3 (s)", 0, False),
+    ("stop_s", "graceful stop (s)", 0, False),
+    ("cpu_kept_by_count", "CPU tier kept by stop, by count", 0.9, True),
+    ("cpu_kept_by_bytes", "CPU tier kept by stop, by bytes", 0.9, True),
+    ("restart_s", "restart to answering (s)", 30, False),
+    ("restart_rebalance_s", "first rebalance after restart (s)", 2.0, False),
+    ("kill_restart_s", "restart after SIGKILL (s)", 30, False),
+    ("info_lines_per_put", "INFO log lines per put", 0, False),
+]
+
+
+def growth(a: tuple[int, float], b: tuple[int, float]) -> float:
+    """The exponent k of ``value ~ N^k`` between two runs (nan where a value is 0)."""
+    (na, va), (nb, vb) = a, b
+    return math.log(vb / va) / math.log(nb / na) if va > 0 and vb > 0 else float("nan")
+
+
+def report(results: list[Figures]) -> None:
+    ns = [r.n for r in results]
+    head = "".join(f"{f'N={n:,}':>14}" for n in ns)
+    grow = "".join(f"{f'exp {a:,}->{b:,}':>22}" for a, b in itertools.pairwise(ns))
+    print(f"{'figure':40}{head}{grow}  goal (at the largest N)")
+    for field, label, goal, higher in ROWS:
+        values = [float(asdict(r)[field]) for r in results]
+        cells = "".join(f"{v:14.4g}" for v in values)
+        exps = "".join(
+            f"{growth(a, b):22.2f}" for a, b in itertools.pairwise(zip(ns, values, strict=True))
+        )
+        sign = ">=" if higher else "<="
+        mark = f"  {sign} {goal:g}: {verdict(values[-1], goal, higher)}" if goal else ""
+        print(f"{label:40}{cells}{exps}{mark}")
+
+
+def main() -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=fmt)
+    parser.add_argument("--n", type=int, nargs="+", default=[10_000, 100_000],
+                        help="object counts to run (each on a fresh daemon)")  # fmt: skip
+    parser.add_argument("--cpu", default="256MiB",
+                        help="the CPU tier's capacity (smaller: full at a smaller N)")  # fmt: skip
+    args = parser.parse_args()
+    print_machine("bench_scale")
+    print(f"# CPU tier {args.cpu}, EvicPress preset, {BATCH} objects a batch", flush=True)
+    results = []
+    for n in sorted(args.n):
+        if n < 1000:
+            parser.error(f"--n {n}: at least 1000 objects (the Lookup batch)")
+        tmp = Path(tempfile.mkdtemp(prefix="kvtierd-scale-"))
+        try:
+            results.append(run(n, tmp, args.cpu))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(f"# N={n:,}: {asdict(results[-1])}", flush=True)
+    report(results)
+
+
+if __name__ == "__main__":
+    main()
