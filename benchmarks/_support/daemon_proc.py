@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,20 @@ def metrics_port(daemon: DaemonProcess) -> int:
     start-up line ("serving on unix:... and metrics http://127.0.0.1:PORT/metrics")."""
     pattern = r"serving on unix:.* and metrics http://\S+:(\d+)/metrics"
     return _bound_port(daemon, pattern, "metrics listener")
+
+
+def lookup_decisions(daemon: DaemonProcess) -> dict[str, float]:
+    """The daemon's ``kvtierd_lookup_decisions`` counts by decision, from its /metrics (a daemon
+    started with ``metrics_port: any``)."""
+    url = f"http://127.0.0.1:{metrics_port(daemon)}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("kvtierd_lookup_decisions_total{"):
+            label, value = line.split("} ")
+            out[label.split('"')[1]] = float(value)
+    return out
 
 
 def health_port(daemon: DaemonProcess) -> int:

@@ -10,12 +10,11 @@ machine does. 4 MiB chunks of 256 tokens, prefill 256 tokens in 2.5 ms: a CPU ch
 
 from __future__ import annotations
 
-import urllib.request
 from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks._support.daemon_proc import DaemonProcess, metrics_port
+from benchmarks._support.daemon_proc import DaemonProcess, lookup_decisions
 from kvtierd.client import KVClient
 
 CHUNK_BYTES = 4 << 20
@@ -27,18 +26,6 @@ def put_chunks(c: KVClient, context: str, n: int) -> list[str]:
     for i, key in enumerate(keys):
         c.put(key, np.full(CHUNK_BYTES, i, np.uint8), context_id=context, token_count=TOKENS)
     return keys
-
-
-def decisions(d: DaemonProcess) -> dict[str, float]:
-    url = f"http://127.0.0.1:{metrics_port(d)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("kvtierd_lookup_decisions_total{"):
-            label, value = line.split("} ")
-            out[label.split('"')[1]] = float(value)
-    return out
 
 
 def test_slow_tier_hit_recomputed_fast_tier_hit_loaded(
@@ -65,4 +52,4 @@ def test_slow_tier_hit_recomputed_fast_tier_hit_loaded(
         assert (plain.load_chunks, plain.decision) == (2, "")
         nothing = c.lookup(["absent"], decide=True)
         assert (nothing.prefix_hits, nothing.load_chunks, nothing.decision) == (0, 0, "")
-    assert decisions(d) == {"load": 1.0, "recompute": 1.0, "split": 1.0}
+    assert lookup_decisions(d) == {"load": 1.0, "recompute": 1.0, "split": 1.0}

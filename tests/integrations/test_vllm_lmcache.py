@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks._support.daemon_proc import DaemonProcess, metrics_port, write_config
+from benchmarks._support.daemon_proc import DaemonProcess, lookup_decisions, write_config
 from benchmarks._support.throttled_proxy import throttled_redis
 from kvtierd.client import KVClient
 from kvtierd.integrations.salt import salt_key_prefix
@@ -147,19 +146,6 @@ def slow_remote_tier(address: str) -> dict[str, Any]:
     return {"name": "remote", "kind": "remote", "capacity": 0,
             "options": {"nodes": [address], "namespace": "e2e", "value_bytes": "64KiB",
                         "op_timeout_s": 30.0, "lookup_budget_s": 2.0}}  # fmt: skip
-
-
-def lookup_decisions(daemon: DaemonProcess) -> dict[str, float]:
-    """The daemon's ``kvtierd_lookup_decisions`` by decision (its /metrics)."""
-    url = f"http://127.0.0.1:{metrics_port(daemon)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("kvtierd_lookup_decisions_total{"):
-            label, value = line.split("} ")
-            out[label.split('"')[1]] = float(value)
-    return out
 
 
 def _reached(work: Path, name: str, vllm: threading.Thread, timeout_s: float = 400) -> None:
