@@ -12,6 +12,7 @@ Exported series (all prefixed ``kvtierd_``)::
       (configured namespaces only, issue 41.2; a quota of -1: none in that tier)
     hits_total{tier}, misses_total       chunks read, chunks not found or not read  counters
     lookups_total{outcome}               served requests' lookups: hit, partial, miss  counter
+    lookup_decisions_total{decision}     found prompts: load, recompute, split  counter
     tier_hit_ratio{tier}       hits in this tier / all lookups since start    gauge
     load_seconds{tier}, store_seconds{tier}                                   histograms
     load_bytes_total{tier}, store_bytes_total{tier}                           counters
@@ -111,6 +112,8 @@ class Metrics:
             ("decision",),
             registry=r,
         )
+        for decision in ("load", "recompute", "split"):  # each series exists from the start
+            self._lookup_decisions.labels(decision)
         self._hit_ratio = prom.Gauge("kvtierd_tier_hit_ratio",
                                      "Hits in the tier / all lookups since start", tier,
                                      registry=r)  # fmt: skip
