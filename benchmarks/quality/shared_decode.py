@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from kvtierd.profiler.greedy import causal_rows
+
 SHARED = "kvtierd_shared_prefix"
 _PREFIX: list[tuple[torch.Tensor, torch.Tensor]] = []
 """Per layer, the shared KV (``[H, M, D]`` keys and values) of the decode in progress."""
@@ -49,9 +51,7 @@ def shared_prefix_attention(
     shared = (q @ pk.transpose(-1, -2).unsqueeze(0)) * scale  # [B, H, G*Tq, M]
     own = (q @ key.transpose(-1, -2)) * scale  # [B, H, G*Tq, T]
     if tq > 1:
-        rows = torch.arange(tq, device=q.device) + (t - tq)
-        causal = torch.arange(t, device=q.device)[None, :] <= rows[:, None]
-        own = own.masked_fill(~causal.repeat(g, 1), float("-inf"))
+        own = own.masked_fill(~causal_rows(tq, t, g, q.device), float("-inf"))
     weights = torch.softmax(torch.cat([shared, own], dim=-1), dim=-1)
     m = int(pk.shape[1])
     out = weights[..., :m] @ pv.unsqueeze(0) + weights[..., m:] @ value

@@ -27,6 +27,14 @@ from kvtierd.profiler.variant_kv import PaddedBatch
 GROUPED = "kvtierd_grouped"
 
 
+def causal_rows(tq: int, n: int, g: int, device: torch.device) -> torch.Tensor:
+    """``[g * Tq, N]`` bool, True where a query row may see a position: the ``Tq`` queries are
+    the last of ``N`` positions, and the rows repeat them for each of ``g`` group members (the
+    row order of :func:`grouped_attention`)."""
+    rows = torch.arange(tq, device=device) + (n - tq)
+    return (torch.arange(n, device=device)[None, :] <= rows[:, None]).repeat(g, 1)
+
+
 def grouped_attention(
     module: Any,
     query: torch.Tensor,
@@ -49,9 +57,7 @@ def grouped_attention(
     scores = (q @ key.transpose(-1, -2)) * (scaling if scaling is not None else d**-0.5)
     if attention_mask is None:
         if tq > 1:
-            rows = torch.arange(tq, device=q.device) + (n - tq)
-            causal = torch.arange(n, device=q.device)[None, :] <= rows[:, None]
-            scores = scores.masked_fill(~causal.repeat(g, 1), float("-inf"))
+            scores = scores.masked_fill(~causal_rows(tq, n, g, q.device), float("-inf"))
     else:
         mask = attention_mask.expand(b, 1, tq, n).repeat(1, 1, g, 1)  # rows as in q
         if mask.dtype == torch.bool:
