@@ -91,9 +91,11 @@ async def test_a_compression_that_found_no_token_ids_runs_once_they_arrive(
 
         monkeypatch.setattr(servable, "options", stale)
         await _put_context(engine, "doc", tokens=False)
+        # no ids to write the servable form: the compression fails (its plan may be submitted
+        # after the put returns, by the placer's pass; seen on a busy machine)
+        await _until(lambda: engine.executor.failed["compress"] >= 1)
         await engine.executor.idle()
         ctx = engine.contexts["doc"]
-        assert engine.executor.failed["compress"] >= 1  # no ids to write the servable form
         assert engine.index.placement_of(ctx).variant == "none"
         # the placer learnt the truth: whole, where the failed plan left it
         assert engine.placing.target("doc").variant == "none"
