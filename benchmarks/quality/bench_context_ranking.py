@@ -14,7 +14,8 @@ the conservative one). Three readings, as the daemon meets them:
   the weights, the daemon's reading today), ``keys`` (its last 32 keys, the fallback without a
   model), ``recon`` (the context's own spans read again after it, :mod:`kvtierd.profiler.
   reconstruction`), ``ngram`` (the share of the context's token 4-grams that occur more than
-  once: redundancy, model-free);
+  once: redundancy, model-free); ``fitted`` (coverage4, ngram, recon, window and keys combined
+  by a ridge regression fitted on the fit half only, :func:`fitted_scores`);
 * **after traffic** (the context's first answered question known, judged on the others):
   ``question`` (``query_attention`` on that question);
 * **refined** (the same question decoded over every variant, the ``answer`` evaluator's exact
@@ -23,7 +24,9 @@ the conservative one). Three readings, as the daemon meets them:
 ``prior`` (per variant, the fit half's mean label: blind to the context) is the floor: within a
 variant it is a constant, so its across-context AUC is 0.5 and it has no Spearman. ``fact_share``
 (1 minus the share of the document that is facts, known to the generator only) is the
-reference the issue names, not an estimator. The report's figures are on the held-out half
+reference the issue names, not an estimator; ``kind`` (the fit half's mean label of the
+context's kind, per variant: the generator's knowledge again) shows how much of the labels'
+spread is the kinds'. The report's figures are on the held-out half
 (odd seeds); nothing is fitted on it.
 """
 
@@ -55,8 +58,8 @@ SCORES = REPO / "benchmarks/data/context_scores.jsonl"
 FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram", "coverage1",
              "coverage2", "coverage3", "coverage4")  # fmt: skip
 AFTER_TRAFFIC = ("question", "answer")
-REFERENCES = ("prior", "fact_share")
-BOOTSTRAPPED = ("window", "ngram", "coverage4", "question", "answer")
+REFERENCES = ("prior", "fact_share", "kind")
+BOOTSTRAPPED = ("window", "ngram", "coverage4", "fitted", "kind", "question", "answer")
 """Readings whose AUC gets a 95% bootstrap interval over contexts (the report's cost)."""
 CHOSEN = "coverage4"
 """The first-put reading the daemon uses (``first_put="coverage"``, 4-grams): chosen on the fit
@@ -214,8 +217,51 @@ def reading_scores(
             out.setdefault(name, {})[c.name] = scores
         out.setdefault("prior", {})[c.name] = dict(prior)
         out.setdefault("fact_share", {})[c.name] = dict.fromkeys(VARIANTS, 1 - c.fact_share)
+        same_kind = [f for f in fit if f.kind == c.kind]
+        if same_kind:
+            out.setdefault("kind", {})[c.name] = {
+                v: statistics.fmean(f.share(v) for f in same_kind) for v in VARIANTS
+            }
         out.setdefault("answer", {})[c.name] = {v: float(c.kept["exact"][v][0]) for v in VARIANTS}
     return out
+
+
+FITTED = ("coverage4", "ngram", "recon", "window", "keys")
+"""The first-put readings a ridge regression combines (:func:`fitted_scores`)."""
+
+
+def fitted_scores(
+    rows: dict[str, dict[str, Any]], fit: Sequence[ContextLabels],
+    held: Sequence[ContextLabels], features: Sequence[str] = FITTED, ridge: float = 1.0,
+) -> dict[str, dict[str, float]]:  # fmt: skip
+    """A candidate fitted on the fit half only (issue 39, item 3: "weights fitted on the fit
+    half"): per variant, each reading's scores standardised by the fit half's mean and
+    deviation; one ridge regression, pooled over the variants, of a context's share kept less
+    its variant's fit-half mean; applied unchanged to ``held``. Empty if a context of either
+    half lacks a reading."""
+    import numpy as np
+
+    def has_all(c: ContextLabels) -> bool:
+        return c.name in rows and all(f in rows[c.name]["scores"] for f in features)
+
+    if not all(map(has_all, fit)) or not all(map(has_all, held)):
+        return {}
+    scale = {}
+    for v in VARIANTS:
+        xs = np.array([[rows[c.name]["scores"][f][v] for f in features] for c in fit])
+        scale[v] = (xs.mean(axis=0), xs.std(axis=0) + 1e-9)
+
+    def x(c: ContextLabels, v: str) -> list[float]:
+        mean, std = scale[v]
+        raw = np.array([rows[c.name]["scores"][f][v] for f in features])
+        return list((raw - mean) / std)
+
+    prior = {v: statistics.fmean(c.share(v) for c in fit) for v in VARIANTS}
+    design = np.array([x(c, v) for c in fit for v in VARIANTS])
+    target = np.array([c.share(v) - prior[v] for c in fit for v in VARIANTS])
+    weights = np.linalg.solve(design.T @ design + ridge * np.eye(len(features)), design.T @ target)
+    return {c.name: {v: prior[v] + float(np.dot(weights, x(c, v))) for v in VARIANTS}
+            for c in held}  # fmt: skip
 
 
 def report(
@@ -230,6 +276,9 @@ def report(
     if not held or not fit:
         return f"no {half} context scored yet\n"
     tables = reading_scores(rows, held, fit)
+    fitted = fitted_scores(rows, fit, held)
+    if fitted:
+        tables["fitted"] = fitted
     labels_all = label_tables(held, rule, skip_first=False)
     labels_rest = label_tables(held, rule, skip_first=True)
     odd, even = half_tables(held, rule)
@@ -250,7 +299,7 @@ def report(
     ratios = {n: [r["cpu_s"][n] / r["prefill_cpu_s"] for r in rows.values() if n in r["cpu_s"]]
               for n in (*FIRST_PUT, "question")}  # fmt: skip
     aggregations = sorted(n for n in tables if "/" in n)
-    for reading, names in (("first put", (*FIRST_PUT, *aggregations, *REFERENCES)),
+    for reading, names in (("first put", (*FIRST_PUT, "fitted", *aggregations, *REFERENCES)),
                            ("after traffic", AFTER_TRAFFIC)):  # fmt: skip
         labels = labels_all if reading == "first put" else labels_rest
         for name in names:

@@ -5,9 +5,12 @@ it orders the variants of each context."""
 from __future__ import annotations
 
 import itertools
+import random
+from typing import Any
 
 import pytest
 
+from benchmarks.quality.context_labels import RULES, VARIANTS, ContextLabels
 from benchmarks.quality.ranking import (
     concordance,
     context_auc,
@@ -81,3 +84,42 @@ def test_the_checked_in_labels_and_their_report() -> None:
     knots = coverage_calibration()
     assert knots[-1] == (1.0, 1.0)
     assert all(a[0] < b[0] and a[1] <= b[1] for a, b in itertools.pairwise(knots))
+
+
+def _labelled(name: str, seed: int, kept_of_4: int) -> ContextLabels:
+    """A hand-made context of four questions, ``kept_of_4`` of them kept by every variant."""
+    answers = tuple(int(i < kept_of_4) for i in range(4))
+    kept = {rule: dict.fromkeys(VARIANTS, answers) for rule in RULES}
+    return ContextLabels(name=name, kind="logs", length=1024, seed=seed, fact_share=0.5,
+                         context_tokens=1000, digest="", questions=("q",) * 4,
+                         kept=kept)  # fmt: skip
+
+
+def test_the_fitted_candidate_learns_its_weights_on_the_fit_half_only() -> None:
+    """One reading follows the labels, the others are noise: fitted on the fit half, the
+    regression ranks held-out contexts by that reading — and learns the sign from the fit half:
+    with the fit half's labels reversed it ranks the same held-out contexts backwards."""
+    from benchmarks.quality.bench_context_ranking import FITTED, fitted_scores
+
+    rng = random.Random(0)
+    kept = [i % 5 for i in range(20)]  # 0..4 questions kept, even seeds fit, odd held out
+
+    def rows(signal: list[float]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for i, s in enumerate(signal):
+            scores = {f: dict.fromkeys(VARIANTS, rng.random()) for f in FITTED}
+            scores["ngram"] = dict.fromkeys(VARIANTS, s + 0.01 * rng.random())
+            out[f"c{i}"] = {"scores": scores}
+        return out
+
+    contexts = [_labelled(f"c{i}", i, k) for i, k in enumerate(kept)]
+    fit = [c for c in contexts if c.half == "fit"]
+    held = [c for c in contexts if c.half == "held-out"]
+    labels = {c.name: {v: c.share(v) for v in VARIANTS} for c in held}
+    follows = rows([k / 4 for k in kept])
+    assert context_auc(labels, fitted_scores(follows, fit, held), VARIANTS).auc == 1.0
+    # the fit half's reading reversed, the held-out half's as before: the sign came from fit
+    reversed_on_fit = rows([(1 - k / 4) if i % 2 == 0 else k / 4 for i, k in enumerate(kept)])
+    assert context_auc(labels, fitted_scores(reversed_on_fit, fit, held), VARIANTS).auc == 0.0
+    del follows["c3"]["scores"]["recon"]  # a held-out context without one reading: no candidate
+    assert fitted_scores(follows, fit, held) == {}
