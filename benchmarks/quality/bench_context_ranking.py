@@ -24,7 +24,8 @@ the conservative one). Three readings, as the daemon meets them:
 ``prior`` (per variant, the fit half's mean label: blind to the context) is the floor: within a
 variant it is a constant, so its across-context AUC is 0.5 and it has no Spearman. ``fact_share``
 (1 minus the share of the document that is facts, known to the generator only) is the
-reference the issue names, not an estimator; ``kind`` (the fit half's mean label of the
+reference the issue names, not an estimator, and ``tellings`` (how often each fact is told, where
+the generator drew it: ``--redundancy``) its other knob; ``kind`` (the fit half's mean label of the
 context's kind, per variant: the generator's knowledge again) shows how much of the labels'
 spread is the kinds'. The report's figures are on the held-out half
 (odd seeds); nothing is fitted on it.
@@ -58,7 +59,7 @@ SCORES = REPO / "benchmarks/data/context_scores.jsonl"
 FIRST_PUT = ("window", "keys", "recon", "recon8x16", "recon16x4", "ngram", "coverage1",
              "coverage2", "coverage3", "coverage4")  # fmt: skip
 AFTER_TRAFFIC = ("question", "answer")
-REFERENCES = ("prior", "fact_share", "kind")
+REFERENCES = ("prior", "fact_share", "tellings", "kind")
 BOOTSTRAPPED = ("window", "ngram", "coverage4", "fitted", "kind", "question", "answer")
 """Readings whose AUC gets a 95% bootstrap interval over contexts (the report's cost)."""
 CHOSEN = "coverage4"
@@ -217,6 +218,9 @@ def reading_scores(
             out.setdefault(name, {})[c.name] = scores
         out.setdefault("prior", {})[c.name] = dict(prior)
         out.setdefault("fact_share", {})[c.name] = dict.fromkeys(VARIANTS, 1 - c.fact_share)
+        if c.redundancy is not None:
+            tellings = float(c.redundancy.tellings)
+            out.setdefault("tellings", {})[c.name] = dict.fromkeys(VARIANTS, tellings)
         same_kind = [f for f in fit if f.kind == c.kind]
         if same_kind:
             out.setdefault("kind", {})[c.name] = {

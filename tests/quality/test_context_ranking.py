@@ -123,3 +123,26 @@ def test_the_fitted_candidate_learns_its_weights_on_the_fit_half_only() -> None:
     assert context_auc(labels, fitted_scores(reversed_on_fit, fit, held), VARIANTS).auc == 0.0
     del follows["c3"]["scores"]["recon"]  # a held-out context without one reading: no candidate
     assert fitted_scores(follows, fit, held) == {}
+
+
+def test_the_checked_in_redundancy_labels_and_their_report() -> None:
+    """benchmarks/data/context_labels_redundancy.jsonl (issue 39, item 1): at least 80 contexts
+    of at least 4 kinds at 1k and 2k tokens, both halves, at least 4 answered questions each;
+    every one scored in context_scores_redundancy.jsonl, and the report's prior row at 0.5."""
+    from benchmarks._support.common import REPO
+    from benchmarks.quality.bench_context_ranking import report
+    from benchmarks.quality.context_labels import load_context_labels
+
+    data = REPO / "benchmarks" / "data"
+    labels = data / "context_labels_redundancy.jsonl"
+    contexts = load_context_labels(labels)
+    assert len(contexts) >= 80
+    assert len({c.kind for c in contexts}) >= 4 and {c.length for c in contexts} == {1024, 2048}
+    assert {c.half for c in contexts} == {"fit", "held-out"}
+    assert all(len(c.questions) >= 4 and c.redundancy is not None for c in contexts)
+    out = report(data / "context_scores_redundancy.jsonl", labels)
+    held = sum(c.half == "held-out" for c in contexts)
+    assert f"{held} held-out contexts (of {len(contexts)} labelled" in out
+    prior = next(line for line in out.splitlines() if line.startswith("| first put | prior |"))
+    assert prior.split("|")[3].strip() == "0.50"
+    assert any(line.startswith("| first put | fitted |") for line in out.splitlines())
