@@ -110,15 +110,14 @@ def metrics_port(daemon: DaemonProcess) -> int:
 def lookup_decisions(daemon: DaemonProcess) -> dict[str, float]:
     """The daemon's ``kvtierd_lookup_decisions`` counts by decision, from its /metrics (a daemon
     started with ``metrics_port: any``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     url = f"http://127.0.0.1:{metrics_port(daemon)}/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("kvtierd_lookup_decisions_total{"):
-            label, value = line.split("} ")
-            out[label.split('"')[1]] = float(value)
-    return out
+    return {s.labels["decision"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == "kvtierd_lookup_decisions_total"}  # fmt: skip
 
 
 def health_port(daemon: DaemonProcess) -> int:
