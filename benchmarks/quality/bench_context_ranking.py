@@ -204,11 +204,17 @@ def half_tables(
     return odd, even
 
 
+def mean_shares(contexts: Sequence[ContextLabels]) -> dict[str, float]:
+    """Per variant, the mean share kept over ``contexts`` (the prior, on the fit half)."""
+    return {v: statistics.fmean(c.share(v) for c in contexts) for v in VARIANTS}
+
+
 def reading_scores(
     rows: dict[str, dict[str, Any]], contexts: Sequence[ContextLabels], fit: Sequence[ContextLabels]
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Every candidate's scores, the prior and the reference, per context and variant."""
-    prior = {v: statistics.fmean(c.share(v) for c in fit) for v in VARIANTS}
+    prior = mean_shares(fit)
+    by_kind = {k: mean_shares([f for f in fit if f.kind == k]) for k in {f.kind for f in fit}}
     out: dict[str, dict[str, dict[str, float]]] = {}
     for c in contexts:
         r = rows.get(c.name)
@@ -221,11 +227,8 @@ def reading_scores(
         if c.redundancy is not None:
             tellings = float(c.redundancy.tellings)
             out.setdefault("tellings", {})[c.name] = dict.fromkeys(VARIANTS, tellings)
-        same_kind = [f for f in fit if f.kind == c.kind]
-        if same_kind:
-            out.setdefault("kind", {})[c.name] = {
-                v: statistics.fmean(f.share(v) for f in same_kind) for v in VARIANTS
-            }
+        if c.kind in by_kind:
+            out.setdefault("kind", {})[c.name] = dict(by_kind[c.kind])
         out.setdefault("answer", {})[c.name] = {v: float(c.kept["exact"][v][0]) for v in VARIANTS}
     return out
 
@@ -260,7 +263,7 @@ def fitted_scores(
         raw = np.array([rows[c.name]["scores"][f][v] for f in features])
         return list((raw - mean) / std)
 
-    prior = {v: statistics.fmean(c.share(v) for c in fit) for v in VARIANTS}
+    prior = mean_shares(fit)
     design = np.array([x(c, v) for c in fit for v in VARIANTS])
     target = np.array([c.share(v) - prior[v] for c in fit for v in VARIANTS])
     weights = np.linalg.solve(design.T @ design + ridge * np.eye(len(features)), design.T @ target)
