@@ -305,6 +305,8 @@ def report(
     ]
     ratios = {n: [r["cpu_s"][n] / r["prefill_cpu_s"] for r in rows.values() if n in r["cpu_s"]]
               for n in (*FIRST_PUT, "question")}  # fmt: skip
+    ratios["fitted"] = [sum(r["cpu_s"][f] for f in FITTED) / r["prefill_cpu_s"]
+                        for r in rows.values() if all(f in r["cpu_s"] for f in FITTED)]  # fmt: skip
     aggregations = sorted(n for n in tables if "/" in n)
     for reading, names in (("first put", (*FIRST_PUT, "fitted", *aggregations, *REFERENCES)),
                            ("after traffic", AFTER_TRAFFIC)):  # fmt: skip
