@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -72,9 +72,9 @@ class LfuPlacer(LruPlacer):
     def _touch(self, cid: str) -> None:
         self._hits[cid] = self._hits.get(cid, 0) + 1
 
-    def _victims(self, level: int) -> list[str]:
+    def _victims(self, level: int) -> Iterator[str]:
         # The recency list is least recent first and sorted() is stable: ties go by recency.
-        return sorted(self._lru[level], key=lambda c: self._hits.get(c, 0))
+        yield from sorted(self._lru[level], key=lambda c: self._hits.get(c, 0))
 
     def remove(self, context_id: str) -> None:
         super().remove(context_id)

@@ -7,8 +7,9 @@ Pinned contexts are never moved down. Every operation is O(1) amortised (ordered
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvtierd.policies.base import Placer, PlacerParams
@@ -54,9 +55,18 @@ class LruPlacer(Placer):
         names = [v.variant for v in profile.variants]
         return ORIGINAL_VARIANT if ORIGINAL_VARIANT in names else names[0]
 
-    def _victims(self, level: int) -> list[str]:
-        """Contexts of a tier in eviction order (least recently used first; ``lfu`` overrides)."""
-        return list(self._lru[level])
+    def _victims(self, level: int) -> Iterator[str]:
+        """Contexts of a tier in eviction order (least recently used first; ``lfu`` overrides),
+        read a few at a time: a spill moves down a few contexts of a tier that may hold
+        100,000s (a copy of the whole list per adopt made a restart quadratic: 20,000 contexts
+        took 10 s). The caller demotes what it is given before asking for the next."""
+        recency, given = self._lru[level], set[str]()
+        while True:
+            batch = list(itertools.islice((c for c in recency if c not in given), 64))
+            if not batch:
+                return
+            given.update(batch)
+            yield from batch
 
     def _touch(self, cid: str) -> None:
         """Record a use (``lfu`` counts them)."""
@@ -188,6 +198,8 @@ class LruPlacer(Placer):
         """Move least recently used contexts down until every tier from ``tier`` fits."""
         ops: list[Operation] = []
         for level in range(tier, len(self.tiers)):
+            if not self._over(level):
+                continue
             victims = (c for c in self._victims(level) if c != protect)
             while self._over(level):
                 cid = next(victims, None)

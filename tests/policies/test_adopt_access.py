@@ -7,8 +7,9 @@ import pytest
 from placer_helpers import profile, replay
 
 from kvtierd.policies.base import PlacerParams
-from kvtierd.policies.baselines import PrefillPlacer
+from kvtierd.policies.baselines import LfuPlacer, PrefillPlacer
 from kvtierd.policies.evicpress import EvicPressPlacer
+from kvtierd.policies.lru import LruPlacer
 from kvtierd.types import DROPPED, OpKind, Placement, TierModel
 
 A = profile("A", {"none": (80, 1.0), "x@0.5": (40, 0.995)})
@@ -152,3 +153,39 @@ def test_an_adopt_that_overflows_a_slow_tier_may_compress_in_a_fast_one():
         "B": after["B"],
     }
     assert placer.used_bytes() == [100.0, 60.0]
+
+
+def test_lru_adopt_reads_no_eviction_order_while_a_tier_has_room():
+    """A restart adopts every context found; a tier with room is not asked for its eviction
+    order (a copy of a 20,000-context recency list per adopt made a restart quadratic)."""
+    tiers = [TierModel("fast", 1_000, 100.0), TierModel("slow", None, 10.0)]
+    placer = LruPlacer(tiers)
+    asked: list[int] = []
+    victims = placer._victims
+    placer._victims = lambda level: asked.append(level) or victims(level)  # type: ignore[method-assign]
+    for i in range(10):
+        assert not placer.adopt(profile(f"c{i}", {"none": (100, 1.0)}), Placement("none", "fast"))
+    assert asked == []
+    plan = placer.adopt(profile("c10", {"none": (100, 1.0)}), Placement("none", "fast"))
+    assert asked == [0]
+    assert [(op.context_id, op.target) for op in plan.operations] == [
+        ("c0", Placement("none", "slow"))
+    ]
+
+
+@pytest.mark.parametrize("placer_class", [LruPlacer, LfuPlacer])
+def test_a_spill_passes_over_more_pinned_contexts_than_one_batch(placer_class):
+    """Eviction order is read a batch at a time; 100 pinned contexts at the front of a full
+    tier (more than one batch) are passed over, the least recent unpinned ones move down, in
+    order."""
+    tiers = [TierModel("fast", 10_000, 100.0), TierModel("slow", None, 10.0)]
+    placer = placer_class(tiers)
+    for i in range(100):
+        placer.insert(profile(f"p{i}", {"none": (50, 1.0)}, pinned=True))
+    for i in range(100):
+        placer.insert(profile(f"u{i}", {"none": (50, 1.0)}))
+    plan = placer.insert(profile("big", {"none": (120, 1.0)}))
+    moved = [op.context_id for op in plan.operations if op.kind == OpKind.MOVE]
+    assert moved == ["u0", "u1", "u2"]
+    assert placer.placement("p0") == Placement("none", "fast")
+    assert placer.placement("big") == Placement("none", "fast")
