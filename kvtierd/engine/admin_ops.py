@@ -106,6 +106,7 @@ class AdminOps:
             self._policy.current = old
             raise
         placing.placer = placer
+        placing.all_adopted()
         self._profiling.configure()
         plan = placing.reconcile("policy applied")
         await self._executor.run(plan)

@@ -353,6 +353,7 @@ class Engine:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        await self.placing.close()
         await self.executor.close()
         await self.profiling.close()
         await self.reads.shared.close()

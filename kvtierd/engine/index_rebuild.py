@@ -28,7 +28,7 @@ async def rebuild_index(
     placing: Placing,
 ) -> None:
     """Index every object ``tiers`` still hold (after a restart); the placer adopts each
-    context where it is, through ``executor``."""
+    context where it is, through ``executor`` (many in the background: ``Placing.adopt_found``)."""
     found: list[tuple[ObjectMeta, str]] = []
     for tier in tiers.values():
         try:
@@ -59,7 +59,7 @@ async def rebuild_index(
             index.account(meta, where, +1)
         if ctx.marker is not None:
             index.account(ctx.marker[0], ctx.marker[1], +1)
-        executor.submit(placing.adopt_where_it_is(ctx))
+    placing.adopt_found(list(index.contexts.values()), executor.submit)
     if index.objects:
         logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
                     len(index.contexts))  # fmt: skip

@@ -4,10 +4,13 @@ them to the executor). A hot policy reload swaps the placer (``AdminOps.apply_po
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Iterator, Mapping
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
@@ -28,6 +31,14 @@ from kvtierd.types import (
     TierModel,
 )
 from kvtierd.utility import check_tiers
+
+logger = logging.getLogger(__name__)
+
+# Up to this many contexts found at start are adopted before the daemon answers; more are
+# adopted in the background after (issue 42.5): adoption costs 0.1-0.5 ms a context (the
+# option rows, the placer's table), minutes at 1M, while the index alone is enough to serve.
+ADOPT_BEFORE_SERVING = 10_000
+ADOPT_SLICE = 1_000  # contexts adopted between two turns of the event loop
 
 
 @contextlib.contextmanager
@@ -76,6 +87,9 @@ class Placing:
         self._policy = policy
         self.placer = self.make_placer(policy.current)
         self.rows = OptionRows(options)
+        # Contexts found at start that the placer has not been told of yet (adopt_found).
+        self._unadopted: set[str] = set()
+        self.adopting: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -132,6 +146,7 @@ class Placing:
             self.placer.refresh_tiers(self.tier_models())
             self._link_all(self.placer)
             self.placer.rebalance_options(self.placed_options())
+            self.all_adopted()
             return self.reconcile(reason)
 
     # -- telling the placer --------------------------------------------------------------------
@@ -170,9 +185,66 @@ class Placing:
         except KeyError:
             return DROPPED
 
+    def adopt_found(
+        self, contexts: Sequence[ContextRecord], submit: Callable[[Plan], None]
+    ) -> None:
+        """Tell the placer where each context found at start is, and ``submit`` what it
+        answers (overflows resolved). Up to :data:`ADOPT_BEFORE_SERVING` contexts are adopted
+        now; more are adopted by a background task (:attr:`adopting`), a slice per turn of the
+        event loop, while the daemon serves from the index. Meanwhile the placer under-counts
+        the tiers' bytes by the contexts it has not adopted yet: a put may be placed where an
+        adopt then finds an overflow, which that adopt resolves as at start. A context the
+        placer learns of otherwise first (a put, a rebalance) is not adopted again."""
+        if len(contexts) <= ADOPT_BEFORE_SERVING:
+            for ctx in contexts:
+                submit(self.adopt_where_it_is(ctx))
+            return
+        self._unadopted = {ctx.context_id for ctx in contexts}
+        logger.info("adopting %d contexts found at start in the background", len(contexts))
+        self.adopting = asyncio.create_task(
+            self._adopt_in_background(contexts, submit), name="kvtierd-adopt-found"
+        )
+
+    async def _adopt_in_background(
+        self, contexts: Sequence[ContextRecord], submit: Callable[[Plan], None]
+    ) -> None:
+        started, adopted = time.perf_counter(), 0
+        for first in range(0, len(contexts), ADOPT_SLICE):
+            for ctx in contexts[first : first + ADOPT_SLICE]:
+                cid = ctx.context_id
+                if cid not in self._unadopted or self._index.contexts.get(cid) is not ctx:
+                    continue  # known to the placer already, or gone from the index
+                try:
+                    submit(self.adopt_where_it_is(ctx))
+                    adopted += 1
+                except Exception:  # one context's fault must not stop the others' adoption
+                    self._unadopted.discard(cid)
+                    logger.exception("context %r found at start: not adopted", cid)
+            await asyncio.sleep(0)
+        self._unadopted.clear()
+        logger.info("adopted %d contexts found at start in %.1f s (in the background)",
+                    adopted, time.perf_counter() - started)  # fmt: skip
+
+    @property
+    def unadopted(self) -> int:
+        """Contexts found at start the placer has not been told of yet."""
+        return len(self._unadopted)
+
+    def all_adopted(self) -> None:
+        """The placer was given every context at once (a rebalance, a new policy)."""
+        self._unadopted.clear()
+
+    async def close(self) -> None:
+        if self.adopting is not None:
+            self.adopting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.adopting
+            self.adopting = None
+
     def adopt(self, ctx: ContextRecord, placement: Placement) -> Plan:
         """Tell the placer where the context is. A context held for its unread durable
         objects stays outside the placer's view until they are read (durable.py)."""
+        self._unadopted.discard(ctx.context_id)
         if ctx.durable_held and self._index.unread_durable(ctx):
             return Plan()
         ctx.durable_held = False
@@ -192,6 +264,7 @@ class Placing:
     def insert(self, ctx: ContextRecord) -> Plan:
         """Place the context afresh (new, grown, profiled, or back in the placer's view): its
         options are worked out again, whatever changed."""
+        self._unadopted.discard(ctx.context_id)
         self._link(ctx)
         profile = self.profile(ctx, fresh=True)
         floor = self._quota_floor(ctx)
@@ -219,6 +292,7 @@ class Placing:
         return self.placer.access(context_id, now_s)
 
     def remove(self, context_id: str) -> None:
+        self._unadopted.discard(context_id)
         self.placer.remove(context_id)
         self.rows.forget(context_id)
         self.placer.unlink(context_id)
