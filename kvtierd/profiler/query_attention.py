@@ -69,12 +69,9 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING, TypeAlias
 
 from kvtierd.errors import InvalidArgumentError
-from kvtierd.kernels.layout import KVSource
-from kvtierd.kernels.registry import get_method
 from kvtierd.profiler.quality import (
     DEFAULT_FORM,
     ContextKV,
@@ -84,16 +81,22 @@ from kvtierd.profiler.quality import (
     StoredForm,
 )
 from kvtierd.profiler.quality_tables import COVERAGE_CALIBRATION, calibrate, prior_quality
-from kvtierd.profiler.quant_round_trip import round_trips
 from kvtierd.variants import parse_variant
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (and the kernels, which import it) is imported where a profile runs, not with this
+# module: the daemon builds its evaluator at start, and torch's import was ~2 s of every
+# start, also of daemons whose placer never profiles (issue 42: restart at scale).
 
 FIRST_PUT_PROBES = ("window", "reconstruction", "coverage")
 """``first_put``: what a context is probed with when no question is known."""
 
-QUESTION_DTYPES: dict[str, torch.dtype | None] = {
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "": None,  # the stored KV's own dtype
+QUESTION_DTYPES: dict[str, str] = {
+    "bfloat16": "bfloat16",
+    "float32": "float32",
+    "": "",  # the stored KV's own dtype
 }
 """``question_dtype``: the dtype the question's pass runs the model in."""
 
@@ -248,7 +251,10 @@ class QueryAttentionEvaluator(QualityEvaluator):
             )
         # the pass in this dtype (bf16: 2x faster here, AMX's matmuls), of the layers read
         # only: it stops after the last of them (25 of 30 at stride 5)
-        dtype = QUESTION_DTYPES[self.question_dtype]
+        import torch
+
+        name = QUESTION_DTYPES[self.question_dtype]
+        dtype = getattr(torch, name) if name else None
         layers = range(0, int(kv.keys.shape[0]), self.layer_stride)
         keys, values = kv.served()  # after the ancestors' KV too: positions P + N ..
         seen = pass_for_context(self.model_dir, keys, values, token_ids, layers=layers, dtype=dtype)
@@ -289,6 +295,10 @@ class QueryAttentionEvaluator(QualityEvaluator):
         """Clamped relative error per variant, float32 ``[L', H, G*T]`` (every
         ``layer_stride``-th layer from the first, ``L' = ceil(L / layer_stride)``; query heads
         grouped by the KV head they read, ``G`` per group, then the probe tokens)."""
+        import torch
+
+        from kvtierd.profiler.quant_round_trip import round_trips
+
         if self.layer_stride > 1:
             kv, probes = _every_kth_layer(kv, probes, self.layer_stride)
         plans = keep_plans(kv, variants, form)
@@ -325,6 +335,8 @@ class QueryAttentionEvaluator(QualityEvaluator):
 
 
 def _drops_without_queries(variant: str) -> bool:
+    from kvtierd.kernels.registry import get_method
+
     """Whether ``variant`` drops tokens by a method that scores them from the KV alone."""
     parsed = parse_variant(variant)
     return parsed.drops_tokens and not get_method(parsed.method, parsed.options).needs_queries
@@ -361,6 +373,11 @@ class KeepPlan:
 
 
 def keep_plans(kv: ContextKV, variants: Sequence[str], form: StoredForm) -> list[KeepPlan]:
+    import torch
+
+    from kvtierd.kernels.layout import KVSource
+    from kvtierd.kernels.registry import get_method
+
     parsed = {v: parse_variant(v) for v in variants}
     groups: dict[tuple[str, int], list[str]] = {}
     for v, p in parsed.items():
@@ -411,6 +428,8 @@ class _Terms:
     ) -> _Terms:
         """``kv``: the layers' float32 keys and values ``[L', H, N, D]`` (dequantized for a
         quantized variant)."""
+        import torch
+
         k, v = kv
         logits_t = k @ q.transpose(-1, -2)  # [L', H, N, G*T]
         top = logits_t.amax(dim=-2)
@@ -445,6 +464,8 @@ def _permuted(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """``x`` ``[L', H, N, F]`` with each (layer, head)'s rows in ``order`` ``[L', H, N]``: one
     row gather over the flattened heads (``index_select`` copies rows; ``gather`` indexes
     every element and ran ~4x slower here)."""
+    import torch
+
     lyr, h, n, f = (int(s) for s in x.shape)
     base = torch.arange(lyr * h, device=order.device).reshape(lyr, h, 1) * n
     rows = (order + base).reshape(-1)
@@ -460,7 +481,7 @@ def _scaled(queries: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return queries.float().reshape(lyr, kv_heads, hq // kv_heads * t, d) / math.sqrt(d)
 
 
-_Own = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+_Own: TypeAlias = "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None"
 
 
 def _own_terms(q: torch.Tensor, probes: Probes, at: slice, kv: ContextKV | None = None) -> _Own:
@@ -468,6 +489,8 @@ def _own_terms(q: torch.Tensor, probes: Probes, at: slice, kv: ContextKV | None 
     ancestors' KV (``kv.prefix_keys``, all visible) and the question's own keys, causally:
     ``(logits [L', H, G*T, X] with -inf above the question's diagonal, values [L', H, X, D],
     row max [L', H, G*T])``, or ``None`` when there are none (probes from inside a root)."""
+    import torch
+
     logits_parts, value_parts = [], []
     if kv is not None and kv.prefix_keys is not None and kv.prefix_values is not None:
         logits_parts.append(q @ kv.prefix_keys[at].float().transpose(-1, -2))  # [L', H, G*T', P]
