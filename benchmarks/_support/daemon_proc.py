@@ -94,6 +94,16 @@ def _bound_port(daemon: DaemonProcess, pattern: str, what: str, timeout_s: float
     return int(found[-1])
 
 
+def rss_anon(daemon: DaemonProcess) -> int:
+    """The daemon's anonymous resident bytes (its Python heap; the CPU tier's arena is shared
+    memory, not in it)."""
+    assert daemon.proc is not None
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+    found = re.search(r"RssAnon:\s+(\d+) kB", status)
+    assert found is not None, status
+    return int(found.group(1)) << 10
+
+
 def tcp_port(daemon: DaemonProcess) -> int:
     """The TCP port a started daemon bound: its newest start-up line names it ("serving on
     unix:... and tcp 127.0.0.1:PORT"; a restarted daemon binds another free port)."""

@@ -26,7 +26,6 @@ import argparse
 import itertools
 import math
 import random
-import re
 import shutil
 import signal
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._support.common import REPO, print_machine, verdict
-from benchmarks._support.daemon_proc import DaemonProcess, write_config
+from benchmarks._support.daemon_proc import DaemonProcess, rss_anon, write_config
 from kvtierd.client import KVClient
 from kvtierd.client.buffers import copy_bytes
 from kvtierd.client.common import spec
@@ -98,12 +97,6 @@ class Figures:
     restart_rebalance_s: float = 0.0
     kill_restart_s: float = 0.0
     info_lines_per_put: float = 0.0
-
-
-def rss_anon(d: DaemonProcess) -> int:
-    assert d.proc is not None
-    status = Path(f"/proc/{d.proc.pid}/status").read_text()
-    return int(re.search(r"RssAnon:\s+(\d+) kB", status).group(1)) * KiB  # type: ignore[union-attr]
 
 
 def put_all(c: KVClient, n: int, f: Figures) -> None:
