@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from kvtierd import namespaces
 from kvtierd.engine.context_kv import SEPARATOR
@@ -278,27 +278,32 @@ class ContextIndex:
 
     # -- quotas --------------------------------------------------------------------------------
 
-    def check_quota(self, metas: Sequence[ObjectMeta], in_flight: Mapping[str, int]) -> None:
+    def check_quota(
+        self,
+        metas: Sequence[ObjectMeta],
+        in_flight: Mapping[str, int],
+        in_flight_spaces: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
         """A tenant's objects (stored, ``in_flight`` bytes being put, and ``metas``) stay
-        within the sum of its tier quotas."""
+        within the sum of its tier quotas, and a configured namespace's (stored,
+        ``in_flight_spaces`` bytes being put by ``(tenant, namespace)``, and ``metas``) within
+        the sum of its own: counted only once stored, puts that allocate together were each
+        let in, and the executor then dropped what no tier's quota had room for."""
         asked: Counter[str] = Counter()
-        in_space: Counter[tuple[str, str]] = Counter()
         for meta in metas:
             asked[meta.tenant] += meta.size_bytes
-            space = self.namespace_of(meta)
-            if space:
-                in_space[meta.tenant, space] += meta.size_bytes
-        for (tenant, space), nbytes in in_space.items():
+        for (tenant, space), nbytes in self.namespace_bytes(metas).items():
             limits = self.namespace_quotas[tenant][space]
             if not limits:
                 continue
             total = sum(limits.values())
             held = sum(v for (t, n, _), v in self.namespace_usage.items()
                        if t == tenant and n == space)  # fmt: skip
+            held += (in_flight_spaces or {}).get((tenant, space), 0)
             if held + nbytes > total:
                 raise CapacityError(
                     f"namespace {space!r} of tenant {tenant!r} quota exceeded: {held} bytes "
-                    f"stored, {nbytes} more asked, quota {total} bytes over tiers "
+                    f"stored or being put, {nbytes} more asked, quota {total} bytes over tiers "
                     f"{', '.join(limits)}"
                 )
         for tenant, nbytes in asked.items():
@@ -313,6 +318,15 @@ class ContextIndex:
                     f"tenant {tenant!r} quota exceeded: {held} bytes stored or being put, "
                     f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
                 )
+
+    def namespace_bytes(self, metas: Iterable[ObjectMeta]) -> Counter[tuple[str, str]]:
+        """The bytes of ``metas`` per ``(tenant, configured namespace)`` (others left out)."""
+        out: Counter[tuple[str, str]] = Counter()
+        for meta in metas:
+            space = self.namespace_of(meta)
+            if space:
+                out[meta.tenant, space] += meta.size_bytes
+        return out
 
     def quota_tier(self, ctx: ContextRecord, wanted: str, tiers: Sequence[str]) -> str | None:
         """The first tier of ``tiers`` from ``wanted`` down where the context fits the tenant's

@@ -6,6 +6,7 @@ checked."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from kvtierd import errors, namespaces
 from kvtierd.client import KVClient
 from kvtierd.config import load_daemon_config
 from kvtierd.engine.index import ContextIndex
+from kvtierd.rpc import kvtier_pb2 as pb
 from kvtierd.types import ObjectMeta
 from tests.cli.test_metrics_endpoint import scrape
 
@@ -83,6 +85,60 @@ def test_a_namespace_filling_its_quota_never_moves_anothers(
     with KVClient(d.socket_path) as c:
         c.put("ns:team-z:u@0", np.zeros(4 * MiB, np.uint8), context_id="ns:team-z:u@c0")
     assert not [k for k in scrape(metrics_port(d)) if ("namespace", "team-z") in k[1]]
+
+
+def _used(d: DaemonProcess, space: str, tier: str) -> float:
+    labels = (("namespace", space), ("tenant", ""), ("tier", tier))
+    return scrape(metrics_port(d))[("kvtierd_namespace_used_bytes", labels)]
+
+
+def test_concurrent_puts_count_a_namespaces_bytes_in_flight(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """Six puts of 1 MiB into team-a (quota 1 MiB cpu + 2 MiB ssd) allocate before any of them
+    commits: bytes being put count against the namespace's quota as they do against a
+    tenant's, so three are refused at Allocate. Counted only once stored, all six were
+    accepted and three then dropped by the executor (acknowledged, then gone)."""
+    d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+        _settle(c)
+    puts = 6
+    all_allocated = threading.Barrier(puts, timeout=60)
+    stored: list[str] = []
+    refused: list[str] = []
+
+    def put(i: int) -> None:
+        key = f"ns:team-a:p@{i}"
+        spec = pb.ObjectSpec(key=key, size_bytes=MiB, context_id=f"ns:team-a:p@c{i}")
+        with KVClient(d.socket_path) as c:
+            try:
+                allocs = c.call(c.kv.Allocate, pb.AllocateRequest(objects=[spec])).allocations
+            except errors.CapacityError as e:
+                refused.append(str(e))
+                allocs = []
+            all_allocated.wait()  # every Allocate before any Commit
+            if allocs:
+                c.call(c.kv.Commit, pb.CommitRequest(allocation_ids=[allocs[0].allocation_id]))
+                stored.append(key)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(puts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(stored), len(refused)) == (3, 3), (stored, refused)
+    assert all("namespace 'team-a' of tenant '' quota exceeded" in e for e in refused), refused
+    with KVClient(d.socket_path) as c:
+        _settle(c)
+        assert c.lookup(stored).found == (True,) * 3  # every acknowledged put is kept
+        tiers = _tiers(c)
+        assert tiers["ns:team-b:u@c0"] == tiers["ns:team-b:u@c1"] == "cpu", tiers
+        for i in range(2):
+            assert np.array_equal(c.get(f"ns:team-b:u@{i}"), np.full(MiB, i, np.uint8))
+    assert _used(d, "team-a", "cpu") <= MiB and _used(d, "team-a", "ssd") <= 2 * MiB
+    assert _used(d, "team-a", "cpu") + _used(d, "team-a", "ssd") == 3 * MiB
 
 
 def _meta(key: str, size: int = 100, tenant: str = "") -> ObjectMeta:
