@@ -141,6 +141,32 @@ def test_concurrent_puts_count_a_namespaces_bytes_in_flight(
     assert _used(d, "team-a", "cpu") + _used(d, "team-a", "ssd") == 3 * MiB
 
 
+def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """team-a's CPU quota (1 MiB) is full and its second context sits in the SSD tier. A hit
+    on it makes LRU promote it to the CPU tier, moving the least recently used context there
+    (team-b's) down to make room; the namespace's quota then keeps it out. The placer must see
+    the namespace's full tier as closed to that context, as at its first placement: nothing
+    moves, and team-a is never over its quota in the CPU tier."""
+    d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+            _settle(c)
+        for i in range(2):
+            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
+            _settle(c)
+        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+        for _ in range(3):
+            assert np.array_equal(c.get("ns:team-a:u@1"), np.full(MiB, 9, np.uint8))
+            _settle(c)
+        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+    assert _used(d, "team-a", "cpu") == MiB
+
+
 def _meta(key: str, size: int = 100, tenant: str = "") -> ObjectMeta:
     return ObjectMeta(key=key, size_bytes=size, tenant=tenant)
 
