@@ -328,24 +328,28 @@ class ContextIndex:
                 out[meta.tenant, space] += meta.size_bytes
         return out
 
-    def quota_tier(self, ctx: ContextRecord, wanted: str, tiers: Sequence[str]) -> str | None:
-        """The first tier of ``tiers`` from ``wanted`` down where the context fits the tenant's
-        quota (``None``: nowhere, drop it). Tiers without a quota for the tenant are
-        unlimited."""
+    def quota_tier(
+        self, ctx: ContextRecord, wanted: str, tiers: Sequence[str], size_bytes: int | None = None
+    ) -> str | None:
+        """The first tier of ``tiers`` from ``wanted`` down where the context fits its tenant's
+        and namespace's quotas (``None``: nowhere, drop it), at ``size_bytes`` (a form it is
+        about to take; ``None``: its size now). Tiers without a quota are unlimited."""
         for name in tiers[tiers.index(wanted) :]:
-            if self._fits(ctx, name):
+            if self._fits(ctx, name, size_bytes):
                 return name
         return None
 
-    def _fits(self, ctx: ContextRecord, tier: str) -> bool:
-        """Whether the context fits its tenant's quota in ``tier``, and its namespace's."""
+    def _fits(self, ctx: ContextRecord, tier: str, size_bytes: int | None = None) -> bool:
+        """Whether the context, at ``size_bytes`` (``None``: as it is), fits its tenant's quota
+        in ``tier``, and its namespace's."""
         quota = self.quotas.get(ctx.tenant)
         limit = quota.get(tier) if quota else None
         if limit is not None:
             here = sum(
                 self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == tier
             )
-            if self.usage[ctx.tenant, tier] - here + ctx.size_bytes > limit:
+            size = ctx.size_bytes if size_bytes is None else size_bytes
+            if self.usage[ctx.tenant, tier] - here + size > limit:
                 return False
         space = ctx.namespace
         limit = self.namespace_quotas.get(ctx.tenant, {}).get(space, {}).get(tier)
@@ -355,7 +359,7 @@ class ContextIndex:
             self.objects[k] for k in ctx.keys if self.namespace_of(self.objects[k].meta) == space
         ]
         here = sum(o.meta.size_bytes for o in mine if o.tier == tier)
-        size = sum(o.meta.size_bytes for o in mine)
+        size = sum(o.meta.size_bytes for o in mine) if size_bytes is None else size_bytes
         return self.namespace_usage[ctx.tenant, space, tier] - here + size <= limit
 
     def namespace_rows(self, tiers: Sequence[str]) -> list[tuple[str, str, str, int, int | None]]:

@@ -18,10 +18,12 @@ import yaml
 from benchmarks._support.daemon_proc import DaemonProcess, metrics_port
 from kvtierd import errors, namespaces
 from kvtierd.client import KVClient
-from kvtierd.config import load_daemon_config
+from kvtierd.config import DaemonConfig, NamespaceConfig, TierConfig, load_daemon_config
+from kvtierd.engine import Engine
 from kvtierd.engine.index import ContextIndex
+from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.rpc import kvtier_pb2 as pb
-from kvtierd.types import ObjectMeta
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, Operation, OpKind, Placement
 from tests.cli.test_metrics_endpoint import scrape
 
 MiB = 1 << 20
@@ -165,6 +167,52 @@ def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
         assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
                              "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
     assert _used(d, "team-a", "cpu") == MiB
+
+
+async def _put_chunks(engine: Engine, cid: str, chunks: int = 4) -> None:
+    """A context of LMCache chunks (``[2, L, T, H*D]`` bfloat16, 8 KiB each)."""
+    shape, g = (2, 2, 16, 64), np.random.default_rng(0)
+    layout = ChunkFormat(shape, "bfloat16", 2).layout()
+    for i in range(chunks):
+        data = g.standard_normal(shape, np.float32).astype(np.float32).view(np.uint32) >> 16
+        raw = memoryview(data.astype(np.uint16).tobytes())
+        await engine.put_bytes(ObjectMeta(key=f"{cid}-{i}@bfloat16", size_bytes=len(raw),
+                                          context_id=cid, dtype="bfloat16", shape=shape,
+                                          layout=layout, token_count=16), raw)  # fmt: skip
+
+
+async def test_a_compression_into_a_faster_tier_keeps_to_the_namespace_quota(
+    tmp_path: Path,
+) -> None:
+    """A plan that compresses a context into a faster tier moves it there too: the executor
+    checked a plain move against the tenant's and namespace's quotas, but wrote a compressed
+    form wherever the plan said. team-a's CPU quota holds one 32 KiB context; its second, in
+    the SSD tier, planned as int8 in the CPU tier, is compressed where the quota allows."""
+    lru = tmp_path / "lru.yaml"
+    lru.write_text("name: lru\nplacer: lru\n")
+    config = DaemonConfig(
+        socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "data"), policy_file=str(lru),
+        tiers=(TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
+               TierConfig("ssd", "ssd", 8 << 20, str(tmp_path / "ssd"))),
+        namespaces=(NamespaceConfig("team-a", {"cpu": 32 << 10, "ssd": 1 << 20}),),
+    )  # fmt: skip
+    engine = Engine(config)
+    await engine.start()
+    try:
+        for i in range(2):
+            await _put_chunks(engine, f"ns:team-a:c{i}")
+            await engine.executor.idle()
+        ctx = engine.contexts["ns:team-a:c1"]
+        assert engine.index.placement_of(ctx).tier == "ssd"
+        where = Placement(ORIGINAL_VARIANT, "ssd")
+        await engine.executor.apply(Operation(OpKind.COMPRESS, ctx.context_id, where,
+                                              Placement("int8", "cpu")))  # fmt: skip
+        await engine.executor.idle()
+        assert engine.index.placement_of(ctx) == Placement("int8", "ssd")
+        assert engine.index.namespace_usage["", "team-a", "cpu"] == 32 << 10
+        assert engine.placing.target(ctx.context_id) == Placement("int8", "ssd")
+    finally:
+        await engine.close()
 
 
 def _meta(key: str, size: int = 100, tenant: str = "") -> ObjectMeta:

@@ -156,6 +156,7 @@ def test_quota_tier_is_the_first_tier_down_where_the_context_fits() -> None:
     ctx = index.add(ObjectRecord(_meta("k1", ctx="big", tenant="t", size=200), "ssd"))
     tiers = ["cpu", "ssd", "remote"]
     assert index.quota_tier(ctx, "cpu", tiers) == "ssd"
+    assert index.quota_tier(ctx, "cpu", tiers, size_bytes=150) == "cpu"  # a form it is to take
     index.quotas["t"]["ssd"] = 100
     assert index.quota_tier(ctx, "cpu", tiers) == "remote"  # no quota there: unlimited
     assert index.quota_tier(ctx, "cpu", tiers[:2]) is None
