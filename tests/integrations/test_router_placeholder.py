@@ -242,7 +242,7 @@ def test_a_salted_request_is_served_from_its_own_salts_variant_only(
     keys (namespace team-a here); the same salt's next request is served from it, while another
     salt and no salt are never rewritten to it (their real prompts, nothing loaded). Keyed
     without the salt, the salted rewrite failed closed (its placeholder chunks were looked up
-    under salted keys) and an unsalted request read the salted variant."""
+    under salted keys), and the variant sat under unsalted keys."""
     alice, bob = "team-a:alice", "team-a:bob"
     store = {"context_tokens": 64, "variant": "knorm@0.5"}
     complete(stack, CTX8 + SUFFIX, kvtierd=store, cache_salt=alice)
