@@ -211,25 +211,46 @@ class Executor:
             if self._index.unread_durable(ctx):
                 await self._durable.hold(ctx, f"compress ({op.target.variant})")
                 return
-            tier = op.target.tier or self._index.placement_of(ctx).tier
-            assert tier is not None
-            if ctx.context_id in self.set_aside or not self._index.can_make(ctx, op.target.variant):
+            variant, planned = op.target.variant, op.target.tier
+            planned = planned or self._index.placement_of(ctx).tier
+            assert planned is not None
+            keep = ctx.context_id in self.set_aside or not self._index.can_make(ctx, variant)
+            tier = await self._quota_tier(ctx, planned, ctx.variant if keep else variant)
+            if tier is None:
+                return
+            if keep:
                 await self._keep_form(ctx, op, tier)
                 return
-            await self._variants.compress_context(ctx, op.target.variant, tier)
+            await self._variants.compress_context(ctx, variant, tier)
+            if tier != planned:  # the quota overrode the placer: tell it where it went
+                self.submit(self._placing.adopt(ctx, Placement(variant, tier)))
             if not self._index.can_make(ctx, ORIGINAL_VARIANT):
                 self.submit(self._placing.relearn(ctx))  # its original is no option any more
         elif op.target.tier is not None:
-            tier = self._index.quota_tier(ctx, op.target.tier, self._tier_names)
+            tier = await self._quota_tier(ctx, op.target.tier, ctx.variant)
             if tier is None:
-                logger.info("context %r dropped: tenant %r quota full in every tier from %s",
-                            ctx.context_id, ctx.tenant, op.target.tier)  # fmt: skip
-                await self._drop(ctx, "drop (tenant quota full)", forget=True)
                 return
             await self._mover.move_context(ctx, tier)
             if tier != op.target.tier:
                 # The tenant's quota overrode the placer: tell it where the context went.
                 self.submit(self._placing.adopt(ctx, Placement(ctx.variant, tier)))
+
+    async def _quota_tier(self, ctx: ContextRecord, planned: str, variant: str) -> str | None:
+        """Where ``ctx`` goes as ``variant`` for a plan that puts it in ``planned``: the first
+        tier from there down with room in its tenant's and namespace's quotas. A compression
+        into a faster tier was written where the plan said, over the namespace's quota there
+        (issue 41.2). ``None``: no tier has room, and the context is dropped."""
+        size = ctx.size_bytes
+        if variant != ctx.variant:
+            with contextlib.suppress(KeyError):  # a form its options no longer list: as it is
+                size = self._placing.profile(ctx).variant(variant).size_bytes
+        tier = self._index.quota_tier(ctx, planned, self._tier_names, size)
+        if tier is None:
+            logger.info("context %r dropped: the quota of tenant %r (namespace %r) is full in "
+                        "every tier from %s", ctx.context_id, ctx.tenant, ctx.namespace,
+                        planned)  # fmt: skip
+            await self._drop(ctx, "drop (quota full)", forget=True)
+        return tier
 
     def _removes(self, ctx: ContextRecord, op: Operation) -> bool:
         """Whether ``op`` would remove what a lookup's hold protects: a drop, or a change to a

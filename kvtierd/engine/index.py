@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from kvtierd import namespaces
 from kvtierd.engine.context_kv import SEPARATOR
@@ -278,27 +278,32 @@ class ContextIndex:
 
     # -- quotas --------------------------------------------------------------------------------
 
-    def check_quota(self, metas: Sequence[ObjectMeta], in_flight: Mapping[str, int]) -> None:
+    def check_quota(
+        self,
+        metas: Sequence[ObjectMeta],
+        in_flight: Mapping[str, int],
+        in_flight_spaces: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
         """A tenant's objects (stored, ``in_flight`` bytes being put, and ``metas``) stay
-        within the sum of its tier quotas."""
+        within the sum of its tier quotas, and a configured namespace's (stored,
+        ``in_flight_spaces`` bytes being put by ``(tenant, namespace)``, and ``metas``) within
+        the sum of its own: counted only once stored, puts that allocate together were each
+        let in, and the executor then dropped what no tier's quota had room for."""
         asked: Counter[str] = Counter()
-        in_space: Counter[tuple[str, str]] = Counter()
         for meta in metas:
             asked[meta.tenant] += meta.size_bytes
-            space = self.namespace_of(meta)
-            if space:
-                in_space[meta.tenant, space] += meta.size_bytes
-        for (tenant, space), nbytes in in_space.items():
+        for (tenant, space), nbytes in self.namespace_bytes(metas).items():
             limits = self.namespace_quotas[tenant][space]
             if not limits:
                 continue
             total = sum(limits.values())
             held = sum(v for (t, n, _), v in self.namespace_usage.items()
                        if t == tenant and n == space)  # fmt: skip
+            held += (in_flight_spaces or {}).get((tenant, space), 0)
             if held + nbytes > total:
                 raise CapacityError(
                     f"namespace {space!r} of tenant {tenant!r} quota exceeded: {held} bytes "
-                    f"stored, {nbytes} more asked, quota {total} bytes over tiers "
+                    f"stored or being put, {nbytes} more asked, quota {total} bytes over tiers "
                     f"{', '.join(limits)}"
                 )
         for tenant, nbytes in asked.items():
@@ -314,24 +319,37 @@ class ContextIndex:
                     f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
                 )
 
-    def quota_tier(self, ctx: ContextRecord, wanted: str, tiers: Sequence[str]) -> str | None:
-        """The first tier of ``tiers`` from ``wanted`` down where the context fits the tenant's
-        quota (``None``: nowhere, drop it). Tiers without a quota for the tenant are
-        unlimited."""
+    def namespace_bytes(self, metas: Iterable[ObjectMeta]) -> Counter[tuple[str, str]]:
+        """The bytes of ``metas`` per ``(tenant, configured namespace)`` (others left out)."""
+        out: Counter[tuple[str, str]] = Counter()
+        for meta in metas:
+            space = self.namespace_of(meta)
+            if space:
+                out[meta.tenant, space] += meta.size_bytes
+        return out
+
+    def quota_tier(
+        self, ctx: ContextRecord, wanted: str, tiers: Sequence[str], size_bytes: int | None = None
+    ) -> str | None:
+        """The first tier of ``tiers`` from ``wanted`` down where the context fits its tenant's
+        and namespace's quotas (``None``: nowhere, drop it), at ``size_bytes`` (a form it is
+        about to take; ``None``: its size now). Tiers without a quota are unlimited."""
         for name in tiers[tiers.index(wanted) :]:
-            if self._fits(ctx, name):
+            if self._fits(ctx, name, size_bytes):
                 return name
         return None
 
-    def _fits(self, ctx: ContextRecord, tier: str) -> bool:
-        """Whether the context fits its tenant's quota in ``tier``, and its namespace's."""
+    def _fits(self, ctx: ContextRecord, tier: str, size_bytes: int | None = None) -> bool:
+        """Whether the context, at ``size_bytes`` (``None``: as it is), fits its tenant's quota
+        in ``tier``, and its namespace's."""
         quota = self.quotas.get(ctx.tenant)
         limit = quota.get(tier) if quota else None
         if limit is not None:
             here = sum(
                 self.objects[k].meta.size_bytes for k in ctx.keys if self.objects[k].tier == tier
             )
-            if self.usage[ctx.tenant, tier] - here + ctx.size_bytes > limit:
+            size = ctx.size_bytes if size_bytes is None else size_bytes
+            if self.usage[ctx.tenant, tier] - here + size > limit:
                 return False
         space = ctx.namespace
         limit = self.namespace_quotas.get(ctx.tenant, {}).get(space, {}).get(tier)
@@ -341,7 +359,7 @@ class ContextIndex:
             self.objects[k] for k in ctx.keys if self.namespace_of(self.objects[k].meta) == space
         ]
         here = sum(o.meta.size_bytes for o in mine if o.tier == tier)
-        size = sum(o.meta.size_bytes for o in mine)
+        size = sum(o.meta.size_bytes for o in mine) if size_bytes is None else size_bytes
         return self.namespace_usage[ctx.tenant, space, tier] - here + size <= limit
 
     def namespace_rows(self, tiers: Sequence[str]) -> list[tuple[str, str, str, int, int | None]]:

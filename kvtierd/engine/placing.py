@@ -289,7 +289,13 @@ class Placing:
         return tier if tier is not None and tier != names[0] else ""
 
     def access(self, context_id: str, now_s: float) -> Plan:
-        return self.placer.access(context_id, now_s)
+        """Record a hit. A promotion goes no higher than the fastest tier with room in the
+        context's tenant's and namespace's quotas, as its first placement (:meth:`insert`):
+        LRU promoted a context of a namespace full in the CPU tier there, moving another
+        namespace's context down for it, and the executor then kept it out (issue 41.2)."""
+        ctx = self._index.contexts.get(context_id)
+        floor = self._quota_floor(ctx) if ctx is not None else ""
+        return self.placer.access(context_id, now_s, fastest=floor)
 
     def remove(self, context_id: str) -> None:
         self._unadopted.discard(context_id)

@@ -82,7 +82,8 @@ class WritePath:
             seen.add(meta.key)
         held = Counter(table.in_flight_bytes())
         held.update(self._card_bytes())  # a tenant's cards count against its quota
-        self._index.check_quota(metas, held)
+        spaces = self._index.namespace_bytes(a.meta for a in table.allocations.values())
+        self._index.check_quota(metas, held, spaces)
         return table.allocate(metas, self._config.allocation_timeout_s)
 
     def _same_context(self, meta: ObjectMeta, batch: Sequence[ObjectMeta]) -> Iterator[ObjectMeta]:

@@ -69,6 +69,7 @@ from kvtierd.integrations.plugin_settings import (
     is_rewritten,
     key_string,
     placeholder_chunks,
+    salt_prefix,
     tag,
 )
 from kvtierd.integrations.prompt_links import PromptLinks
@@ -318,6 +319,8 @@ class KvtierdStoragePlugin(StoragePluginInterface):  # type: ignore[misc]
         # placeholder variant's context, not the original one the tag names.
         rewritten = is_rewritten(key)
         named = "" if rewritten else tag(key, "kvtierd_context")
+        if named:  # a router store request's context, within the request's salt
+            named = salt_prefix(key) + named
         continued = self.links.continued(names, start) if rewritten else ""
         proposed = named or continued or names[start]
         # The daemon says which context the put joins, from the chunk before it (issue 29).

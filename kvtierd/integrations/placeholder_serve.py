@@ -20,8 +20,9 @@ import torch
 
 from kvtierd.errors import InvalidArgumentError, KvtierError
 from kvtierd.integrations.daemon_io import PutItem, put_many, read_bytes
-from kvtierd.integrations.plugin_settings import key_string, tag
+from kvtierd.integrations.plugin_settings import key_string, salt_prefix, tag
 from kvtierd.kernels.placeholder import (
+    MANIFEST_PREFIX,
     MODEL_CARD_LAYOUT,
     Manifest,
     ModelCard,
@@ -78,14 +79,21 @@ class PlaceholderKeys:
 
     def translate(self, keys: Sequence[Any], names: list[str]) -> list[str]:
         """``names`` (``key_string`` of ``keys``) with each placeholder chunk's key replaced
-        by the daemon key of its chunk; unchanged for a request that is not rewritten."""
+        by the daemon key of its chunk; unchanged for a request that is not rewritten, and for
+        one naming a manifest of another salt than its own (the router names its own salt's:
+        translated, another salt's keys would be read under this one's)."""
         manifest_key = tag(keys[0], MANIFEST_TAG) if keys else ""
         if not manifest_key:
             return names
-        table = self._table(manifest_key)
+        salt = salt_prefix(keys[0])
+        if not manifest_key.startswith(salt + MANIFEST_PREFIX):
+            logger.warning("kvtierd plugin: manifest %.120s is not of the request's salt; "
+                           "its chunks are looked up untranslated", manifest_key)  # fmt: skip
+            return names
+        table = self._table(manifest_key, salt)
         return [table.get(n, n) for n in names]
 
-    def _table(self, manifest_key: str) -> dict[str, str]:
+    def _table(self, manifest_key: str, salt: str) -> dict[str, str]:
         with self._lock:
             table = self._maps.get(manifest_key)
             if table is not None:
@@ -96,7 +104,7 @@ class PlaceholderKeys:
         except KvtierError as e:  # evicted since the router read it: the load fails closed
             logger.warning("kvtierd plugin: manifest %s: %s", manifest_key, e)
             return {}
-        lmcache_keys = placeholder_chunk_keys(self.plugin, manifest.placeholder_ids)
+        lmcache_keys = placeholder_chunk_keys(self.plugin, manifest.placeholder_ids, salt)
         table = dict(zip(lmcache_keys, manifest.chunk_keys, strict=True))
         with self._lock:
             self._maps[manifest_key] = table
@@ -105,10 +113,13 @@ class PlaceholderKeys:
         return table
 
 
-def placeholder_chunk_keys(plugin: Any, ids: Sequence[int]) -> list[str]:
-    """LMCache's chunk keys of the placeholder prompt ``ids`` (the same hashing as its
-    lookups; the plugin's LMCache config and metadata)."""
+def placeholder_chunk_keys(plugin: Any, ids: Sequence[int], salt: str = "") -> list[str]:
+    """The daemon keys of the placeholder prompt ``ids``' chunks as a request with salt prefix
+    ``salt`` (``plugin_settings.salt_prefix``) names them: LMCache's chunk keys (the same
+    hashing as its lookups; the plugin's LMCache config and metadata), which a salt prefixes
+    and never changes otherwise (LMCache hashes tokens only)."""
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
     db = ChunkedTokenDatabase(plugin.config, plugin.metadata)
-    return [key_string(r[2]) for r in db.process_tokens(tokens=torch.tensor(list(ids)))]
+    rows = db.process_tokens(tokens=torch.tensor(list(ids)))
+    return [salt + key_string(r[2]) for r in rows]

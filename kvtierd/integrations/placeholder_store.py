@@ -91,7 +91,7 @@ def context_kv(
         raise InvalidArgumentError(
             f"context of {request.num_tokens} tokens: must be a multiple of chunk_size {chunk}"
         )
-    context = plugin.context_chunks.get(request.digest)
+    context = plugin.context_chunks.get(request.context_id)
     if context is None or len(context) != request.num_tokens // chunk:
         raise InvalidArgumentError(
             f"context {request.digest}: this plugin saw no lookup of the store request covering "
@@ -119,10 +119,10 @@ def context_kv(
     return torch.cat([*held, *(o.tensor for o in objs[:fresh])], dim=2)
 
 
-def _source_context(plugin: Any, digest: str) -> str:
+def _source_context(plugin: Any, request: StoreRequest) -> str:
     """The daemon context of the context's first original chunk: as this plugin stored or
     loaded it, else as the daemon says (a chunk another process stored)."""
-    chunks = plugin.context_chunks.get(digest)
+    chunks = plugin.context_chunks.get(request.context_id)
     if not chunks:
         return ""
     known = str(plugin.links.context_of(chunks[0]))
@@ -132,7 +132,8 @@ def _source_context(plugin: Any, digest: str) -> str:
         with lease_many(plugin.client, [chunks[0]]) as ((info, _),):
             return str(info.spec.context_id)
     except KvtierError as e:  # evicted meanwhile: the variant serves, unreported
-        logger.warning("kvtierd plugin: context %s: no source context (%s)", digest, e)
+        logger.warning("kvtierd plugin: context %s: no source context (%s)", request.context_id,
+                       e)  # fmt: skip
         return ""
 
 
@@ -153,13 +154,14 @@ def store_placeholder_variant(
         raise InvalidArgumentError(SNAPKV_UNAVAILABLE)
     digest, n, chunk = request.digest, request.num_tokens, plugin.chunk_tokens
     keyed = str(v) if request.scope else ""  # the variant the manifest's key names
-    existing = stored_manifest(plugin.client, manifest_key(digest, keyed))
+    salt = request.key_prefix
+    existing = stored_manifest(plugin.client, salt + manifest_key(digest, keyed))
     if existing is not None:
         if (existing.variant, existing.num_tokens) == (str(v), n):
             return existing
         raise InvalidArgumentError(
             f"context {digest} is already stored as {existing.variant}; evict it first "
-            f"(kvtierctl evict {digest}/{existing.variant})"
+            f"(kvtierctl evict {salt}{digest}/{existing.variant})"
         )
     model = str(plugin.metadata.model_name)
     r = read_model_rope(model)  # before any KV is read: refuses models it cannot serve
@@ -176,12 +178,12 @@ def store_placeholder_variant(
     if dropped.num_kept != m:
         raise InvalidArgumentError(f"{v} kept {dropped.num_kept} of {n} tokens, not {m}")
     ids = placeholder_ids(digest, str(v), m, r.vocab_size, r.special_ids)
-    chunk_keys = placeholder_chunk_keys(plugin, ids)
-    original = "" if request.scope else _source_context(plugin, digest)
+    chunk_keys = placeholder_chunk_keys(plugin, ids, salt)  # a rewritten request's own keys
+    original = "" if request.scope else _source_context(plugin, request)
     manifest = Manifest(
         digest, str(v), n, m, dropped.rope_delta, tuple(ids), tuple(chunk_keys), original
     )
-    items = _variant_items(plugin, manifest, dropped, keyed)
+    items = _variant_items(plugin, manifest, dropped, keyed, salt)
     put_many(plugin.client, items, durable=plugin.settings.durable)
     plugin.stats.placeholder_variants += 1
     logger.info("kvtierd plugin: stored %s of context %s%s: %d -> %d tokens", v, digest,
@@ -203,12 +205,14 @@ def _window_queries(
 
 
 def _variant_items(
-    plugin: Any, manifest: Manifest, dropped: CompressedKV, keyed: str
+    plugin: Any, manifest: Manifest, dropped: CompressedKV, keyed: str, salt: str
 ) -> list[PutItem]:
     """The placeholder chunks (in the variant's quantization), the kept indices and the
-    manifest, the last two under keys naming ``keyed`` (``placeholder.manifest_key``)."""
+    manifest, the last two under keys naming ``keyed`` (``placeholder.manifest_key``); the
+    kept indices, the manifest and the context id begin with the request's ``salt`` prefix, as
+    its chunk keys do."""
     v = parse_variant(manifest.variant)
-    chunk, context_id = plugin.chunk_tokens, f"{manifest.digest}/{v}"
+    chunk, context_id = plugin.chunk_tokens, f"{salt}{manifest.digest}/{v}"
     keys_d, values_d = dense_kv(dropped)
     data = to_kv_2ltd(keys_d, values_d).cpu()
     items = []
@@ -219,9 +223,9 @@ def _variant_items(
         shape = tuple(enc.shape) if not fmt.quant else ()
         items.append(PutItem(key, enc, context_id, str(v), fmt.layout(), chunk, b"", shape))
     kept = dropped.kept.to(torch.int32).cpu().contiguous()
-    items.append(PutItem(kept_key(manifest.digest, keyed), kept, context_id, str(v), KEPT_LAYOUT,
-                         manifest.num_kept, b"", tuple(kept.shape)))  # fmt: skip
+    items.append(PutItem(salt + kept_key(manifest.digest, keyed), kept, context_id, str(v),
+                         KEPT_LAYOUT, manifest.num_kept, b"", tuple(kept.shape)))  # fmt: skip
     meta = torch.frombuffer(bytearray(manifest.to_bytes()), dtype=torch.uint8)
-    key = manifest_key(manifest.digest, keyed)
+    key = salt + manifest_key(manifest.digest, keyed)
     items.append(PutItem(key, meta, context_id, str(v), MANIFEST_LAYOUT, 0))
     return items

@@ -131,16 +131,24 @@ def key_string(key: Any) -> str:
     base = (
         f"{key.model_name}@{key.world_size}@{key.worker_id}@{key.chunk_hash_hex}@{key._dtype_str}"
     )
+    return salt_prefix(key) + base
+
+
+def salt_prefix(key: Any) -> str:
+    """What every daemon key of a key's request begins with: ``<salt tag>@`` (``""`` without
+    a salt). Everything the plugin writes for a salted request carries it: its chunks, and
+    a store request's variant, manifest and context ids (so a salt reads only its own).
+    ``InvalidArgumentError`` for a tag the connector did not make (:func:`key_string`)."""
     salt = tag(key, SALT_TAG)
     if not salt:
-        return base
+        return ""
     if not valid_tag(salt):
         raise InvalidArgumentError(
             f"lmcache.tag.{SALT_TAG} {salt[:80]!r} is not a salt tag of KvtierLMCacheConnectorV1 "
             "([ns:<namespace>:]<32 hex digits>); use that connector, which writes it from the "
             "request's cache_salt"
         )
-    return f"{salt}@{base}"
+    return f"{salt}@"
 
 
 def tag(key: Any, name: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtierd.integrations.plugin_settings import is_rewritten, tag
+from kvtierd.integrations.plugin_settings import is_rewritten, salt_prefix, tag
 from kvtierd.variants import parse_variant
 
 
@@ -31,13 +31,21 @@ from kvtierd.variants import parse_variant
 class StoreRequest:
     """Store the first ``num_tokens`` tokens of the request as ``variant`` under the context
     identity ``digest`` (``kvtierd.router_protocol.context_digest``, which folds ``scope`` in;
-    ``""``: production)."""
+    ``""``: production). ``key_prefix``: the request's salt (``plugin_settings.salt_prefix``),
+    which every key and context id of the variant begins with."""
 
     digest: str
     variant: str
     num_tokens: int
     scope: str = ""
     window_ids: tuple[int, ...] = ()  # snapkv: the context's last window of token ids
+    key_prefix: str = ""
+
+    @property
+    def context_id(self) -> str:
+        """The daemon context of the context's original chunks: its digest, within its salt
+        (two salts' stores of the same tokens are two contexts, as their chunks are)."""
+        return self.key_prefix + self.digest
 
     @property
     def manifest_variant(self) -> str:
@@ -58,16 +66,19 @@ class StoreRequest:
         try:
             if not parse_variant(variant).drops_tokens:
                 return None
+            count = int(tokens)
             window = tuple(int(t) for t in tag(key, "kvtierd_window").split())
-            return cls(digest, variant, int(tokens), tag(key, "kvtierd_scope"), window)
+            prefix = salt_prefix(key)  # a forged salt: refused (InvalidArgumentError)
         except ValueError:
             return None
+        return cls(digest, variant, count, tag(key, "kvtierd_scope"), window, prefix)
 
 
 class ContextChunks:
     """The chunk keys of the contexts of recent store requests, from their lookups (module
-    docstring). Bounded (least recently looked up first out) and thread-safe: lookups and puts
-    run on different LMCache threads. Requests for the same digest have the same chunk keys."""
+    docstring), by the request's ``context_id``. Bounded (least recently looked up first out)
+    and thread-safe: lookups and puts run on different LMCache threads. Requests for the same
+    context id have the same chunk keys."""
 
     def __init__(self, capacity: int = 256) -> None:
         self.capacity = capacity
@@ -83,12 +94,12 @@ class ContextChunks:
         if request.num_tokens % chunk_tokens or not 0 < count <= len(names):
             return hits  # not a whole-chunk context within the prompt: the put refuses it
         with self._lock:
-            self._chunks[request.digest] = tuple(names[:count])
-            self._chunks.move_to_end(request.digest)
+            self._chunks[request.context_id] = tuple(names[:count])
+            self._chunks.move_to_end(request.context_id)
             while len(self._chunks) > self.capacity:
                 self._chunks.popitem(last=False)
         return min(hits, count - 1)
 
-    def get(self, digest: str) -> tuple[str, ...] | None:
+    def get(self, context_id: str) -> tuple[str, ...] | None:
         with self._lock:
-            return self._chunks.get(digest)
+            return self._chunks.get(context_id)

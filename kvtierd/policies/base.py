@@ -8,7 +8,8 @@ Contract with the engine:
 
 * the engine calls :meth:`Placer.insert` when a context is new or its profile changed (it grew,
   or was re-profiled) and executes the returned plan in order;
-* :meth:`Placer.access` records a hit (recency/frequency) and may return a plan (promotion);
+* :meth:`Placer.access` records a hit (recency/frequency) and may return a plan (promotion),
+  never above the ``fastest`` tier the engine names (a quota full above it);
 * :meth:`Placer.remove` forgets a context a client deleted;
 * :meth:`Placer.rebalance` recomputes every placement from scratch (after re-profiling);
 * executing a plan in order never puts a tier over its capacity.
@@ -98,8 +99,11 @@ class Placer(abc.ABC):
         """Place a new context, or re-place one whose profile changed."""
 
     @abc.abstractmethod
-    def access(self, context_id: str, now_s: float) -> Plan:
-        """Record a hit on a context; may return a plan (e.g. a promotion)."""
+    def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
+        """Record a hit on a context; may return a plan (e.g. a promotion). ``fastest``: the
+        fastest tier the context may be promoted into (``""``: any). The engine names one when
+        the context's tenant or namespace quota is full in the tiers above it: a promotion
+        there would move other contexts down to make room for one the quota keeps out."""
 
     @abc.abstractmethod
     def remove(self, context_id: str) -> None:

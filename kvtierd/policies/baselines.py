@@ -94,7 +94,7 @@ class PrefillPlacer(Placer):
         self._known.add(profile.context_id)
         return Plan()
 
-    def access(self, context_id: str, now_s: float) -> Plan:
+    def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
         return Plan()
 
     def remove(self, context_id: str) -> None:

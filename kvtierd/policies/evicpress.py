@@ -135,7 +135,7 @@ class EvicPressPlacer(Placer):
             at = where
         return self.adopt(profile, at)
 
-    def access(self, context_id: str, now_s: float) -> Plan:
+    def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
         """Count a hit (see the module doc); placement changes wait for insert/rebalance."""
         slot = self._state.slots.index.get(context_id)
         if slot is not None:

@@ -94,26 +94,25 @@ class LruPlacer(Placer):
     def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
         if placement.tier is None:
             return Plan()
-        names = [t.name for t in self.tiers]
-        if placement.tier not in names:
-            raise ValueError(f"unknown tier {placement.tier!r}; tiers: {', '.join(names)}")
+        tier = self._tier_index(placement.tier)
         self.remove(profile.context_id)
         size = profile.variant(placement.variant).size_bytes
-        entry = _Entry(size, names.index(placement.tier), profile.pinned, placement.variant)
+        entry = _Entry(size, tier, profile.pinned, placement.variant)
         self._attach(profile.context_id, entry)
         return self._spill(entry.tier, protect=profile.context_id)
 
-    def access(self, context_id: str, now_s: float) -> Plan:
+    def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
         entry = self._entries.get(context_id)
         if entry is None:
             return Plan()
         self._touch(context_id)
-        if entry.tier == 0 or entry.pinned:
+        top = self._tier_index(fastest) if fastest else 0
+        if entry.tier <= top or entry.pinned:
             self._lru[entry.tier].move_to_end(context_id)
             return Plan()
         source = self.placement(context_id)
         self._detach(context_id, entry)
-        entry.tier = self._first_tier_for(entry.size_bytes)
+        entry.tier = max(self._first_tier_for(entry.size_bytes), top)
         self._attach(context_id, entry)
         target = Placement(entry.variant, self.tiers[entry.tier].name)
         if source == target:
@@ -174,6 +173,12 @@ class LruPlacer(Placer):
         self._gone.clear()
         used = {t.name: float(u) for t, u in zip(self.tiers, self._used, strict=True)}
         return order_changes(changes, self.tiers, used)
+
+    def _tier_index(self, name: str) -> int:
+        names = [t.name for t in self.tiers]
+        if name not in names:
+            raise ValueError(f"unknown tier {name!r}; tiers: {', '.join(names)}")
+        return names.index(name)
 
     def _first_tier_for(self, size_bytes: int) -> int:
         for i, tier in enumerate(self.tiers):

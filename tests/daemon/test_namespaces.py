@@ -6,6 +6,7 @@ checked."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,12 @@ import yaml
 from benchmarks._support.daemon_proc import DaemonProcess, metrics_port
 from kvtierd import errors, namespaces
 from kvtierd.client import KVClient
-from kvtierd.config import load_daemon_config
+from kvtierd.config import DaemonConfig, NamespaceConfig, TierConfig, load_daemon_config
+from kvtierd.engine import Engine
 from kvtierd.engine.index import ContextIndex
-from kvtierd.types import ObjectMeta
+from kvtierd.kernels.chunk_codec import ChunkFormat
+from kvtierd.rpc import kvtier_pb2 as pb
+from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta, Operation, OpKind, Placement
 from tests.cli.test_metrics_endpoint import scrape
 
 MiB = 1 << 20
@@ -83,6 +87,132 @@ def test_a_namespace_filling_its_quota_never_moves_anothers(
     with KVClient(d.socket_path) as c:
         c.put("ns:team-z:u@0", np.zeros(4 * MiB, np.uint8), context_id="ns:team-z:u@c0")
     assert not [k for k in scrape(metrics_port(d)) if ("namespace", "team-z") in k[1]]
+
+
+def _used(d: DaemonProcess, space: str, tier: str) -> float:
+    labels = (("namespace", space), ("tenant", ""), ("tier", tier))
+    return scrape(metrics_port(d))[("kvtierd_namespace_used_bytes", labels)]
+
+
+def test_concurrent_puts_count_a_namespaces_bytes_in_flight(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """Six puts of 1 MiB into team-a (quota 1 MiB cpu + 2 MiB ssd) allocate before any of them
+    commits: bytes being put count against the namespace's quota as they do against a
+    tenant's, so three are refused at Allocate. Counted only once stored, all six were
+    accepted and three then dropped by the executor (acknowledged, then gone)."""
+    d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+        _settle(c)
+    puts = 6
+    all_allocated = threading.Barrier(puts, timeout=60)
+    stored: list[str] = []
+    refused: list[str] = []
+
+    def put(i: int) -> None:
+        key = f"ns:team-a:p@{i}"
+        spec = pb.ObjectSpec(key=key, size_bytes=MiB, context_id=f"ns:team-a:p@c{i}")
+        with KVClient(d.socket_path) as c:
+            try:
+                allocs = c.call(c.kv.Allocate, pb.AllocateRequest(objects=[spec])).allocations
+            except errors.CapacityError as e:
+                refused.append(str(e))
+                allocs = []
+            all_allocated.wait()  # every Allocate before any Commit
+            if allocs:
+                c.call(c.kv.Commit, pb.CommitRequest(allocation_ids=[allocs[0].allocation_id]))
+                stored.append(key)
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(puts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(stored), len(refused)) == (3, 3), (stored, refused)
+    assert all("namespace 'team-a' of tenant '' quota exceeded" in e for e in refused), refused
+    with KVClient(d.socket_path) as c:
+        _settle(c)
+        assert c.lookup(stored).found == (True,) * 3  # every acknowledged put is kept
+        tiers = _tiers(c)
+        assert tiers["ns:team-b:u@c0"] == tiers["ns:team-b:u@c1"] == "cpu", tiers
+        for i in range(2):
+            assert np.array_equal(c.get(f"ns:team-b:u@{i}"), np.full(MiB, i, np.uint8))
+    assert _used(d, "team-a", "cpu") <= MiB and _used(d, "team-a", "ssd") <= 2 * MiB
+    assert _used(d, "team-a", "cpu") + _used(d, "team-a", "ssd") == 3 * MiB
+
+
+def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """team-a's CPU quota (1 MiB) is full and its second context sits in the SSD tier. A hit
+    on it makes LRU promote it to the CPU tier, moving the least recently used context there
+    (team-b's) down to make room; the namespace's quota then keeps it out. The placer must see
+    the namespace's full tier as closed to that context, as at its first placement: nothing
+    moves, and team-a is never over its quota in the CPU tier."""
+    d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+            _settle(c)
+        for i in range(2):
+            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
+            _settle(c)
+        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+        for _ in range(3):
+            assert np.array_equal(c.get("ns:team-a:u@1"), np.full(MiB, 9, np.uint8))
+            _settle(c)
+        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+    assert _used(d, "team-a", "cpu") == MiB
+
+
+async def _put_chunks(engine: Engine, cid: str, chunks: int = 4) -> None:
+    """A context of LMCache chunks (``[2, L, T, H*D]`` bfloat16, 8 KiB each)."""
+    shape, g = (2, 2, 16, 64), np.random.default_rng(0)
+    layout = ChunkFormat(shape, "bfloat16", 2).layout()
+    for i in range(chunks):
+        data = g.standard_normal(shape, np.float32).astype(np.float32).view(np.uint32) >> 16
+        raw = memoryview(data.astype(np.uint16).tobytes())
+        await engine.put_bytes(ObjectMeta(key=f"{cid}-{i}@bfloat16", size_bytes=len(raw),
+                                          context_id=cid, dtype="bfloat16", shape=shape,
+                                          layout=layout, token_count=16), raw)  # fmt: skip
+
+
+async def test_a_compression_into_a_faster_tier_keeps_to_the_namespace_quota(
+    tmp_path: Path,
+) -> None:
+    """A plan that compresses a context into a faster tier moves it there too: the executor
+    checked a plain move against the tenant's and namespace's quotas, but wrote a compressed
+    form wherever the plan said. team-a's CPU quota holds one 32 KiB context; its second, in
+    the SSD tier, planned as int8 in the CPU tier, is compressed where the quota allows."""
+    lru = tmp_path / "lru.yaml"
+    lru.write_text("name: lru\nplacer: lru\n")
+    config = DaemonConfig(
+        socket_path=str(tmp_path / "s"), data_dir=str(tmp_path / "data"), policy_file=str(lru),
+        tiers=(TierConfig("cpu", "cpu", 1 << 20, options={"staging_bytes": "32MiB"}),
+               TierConfig("ssd", "ssd", 8 << 20, str(tmp_path / "ssd"))),
+        namespaces=(NamespaceConfig("team-a", {"cpu": 32 << 10, "ssd": 1 << 20}),),
+    )  # fmt: skip
+    engine = Engine(config)
+    await engine.start()
+    try:
+        for i in range(2):
+            await _put_chunks(engine, f"ns:team-a:c{i}")
+            await engine.executor.idle()
+        ctx = engine.contexts["ns:team-a:c1"]
+        assert engine.index.placement_of(ctx).tier == "ssd"
+        where = Placement(ORIGINAL_VARIANT, "ssd")
+        await engine.executor.apply(Operation(OpKind.COMPRESS, ctx.context_id, where,
+                                              Placement("int8", "cpu")))  # fmt: skip
+        await engine.executor.idle()
+        assert engine.index.placement_of(ctx) == Placement("int8", "ssd")
+        assert engine.index.namespace_usage["", "team-a", "cpu"] == 32 << 10
+        assert engine.placing.target(ctx.context_id) == Placement("int8", "ssd")
+    finally:
+        await engine.close()
 
 
 def _meta(key: str, size: int = 100, tenant: str = "") -> ObjectMeta:

@@ -140,11 +140,23 @@ def test_a_quota_counts_stored_and_in_flight_bytes() -> None:
     index.check_quota([_meta("k3", size=10**9)], {})  # the default tenant has no quota
 
 
+def test_a_namespace_quota_counts_its_stored_and_in_flight_bytes() -> None:
+    index = ContextIndex(namespace_quotas={"": {"a": {"cpu": 100, "ssd": 150}}})
+    index.add(ObjectRecord(_meta("ns:a:k1", ctx="ns:a:c"), "ssd"))
+    being_put = index.namespace_bytes([_meta("ns:a:k2", size=50), _meta("ns:b:k", size=999)])
+    assert being_put == {("", "a"): 50}  # b is no configured namespace
+    index.check_quota([_meta("ns:a:k3", size=100)], {}, being_put)  # 100 + 50 + 100 <= 250
+    with pytest.raises(CapacityError, match="namespace 'a' of tenant '' quota exceeded: 150"):
+        index.check_quota([_meta("ns:a:k3", size=101)], {}, being_put)
+    index.check_quota([_meta("k4", size=10**9)], {}, being_put)  # the tenant's alone
+
+
 def test_quota_tier_is_the_first_tier_down_where_the_context_fits() -> None:
     index = ContextIndex({"t": {"cpu": 150, "ssd": 1000}})
     ctx = index.add(ObjectRecord(_meta("k1", ctx="big", tenant="t", size=200), "ssd"))
     tiers = ["cpu", "ssd", "remote"]
     assert index.quota_tier(ctx, "cpu", tiers) == "ssd"
+    assert index.quota_tier(ctx, "cpu", tiers, size_bytes=150) == "cpu"  # a form it is to take
     index.quotas["t"]["ssd"] = 100
     assert index.quota_tier(ctx, "cpu", tiers) == "remote"  # no quota there: unlimited
     assert index.quota_tier(ctx, "cpu", tiers[:2]) is None

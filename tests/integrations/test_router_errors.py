@@ -213,6 +213,8 @@ async def test_a_store_whose_kept_count_is_not_whole_chunks_is_a_400(
         (b"[1, 2]", "JSON object"),
         (b'{"model": "m"}', "prompt"),
         (b'{"model": "m", "prompt": "w1", "kvtierd": {"scope": "a/b"}}', "kvtierd.scope"),
+        (b'{"model": "m", "prompt": "w1", "cache_salt": 7}', "cache_salt must be a non-empty"),
+        (b'{"model": "m", "prompt": "w1", "cache_salt": ""}', "cache_salt must be a non-empty"),
     ],
 )
 async def test_a_malformed_request_is_a_400(

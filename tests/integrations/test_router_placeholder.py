@@ -31,6 +31,7 @@ from benchmarks._support.servers import (
 )
 from benchmarks._support.tiny_vllm_model import words
 from kvtierd.client import KVClient
+from kvtierd.integrations.salt import salt_key_prefix
 from kvtierd.kernels.chunk_codec import ChunkFormat
 from kvtierd.kernels.placeholder import Manifest, kept_key, manifest_key
 from kvtierd.router_protocol import context_digest
@@ -45,6 +46,7 @@ CTX4 = [60 + (23 * i) % 900 for i in range(64)]
 CTX5 = [110 + (29 * i) % 900 for i in range(64)]
 CTX6 = [120 + (31 * i) % 900 for i in range(64)]
 CTX7 = [130 + (37 * i) % 900 for i in range(64)]
+CTX8 = [140 + (41 * i) % 900 for i in range(64)]
 SUFFIX = [500, 501, 502, 503, 504, 505]
 LONG_SUFFIX = [600 + i for i in range(40)]  # with the context: 6 full chunks
 # vLLM (float32) against the float32 reference differs only by the order of float32 sums:
@@ -231,6 +233,37 @@ def _queries_of(c: KVClient, context_id: str, at_least: int) -> pb.ProfileStatus
             return s
         assert time.monotonic() < deadline, f"{context_id}: {s.next_num_queries} queries"
         time.sleep(0.1)
+
+
+def test_a_salted_request_is_served_from_its_own_salts_variant_only(
+    stack: dict[str, Any],
+) -> None:
+    """Issue 41.2: a store request under ``cache_salt`` builds the variant under its salt's
+    keys (namespace team-a here); the same salt's next request is served from it, while another
+    salt and no salt are never rewritten to it (their real prompts, nothing loaded). Keyed
+    without the salt, the salted rewrite failed closed (its placeholder chunks were looked up
+    under salted keys), and the variant sat under unsalted keys."""
+    alice, bob = "team-a:alice", "team-a:bob"
+    store = {"context_tokens": 64, "variant": "knorm@0.5"}
+    complete(stack, CTX8 + SUFFIX, kvtierd=store, cache_salt=alice)
+    digest = context_digest(stack["model"], CTX8)
+    before = get_json(f"{stack['router']}/health")["fallbacks"]
+    got, headers = complete(stack, CTX8 + SUFFIX, cache_salt=alice)
+    assert headers.get("x-kvtierd-context") == f"{digest}/knorm@0.5"
+    assert got["usage"]["prompt_tokens"] == 32 + len(SUFFIX)
+    for other in ({"cache_salt": bob}, {}):
+        got, headers = complete(stack, CTX8 + SUFFIX, **other)
+        assert "x-kvtierd-context" not in headers, other
+        assert got["usage"]["prompt_tokens"] == 64 + len(SUFFIX), other
+    assert get_json(f"{stack['router']}/health")["fallbacks"] == before  # none was tried
+    prefix = salt_key_prefix(alice)
+    with KVClient(stack["socket"]) as c:
+        manifest = Manifest.from_bytes(bytes(c.get(prefix + manifest_key(digest))))
+        assert all(k.startswith(prefix) for k in manifest.chunk_keys)
+        assert c.lookup([manifest_key(digest), prefix + kept_key(digest)]).found == (False, True)
+        assert manifest.source_context == prefix + digest  # the salt's own original chunks
+        contexts = [x.context_id for x in c.contexts()]
+        assert {prefix + digest, f"{prefix}{digest}/knorm@0.5"} <= set(contexts), contexts
 
 
 def test_failed_placeholder_load_is_answered_from_the_real_prompt(stack: dict[str, Any]) -> None:

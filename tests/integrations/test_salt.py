@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.integrations.placeholder_serve import PlaceholderKeys
 from kvtierd.integrations.plugin_settings import key_string
 from kvtierd.integrations.salt import CONFIG_KEY, salt_key_prefix, salt_request, salt_tag
+from kvtierd.integrations.store_request import StoreRequest
+from kvtierd.kernels.placeholder import manifest_key
 
 
 @dataclass
@@ -74,3 +77,23 @@ def test_the_daemon_key_carries_the_salt_and_refuses_a_forged_tag() -> None:
     for forged in ("ns:team-a:", "x" * 32, "ns:team-a:" + "0" * 31, "0" * 32 + "@m"):
         with pytest.raises(InvalidArgumentError, match="not a salt tag"):
             key_string(Key((("kvtierd_salt", forged),)))
+
+
+def test_a_salted_store_request_keeps_to_its_salt_and_a_rewrite_to_its_own_manifests() -> None:
+    """A router store request under a salt names its context within the salt (two salts'
+    stores of the same tokens are two daemon contexts). A rewritten request is translated only
+    through a manifest of its own salt: through another's (a client's forged tag), its
+    placeholder chunk keys would name that salt's chunks; refused without reading it."""
+    tag = salt_tag("team-a:alice")
+    store = {"kvtierd_context": "d" * 32, "kvtierd_context_tokens": "64",
+             "kvtierd_variant": "knorm@0.5"}  # fmt: skip
+    request = StoreRequest.of(Key((*store.items(), ("kvtierd_salt", tag))))
+    assert request is not None and request.context_id == f"{tag}@{'d' * 32}"
+    assert StoreRequest.of(Key(tuple(store.items()))).context_id == "d" * 32  # type: ignore[union-attr]
+    keys = PlaceholderKeys(plugin=None)  # a refused manifest reads nothing (no plugin needed)
+    names = ["n0", "n1"]
+    for mine, named in ((tag, manifest_key("d" * 32)), ("", f"{tag}@{manifest_key('d' * 32)}"),
+                        (salt_tag("team-a:bob"), f"{tag}@{manifest_key('d' * 32)}")):  # fmt: skip
+        salt = (("kvtierd_salt", mine),) if mine else ()
+        key = Key((*salt, ("kvtierd_manifest", named)))
+        assert keys.translate([key], names) == names, (mine, named)

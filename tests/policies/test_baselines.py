@@ -28,6 +28,20 @@ def test_lru_moves_the_least_recent_down(two_tiers):
     assert [placer.placement(c).tier for c in "abc"] == ["slow", "slow", "fast"]
 
 
+def test_lru_promotes_no_higher_than_the_fastest_tier_it_is_given(two_tiers):
+    """The engine names ``fastest`` when a quota is full above it: no promotion, no move of
+    another context to make room; the hit still counts (the context is the tier's newest)."""
+    placer, state = _run("lru", two_tiers)
+    assert not placer.access("a", 0.0, fastest="slow")
+    assert state == {"a": Placement("none", "slow"), "b": Placement("none", "slow"),
+                     "c": Placement("none", "fast")}  # fmt: skip
+    assert placer._victims(1) == ["b", "a"]
+    replay(placer.access("a", 0.0), state, SIZES, two_tiers)  # any tier: promoted
+    assert (state["a"].tier, state["c"].tier) == ("fast", "slow")
+    with pytest.raises(ValueError, match="unknown tier 'tape'; tiers: fast, slow"):
+        placer.access("b", 0.0, fastest="tape")
+
+
 def test_fixed_stores_every_context_compressed(two_tiers):
     placer, _ = _run("fixed:k@0.5", two_tiers)
     # 3 x 30 B fit in the 100 B fast tier: compression alone avoids every eviction.

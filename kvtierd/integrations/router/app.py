@@ -61,6 +61,7 @@ from kvtierd.integrations.router.store import (
     store_failure,
 )
 from kvtierd.integrations.router.timing import StreamTiming
+from kvtierd.integrations.salt import salt_key_prefix
 from kvtierd.router_protocol import LOADED_HEADER, ContextRequest, loaded_value
 
 logger = logging.getLogger(__name__)
@@ -182,6 +183,7 @@ class Router:
         try:
             try:
                 body = _client_params(await _json_object(request))
+                salt = _salt_prefix(body)
                 field = body.pop("kvtierd", None)
                 spec = ContextRequest() if field is None else ContextRequest.from_json(field)
                 tokens = await self._tokenize(body)
@@ -196,10 +198,10 @@ class Router:
                             "stored"
                         )
                     target = await prepare_store(
-                        self.client, model, tokens, spec, self.config.chunk_tokens
+                        self.client, model, tokens, spec, self.config.chunk_tokens, salt=salt
                     )
                     return await self._store(path, body, target, request, note)
-                rw = await self._find_rewrite(model, tokens, spec)
+                rw = await self._find_rewrite(model, tokens, spec, salt)
             except AlreadyExistsError as e:
                 return _error(str(e), 409)
             except aiohttp.ClientResponseError as e:  # vLLM refused what the router asked
@@ -218,17 +220,18 @@ class Router:
                 note.cancel()  # sent or refused by now: nothing waits for the registration
 
     async def _find_rewrite(
-        self, model: str, tokens: list[int], spec: ContextRequest
+        self, model: str, tokens: list[int], spec: ContextRequest, salt: str
     ) -> Rewrite | None:
         """A production request loads whatever its context is stored as; a scoped one only
-        the variant it names, else nothing (``kvtierd.router_protocol``)."""
+        the variant it names, else nothing (``kvtierd.router_protocol``); a salted one only
+        what was stored under its salt (``salt``: its key prefix)."""
         if spec.scope and not spec.variant:
             return None
         variant = str(checked_variant(spec.variant)) if spec.variant else ""
         c = self.config
         lookup = find_rewrite(
             self.client, model, tokens, c.chunk_tokens, c.hold_s, scope=spec.scope,
-            variant=variant,
+            variant=variant, salt=salt,
         )  # fmt: skip
         # A production request is better served now from its real prompt than late; a scoped
         # one (a profiler's) is worth nothing without its variant, so it waits for the daemon.
@@ -482,6 +485,18 @@ def _client_params(body: dict[str, Any]) -> dict[str, Any]:
         logger.info("dropped %d kvtierd-internal kv_transfer_params entries a client sent",
                     len(params) - len(kept))  # fmt: skip
     return {**body, "kv_transfer_params": kept}
+
+
+def _salt_prefix(body: dict[str, Any]) -> str:
+    """The key prefix of the request's ``cache_salt`` (``""``: none), which every key the
+    kvtierd plugin writes for the request begins with (docs/integration.md, "cache_salt"): a
+    salted request is rewritten only to a variant stored under its own salt."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return ""
+    if not isinstance(salt, str) or not salt:
+        raise InvalidArgumentError(f"cache_salt must be a non-empty string, not {salt!r:.40}")
+    return salt_key_prefix(salt)
 
 
 def _error(message: str, status: int) -> web.Response:

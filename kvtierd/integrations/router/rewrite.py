@@ -48,15 +48,19 @@ async def find_rewrite(
     *,
     scope: str = "",
     variant: str = "",
+    salt: str = "",
 ) -> Rewrite | None:
     """The rewrite of ``token_ids`` through its longest stored compressed prefix, or None:
     production (``scope`` ``""``) through whichever variant a prefix is stored in, a scoped
-    request only through ``variant`` of a prefix stored in its scope (``router_protocol``)."""
+    request only through ``variant`` of a prefix stored in its scope (``router_protocol``).
+    ``salt``: the key prefix of the request's ``cache_salt`` (``salt.salt_key_prefix``): only
+    a variant stored under the same salt is found (the plugin stores a salted store request's
+    manifest under it)."""
     lengths = list(range(chunk_tokens, len(token_ids), chunk_tokens))  # >= 1 suffix token
     if not lengths:
         return None
     digests = [context_digest(model, token_ids[:n], scope) for n in lengths]
-    keys = [manifest_key(d, variant) for d in digests]
+    keys = [salt + manifest_key(d, variant) for d in digests]
     found = await client.lookup(keys)
     for n, key, ok in sorted(zip(lengths, keys, found.found, strict=True), reverse=True):
         if not ok:

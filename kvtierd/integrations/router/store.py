@@ -38,11 +38,17 @@ class StoreTarget:
     kept_tokens: int = 0  # M of a token-dropping variant (placeholder.kept_tokens)
     # snapkv: the context's last ``window`` token ids, whose queries the plugin recomputes
     window_ids: tuple[int, ...] = ()
+    salt: str = ""  # the key prefix of the request's cache_salt (salt.salt_key_prefix)
 
     @property
     def manifest_key(self) -> str:
-        """One manifest per production context, one per (context, variant) in a scope."""
-        return manifest_key(self.digest, str(self.variant) if self.scope else "")
+        """One manifest per production context, one per (context, variant) in a scope; within
+        the request's salt (the plugin stores a salted request's variant under it)."""
+        return self.salt + manifest_key(self.digest, str(self.variant) if self.scope else "")
+
+    def context_id(self, variant: str) -> str:
+        """The daemon context of ``variant`` of this context (``kvtierctl evict`` takes it)."""
+        return self.salt + loaded_value(self.digest, variant)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -63,10 +69,13 @@ async def prepare_store(
     token_ids: list[int],
     spec: ContextRequest,
     chunk_tokens: int,
+    *,
+    salt: str = "",
 ) -> StoreTarget:
     """Check a request's ``"kvtierd"`` store field before vLLM prefills anything: raises
     :class:`InvalidArgumentError` for what cannot be built, :class:`AlreadyExistsError` when a
-    production context is stored as another token-dropped variant (one manifest per context)."""
+    production context is stored as another token-dropped variant (one manifest per context).
+    ``salt``: the key prefix of the request's ``cache_salt``."""
     n = spec.context_tokens
     if not 0 < n <= len(token_ids):
         raise InvalidArgumentError(
@@ -74,7 +83,7 @@ async def prepare_store(
         )
     variant = checked_variant(spec.variant)
     digest = context_digest(model, token_ids[:n], spec.scope)
-    target = StoreTarget(digest, variant, n, spec.scope)
+    target = StoreTarget(digest, variant, n, spec.scope, salt=salt)
     if not variant.drops_tokens:
         if spec.scope:
             raise InvalidArgumentError(
@@ -102,7 +111,7 @@ async def prepare_store(
     if stored is not None and stored.variant != str(variant):
         raise AlreadyExistsError(
             f"context {target.digest} is already stored as {stored.variant}; evict it first "
-            f"(kvtierctl evict {loaded_value(target.digest, stored.variant)})"
+            f"(kvtierctl evict {target.context_id(stored.variant)})"
         )
     return target
 
