@@ -35,7 +35,7 @@ def test_lru_promotes_no_higher_than_the_fastest_tier_it_is_given(two_tiers):
     assert not placer.access("a", 0.0, fastest="slow")
     assert state == {"a": Placement("none", "slow"), "b": Placement("none", "slow"),
                      "c": Placement("none", "fast")}  # fmt: skip
-    assert placer._victims(1) == ["b", "a"]
+    assert list(placer._victims(1)) == ["b", "a"]
     replay(placer.access("a", 0.0), state, SIZES, two_tiers)  # any tier: promoted
     assert (state["a"].tier, state["c"].tier) == ("fast", "slow")
     with pytest.raises(ValueError, match="unknown tier 'tape'; tiers: fast, slow"):
