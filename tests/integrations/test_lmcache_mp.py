@@ -208,3 +208,33 @@ def test_one_flag_path_loads_chunks_from_kvtierd(real_model: Path, tmp_path: Pat
         assert second["choices"][0]["text"] == first["choices"][0]["text"]
         log = (config.work_dir / "lmcache.log").read_text(errors="replace")
         assert f"{chunks}/{chunks} retained keys (0 L1, {chunks} L2)" in log
+
+
+def test_offloading_stack_runs_vllm_with_the_one_flag(tmp_path: Path) -> None:
+    from kvtierd.integrations.stack import Stack, StackConfig
+
+    stack = Stack(StackConfig(model=tmp_path, work_dir=tmp_path, integration="offloading"))
+    stack.lmcache_port = 5599
+    cmd = stack.vllm_command()
+    at = cmd.index("--kv-offloading-backend")
+    assert cmd[at : at + 4] == ["--kv-offloading-backend", "lmcache", "--kv-offloading-size", "1"]
+    extra = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5599}
+    assert stack.serve_url == stack.vllm_url  # no router on this path
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"integration": "mp"}, "integration must be one of connector, offloading, got 'mp'"),
+        ({"integration": "offloading", "backend": "none"}, "needs backend 'kvtierd'"),
+        ({"lmcache_cpu_gb": 0}, "lmcache_cpu_gb (--offloading-gib) must be > 0, got 0"),
+    ],
+)
+def test_bad_stack_integration_is_refused(tmp_path: Path, settings: dict[str, Any], message: str):
+    from kvtierd.errors import ConfigError
+    from kvtierd.integrations.stack import StackConfig
+
+    with pytest.raises(ConfigError) as e:
+        StackConfig(model=tmp_path, work_dir=tmp_path, **settings)
+    assert message in str(e.value)
