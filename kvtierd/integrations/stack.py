@@ -37,9 +37,14 @@ from kvtierd.config import load_daemon_config
 from kvtierd.environment import cuda_available
 from kvtierd.errors import ConfigError, KvtierError, UnavailableError
 from kvtierd.integrations.cpu_dtype import DtypeChoice, choose_dtype, cpu_flags
+from kvtierd.integrations.stack_mp import lmcache_server_command, offloading_args
 from kvtierd.policies.loader import DEFAULT_POLICY_TEXT
 
 BACKENDS = ("kvtierd", "lmcache", "none")
+# How vLLM reaches kvtierd: ``connector``, LMCache in vLLM's process with the kvtierd plugin
+# (``CONNECTOR``) and the router in front; ``offloading``, vLLM's ``--kv-offloading-backend
+# lmcache`` to an LMCache server whose L2 is kvtierd (``stack_mp.py``), no router.
+INTEGRATIONS = ("connector", "offloading")
 LOG_LEVELS = ("debug", "info", "warning")  # the daemon's --log-level choices
 VLLM_PORT_TRIES = 5
 CONNECTOR = {
@@ -81,13 +86,14 @@ class StackConfig:
     # prefilled unless vLLM's own prefix cache has it). The last two are baselines.
     backend: str = "kvtierd"
     daemon_log_level: str = "info"  # debug: every plan operation the daemon runs, and why
-    lmcache_cpu_gb: float = 1.0
+    lmcache_cpu_gb: float = 1.0  # and the LMCache server's own memory (L1) with `offloading`
     lmcache_disk_gb: float = 4.0
     # A short name requests may give as "model" (``kvtierd stack --model smollm2``: "smollm2";
     # served under its path alone, the docs' "model": "smollm2" answered 404). vLLM serves it
     # first and the checkpoint's path too (--served-model-name NAME PATH), so requests that
     # name the path, as the benchmarks' do, still work. "": the path alone.
     served_name: str = ""
+    integration: str = "connector"
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.max_model_len < self.chunk_size:
@@ -97,11 +103,21 @@ class StackConfig:
             )
         if self.kv_cache_gib <= 0:
             raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if self.lmcache_cpu_gb <= 0:
+            raise ConfigError(
+                f"lmcache_cpu_gb (--offloading-gib) must be > 0, got {self.lmcache_cpu_gb}"
+            )
         for name, port in (("vllm_port", self.vllm_port), ("router_port", self.router_port)):
             if not 0 <= port <= 65535:
                 raise ConfigError(f"{name} must be 0 (any free port) to 65535, got {port}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.integration not in INTEGRATIONS:
+            raise ConfigError(
+                f"integration must be one of {', '.join(INTEGRATIONS)}, got {self.integration!r}"
+            )
+        if self.integration != "connector" and self.backend != "kvtierd":
+            raise ConfigError(f"integration {self.integration!r} needs backend 'kvtierd'")
         if self.daemon_log_level not in LOG_LEVELS:
             raise ConfigError(
                 f"daemon_log_level must be one of {', '.join(LOG_LEVELS)}, "
@@ -126,6 +142,8 @@ class Stack:
         self.socket_path = ""
         self.vllm_port = config.vllm_port  # the bound ports once started (0 in the config)
         self.router_port = config.router_port
+        self.lmcache_port = 0  # the LMCache server's request and HTTP ports (offloading)
+        self.lmcache_http_port = 0
 
     @property
     def router_url(self) -> str:
@@ -134,7 +152,11 @@ class Stack:
     @property
     def serve_url(self) -> str:
         """Where clients send requests: the router, or vLLM itself for the baselines."""
-        return self.router_url if self.config.backend == "kvtierd" else self.vllm_url
+        return self.router_url if self._with_router else self.vllm_url
+
+    @property
+    def _with_router(self) -> bool:
+        return self.config.backend == "kvtierd" and self.config.integration == "connector"
 
     @property
     def vllm_url(self) -> str:
@@ -178,12 +200,14 @@ class Stack:
             self._spawn("daemon", command, {}, f"unix:{self.socket_path}")
             self._wait(lambda: _daemon_answers(self.socket_path), 90)
         env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{c.kv_cache_gib:g}"}
-        if c.backend != "none":
+        if c.integration == "offloading":
+            self._start_lmcache_server()
+        elif c.backend != "none":
             lmcache = c.work_dir / "lmcache.yaml"
             lmcache.write_text(yaml.safe_dump(self.lmcache_config()))
             env.update(LMCACHE_CONFIG_FILE=str(lmcache), LMCACHE_TRACK_USAGE="false")
         self._start_vllm(env, timeout_s)
-        if c.backend == "kvtierd":
+        if self._with_router:
             port_file = c.work_dir / "router.port"
             port_file.unlink(missing_ok=True)
             router = [sys.executable, "-m", "kvtierd.main", "router", "--upstream", self.vllm_url,
@@ -218,6 +242,18 @@ class Stack:
                 print(f"kvtierd stack: port {self.vllm_port} was taken before vLLM bound it; "
                       "trying another", file=sys.stderr)  # fmt: skip
                 self.parts.pop()
+
+    def _start_lmcache_server(self) -> None:
+        """``lmcache server`` with the kvtierd L2 adapter, answering its HTTP health check."""
+        c = self.config
+        self.lmcache_port, self.lmcache_http_port = free_port(c.host), free_port(c.host)
+        command = lmcache_server_command(
+            socket_path=self.socket_path, host=c.host, port=self.lmcache_port,
+            http_port=self.lmcache_http_port, l1_gib=c.lmcache_cpu_gb, chunk_size=c.chunk_size,
+        )  # fmt: skip
+        http = f"http://{c.host}:{self.lmcache_http_port}"
+        self._spawn("lmcache", command, {"LMCACHE_TRACK_USAGE": "false"}, http)
+        self._wait(lambda: _http_ok(f"{http}/healthcheck"), 180)
 
     def lmcache_config(self) -> dict[str, Any]:
         c = self.config
@@ -263,7 +299,9 @@ class Stack:
                "--seed", "0", "--enable-prompt-tokens-details"]  # fmt: skip
         if c.served_name and not _arg_value(c.vllm_args, "--served-model-name"):
             cmd += ["--served-model-name", c.served_name, str(c.model)]  # the path still works
-        if c.backend != "none":
+        if c.integration == "offloading":
+            cmd += offloading_args(host=c.host, port=self.lmcache_port, size_gib=c.lmcache_cpu_gb)
+        elif c.backend != "none":
             cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
         if not cuda_available():
             cmd += ["--enforce-eager", "--max-num-seqs", "8"]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from kvtierd.errors import ConfigError, KvtierError
-from kvtierd.integrations.stack import LOG_LEVELS, Stack, StackConfig, tail
+from kvtierd.integrations.stack import INTEGRATIONS, LOG_LEVELS, Stack, StackConfig, tail
 
 
 def main(argv: list[str]) -> int:
@@ -55,6 +55,19 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="turn off vLLM's own prefix cache: every reuse goes through kvtierd",
     )
+    p.add_argument(
+        "--integration",
+        choices=INTEGRATIONS,
+        default="connector",
+        help="connector: LMCache in vLLM with the kvtierd plugin, and the router; offloading: "
+        "vLLM's --kv-offloading-backend lmcache to an LMCache server whose L2 is kvtierd",
+    )
+    p.add_argument(
+        "--offloading-gib",
+        type=float,
+        default=1.0,
+        help="with --integration offloading: the LMCache server's own memory (its L1), GiB",
+    )
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM argument")
     p.add_argument(
         "--daemon-log-level",
@@ -71,6 +84,7 @@ def main(argv: list[str]) -> int:
             kv_cache_gib=args.kv_cache_gib, prefix_caching=not args.no_prefix_caching,
             vllm_args=tuple(args.vllm_arg), daemon_log_level=args.daemon_log_level,
             served_name=args.served_model_name or _short_name(args.model),
+            integration=args.integration, lmcache_cpu_gb=args.offloading_gib,
         )  # fmt: skip
     except KvtierError as e:
         print(f"kvtierd stack: {e}", file=sys.stderr)
@@ -86,8 +100,9 @@ def main(argv: list[str]) -> int:
         stack.start()
         for name, where, log in stack.describe():
             print(f"kvtierd stack: {name:6s} {where}  (log {log})", flush=True)
-        print(f"kvtierd stack: ready; send OpenAI requests to {stack.router_url}/v1 (model "
-              f"{stack.served_name!r}); Ctrl-C stops all three", flush=True)  # fmt: skip
+        count = {3: "three", 2: "two"}.get(len(stack.parts), str(len(stack.parts)))
+        print(f"kvtierd stack: ready; send OpenAI requests to {stack.serve_url}/v1 (model "
+              f"{stack.served_name!r}); Ctrl-C stops all {count}", flush=True)  # fmt: skip
         print(f"kvtierd stack: try: {stack.example_request()}", flush=True)
         while (failed := stack.failed_part()) is None:
             time.sleep(0.5)
