@@ -317,7 +317,10 @@ class Profiler:
 
     def reprofile_candidates(self) -> list[str]:
         """Profiled contexts with real queries recorded since their last profile."""
-        return [c for c in self._records if self.queries.new_since_profile(c) > 0]
+        # A copy first: profiles finish on the profiling threads and add records meanwhile
+        # ("dictionary changed size during iteration" ended the reprofile loop, and with it
+        # a graceful stop, at 50,000 contexts).
+        return [c for c in list(self._records) if self.queries.new_since_profile(c) > 0]
 
     def reprofile_loop(
         self,
@@ -349,7 +352,7 @@ class Profiler:
 
     def flush(self) -> None:
         """Persist frequencies and sampled queries (call periodically and at shutdown)."""
-        for cid in self._records:
+        for cid in list(self._records):  # a copy: profiles finish on other threads meanwhile
             self._save(cid)
         self.queries.flush()
 

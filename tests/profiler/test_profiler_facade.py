@@ -237,3 +237,30 @@ def test_restore_cost_is_measured_once_per_kind() -> None:
     assert r.restore_s("knorm@0.5", 1000, rotate_on_load=True) > 0.0
     with pytest.raises(InvalidArgumentError, match="unknown restore kind"):
         r.seconds_per_byte("fp8")
+
+
+def test_records_added_during_a_pass_over_them_do_not_end_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Profiles finish on the profiling threads and add records while the reprofile loop (or
+    a flush) goes over them: "dictionary changed size during iteration" ended the loop, and
+    a graceful stop with it, at 50,000 contexts. Here the pass itself adds one, as such a
+    thread would between two of its steps."""
+    p = make(tmp_path, Clock())
+    keys, values = kv()
+    p.profile("a", keys, values, queries=[ProfilingQuery(text="who?")])
+    p.record_query("a", ProfilingQuery(text="when?"))
+    asked = p.queries.new_since_profile
+
+    def profile_finishing_meanwhile(context_id: str) -> int:
+        if "b" not in p.profiled_ids():
+            p.profile("b", keys, values)
+        return asked(context_id)
+
+    monkeypatch.setattr(p.queries, "new_since_profile", profile_finishing_meanwhile)
+    assert p.reprofile_candidates() == ["a"]
+    monkeypatch.setattr(
+        p, "_save", lambda cid: p.profile("c", keys, values) if cid == "a" else None
+    )
+    p.flush()
+    assert sorted(p.profiled_ids()) == ["a", "b", "c"]
