@@ -21,10 +21,12 @@ holes below it:
 Size classes (pages of the chunk size) were the other way: they waste the tail of every
 object that is not a whole number of pages (a compressed variant, a model card, the last
 chunk), and the daemon does not know the chunk size before the first put. A compaction runs
-only when an allocation would otherwise fail, copies no more than it needs to free one block,
-and is synchronous (no other coroutine sees a half-moved pool; in the GPU pool it runs under
-the lock every copy takes). A place that fails all the same (the objects in the way are
-leased) is adopted where the context is (``Executor._learn_where_it_is``).
+only when an allocation would otherwise fail, copies no more than it needs to free one block
+of half the pool's free bytes (or the one asked for, if larger: so that the allocations after
+it find room without compacting again), and is synchronous (no other coroutine sees a
+half-moved pool; in the GPU pool it runs under the lock every copy takes). A place that fails
+all the same (the objects in the way are leased) is adopted where the context is
+(``Executor._learn_where_it_is``).
 """
 
 from __future__ import annotations
@@ -106,7 +108,11 @@ class PooledTier(Tier):
             if not self._pins[block.offset] and not self._leased(block.offset)
         }
         movable = [self._index.get(key).block for key in keys.values()]
-        moves = allocator.compact(movable, nbytes)
+        # Free more than the block asked for: a compaction is a pass over every object, and one
+        # that freed just one block left the next allocation to compact again (issue 42: 100k
+        # objects of 1-16 KiB, 500 compactions in 4.5 min, ~100 MB moved for each 10 KiB
+        # block). Half the free bytes in one block serve many allocations before the next.
+        moves = allocator.compact(movable, max(nbytes, allocator.free_bytes // 2))
         for move in moves:
             self._move_bytes(move)
             self._index.relocate(keys[move.old.offset], move.new)

@@ -193,3 +193,25 @@ async def test_gpu_tier_compacts_its_pool_around_a_lease() -> None:
             assert bytes(out) == blob, key
     finally:
         await tier.close()
+
+
+async def test_a_compaction_frees_room_for_the_allocations_after_it() -> None:
+    """A pool of many small objects with a hole after every other one: the first stage that
+    finds no hole compacts, and frees half the pool's free bytes in one block, so the next
+    stages of the same size find room without compacting again (one that freed just the block
+    asked for compacted at every stage: 500 compactions in 4.5 min at 100k objects)."""
+    tier = CpuTier(TierConfig("cpu", "cpu", 64 * P, options={"staging_bytes": 0}))
+    await tier.start()
+    try:
+        for i in range(64):
+            await tier.put(ObjectMeta(key=f"o{i}", size_bytes=P), memoryview(bytes(P)))
+        for i in range(0, 64, 2):
+            await tier.delete(f"o{i}")  # 32 holes of one page
+        tier.stage(2 * P)
+        first = tier.compacted_bytes
+        assert first > 0
+        for _ in range(7):
+            tier.stage(2 * P)
+        assert tier.compacted_bytes == first
+    finally:
+        await tier.close()
