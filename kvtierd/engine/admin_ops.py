@@ -101,7 +101,7 @@ class AdminOps:
         old = self._policy.current
         self._policy.current = policy  # profiles below list the new policy's variants
         try:
-            placer.rebalance_options(placing.placed_options())
+            placer.rebalance_options(placing.placed_options(), placing.quota_floors())
         except BaseException:
             self._policy.current = old
             raise

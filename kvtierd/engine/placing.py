@@ -145,7 +145,7 @@ class Placing:
         with _collector_paused():
             self.placer.refresh_tiers(self.tier_models())
             self._link_all(self.placer)
-            self.placer.rebalance_options(self.placed_options())
+            self.placer.rebalance_options(self.placed_options(), self.quota_floors())
             self.all_adopted()
             return self.reconcile(reason)
 
@@ -278,6 +278,20 @@ class Placing:
         if here.tier == floor or here.dropped:
             return plan
         return Plan((Operation(OpKind.MOVE, ctx.context_id, here, there, "quota"),)) + plan
+
+    def quota_floors(self) -> dict[str, str]:
+        """Per placed context whose tenant's or namespace's quota is full in the faster tiers,
+        the fastest tier it may go to (what a rebalance is told: one that placed it higher
+        moved other contexts down for it, and the executor then kept it out, issue 41.2)."""
+        index = self._index
+        if not index.quotas and not any(index.namespace_quotas.values()):
+            return {}
+        floors = {}
+        for ctx in self.placed():
+            floor = self._quota_floor(ctx)
+            if floor:
+                floors[ctx.context_id] = floor
+        return floors
 
     def _quota_floor(self, ctx: ContextRecord) -> str:
         """The fastest tier where the context fits its tenant's and namespace's quotas, when

@@ -11,14 +11,15 @@ Contract with the engine:
 * :meth:`Placer.access` records a hit (recency/frequency) and may return a plan (promotion),
   never above the ``fastest`` tier the engine names (a quota full above it);
 * :meth:`Placer.remove` forgets a context a client deleted;
-* :meth:`Placer.rebalance` recomputes every placement from scratch (after re-profiling);
+* :meth:`Placer.rebalance` recomputes every placement from scratch (after re-profiling), never
+  above the ``fastest`` tier the engine names for a context;
 * executing a plan in order never puts a tier over its capacity.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -141,13 +142,19 @@ class Placer(abc.ABC):
         return [0.0] * len(self.tiers)
 
     @abc.abstractmethod
-    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        """Recompute all placements from these profiles (every known context is included)."""
+    def rebalance(
+        self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
+    ) -> Plan:
+        """Recompute all placements from these profiles (every known context is included).
+        ``fastest``: per context, the fastest tier it may be placed in (the engine names one
+        where its tenant's or namespace's quota is full above it); others may go anywhere."""
 
-    def rebalance_options(self, options: OptionArrays) -> Plan:
+    def rebalance_options(
+        self, options: OptionArrays, fastest: Mapping[str, str] | None = None
+    ) -> Plan:
         """:meth:`rebalance` from arrays (the daemon's path). This default builds the profiles;
         a placer that prices arrays itself overrides it."""
-        return self.rebalance(options.profiles())
+        return self.rebalance(options.profiles(), fastest)
 
     def placements(self, context_ids: Sequence[str]) -> list[Placement]:
         """:meth:`placement` of each context, ``DROPPED`` for one the placer does not know

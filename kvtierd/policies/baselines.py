@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -105,6 +105,8 @@ class PrefillPlacer(Placer):
             raise KeyError(context_id)
         return DROPPED
 
-    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
+    def rebalance(
+        self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
+    ) -> Plan:
         self._known = {p.context_id for p in profiles}
         return Plan()

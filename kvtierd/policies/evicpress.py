@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -155,12 +155,17 @@ class EvicPressPlacer(Placer):
             return DROPPED
         return Placement(s.names[slot][int(s.variant[slot])], self.tiers[t].name)
 
-    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
-        return self.rebalance_options(OptionArrays.from_profiles(profiles))
+    def rebalance(
+        self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
+    ) -> Plan:
+        return self.rebalance_options(OptionArrays.from_profiles(profiles), fastest)
 
-    def rebalance_options(self, options: OptionArrays) -> Plan:
+    def rebalance_options(
+        self, options: OptionArrays, fastest: Mapping[str, str] | None = None
+    ) -> Plan:
         """:meth:`rebalance` from arrays: each context at ``max(its frequency, the hits
-        counted here)``, priced in the tiers as measured now."""
+        counted here)``, priced in the tiers as measured now; a context ``fastest`` names is
+        given no option above that tier (:func:`_kept_below`)."""
         s = self._state.slots
         slot = np.array([s.index.get(c, -1) for c in options.context_ids], dtype=np.int64)
         counted = np.where(slot >= 0, s.freq[np.maximum(slot, 0)] if s.freq.size else 0.0, 0.0)
@@ -169,6 +174,8 @@ class EvicPressPlacer(Placer):
             freq = subtree_frequency(freq, ContextTree.of(options.context_ids, self.parents))
         merged = replace(options, frequency=freq)
         table = UtilityTable.from_options(merged, self.tiers, self.params.alpha)
+        if fastest:
+            table = _kept_below(table, fastest, [t.name for t in self.tiers])
         return self.rebalance_table(table)
 
     def placements(self, context_ids: Sequence[str]) -> list[Placement]:
@@ -413,6 +420,26 @@ class EvicPressPlacer(Placer):
                 changes.append(Change(cid, src, dst, src_bytes, dst_bytes, reason))
         used = {t.name: u for t, u in zip(self.tiers, self._state.used, strict=True)}
         return order_changes(changes, self.tiers, used)
+
+
+FORBIDDEN_UTILITY = -1e30
+"""The utility of an option a context may not take: below any drop, so no solver or repair
+picks it (finite, unlike ``-inf``, so that no difference or ratio of utilities is NaN)."""
+
+
+def _kept_below(
+    table: UtilityTable, fastest: Mapping[str, str], tier_names: Sequence[str]
+) -> UtilityTable:
+    """``table`` with every option of a context above its ``fastest`` tier forbidden: its
+    tenant's or namespace's quota is full there, so a plan that put it there would move other
+    contexts down for one the executor then keeps out (issue 41.2)."""
+    row = {cid: i for i, cid in enumerate(table.context_ids)}
+    util = table.util.copy()
+    for cid, name in fastest.items():
+        i = row.get(cid)
+        if i is not None and name in tier_names:
+            util[i, :, : tier_names.index(name)] = FORBIDDEN_UTILITY
+    return replace(table, util=util)
 
 
 def solve(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvtierd.policies.base import Placer, PlacerParams
@@ -72,6 +72,10 @@ class LruPlacer(Placer):
         """Record a use (``lfu`` counts them)."""
 
     def insert(self, profile: ContextProfile) -> Plan:
+        return self._insert(profile, top=0)
+
+    def _insert(self, profile: ContextProfile, top: int) -> Plan:
+        """:meth:`insert` into tier ``top`` or below."""
         variant = self._variant_for(profile)
         size = profile.variant(variant).size_bytes
         cid = profile.context_id
@@ -84,7 +88,7 @@ class LruPlacer(Placer):
             self._entries.pop(cid, None)
             op = Operation(OpKind.DROP, cid, source, DROPPED, "larger than every tier")
             return Plan((op,)) if old is not None else Plan()
-        entry = _Entry(size, self._first_tier_for(size), profile.pinned, variant)
+        entry = _Entry(size, max(self._first_tier_for(size), top), profile.pinned, variant)
         self._attach(cid, entry)
         target = Placement(variant, self.tiers[entry.tier].name)
         kind = OpKind.PLACE if old is None else OpKind.MOVE
@@ -131,14 +135,17 @@ class LruPlacer(Placer):
         entry = self._entries[context_id]
         return Placement(entry.variant, self.tiers[entry.tier].name)
 
-    def rebalance(self, profiles: Sequence[ContextProfile]) -> Plan:
+    def rebalance(
+        self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
+    ) -> Plan:
         before = {cid: self.placement(cid) for cid in self._entries}
         self._entries.clear()
         self._lru = [OrderedDict() for _ in self.tiers]
         self._used = [0] * len(self.tiers)
         plan = Plan()
+        floors = {cid: self._tier_index(name) for cid, name in (fastest or {}).items()}
         for profile in sorted(profiles, key=lambda p: p.last_access_s):
-            plan = plan + self.insert(profile)
+            plan = plan + self._insert(profile, top=floors.get(profile.context_id, 0))
         # Express the result relative to what was placed before the rebalance.
         ops = []
         for cid, source in before.items():

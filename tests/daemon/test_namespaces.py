@@ -169,6 +169,30 @@ def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
     assert _used(d, "team-a", "cpu") == MiB
 
 
+def test_a_rebalance_never_moves_anothers_context_for_a_full_namespace(
+    start_daemon: Callable[..., DaemonProcess],
+) -> None:
+    """As above, then a rebalance: LRU re-places every context by recency, team-a's second
+    context (read last) first in the CPU tier, moving team-b's oldest down for it; the
+    executor then kept team-a's out by its quota, and team-b's context stayed down for
+    nothing. The rebalance is told each context's fastest tier under its quota."""
+    d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
+    with KVClient(d.socket_path) as c:
+        for i in range(2):
+            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+            _settle(c)
+        for i in range(2):
+            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
+            _settle(c)
+        c.get("ns:team-a:u@1")
+        _settle(c)
+        c.call(c.admin.Rebalance, pb.RebalanceRequest())
+        _settle(c)
+        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+    assert _used(d, "team-a", "cpu") == MiB
+
+
 async def _put_chunks(engine: Engine, cid: str, chunks: int = 4) -> None:
     """A context of LMCache chunks (``[2, L, T, H*D]`` bfloat16, 8 KiB each)."""
     shape, g = (2, 2, 16, 64), np.random.default_rng(0)

@@ -3,9 +3,12 @@ rebalance plan of the EvicPress placer. Instance A/B as in ``test_evicpress.py``
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from placer_helpers import profile, replay
 
+from kvtierd.policies import placer_class
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.baselines import LfuPlacer, PrefillPlacer
 from kvtierd.policies.evicpress import EvicPressPlacer
@@ -189,3 +192,20 @@ def test_a_spill_passes_over_more_pinned_contexts_than_one_batch(placer_class):
     assert moved == ["u0", "u1", "u2"]
     assert placer.placement("p0") == Placement("none", "fast")
     assert placer.placement("big") == Placement("none", "fast")
+
+
+@pytest.mark.parametrize("placer_name", ["evicpress", "lru"])
+def test_a_rebalance_places_no_context_above_the_fastest_tier_named_for_it(two_tiers, placer_name):
+    """The engine names a context's fastest tier where its quota is full above it; without
+    that the rebalance puts B (the more used) in the fast tier, with it B stays below and A
+    takes the fast tier."""
+    placer = placer_class(placer_name)(two_tiers, PlacerParams(alpha=100.0))
+    a = profile("A", {"none": (80, 1.0)}, frequency=1.0)
+    b = profile("B", {"none": (80, 1.0)}, frequency=5.0)
+    a = dataclasses.replace(a, last_access_s=1.0)
+    b = dataclasses.replace(b, last_access_s=2.0)
+    placer.rebalance([a, b])
+    assert placer.placement("B") == Placement("none", "fast")
+    placer.rebalance([a, b], {"B": "slow"})
+    assert placer.placement("B") == Placement("none", "slow")
+    assert placer.placement("A") == Placement("none", "fast")
