@@ -92,9 +92,12 @@ class FreeListAllocator:
         self._add_free(offset, size)
         self.allocated_bytes -= block.padded
 
-    def compact(self, movable: Iterable[Block], nbytes: int) -> list[Move]:
+    def compact(
+        self, movable: Iterable[Block], nbytes: int, budget_bytes: int | None = None
+    ) -> list[Move]:
         """Slide ``movable`` blocks (allocated, each once) down until a block of ``nbytes``
-        is free; returns the moves in the order their bytes must be copied.
+        is free, or the bytes moved pass ``budget_bytes``; returns the moves in the order
+        their bytes must be copied.
 
         Blocks are taken by ascending offset; each is freed (joining the free space around
         it) and allocated again at the lowest free offset that holds it, which is never above
@@ -109,14 +112,18 @@ class FreeListAllocator:
         """
         padded = self.round_up(nbytes)
         moves: list[Move] = []
+        moved = 0
         for block in sorted(movable, key=lambda b: b.offset):
             if self.largest_free_bytes >= padded:
+                break
+            if budget_bytes is not None and moved > budget_bytes:
                 break
             self.free(block)
             offset = next(o for o in self._by_offset if self._size_at[o] >= block.padded)
             self._take(offset, block.padded)
             if offset != block.offset:
                 moves.append(Move(block, Block(offset, block.length, block.padded)))
+                moved += block.length
         return moves
 
     def _take(self, offset: int, padded: int) -> None:

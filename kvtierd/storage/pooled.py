@@ -45,6 +45,8 @@ from kvtierd.storage.block_index import BlockIndex
 
 logger = logging.getLogger(__name__)
 
+MOVED_PER_FREED = 16  # at most this many bytes moved by a compaction per byte it frees
+
 
 def _nothing_leased(offset: int) -> bool:
     return False
@@ -112,7 +114,12 @@ class PooledTier(Tier):
         # that freed just one block left the next allocation to compact again (issue 42: 100k
         # objects of 1-16 KiB, 500 compactions in 4.5 min, ~100 MB moved for each 10 KiB
         # block). Half the free bytes in one block serve many allocations before the next.
-        moves = allocator.compact(movable, max(nbytes, allocator.free_bytes // 2))
+        # And not at any price: in a pool nearly full (puts outrunning the moves down) each
+        # compaction moved ~100 MB for a few free KiB, again and again; past this many bytes
+        # moved per byte it frees, the allocation is refused (a put answers RESOURCE_EXHAUSTED
+        # and is retried; a plan's move is adopted where the context is).
+        want = max(nbytes, allocator.free_bytes // 2)
+        moves = allocator.compact(movable, want, budget_bytes=MOVED_PER_FREED * want)
         for move in moves:
             self._move_bytes(move)
             self._index.relocate(keys[move.old.offset], move.new)
@@ -123,6 +130,12 @@ class PooledTier(Tier):
         try:
             return allocator.allocate(nbytes)
         except CapacityError as e:
+            if moved > MOVED_PER_FREED * want:
+                raise CapacityError(
+                    f"{e}: the pool is nearly full (a block of {nbytes} bytes would take moving "
+                    f"more than {MOVED_PER_FREED} bytes for each byte freed); retry once the "
+                    "daemon has moved contexts down"
+                ) from e
             stay = len(self._index) - len(movable)
             raise CapacityError(
                 f"{e}, after compacting the pool: {stay} objects leased in place or being "

@@ -215,3 +215,27 @@ async def test_a_compaction_frees_room_for_the_allocations_after_it() -> None:
         assert tier.compacted_bytes == first
     finally:
         await tier.close()
+
+
+async def test_a_nearly_full_pool_is_not_compacted_at_any_price() -> None:
+    """64 one-page objects fill the pool; the first and the last are deleted: a block of two
+    pages would take sliding all 62 between the holes. A compaction moves at most 16 bytes per
+    byte it frees (32 pages here), so the stage is refused, saying why, and what it moved is
+    still readable where the index says."""
+    tier = CpuTier(TierConfig("cpu", "cpu", 64 * P, options={"staging_bytes": 0}))
+    await tier.start()
+    try:
+        blobs = {f"o{i}": bytes([i]) * P for i in range(64)}
+        for key, blob in blobs.items():
+            await tier.put(ObjectMeta(key=key, size_bytes=P), memoryview(blob))
+        await tier.delete("o0")
+        await tier.delete("o63")
+        with pytest.raises(CapacityError, match=r"nearly full .* 16 bytes for each byte freed"):
+            tier.stage(2 * P)
+        assert 0 < tier.compacted_bytes <= (16 * 2 + 1) * P
+        for i in range(1, 63):
+            out = bytearray(P)
+            await tier.read_into(f"o{i}", memoryview(out))
+            assert bytes(out) == blobs[f"o{i}"]
+    finally:
+        await tier.close()
