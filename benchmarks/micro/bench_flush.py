@@ -25,6 +25,7 @@ from pathlib import Path
 from benchmarks._support.common import print_machine, verdict
 from benchmarks._support.daemon_proc import DaemonProcess, write_config
 from kvtierd.client import KVClient
+from kvtierd.errors import CapacityError
 
 GOAL_SHARE = 0.9
 FLUSH_LINE = re.compile(
@@ -32,11 +33,20 @@ FLUSH_LINE = re.compile(
 )
 
 
+REFUSED: list[int] = []  # puts refused with the arena full, one entry each (then retried)
+
+
 def _put_range(socket_path: str, start: int, stop: int, size: int) -> None:
     data = bytes(range(256)) * (size // 256) + bytes(size % 256)
     with KVClient(socket_path, timeout_s=60) as c:
         for i in range(start, stop):
-            c.put(f"k{i}", data, context_id=f"c{i}")
+            while True:
+                try:
+                    c.put(f"k{i}", data, context_id=f"c{i}")
+                    break
+                except CapacityError:  # puts outran the moves down: retry, as a client would
+                    REFUSED.append(i)
+                    time.sleep(0.05)
 
 
 def _restart_s(d: DaemonProcess) -> float:
@@ -85,7 +95,8 @@ def main() -> None:
                     time.sleep(0.2)
                 cpu = {t.name: t for t in c.tiers()}["cpu"]
             print(f"puts: {args.objects} x {args.size} B in {put_s:.1f} s "
-                  f"({args.objects / put_s:.0f}/s); cpu tier {cpu.object_count} objects, "
+                  f"({args.objects / put_s:.0f}/s; {len(REFUSED)} refused with the arena full, "
+                  f"retried); cpu tier {cpu.object_count} objects, "
                   f"{cpu.used_bytes / 1e6:.1f} MB", flush=True)  # fmt: skip
             t0 = time.perf_counter()
             assert d.stop(timeout_s=600) == 0
