@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,6 +47,7 @@ from kvtierd.storage.block_index import BlockIndex
 logger = logging.getLogger(__name__)
 
 MOVED_PER_FREED = 16  # at most this many bytes moved by a compaction per byte it frees
+COMPACTION_LOG_S = 60.0  # at most one INFO line about compactions in this many seconds
 
 
 def _nothing_leased(offset: int) -> bool:
@@ -59,6 +61,8 @@ class PooledTier(Tier):
         self._pins: Counter[int] = Counter()  # offset -> copies reading that block
         self._leased: Callable[[int], bool] = _nothing_leased
         self.compacted_bytes = 0  # moved by compactions since start
+        self._compactions = 0  # since the last INFO line about them
+        self._compaction_logged_at = -COMPACTION_LOG_S
 
     @abstractmethod
     def block_of(self, key: str) -> Block:
@@ -125,8 +129,18 @@ class PooledTier(Tier):
             self._index.relocate(keys[move.old.offset], move.new)
         moved = sum(m.old.length for m in moves)
         self.compacted_bytes += moved
-        logger.info("tier %s: compacted for a block of %d bytes: moved %d objects, %d bytes",
-                    self.name, nbytes, len(moves), moved)  # fmt: skip
+        self._compactions += 1
+        now = time.monotonic()
+        # INFO at most once a minute (the first at once), with the count since: a busy pool
+        # compacts every few hundred ms (issue 42's quiet logs); each one at DEBUG.
+        level = logging.DEBUG
+        if moves and now - self._compaction_logged_at >= COMPACTION_LOG_S:
+            level, self._compaction_logged_at = logging.INFO, now
+        logger.log(level, "tier %s: compacted for a block of %d bytes: moved %d objects, %d "
+                   "bytes (%d compactions since the last such line)", self.name, nbytes,
+                   len(moves), moved, self._compactions)  # fmt: skip
+        if level == logging.INFO:
+            self._compactions = 0
         try:
             return allocator.allocate(nbytes)
         except CapacityError as e:

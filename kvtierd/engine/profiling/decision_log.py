@@ -28,9 +28,10 @@ class DecisionLog:
         self._timer: asyncio.TimerHandle | None = None
         self._since = 0.0
 
-    def note(self, context_id: str, reason: str) -> None:
-        """One context's decision: DEBUG now, counted in the next summary."""
-        logger.debug("context %s: %s", context_id, reason)
+    def note(self, context_id: str, reason: str, detail: str = "") -> None:
+        """One context's decision: DEBUG now (with ``detail``), counted by ``reason`` in the
+        next summary."""
+        logger.debug("context %s: %s%s", context_id, reason, detail)
         self.counts[reason] += 1
         if self._timer is None:
             try:
