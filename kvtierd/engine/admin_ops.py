@@ -14,9 +14,9 @@ from kvtierd.engine.profiling.profiling_service import ProfilingService
 from kvtierd.engine.state import RunningPolicy
 from kvtierd.errors import NotFoundError
 from kvtierd.policy_config import PolicyConfig
+from kvtierd.types import Placement, Plan
 
 logger = logging.getLogger(__name__)
-from kvtierd.types import Placement, Plan
 
 
 class AdminOps:

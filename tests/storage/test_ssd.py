@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import mmap
 import os
@@ -34,7 +35,7 @@ from kvtierd.storage import aligned_io, ssd_probe
 from kvtierd.storage import ssd as ssd_module
 from kvtierd.storage.base import TransferMeter, create_tier
 from kvtierd.storage.ssd import SsdTier
-from kvtierd.storage.ssd_format import decode_header, encode_header
+from kvtierd.storage.ssd_format import decode_header, encode_header, meta_from_doc
 from kvtierd.types import ObjectMeta
 
 MiB = 1 << 20
@@ -755,3 +756,18 @@ async def test_real_full_disk(tmp_path: Path) -> None:
         await t.close()
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_decoded_metadata_shares_the_strings_most_objects_have() -> None:
+    """A restart decodes one header (or checkpoint row) per object; each kept its own copy
+    of "none", "uint8", the layout and the tenant: ~100 bytes an object at 100k objects."""
+
+    def doc(key: str) -> dict[str, object]:
+        return {"key": key, "context_id": "c" + key, "variant": "none", "dtype": "uint8",
+                "layout": "KV_2LTD", "tenant": "team", "size_bytes": 1, "token_count": 0,
+                "shape": [], "checksum": "0" * 16}  # fmt: skip
+
+    a, b = (meta_from_doc(json.loads(json.dumps(doc(k))), b"") for k in ("k1", "k2"))
+    for name in ("variant", "dtype", "layout", "tenant"):
+        assert getattr(a, name) is getattr(b, name), name
+    assert a.key == "k1" and b.context_id == "ck2"
