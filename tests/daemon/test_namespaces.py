@@ -43,6 +43,11 @@ def _tiers(c: KVClient) -> dict[str, str]:
     return {ctx.context_id: ctx.tier for ctx in c.contexts()}
 
 
+def _put_mib(c: KVClient, team: str, i: int, fill: int) -> None:
+    """Context ``ns:<team>:u@c<i>`` of one MiB object filled with ``fill``."""
+    c.put(f"ns:{team}:u@{i}", np.full(MiB, fill, np.uint8), context_id=f"ns:{team}:u@c{i}")
+
+
 def test_a_namespace_filling_its_quota_never_moves_anothers(
     start_daemon: Callable[..., DaemonProcess],
 ) -> None:
@@ -54,10 +59,10 @@ def test_a_namespace_filling_its_quota_never_moves_anothers(
     )
     with KVClient(d.socket_path) as c:
         for i in range(2):
-            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
+            _put_mib(c, "team-b", i, fill=i)
         _settle(c)
         for i in range(3):
-            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
+            _put_mib(c, "team-a", i, fill=9)
             _settle(c)
         tiers = _tiers(c)
         assert tiers["ns:team-b:u@c0"] == tiers["ns:team-b:u@c1"] == "cpu", tiers
@@ -143,6 +148,20 @@ def test_concurrent_puts_count_a_namespaces_bytes_in_flight(
     assert _used(d, "team-a", "cpu") + _used(d, "team-a", "ssd") == 3 * MiB
 
 
+AS_PUT = {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
+          "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+
+
+def _team_a_full_in_cpu(c: KVClient) -> None:
+    """Two team-b contexts then two team-a ones of 1 MiB each in a 3 MiB CPU tier: team-a's
+    CPU quota (1 MiB) takes its first; its second goes to the SSD tier."""
+    for team, fill in (("team-b", None), ("team-a", 9)):
+        for i in range(2):
+            _put_mib(c, team, i, fill=i if fill is None else fill)
+            _settle(c)
+    assert _tiers(c) == AS_PUT
+
+
 def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
     start_daemon: Callable[..., DaemonProcess],
 ) -> None:
@@ -153,19 +172,11 @@ def test_a_promotion_never_moves_anothers_context_for_a_full_namespace(
     moves, and team-a is never over its quota in the CPU tier."""
     d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
     with KVClient(d.socket_path) as c:
-        for i in range(2):
-            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
-            _settle(c)
-        for i in range(2):
-            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
-            _settle(c)
-        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
-                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+        _team_a_full_in_cpu(c)
         for _ in range(3):
             assert np.array_equal(c.get("ns:team-a:u@1"), np.full(MiB, 9, np.uint8))
             _settle(c)
-        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
-                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+        assert _tiers(c) == AS_PUT
     assert _used(d, "team-a", "cpu") == MiB
 
 
@@ -178,18 +189,12 @@ def test_a_rebalance_never_moves_anothers_context_for_a_full_namespace(
     nothing. The rebalance is told each context's fastest tier under its quota."""
     d = start_daemon(cpu="3MiB", ssd="16MiB", namespaces=SPACES, metrics_port="any")
     with KVClient(d.socket_path) as c:
-        for i in range(2):
-            c.put(f"ns:team-b:u@{i}", np.full(MiB, i, np.uint8), context_id=f"ns:team-b:u@c{i}")
-            _settle(c)
-        for i in range(2):
-            c.put(f"ns:team-a:u@{i}", np.full(MiB, 9, np.uint8), context_id=f"ns:team-a:u@c{i}")
-            _settle(c)
+        _team_a_full_in_cpu(c)
         c.get("ns:team-a:u@1")
         _settle(c)
         c.call(c.admin.Rebalance, pb.RebalanceRequest())
         _settle(c)
-        assert _tiers(c) == {"ns:team-b:u@c0": "cpu", "ns:team-b:u@c1": "cpu",
-                             "ns:team-a:u@c0": "cpu", "ns:team-a:u@c1": "ssd"}  # fmt: skip
+        assert _tiers(c) == AS_PUT
     assert _used(d, "team-a", "cpu") == MiB
 
 
