@@ -147,8 +147,9 @@ def put_all(c: KVClient, n: int, f: Figures) -> None:
         c.call(c.kv.Commit, pb.CommitRequest(allocation_ids=ids))
         batches.append(time.perf_counter() - t0)
         batched_objects += len(group)
-    f.single_per_s = len(single) / sum(single)
-    f.single_p50_ms, f.single_p99_ms = (float(np.percentile(single, q)) * 1e3 for q in (50, 99))
+    if single:  # one batch in SINGLE_EVERY: none below that many batches
+        f.single_per_s = len(single) / sum(single)
+        f.single_p50_ms, f.single_p99_ms = (float(np.percentile(single, q)) * 1e3 for q in (50, 99))
     f.batched_per_s = batched_objects / sum(batches)
     f.batch_p50_ms, f.batch_p99_ms = (float(np.percentile(batches, q)) * 1e3 for q in (50, 99))
 
