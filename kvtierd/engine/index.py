@@ -319,6 +319,11 @@ class ContextIndex:
                     f"{nbytes} more asked, quota {total} bytes over tiers {', '.join(quota)}"
                 )
 
+    @property
+    def has_quotas(self) -> bool:
+        """Whether any tenant or namespace has a quota (else every tier is open to all)."""
+        return bool(self.quotas) or any(self.namespace_quotas.values())
+
     def namespace_bytes(self, metas: Iterable[ObjectMeta]) -> Counter[tuple[str, str]]:
         """The bytes of ``metas`` per ``(tenant, configured namespace)`` (others left out)."""
         out: Counter[tuple[str, str]] = Counter()

@@ -284,7 +284,7 @@ class Placing:
         the fastest tier it may go to (what a rebalance is told: one that placed it higher
         moved other contexts down for it, and the executor then kept it out, issue 41.2)."""
         index = self._index
-        if not index.quotas and not any(index.namespace_quotas.values()):
+        if not index.has_quotas:
             return {}
         floors = {}
         for ctx in self.placed():
