@@ -70,9 +70,14 @@ def restart(d: DaemonProcess, adopted: bool = False) -> Restart:
     )
     out = Restart(serving, index)
     if adopted:
-        if "in the background" in d.logs():
-            while "contexts found at start in" not in d.logs().split("in the background", 1)[1]:
-                time.sleep(0.2)
+        deadline = time.monotonic() + 3600
+        while (
+            "in the background" in d.logs()
+            and "contexts found at start in" not in (d.logs().split("in the background", 1)[1])
+        ):
+            if time.monotonic() > deadline or (d.proc is not None and d.proc.poll() is not None):
+                raise RuntimeError(f"the daemon did not finish adopting: {d.logs()[-2000:]}")
+            time.sleep(0.2)
         out.adopted_s = time.perf_counter() - started
         out.rss_anon_b = rss_anon(d)
     d.kill()

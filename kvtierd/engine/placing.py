@@ -297,8 +297,8 @@ class Placing:
         """The fastest tier where the context fits its tenant's and namespace's quotas, when
         that is not the fastest tier (``""``: the fastest, or none: the executor drops it)."""
         names = list(self._tiers)
-        if not ctx.keys or not names:
-            return ""
+        if not self._index.has_quotas or not ctx.keys or not names:
+            return ""  # (every hit asks: without quotas nothing to look up)
         tier = self._index.quota_tier(ctx, names[0], names)
         return tier if tier is not None and tier != names[0] else ""
 

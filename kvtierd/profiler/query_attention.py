@@ -93,11 +93,7 @@ if TYPE_CHECKING:
 FIRST_PUT_PROBES = ("window", "reconstruction", "coverage")
 """``first_put``: what a context is probed with when no question is known."""
 
-QUESTION_DTYPES: dict[str, str] = {
-    "bfloat16": "bfloat16",
-    "float32": "float32",
-    "": "",  # the stored KV's own dtype
-}
+QUESTION_DTYPES = ("bfloat16", "float32", "")  # torch dtype names; "": the stored KV's own
 """``question_dtype``: the dtype the question's pass runs the model in."""
 
 
@@ -253,8 +249,7 @@ class QueryAttentionEvaluator(QualityEvaluator):
         # only: it stops after the last of them (25 of 30 at stride 5)
         import torch
 
-        name = QUESTION_DTYPES[self.question_dtype]
-        dtype = getattr(torch, name) if name else None
+        dtype = getattr(torch, self.question_dtype) if self.question_dtype else None
         layers = range(0, int(kv.keys.shape[0]), self.layer_stride)
         keys, values = kv.served()  # after the ancestors' KV too: positions P + N ..
         seen = pass_for_context(self.model_dir, keys, values, token_ids, layers=layers, dtype=dtype)
