@@ -64,7 +64,7 @@ from kvtierd.storage.base import Tier, Timer, TransferFit
 from kvtierd.storage.ssd_batch import BatchItem, commit_batch, discard, write_temps
 from kvtierd.storage.ssd_checkpoint import (
     SAMPLE,
-    Row,
+    Checkpoint,
     disagreeing,
     load_checkpoint,
     scan_with_checkpoint,
@@ -130,7 +130,6 @@ class SsdTier(Tier):
         self.index_source = ""  # how start found the index (checkpoint or header scan, why)
         self._changes = self._saved_changes = 0  # index changes, and as of the last checkpoint
         self._checkpointer: asyncio.Task[None] | None = None
-        self._reused: set[str] = set()
         self._scan_counts = (0, 0, 0)  # from the checkpoint, headers read, checkpoint rows gone
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -183,23 +182,25 @@ class SsdTier(Tier):
         """The index from the checkpoint where it agrees with the files, else (or for the
         files it does not know as they are) from their headers (``ssd_checkpoint``)."""
         started = time.perf_counter()
-        rows, why = await self._io.run(load_checkpoint, self.layout)
-        found, bad = await self._scan(rows)
-        if rows is not None and not why:
-            reused = [f for f in found if f.path in self._reused]
+        ckpt, why = await self._io.run(load_checkpoint, self.layout)
+        found, bad, reused = await self._scan(ckpt)
+        del ckpt  # its columns: ~100 bytes an object, not kept past the scan
+        if reused:
             step = max(1, len(reused) // SAMPLE)
             why = await self._io.run(disagreeing, reused[::step][:SAMPLE], self.layout)
             if why:
                 why = f"disagrees with a file header: {why}"
-                found, bad = await self._scan(None)
+                found, bad, _ = await self._scan(None)
         took = time.perf_counter() - started
-        self.index_source = f"{self._describe_source(rows, why)}, in {took:.2f} s"
+        self.index_source = f"{self._describe_source(why)}, in {took:.2f} s"
         self._index.clear()
         self._used_bytes = 0
         # Two files of one context at one position: neither is trusted (ssd_format).
         refused = duplicate_positions(f.meta for f in found)
-        bad += [BadFile(f.path, f"{f.path}: {refused[f.meta.key]}") for f in found
-                if f.meta.key in refused]  # fmt: skip
+        for f in found:
+            if f.meta.key in refused:
+                path = self.layout.path_of(f)
+                bad.append(BadFile(path, f"{path}: {refused[f.meta.key]}"))
         for b in bad:
             await self._io.run(quarantine_file, b.path, self.layout)
             self.quarantined_count += 1
@@ -207,29 +208,32 @@ class SsdTier(Tier):
         for f in found:
             if f.meta.key not in refused:
                 self._remember(f)
-        self._reused = set()
 
-    async def _scan(self, rows: dict[str, Row] | None) -> tuple[list[StoredFile], list[BadFile]]:
-        """Every object file: with the checkpoint's ``rows``, or by header alone."""
+    async def _scan(
+        self, ckpt: Checkpoint | None
+    ) -> tuple[list[StoredFile], list[BadFile], list[StoredFile]]:
+        """Every object file, the bad ones, and those taken from the checkpoint ``ckpt``
+        (``None``: every header is read)."""
         subdirs = self.layout.subdirs()
-        if rows is None:
+        if ckpt is None:
             scans = await asyncio.gather(
                 *(self._io.run(scan_subdir, d, self.layout) for d in subdirs)
             )
             self._scan_counts = (0, sum(len(g) + len(b) for g, b in scans), 0)
-            return [f for good, _ in scans for f in good], [b for _, bads in scans for b in bads]
+            good = [f for g, _ in scans for f in g]
+            return good, [b for _, bads in scans for b in bads], []
         # One thread: with the checkpoint a file costs a stat and a row's decoding, Python
         # work that threads only slow down on the GIL (100k files beside a busy core: 4.4-4.9 s
         # on the four I/O threads, 3.4-3.5 s on one).
         helped = await self._io.run(
-            lambda: [scan_with_checkpoint(d, self.layout, rows) for d in subdirs]
+            lambda: [scan_with_checkpoint(d, self.layout, ckpt) for d in subdirs]
         )
-        self._reused = {f.path for h in helped for f in h.reused}
+        reused = [f for h in helped for f in h.reused]
         seen = sum(h.seen for h in helped)
-        self._scan_counts = (len(self._reused), sum(h.read for h in helped), len(rows) - seen)
-        return [f for h in helped for f in h.good], [b for h in helped for b in h.bad]
+        self._scan_counts = (len(reused), sum(h.read for h in helped), ckpt.count - seen)
+        return [f for h in helped for f in h.good], [b for h in helped for b in h.bad], reused
 
-    def _describe_source(self, rows: dict[str, Row] | None, why: str) -> str:
+    def _describe_source(self, why: str) -> str:
         """How the index was found, for the start-up line (tests and operators read it)."""
         if why:
             return f"header scan of {self._scan_counts[1]} files (index checkpoint {why})"
@@ -243,7 +247,7 @@ class SsdTier(Tier):
         headers (a row is only kept where the index still holds the very entry stamped)."""
         changes = self._changes
         files = list(self._index.values())
-        stamped = await self._io.run(stamp_files, files)
+        stamped = await self._io.run(stamp_files, files, self.layout)
         index, writing = self._index, self._writing
         kept = [
             (f, st) for f, st in stamped if index.get(f.meta.key) is f and f.meta.key not in writing
@@ -342,7 +346,8 @@ class SsdTier(Tier):
         if entry is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
         self._forget(key)
-        await self._io.spawn(self._remove_file(key, self._io.run(_unlink_if_present, entry.path)))
+        path = self.layout.path_of(entry)
+        await self._io.spawn(self._remove_file(key, self._io.run(_unlink_if_present, path)))
 
     async def relabel(self, meta: ObjectMeta) -> None:
         """Rewrite the object file's header with ``meta``'s context identity (the base
@@ -358,18 +363,19 @@ class SsdTier(Tier):
         if new == entry.meta:
             return
         header = encode_header(new)
-        temp = self.layout.temp_path(entry.path)
+        path = self.layout.path_of(entry)
+        temp = self.layout.temp_path(path)
         job = functools.partial(
-            rewrite_header, entry.path, temp, header, entry.header_len, self.options.fsync
+            rewrite_header, path, temp, header, entry.header_len, self.options.fsync
         )
         self._writing.add(meta.key)  # a put of the key waits for no rename: it is refused
         try:
             await self._io.spawn(self._io.run(job))
             if self._index.get(meta.key) is entry:
-                self._index[meta.key] = StoredFile(new, entry.path, len(header))
+                self._index[meta.key] = StoredFile(new, len(header))
                 self._changes += 1
             else:  # deleted or quarantined while the copy ran: the rename brought it back
-                await self._io.run(_unlink_if_present, entry.path)
+                await self._io.run(_unlink_if_present, path)
         except FileNotFoundError as e:
             raise NotFoundError(f"object {meta.key!r} not found in tier {self.name}") from e
         finally:
@@ -406,7 +412,7 @@ class SsdTier(Tier):
         final = self.layout.object_path(meta.tenant, meta.key)
         with Timer() as t:
             stored = await self.write_file(meta, view, final)
-        self._remember(StoredFile(stored, final, len(encode_header(stored))))
+        self._remember(StoredFile(stored, len(encode_header(stored))))
         self.write_meter.record(meta.size_bytes, t.seconds)
         return stored
 
@@ -479,33 +485,40 @@ class SsdTier(Tier):
                 f"{entry.meta.size_bytes}"
             )
         with Timer() as t:
-            meta = await self.read_file(entry, dst, lambda: self._index.get(key) is entry)
+            path = self.layout.path_of(entry)
+            meta = await self.read_file(entry, path, dst, lambda: self._index.get(key) is entry)
         self.read_meter.record(meta.size_bytes, t.seconds)
         return meta
 
     async def read_file(
-        self, entry: StoredFile, dst: memoryview, current: Callable[[], bool]
+        self, entry: StoredFile, path: str, dst: memoryview, current: Callable[[], bool]
     ) -> ObjectMeta:
-        """Read and verify ``entry``'s bytes into ``dst``; ``current()`` says whether the index
-        still holds this very entry (if not, a failed check means "deleted meanwhile")."""
+        """Read and verify ``entry``'s bytes (its file at ``path``) into ``dst``; ``current()``
+        says whether the index still holds this very entry (if not, a failed check means
+        "deleted meanwhile")."""
         direct = self.direct
         try:
-            fd = await self._io.run(
-                functools.partial(open_file, entry.path, write=False, direct=direct)
-            )
+            fd = await self._io.run(functools.partial(open_file, path, write=False, direct=direct))
         except FileNotFoundError as e:
             raise NotFoundError(f"object {entry.meta.key!r} not found in tier {self.name}") from e
         try:
             # The open fd pins the inode: a concurrent delete unlinks the name, not our bytes.
-            return await self._read_fd(fd, entry, dst, direct, current)
+            return await self._read_fd(fd, entry, path, dst, direct=direct, current=current)
         finally:
             os.close(fd)
 
     async def _read_fd(
-        self, fd: int, entry: StoredFile, dst: memoryview, direct: bool, current: Callable[[], bool]
+        self,
+        fd: int,
+        entry: StoredFile,
+        path: str,
+        dst: memoryview,
+        *,
+        direct: bool,
+        current: Callable[[], bool],
     ) -> ObjectMeta:
         assert self._bounce is not None
-        meta, where = entry.meta, f"tier {self.name}: {entry.path}"
+        meta, where = entry.meta, f"tier {self.name}: {path}"
         parts = plan_parts(meta.size_bytes, self.options.part_bytes, dst, direct)
         calls: list[Callable[[], Any]] = [functools.partial(read_header, fd, self._bounce, where)]
         calls += [
@@ -537,15 +550,15 @@ class SsdTier(Tier):
                 raise
             if not current():  # replaced or deleted while we read: not corruption
                 raise NotFoundError(f"object {meta.key!r} was removed during the read") from e
-            await self._quarantine(meta.key, entry, os.fstat(fd).st_ino)
+            await self._quarantine(meta.key, path, os.fstat(fd).st_ino)
             raise CorruptObjectError(f"{e}; the file was quarantined") from e
         return meta
 
-    async def _quarantine(self, key: str, entry: StoredFile, inode: int) -> None:
+    async def _quarantine(self, key: str, path: str, inode: int) -> None:
         self._forget(key)
         self.quarantined_count += 1
-        logger.error("ssd tier %s: quarantining %s (%r)", self.name, entry.path, key)
-        await self._remove_file(key, self._io.run(quarantine_file, entry.path, self.layout, inode))
+        logger.error("ssd tier %s: quarantining %s (%r)", self.name, path, key)
+        await self._remove_file(key, self._io.run(quarantine_file, path, self.layout, inode))
 
     # -- bookkeeping ----------------------------------------------------------------------
 

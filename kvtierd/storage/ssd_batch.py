@@ -127,7 +127,7 @@ def _write_temp(item: BatchItem, layout: Layout) -> Temp:
         remove_quietly(temp)
         raise
     os.close(fd)
-    return temp, final, StoredFile(stored, final, len(header))
+    return temp, final, StoredFile(stored, len(header))
 
 
 def _write_all(fd: int, pieces: list[memoryview]) -> None:

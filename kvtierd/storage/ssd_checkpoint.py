@@ -4,17 +4,32 @@ reads one file instead of one header per object (issue 42: 1M objects).
 ``<path>/index.ckpt``::
 
     offset 0    magic (8 bytes), format version (u32), body length (u64), xxh3_64 of the body
-    offset 28   body: a JSON list of rows, one per object file:
-                [name under objects/, st_ino, st_mtime_ns, st_size, header_len,
-                 header JSON fields (ssd_format.meta_doc), kept_indices as hex]
+    offset 28   body, little-endian:
+                u32 length, then a JSON list of the distinct "kinds" of the rows:
+                    [variant, dtype, shape, layout, tenant] (fields most objects share)
+                u64 the row count N, then N of each column, rows sorted by file name:
+                    st_ino, st_mtime_ns, st_size          (u64, i64, u64: the file's stamp)
+                    header_len, kind                      (u32, u32: an index into the kinds)
+                    size_bytes, token_count, checksum     (u64)
+                    position                              (i64, -1: none)
+                    durable                               (u8)
+                    file name                             (16 bytes: xxh3_128 of tenant, key)
+                    then the lengths (u32) of key, context_id, parent_context_id and the kept
+                    indices, then their bytes, each field's strings one after the other
+
+Columns of fixed-width numbers, not a JSON row an object: a restart of 1M objects decoded
+rows at ~16 us each from JSON (most of it checking each row's fields, and a Python object for
+each value: ~1.5 KB an object that the memory allocator keeps after the restart); here the
+shared fields are checked once a kind.
 
 It is written at stop and every ``index_checkpoint_s`` (to a temp name, fsynced, renamed, as an
 object is). At start it is trusted only where it agrees with the files: a torn, truncated or
 foreign file (length, checksum, magic) or one that does not parse is ignored whole; a file whose
 inode, mtime and size are not those of its row (rewritten, or added since the checkpoint: a
-SIGKILL after puts) has its header read, as the scan without a checkpoint does; a row whose
-file is gone is dropped. A few rows taken from the checkpoint are checked against their files'
-headers as well (:data:`SAMPLE`); one that disagrees discards the whole checkpoint.
+SIGKILL after puts) has its header read, as the scan without a checkpoint does, as has a file
+whose row does not check (a kind or a field out of range, a name that is not its key's); a row
+whose file is gone is dropped. A few rows taken from the checkpoint are checked against their
+files' headers as well (:data:`SAMPLE`); one that disagrees discards the whole checkpoint.
 """
 
 from __future__ import annotations
@@ -22,50 +37,104 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import xxhash
 
 from kvtierd.errors import CorruptObjectError
-from kvtierd.storage.aligned_io import fsync_dir
+from kvtierd.storage.aligned_io import ALIGN, fsync_dir
 from kvtierd.storage.ssd_files import BadFile, Layout, StoredFile, inspect_file
-from kvtierd.storage.ssd_format import OBJECT_SUFFIX, meta_doc, meta_from_doc
+from kvtierd.storage.ssd_format import (
+    MAX_POSITION,
+    OBJECT_SUFFIX,
+    check_parent_field,
+    meta_from_doc,
+    object_name,
+)
+from kvtierd.types import ObjectMeta
 
 CHECKPOINT_NAME = "index.ckpt"
 _MAGIC = b"KVTIDX\r\n"
-_VERSION = 1
+_VERSION = 2
 _HEAD = struct.Struct("<8sIQQ")
 SAMPLE = 16  # rows taken from the checkpoint that are also checked against their file's header
 
 Stamp = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
-Row = list[object]
+Kind = tuple[str, str, tuple[int, ...], str, str]  # variant, dtype, shape, layout, tenant
+# The numeric columns, in their order in the file, and their array type codes.
+_NUMBERS = (
+    ("ino", "Q"), ("mtime", "q"), ("size", "Q"), ("header_len", "I"), ("kind", "I"),
+    ("size_bytes", "Q"), ("token_count", "Q"), ("checksum", "Q"), ("position", "q"),
+    ("durable", "B"),
+)  # fmt: skip
+_STRINGS = ("key", "context_id", "parent", "kept")
+_NAME_BYTES = 16
 
 
 def checkpoint_path(layout: Layout) -> Path:
     return layout.root / CHECKPOINT_NAME
 
 
-def stamp_files(files: list[StoredFile]) -> list[tuple[StoredFile, Stamp]]:
+def stamp_files(files: list[StoredFile], layout: Layout) -> list[tuple[StoredFile, Stamp]]:
     """Each file with its stamp now (files gone meanwhile are left out)."""
     out = []
     for f in files:
         try:
-            st = os.stat(f.path)
+            st = os.stat(layout.path_of(f))
         except FileNotFoundError:
             continue
         out.append((f, (st.st_ino, st.st_mtime_ns, st.st_size)))
     return out
 
 
+def _kind(meta: ObjectMeta) -> Kind:
+    return meta.variant, meta.dtype, meta.shape, meta.layout, meta.tenant
+
+
+def _little(a: array) -> bytes:  # type: ignore[type-arg]
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def encode(stamped: list[tuple[StoredFile, Stamp]]) -> bytes:
+    """The checkpoint's body of ``stamped`` (module docstring)."""
+    named = sorted(
+        ((bytes.fromhex(object_name(f.meta.tenant, f.meta.key)[:32]), f, st) for f, st in stamped),
+        key=lambda row: row[0],
+    )
+    kinds: dict[Kind, int] = {}
+    numbers = {name: array(code) for name, code in _NUMBERS}
+    strings: dict[str, list[bytes]] = {name: [] for name in _STRINGS}
+    for _, f, (ino, mtime, size) in named:
+        m = f.meta
+        for name, value in (
+            ("ino", ino), ("mtime", mtime), ("size", size), ("header_len", f.header_len),
+            ("kind", kinds.setdefault(_kind(m), len(kinds))), ("size_bytes", m.size_bytes),
+            ("token_count", m.token_count), ("checksum", m.checksum),
+            ("position", -1 if m.position is None else m.position), ("durable", int(m.durable)),
+        ):  # fmt: skip
+            numbers[name].append(value)
+        strings["key"].append(m.key.encode())
+        strings["context_id"].append(m.context_id.encode())
+        strings["parent"].append(m.parent_context_id.encode())
+        strings["kept"].append(m.kept_indices)
+    kinds_json = json.dumps([[*k[:2], list(k[2]), *k[3:]] for k in kinds], ensure_ascii=False)
+    parts = [struct.pack("<I", len(kinds_json.encode())), kinds_json.encode()]
+    parts.append(struct.pack("<Q", len(named)))
+    parts += [_little(numbers[name]) for name, _ in _NUMBERS]
+    parts.append(b"".join(name for name, _, _ in named))
+    parts += [_little(array("I", map(len, strings[name]))) for name in _STRINGS]
+    parts += [b"".join(strings[name]) for name in _STRINGS]
+    return b"".join(parts)
+
+
 def write_checkpoint(layout: Layout, stamped: list[tuple[StoredFile, Stamp]], sync: bool) -> int:
     """Write the checkpoint of ``stamped`` atomically; returns its size in bytes."""
-    cut = len(str(layout.objects)) + 1
-    rows = [
-        [f.path[cut:], *stamp, f.header_len, meta_doc(f.meta), f.meta.kept_indices.hex()]
-        for f, stamp in stamped
-    ]
-    body = json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode()
+    body = encode(stamped)
     head = _HEAD.pack(_MAGIC, _VERSION, len(body), xxhash.xxh3_64_intdigest(body))
     final = checkpoint_path(layout)
     temp = final.with_suffix(".ckpt.tmp")
@@ -81,8 +150,45 @@ def write_checkpoint(layout: Layout, stamped: list[tuple[StoredFile, Stamp]], sy
     return len(head) + len(body)
 
 
-def load_checkpoint(layout: Layout) -> tuple[dict[str, Row] | None, str]:
-    """The checkpoint's rows by file name, or ``None`` and why it cannot be used."""
+class _Reader:
+    """Takes the body's fields in order; ``ValueError`` where the body ends early."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.at = body, 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.at + n > len(self.body):
+            raise ValueError(f"ends at byte {len(self.body)}, a field wants {self.at + n}")
+        piece = self.body[self.at : self.at + n]
+        self.at += n
+        return piece
+
+    def column(self, code: str, n: int) -> array:  # type: ignore[type-arg]
+        a = array(code)
+        a.frombytes(self.take(a.itemsize * n))
+        if sys.byteorder != "little":
+            a.byteswap()
+        return a
+
+
+@dataclass
+class Checkpoint:
+    """A decoded checkpoint: its columns (module docstring), rows sorted by file name."""
+
+    count: int
+    kinds: list[Kind | None]  # None: a kind whose fields do not check (its rows are read)
+    numbers: dict[str, array]  # type: ignore[type-arg]
+    names: bytes
+    lengths: dict[str, array]  # type: ignore[type-arg]
+    blobs: dict[str, bytes]
+    # Per fan-out directory (the file name's first byte): its rows' range, and where each
+    # string field's bytes of its first row start.
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    starts: list[dict[str, int]] = field(default_factory=list)
+
+
+def load_checkpoint(layout: Layout) -> tuple[Checkpoint | None, str]:
+    """The checkpoint, or ``None`` and why it cannot be used."""
     try:
         raw = checkpoint_path(layout).read_bytes()
     except FileNotFoundError:
@@ -94,16 +200,59 @@ def load_checkpoint(layout: Layout) -> tuple[dict[str, Row] | None, str]:
     magic, version, length, digest = _HEAD.unpack_from(raw)
     if magic != _MAGIC or version != _VERSION:
         return None, f"not an index checkpoint of version {_VERSION}"
-    body = memoryview(raw)[_HEAD.size :]
+    body = raw[_HEAD.size :]
+    del raw
     if len(body) != length or xxhash.xxh3_64_intdigest(body) != digest:
         return None, f"torn ({len(body)} bytes of body, header says {length}, or bad checksum)"
     try:
-        rows = json.loads(bytes(body))
-        if not isinstance(rows, list):
-            raise TypeError("not a list")
-        return {str(r[0]): r for r in rows if isinstance(r, list) and len(r) == 7}, ""
-    except (ValueError, TypeError, IndexError) as e:
+        return _decode(body), ""
+    except (ValueError, TypeError, IndexError, OverflowError) as e:
         return None, f"malformed ({e})"
+
+
+def _decode(body: bytes) -> Checkpoint:
+    r = _Reader(body)
+    (kinds_len,) = struct.unpack("<I", r.take(4))
+    kinds = [_checked_kind(k) for k in json.loads(r.take(kinds_len).decode())]
+    (n,) = struct.unpack("<Q", r.take(8))
+    if n > len(body):  # every row takes more than a byte: a count this large is damage
+        raise ValueError(f"{n} rows in {len(body)} bytes")
+    numbers = {name: r.column(code, n) for name, code in _NUMBERS}
+    names = r.take(_NAME_BYTES * n)
+    lengths = {name: r.column("I", n) for name in _STRINGS}
+    blobs = {name: r.take(sum(lengths[name])) for name in _STRINGS}
+    if r.at != len(body):
+        raise ValueError(f"{len(body) - r.at} bytes after the last field")
+    ckpt = Checkpoint(n, kinds, numbers, names, lengths, blobs)
+    at = dict.fromkeys(_STRINGS, 0)
+    lo = 0
+    for first in range(256):
+        hi = lo
+        while hi < n and names[_NAME_BYTES * hi] == first:
+            hi += 1
+        ckpt.ranges.append((lo, hi))
+        ckpt.starts.append(dict(at))
+        for name in _STRINGS:
+            at[name] += sum(lengths[name][lo:hi])
+        lo = hi
+    if lo != n:
+        raise ValueError("rows are not sorted by file name")
+    return ckpt
+
+
+def _checked_kind(k: object) -> Kind | None:
+    """A kind's fields as ``meta_from_doc`` checks them in a header (``None``: they do not)."""
+    if not isinstance(k, list) or len(k) != 5:
+        return None
+    doc = {
+        "key": "", "context_id": "", "variant": k[0], "dtype": k[1], "shape": k[2],
+        "layout": k[3], "tenant": k[4], "size_bytes": 0, "token_count": 0, "checksum": "0" * 16,
+    }  # fmt: skip
+    try:
+        meta = meta_from_doc(doc, b"")
+    except (ValueError, TypeError, KeyError):
+        return None
+    return _kind(meta)
 
 
 @dataclass
@@ -117,17 +266,18 @@ class SubdirScan:
     seen: int = 0  # checkpoint rows whose file is there
 
 
-def scan_with_checkpoint(subdir: Path, layout: Layout, rows: dict[str, Row]) -> SubdirScan:
+def scan_with_checkpoint(subdir: Path, layout: Layout, ckpt: Checkpoint) -> SubdirScan:
     """Every object file of ``subdir``: from its checkpoint row where the file's stamp is the
-    row's, else from its header (``ssd_files.scan_subdir``'s checks)."""
+    row's and the row checks, else from its header (``ssd_files.scan_subdir``'s checks)."""
+    rows = _rows_of(ckpt, int(subdir.name, 16))
     scan = SubdirScan()
     for entry in os.scandir(subdir):
         if not entry.name.endswith(OBJECT_SUFFIX) or not entry.is_file(follow_symlinks=False):
             continue
-        row = rows.get(f"{subdir.name}/{entry.name}")
+        row = rows.get(entry.name)
         if row is not None:
             scan.seen += 1
-            found = _from_row(row, entry)
+            found = _from_row(row, ckpt.kinds, entry)
             if found is not None:
                 scan.good.append(found)
                 scan.reused.append(found)
@@ -140,30 +290,61 @@ def scan_with_checkpoint(subdir: Path, layout: Layout, rows: dict[str, Row]) -> 
     return scan
 
 
-def _from_row(row: Row, entry: os.DirEntry[str]) -> StoredFile | None:
+# One row: its numbers in _NUMBERS's order, its strings' bytes in _STRINGS's order.
+_Row = tuple[tuple[int, ...], tuple[bytes, ...]]
+
+
+def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
+    """The rows of the fan-out directory ``first`` (a file name's first byte) by file name."""
+    lo, hi = ckpt.ranges[first]
+    numbers = [ckpt.numbers[name][lo:hi].tolist() for name, _ in _NUMBERS]
+    strings = []
+    for name in _STRINGS:
+        blob, at, pieces = ckpt.blobs[name], ckpt.starts[first][name], []
+        for length in ckpt.lengths[name][lo:hi]:
+            pieces.append(blob[at : at + length])
+            at += length
+        strings.append(pieces)
+    names = (ckpt.names[_NAME_BYTES * i : _NAME_BYTES * (i + 1)] for i in range(lo, hi))
+    rows = zip(zip(*numbers, strict=True), zip(*strings, strict=True), strict=True)
+    return {name.hex() + OBJECT_SUFFIX: row for name, row in zip(names, rows, strict=True)}
+
+
+def _from_row(row: _Row, kinds: list[Kind | None], entry: os.DirEntry[str]) -> StoredFile | None:
+    (ino, mtime, size, header_len, kind_at, size_bytes, token_count, checksum, position,
+     durable), (raw_key, raw_context, raw_parent, kept) = row  # fmt: skip
     st = entry.stat(follow_symlinks=False)
-    if row[1:4] != [st.st_ino, st.st_mtime_ns, st.st_size]:
+    if (ino, mtime, size) != (st.st_ino, st.st_mtime_ns, st.st_size):
         return None  # rewritten or replaced since the checkpoint
-    header_len, doc, kept = row[4], row[5], row[6]
-    try:
-        if type(header_len) is not int or not isinstance(kept, str):
-            raise TypeError("header_len or kept_indices ill-typed")
-        meta = meta_from_doc(doc, bytes.fromhex(kept))
-    except (ValueError, TypeError, KeyError):
+    kind = kinds[kind_at] if kind_at < len(kinds) else None
+    if kind is None or not -1 <= position <= MAX_POSITION or durable not in (0, 1):
         return None  # the header itself says what the file is
-    if st.st_size < header_len + meta.size_bytes:
+    variant, dtype, shape, layout, tenant = kind
+    try:
+        key, context_id = raw_key.decode(), raw_context.decode()
+        parent = check_parent_field(raw_parent.decode(), context_id, key) if raw_parent else ""
+    except (ValueError, TypeError):
         return None
-    return StoredFile(meta=meta, path=entry.path, header_len=header_len)
+    if object_name(tenant, key) != entry.name:
+        return None  # a row naming another file's key
+    if header_len < ALIGN or header_len % ALIGN or st.st_size < header_len + size_bytes:
+        return None
+    meta = ObjectMeta(
+        key, size_bytes, context_id, variant, dtype, shape, layout, token_count, kept, tenant,
+        checksum, durable == 1, parent, None if position < 0 else position,
+    )  # fmt: skip
+    return StoredFile(meta, header_len)
 
 
 def disagreeing(sample: list[StoredFile], layout: Layout) -> str:
     """The first of ``sample`` whose file's header says otherwise than its checkpoint row
     (``""``: none)."""
     for f in sample:
+        path = layout.path_of(f)
         try:
-            actual = inspect_file(f.path, layout)
+            actual = inspect_file(path, layout)
         except (CorruptObjectError, OSError) as e:
-            return f"{f.path}: {e}"
+            return f"{path}: {e}"
         if actual != f:
-            return f"{f.path}: its header is not its checkpoint row"
+            return f"{path}: its header is not its checkpoint row"
     return ""

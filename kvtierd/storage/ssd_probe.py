@@ -101,7 +101,7 @@ async def calibrate(tier: SsdTier, layout: Layout) -> str:
         # Random doubles: all but a few exponent bits random, so a compressing filesystem
         # gains little (rng.bytes costs 9x the time: ~60 ms of start-up for 16 MiB).
         np.random.default_rng(0).random(out=np.frombuffer(view, np.float64))
-        written: list[tuple[StoredFile, float]] = []
+        written: list[tuple[StoredFile, str, float]] = []
         for size, path in zip(sizes, paths, strict=True):
             meta = ObjectMeta(key=f"\x00calibration-{size}", size_bytes=size)
             try:
@@ -109,15 +109,15 @@ async def calibrate(tier: SsdTier, layout: Layout) -> str:
                     stored = await tier.write_file(meta, view[:size], path)
             except StorageFullError as e:
                 return f"no room for a {size}-byte probe file ({e})"
-            written.append((StoredFile(stored, path, len(encode_header(stored))), t.seconds))
-        for entry, seconds in written:
+            written.append((StoredFile(stored, len(encode_header(stored))), path, t.seconds))
+        for entry, _, seconds in written:
             tier.write_meter.record(entry.meta.size_bytes, seconds)
         for _ in range(CALIBRATION_ROUNDS):
-            for entry, _ in written:
+            for entry, path, _ in written:
                 if not tier.direct:  # time the disk, not the page cache the last read filled
-                    await asyncio.to_thread(drop_cached_pages, entry.path)
+                    await asyncio.to_thread(drop_cached_pages, path)
                 with Timer() as t:
-                    await tier.read_file(entry, view, lambda: True)
+                    await tier.read_file(entry, path, view, lambda: True)
                 tier.read_meter.record(entry.meta.size_bytes, t.seconds)
         return ""
     finally:

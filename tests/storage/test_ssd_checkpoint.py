@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import xxhash
 
 from kvtierd.config import TierConfig
 from kvtierd.errors import AlreadyExistsError
@@ -130,10 +132,49 @@ async def test_a_checkpoint_that_disagrees_with_a_file_header_is_discarded(tmp_p
     await t.close()
     # a row whose file stamp still matches but whose metadata is not the header's
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, checksum=1))
-    write_checkpoint(t.layout, stamp_files(files), sync=False)
+    write_checkpoint(t.layout, stamp_files(files, t.layout), sync=False)
     t, found = await _restarted(path)
     try:
         assert _intact(found, keys)
         assert t.index_source.startswith(f"header scan of {N} files (index checkpoint disagrees")
+    finally:
+        await t.close()
+
+
+async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
+    path = tmp_path / "ssd"
+    keys = await _filled(path)
+    t = _tier(path)
+    await t.start()
+    files = sorted(t._index.values(), key=lambda f: f.meta.key)
+    await t.close()
+    # a kind no header could hold (a shape of strings), and a position past the largest
+    files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, shape=("x",)))
+    files[1] = dataclasses.replace(files[1], meta=dataclasses.replace(files[1].meta, position=-5))
+    write_checkpoint(t.layout, stamp_files(files, t.layout), sync=False)
+    t, found = await _restarted(path)
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(
+            f"index checkpoint: {N - 2} objects from it, 2 headers read"
+        )
+    finally:
+        await t.close()
+
+
+async def test_a_checkpoint_with_bytes_after_its_last_field_is_not_used(tmp_path):
+    keys = await _filled(tmp_path / "ssd")
+    ckpt = checkpoint_path(_tier(tmp_path / "ssd").layout)
+    head = struct.Struct("<8sIQQ")  # magic, version, body length, xxh3_64 of the body
+    raw = ckpt.read_bytes()
+    magic, version, _, _ = head.unpack_from(raw)
+    body = raw[head.size :] + b"\x00"  # checksummed as written: only the parse can tell
+    ckpt.write_bytes(head.pack(magic, version, len(body), xxhash.xxh3_64_intdigest(body)) + body)
+    t, found = await _restarted(tmp_path / "ssd")
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(
+            f"header scan of {N} files (index checkpoint malformed (1 bytes after the last field)"
+        )
     finally:
         await t.close()
