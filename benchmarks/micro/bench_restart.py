@@ -99,6 +99,7 @@ def main() -> None:
         base = DaemonProcess(write_config(empty, cpu="64MiB", ssd=ssd),
                              str(empty / "kvtierd.sock"), empty / "daemon.log")  # fmt: skip
         baseline = restart(base, adopted=True)
+        print(f"an empty daemon (no object) to SERVING: {baseline.serving_s:.1f} s", flush=True)
         config = write_config(directory, cpu="64MiB", ssd=ssd)
         d = DaemonProcess(config, str(directory / "kvtierd.sock"), directory / "daemon.log")
         try:
