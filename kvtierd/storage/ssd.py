@@ -59,7 +59,7 @@ from kvtierd.errors import (
     NotFoundError,
     StorageFullError,
 )
-from kvtierd.storage.aligned_io import BouncePool, byte_view, open_file
+from kvtierd.storage.aligned_io import ALIGN, BouncePool, byte_view, open_file
 from kvtierd.storage.base import Tier, Timer, TransferFit
 from kvtierd.storage.ssd_batch import BatchItem, commit_batch, discard, write_temps
 from kvtierd.storage.ssd_checkpoint import (
@@ -121,7 +121,10 @@ class SsdTier(Tier):
         self.direct = False
         self.quarantined_count = 0
         self.calibrated = False
-        self._index: dict[str, StoredFile] = {}
+        # key -> the object's metadata, and its header length where it is not one page (a
+        # StoredFile an object was 48 bytes of the index more at 1M objects, issue 42).
+        self._index: dict[str, ObjectMeta] = {}
+        self._long_headers: dict[str, int] = {}
         self._used_bytes = 0
         self._writing: set[str] = set()
         self._removing: dict[str, asyncio.Event] = {}
@@ -194,6 +197,7 @@ class SsdTier(Tier):
         took = time.perf_counter() - started
         self.index_source = f"{self._describe_source(why)}, in {took:.2f} s"
         self._index.clear()
+        self._long_headers.clear()
         self._used_bytes = 0
         # Two files of one context at one position: neither is trusted (ssd_format).
         refused = duplicate_positions(f.meta for f in found)
@@ -246,11 +250,13 @@ class SsdTier(Tier):
         being put, rewritten or removed meanwhile are left out: the next start reads their
         headers (a row is only kept where the index still holds the very entry stamped)."""
         changes = self._changes
-        files = list(self._index.values())
+        files = [self._file(meta) for meta in self._index.values()]
         stamped = await self._io.run(stamp_files, files, self.layout)
         index, writing = self._index, self._writing
         kept = [
-            (f, st) for f, st in stamped if index.get(f.meta.key) is f and f.meta.key not in writing
+            (f, st)
+            for f, st in stamped
+            if index.get(f.meta.key) is f.meta and f.meta.key not in writing
         ]
         job = functools.partial(write_checkpoint, self.layout, kept, self.options.fsync)
         with Timer() as t:
@@ -342,11 +348,11 @@ class SsdTier(Tier):
         return await self._io.spawn(self._read(key, view))
 
     async def delete(self, key: str, *, tenant: str = "") -> None:
-        entry = self._index.get(key)
-        if entry is None:
+        meta = self._index.get(key)
+        if meta is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
         self._forget(key)
-        path = self.layout.path_of(entry)
+        path = self.layout.object_path(meta.tenant, meta.key)
         await self._io.spawn(self._remove_file(key, self._io.run(_unlink_if_present, path)))
 
     async def relabel(self, meta: ObjectMeta) -> None:
@@ -354,9 +360,10 @@ class SsdTier(Tier):
         class's docstring), atomically (``ssd_files.rewrite_header``). The engine calls it
         under the context's lock, so no delete of the object runs meanwhile; one by another
         path (quarantine) is undone: a file renamed back over a forgotten key is removed."""
-        entry = self._index.get(meta.key)
-        if entry is None:
+        found = self._index.get(meta.key)
+        if found is None:
             raise NotFoundError(f"object {meta.key!r} not found in tier {self.name}")
+        entry = self._file(found)
         new = dataclasses.replace(
             entry.meta, context_id=meta.context_id, parent_context_id=meta.parent_context_id
         )
@@ -371,9 +378,9 @@ class SsdTier(Tier):
         self._writing.add(meta.key)  # a put of the key waits for no rename: it is refused
         try:
             await self._io.spawn(self._io.run(job))
-            if self._index.get(meta.key) is entry:
-                self._index[meta.key] = StoredFile(new, len(header))
-                self._changes += 1
+            if self._index.get(meta.key) is found:
+                self._forget(meta.key)
+                self._remember(StoredFile(new, len(header)))
             else:  # deleted or quarantined while the copy ran: the rename brought it back
                 await self._io.run(_unlink_if_present, path)
         except FileNotFoundError as e:
@@ -382,13 +389,13 @@ class SsdTier(Tier):
             self._writing.discard(meta.key)
 
     def get_meta(self, key: str) -> ObjectMeta:
-        entry = self._index.get(key)
-        if entry is None:
+        meta = self._index.get(key)
+        if meta is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
-        return entry.meta
+        return meta
 
     def metas(self) -> Iterator[ObjectMeta]:
-        return iter([e.meta for e in self._index.values()])
+        return iter(list(self._index.values()))
 
     def used_bytes(self) -> int:
         return self._used_bytes
@@ -476,9 +483,10 @@ class SsdTier(Tier):
     # -- read -----------------------------------------------------------------------------
 
     async def _read(self, key: str, dst: memoryview) -> ObjectMeta:
-        entry = self._index.get(key)
-        if entry is None:
+        found = self._index.get(key)
+        if found is None:
             raise NotFoundError(f"object {key!r} not found in tier {self.name}")
+        entry = self._file(found)
         if dst.nbytes < entry.meta.size_bytes:
             raise InvalidArgumentError(
                 f"read {key!r}: destination holds {dst.nbytes} bytes, object has "
@@ -486,7 +494,7 @@ class SsdTier(Tier):
             )
         with Timer() as t:
             path = self.layout.path_of(entry)
-            meta = await self.read_file(entry, path, dst, lambda: self._index.get(key) is entry)
+            meta = await self.read_file(entry, path, dst, lambda: self._index.get(key) is found)
         self.read_meter.record(meta.size_bytes, t.seconds)
         return meta
 
@@ -562,15 +570,22 @@ class SsdTier(Tier):
 
     # -- bookkeeping ----------------------------------------------------------------------
 
+    def _file(self, meta: ObjectMeta) -> StoredFile:
+        """The indexed object ``meta`` as a file: with its header length."""
+        return StoredFile(meta, self._long_headers.get(meta.key, ALIGN))
+
     def _remember(self, f: StoredFile) -> None:
         self._changes += 1
-        self._index[f.meta.key] = f
+        self._index[f.meta.key] = f.meta
+        if f.header_len != ALIGN:
+            self._long_headers[f.meta.key] = f.header_len
         self._used_bytes += f.meta.size_bytes
 
     def _forget(self, key: str) -> None:
         self._changes += 1
-        entry = self._index.pop(key)
-        self._used_bytes -= entry.meta.size_bytes
+        meta = self._index.pop(key)
+        self._long_headers.pop(key, None)
+        self._used_bytes -= meta.size_bytes
 
     async def _remove_file(self, key: str, removal: Coroutine[Any, Any, Any]) -> None:
         """Run a file removal while puts of ``key`` wait (they would rename onto its name)."""

@@ -156,6 +156,10 @@ async def test_restart_rebuilds_index_from_headers(tmp_path: Path) -> None:
     t = make_tier(tmp_path)
     await t.start()
     stored = [await t.put(m, memoryview(payload(m.size_bytes, i))) for i, m in enumerate(metas)]
+    for i, m in enumerate(metas):  # before the restart too: the multi-page header's offset
+        dst = bytearray(m.size_bytes)
+        assert await t.read_into(m.key, memoryview(dst)) == stored[i]
+        assert bytes(dst) == payload(m.size_bytes, i)
     await t.close()
     (tmp_path / "tmp" / "crashed.tmp").write_bytes(b"half an object")
     t2 = make_tier(tmp_path)

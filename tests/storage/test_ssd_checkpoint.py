@@ -128,7 +128,7 @@ async def test_a_checkpoint_that_disagrees_with_a_file_header_is_discarded(tmp_p
     keys = await _filled(path)
     t = _tier(path)
     await t.start()
-    files = list(t._index.values())
+    files = [t._file(m) for m in t._index.values()]
     await t.close()
     # a row whose file stamp still matches but whose metadata is not the header's
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, checksum=1))
@@ -146,7 +146,7 @@ async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
     keys = await _filled(path)
     t = _tier(path)
     await t.start()
-    files = sorted(t._index.values(), key=lambda f: f.meta.key)
+    files = [t._file(m) for m in sorted(t._index.values(), key=lambda m: m.key)]
     await t.close()
     # a kind no header could hold (a shape of strings), and a position past the largest
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, shape=("x",)))
