@@ -68,6 +68,7 @@ from kvtierd.storage.ssd_checkpoint import (
     disagreeing,
     load_checkpoint,
     scan_with_checkpoint,
+    stamp_dirs,
     stamp_files,
     write_checkpoint,
 )
@@ -250,6 +251,7 @@ class SsdTier(Tier):
         being put, rewritten or removed meanwhile are left out: the next start reads their
         headers (a row is only kept where the index still holds the very entry stamped)."""
         changes = self._changes
+        dirs = await self._io.run(stamp_dirs, self.layout)  # before the rows (ssd_checkpoint)
         files = [self._file(meta) for meta in self._index.values()]
         stamped = await self._io.run(stamp_files, files, self.layout)
         index, writing = self._index, self._writing
@@ -258,7 +260,7 @@ class SsdTier(Tier):
             for f, st in stamped
             if index.get(f.meta.key) is f.meta and f.meta.key not in writing
         ]
-        job = functools.partial(write_checkpoint, self.layout, kept, self.options.fsync)
+        job = functools.partial(write_checkpoint, self.layout, dirs, kept, self.options.fsync)
         with Timer() as t:
             nbytes = await self._io.run(job)
         self._saved_changes = changes

@@ -5,8 +5,10 @@ when the checkpoint is missing, torn, stale or disagrees with the files."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,12 @@ import xxhash
 from kvtierd.config import TierConfig
 from kvtierd.errors import AlreadyExistsError
 from kvtierd.storage.ssd import SsdTier
-from kvtierd.storage.ssd_checkpoint import checkpoint_path, stamp_files, write_checkpoint
+from kvtierd.storage.ssd_checkpoint import (
+    checkpoint_path,
+    stamp_dirs,
+    stamp_files,
+    write_checkpoint,
+)
 from kvtierd.types import ObjectMeta
 
 N = 40
@@ -132,7 +139,7 @@ async def test_a_checkpoint_that_disagrees_with_a_file_header_is_discarded(tmp_p
     await t.close()
     # a row whose file stamp still matches but whose metadata is not the header's
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, checksum=1))
-    write_checkpoint(t.layout, stamp_files(files, t.layout), sync=False)
+    write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
     t, found = await _restarted(path)
     try:
         assert _intact(found, keys)
@@ -151,7 +158,7 @@ async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
     # a kind no header could hold (a shape of strings), and a position past the largest
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, shape=("x",)))
     files[1] = dataclasses.replace(files[1], meta=dataclasses.replace(files[1].meta, position=-5))
-    write_checkpoint(t.layout, stamp_files(files, t.layout), sync=False)
+    write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
     t, found = await _restarted(path)
     try:
         assert _intact(found, keys)
@@ -176,5 +183,41 @@ async def test_a_checkpoint_with_bytes_after_its_last_field_is_not_used(tmp_path
         assert t.index_source.startswith(
             f"header scan of {N} files (index checkpoint malformed (1 bytes after the last field)"
         )
+    finally:
+        await t.close()
+
+
+async def test_a_directory_unchanged_since_the_checkpoint_vouches_for_its_files(tmp_path):
+    """A fan-out directory whose mtime is the one recorded is taken without a stat a file: a
+    file touched in place there is taken from its row; one in a directory a file was put into
+    since is checked file by file, and its header read."""
+    path = tmp_path / "ssd"
+    keys = await _filled(path)
+    layout = _tier(path).layout
+    past = time.time_ns() - 60 * 10**9  # older than the racy margin: the checkpoint vouches
+    for d in layout.subdirs():
+        os.utime(d, ns=(past, past))
+    t = _tier(path)
+    await t.start()
+    await t.close()  # its checkpoint records every directory's mtime
+    saved = tmp_path / "saved.ckpt"
+    shutil.copy(checkpoint_path(layout), saved)
+    dir_of = {k: Path(layout.object_path("", k)).parent for k in keys}
+    new = next(f"n{i}" for i in range(10_000) if Path(layout.object_path("", f"n{i}")).parent
+               == dir_of["k0"])  # fmt: skip
+    other = next(k for k in sorted(keys) if dir_of[k] != dir_of["k0"])
+    for k in ("k0", other):  # in place: their stamps change, their directories' do not
+        os.utime(layout.object_path("", k), ns=(past, past))
+    t = _tier(path)
+    await t.start()
+    await t.put(ObjectMeta(key=new, size_bytes=SIZE), memoryview(_data(0)))
+    await t.close()
+    shutil.copy(saved, checkpoint_path(layout))  # as if killed after the put
+    t, found = await _restarted(path)
+    try:
+        assert set(found) == keys | {new}
+        assert t.index_source.startswith(
+            f"index checkpoint: {N - 1} objects from it, 2 headers read"
+        )  # k0 (its directory changed, its stamp too) and the new file; not the other
     finally:
         await t.close()
