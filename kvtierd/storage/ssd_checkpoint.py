@@ -216,6 +216,9 @@ class Checkpoint:
     # One int object for each value of a shared column (an int above 256 is an object of
     # 28-36 bytes: the size and header length of 1M objects of a few sizes, ~56 MB otherwise).
     shared: dict[int, int] = field(default_factory=dict)
+    # One string for each context id: a context's chunks (and its children's) name it once
+    # each, one copy an object otherwise (~60 bytes and more: LMCache's chunks of one prompt).
+    context_ids: dict[str, str] = field(default_factory=dict)
 
 
 def load_checkpoint(layout: Layout) -> tuple[Checkpoint | None, str]:
@@ -311,7 +314,7 @@ def scan_with_checkpoint(subdir: Path, layout: Layout, ckpt: Checkpoint) -> Subd
         row = rows.get(entry.name)
         if row is not None:
             scan.seen += 1
-            found = _from_row(row, ckpt.kinds, entry.name, None if unchanged else entry)
+            found = _from_row(row, ckpt, entry.name, None if unchanged else entry)
             if found is not None:
                 scan.good.append(found)
                 scan.reused.append(found)
@@ -348,7 +351,7 @@ def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
 
 
 def _from_row(
-    row: _Row, kinds: list[Kind | None], name: str, entry: os.DirEntry[str] | None
+    row: _Row, ckpt: Checkpoint, name: str, entry: os.DirEntry[str] | None
 ) -> StoredFile | None:
     """The file ``name`` as its row says, or ``None`` where the row does not check or (when
     its ``entry`` is given: its directory changed) the file's stamp is not the row's."""
@@ -358,13 +361,15 @@ def _from_row(
         st = entry.stat(follow_symlinks=False)
         if (ino, mtime, size) != (st.st_ino, st.st_mtime_ns, st.st_size):
             return None  # rewritten or replaced since the checkpoint
-    kind = kinds[kind_at] if kind_at < len(kinds) else None
+    kind = ckpt.kinds[kind_at] if kind_at < len(ckpt.kinds) else None
     if kind is None or not -1 <= position <= MAX_POSITION or durable not in (0, 1):
         return None  # the header itself says what the file is
     variant, dtype, shape, layout, tenant = kind
     try:
         key, context_id = raw_key.decode(), raw_context.decode()
         parent = check_parent_field(raw_parent.decode(), context_id, key) if raw_parent else ""
+        context_id = ckpt.context_ids.setdefault(context_id, context_id)
+        parent = ckpt.context_ids.setdefault(parent, parent)
     except (ValueError, TypeError):
         return None
     if object_name(tenant, key) != name:

@@ -221,3 +221,25 @@ async def test_a_directory_unchanged_since_the_checkpoint_vouches_for_its_files(
         )  # k0 (its directory changed, its stamp too) and the new file; not the other
     finally:
         await t.close()
+
+
+async def test_a_contexts_chunks_share_one_context_id_string_after_a_restart(tmp_path):
+    """Issue 42's metadata memory: a context id read from the checkpoint is one string for
+    every chunk naming it (and for its children's parent), not one copy an object."""
+    path = tmp_path / "ssd"
+    t = _tier(path)
+    await t.start()
+    items = [(ObjectMeta(key=f"p{i}", size_bytes=SIZE, context_id="prompt", position=i),
+              memoryview(_data(i))) for i in range(3)]  # fmt: skip
+    items.append((ObjectMeta(key="c0", size_bytes=SIZE, context_id="branch",
+                             parent_context_id="prompt"), memoryview(_data(3))))  # fmt: skip
+    await t.put_many(items)
+    await t.close()
+    t, found = await _restarted(path)
+    try:
+        assert len(found) == 4
+        named = [m.context_id for m in t.metas() if m.context_id == "prompt"]
+        named += [m.parent_context_id for m in t.metas() if m.parent_context_id]
+        assert len(named) == 4 and len({id(s) for s in named}) == 1
+    finally:
+        await t.close()
