@@ -88,12 +88,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--objects", type=int, default=100_000)
     ap.add_argument("--size", type=int, default=16 << 10)
+    ap.add_argument(
+        "--dir",
+        type=Path,
+        help="keep the filled SSD tier here, and use the one "
+        "there if it is there (a 1M fill takes minutes; the runs after use it)",
+    )
     args = ap.parse_args()
     print_machine("bench_restart")
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as tmp:
-        directory = Path(tmp)
-        fill_s = asyncio.run(fill(directory / "ssd", args.objects, args.size))
-        print(f"filled: {args.objects} x {args.size} B in {fill_s:.1f} s", flush=True)
+        directory = args.dir or Path(tmp)
+        if args.dir is not None and (directory / "ssd").exists():
+            print(f"using the SSD tier filled at {directory / 'ssd'}", flush=True)
+        else:
+            fill_s = asyncio.run(fill(directory / "ssd", args.objects, args.size))
+            print(f"filled: {args.objects} x {args.size} B in {fill_s:.1f} s", flush=True)
         ssd = f"{(args.objects * args.size >> 30) + 1}GiB"
         empty = directory / "empty"
         base = DaemonProcess(write_config(empty, cpu="64MiB", ssd=ssd),
@@ -113,8 +122,12 @@ def main() -> None:
                   f"{per_object:.0f} B per object (goal at 1M: <= {RSS_GOAL_B} B) "
                   f"{verdict(per_object, RSS_GOAL_B, higher_is_better=False)}",
                   flush=True)  # fmt: skip
-            checkpoint_path(Layout(directory / "ssd")).unlink()
-            plain = restart(d)
+            ckpt = checkpoint_path(Layout(directory / "ssd"))
+            ckpt.rename(saved := ckpt.with_suffix(".saved"))  # back after: --dir runs reuse it
+            try:
+                plain = restart(d)
+            finally:
+                saved.rename(ckpt)
             without = plain.serving_s
             print(f"restart to SERVING without it: {without:.1f} s [{plain.index}]", flush=True)
         finally:

@@ -36,9 +36,13 @@ files' headers as well (:data:`SAMPLE`); one that disagrees discards the whole c
 A fan-out directory whose mtime is still the one recorded has had no file added, renamed over
 (a put, a header rewrite) or removed since its mtime was read, which was before the rows were
 taken from the index: its files are taken from their rows without a ``stat`` each (~25% of a
-restart's scan). A directory is recorded only if its mtime was older than :data:`RACY_NS` when
-read, as git treats an index entry as racy: a change in the same clock tick as the last one
-before the read would leave the mtime as it was.
+restart's scan). A directory is recorded only if its mtime was older than a margin when read,
+as git treats an index entry as racy: a change in the same clock tick as the last one before
+the read would leave the mtime as it was. The margin is :data:`RACY_NS` (50 ms: the kernel
+stamps a file system with nanosecond times from a clock that ticks every 1-10 ms), or
+:data:`RACY_COARSE_NS` where the mtime is whole seconds (a file system that keeps no more).
+A directory within its margin is waited for once, so that the checkpoint a stop writes right
+after the flush's last batch still vouches for every directory.
 """
 
 from __future__ import annotations
@@ -71,7 +75,8 @@ _MAGIC = b"KVTIDX\r\n"
 _VERSION = 2
 _HEAD = struct.Struct("<8sIQQ")
 SAMPLE = 16  # rows taken from the checkpoint that are also checked against their file's header
-RACY_NS = 2_000_000_000  # a directory changed this recently is not vouched for (mtime ticks)
+RACY_NS = 50_000_000  # a directory changed this recently is not vouched for (clock ticks)
+RACY_COARSE_NS = 2_000_000_000  # the same where mtimes are whole seconds
 _FANOUT = 256
 
 Stamp = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
@@ -105,12 +110,28 @@ def stamp_files(files: list[StoredFile], layout: Layout) -> list[tuple[StoredFil
 
 
 def stamp_dirs(layout: Layout) -> list[int]:
-    """Each fan-out directory's mtime now, or -1 where it changed within :data:`RACY_NS`."""
+    """Each fan-out directory's mtime now, or -1 where it changed within its margin (module
+    docstring); the directories within it are waited for once, and read again."""
+    dirs = layout.subdirs()
+    read_at = time.time_ns()
+    stamps = [os.stat(d).st_mtime_ns for d in dirs]
+    # (a directory stamped in the future, after a step back of the clock, is not waited for:
+    # it is not vouched for either)
+    racy = [_racy_until(m) > read_at and m <= read_at for m in stamps]
+    if any(racy):
+        wait = max(_racy_until(m) for m, r in zip(stamps, racy, strict=True) if r) - read_at
+        time.sleep(wait / 1e9)
+    now = time.time_ns()
     out = []
-    for d in layout.subdirs():
-        now, mtime = time.time_ns(), os.stat(d).st_mtime_ns
-        out.append(mtime if mtime < now - RACY_NS else -1)
+    for d, before, again in zip(dirs, stamps, racy, strict=True):
+        mtime = os.stat(d).st_mtime_ns if again else before
+        out.append(mtime if mtime == before and _racy_until(mtime) <= now else -1)
     return out
+
+
+def _racy_until(mtime: int) -> int:
+    """When a directory last changed at ``mtime`` can be vouched for."""
+    return mtime + (RACY_COARSE_NS if mtime % 1_000_000_000 == 0 else RACY_NS)
 
 
 def _kind(meta: ObjectMeta) -> Kind:

@@ -243,3 +243,18 @@ async def test_a_contexts_chunks_share_one_context_id_string_after_a_restart(tmp
         assert len(named) == 4 and len({id(s) for s in named}) == 1
     finally:
         await t.close()
+
+
+def test_a_directory_just_changed_is_waited_for_and_one_stamped_in_the_future_is_not(tmp_path):
+    layout = _tier(tmp_path / "ssd").layout
+    layout.create()
+    dirs = layout.subdirs()
+    (dirs[0] / "x").write_bytes(b"")  # changed now: within the margin, waited for
+    ahead = time.time_ns() + 3600 * 10**9  # a clock stepped back: not vouched for, no wait
+    os.utime(dirs[1], ns=(ahead, ahead))
+    started = time.monotonic()
+    stamps = stamp_dirs(layout)
+    assert time.monotonic() - started < 60  # not the hour ahead: the margin (50 ms) at most
+    assert stamps[0] == os.stat(dirs[0]).st_mtime_ns
+    assert stamps[1] == -1
+    assert stamps[2] == os.stat(dirs[2]).st_mtime_ns
