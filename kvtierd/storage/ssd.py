@@ -256,9 +256,9 @@ class SsdTier(Tier):
         stamped = await self._io.run(stamp_files, files, self.layout)
         index, writing = self._index, self._writing
         kept = [
-            (f, st)
-            for f, st in stamped
-            if index.get(f.meta.key) is f.meta and f.meta.key not in writing
+            row
+            for row in stamped
+            if index.get(row[1].meta.key) is row[1].meta and row[1].meta.key not in writing
         ]
         job = functools.partial(write_checkpoint, self.layout, dirs, kept, self.options.fsync)
         with Timer() as t:

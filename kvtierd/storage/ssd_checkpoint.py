@@ -54,6 +54,7 @@ import sys
 import time
 from array import array
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 import xxhash
@@ -66,6 +67,7 @@ from kvtierd.storage.ssd_format import (
     OBJECT_SUFFIX,
     check_parent_field,
     meta_from_doc,
+    name_digest,
     object_name,
 )
 from kvtierd.types import ObjectMeta
@@ -80,6 +82,7 @@ RACY_COARSE_NS = 2_000_000_000  # the same where mtimes are whole seconds
 _FANOUT = 256
 
 Stamp = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
+Stamped = tuple[bytes, StoredFile, Stamp]  # a file's name digest (ssd_format.name_digest)
 Kind = tuple[str, str, tuple[int, ...], str, str]  # variant, dtype, shape, layout, tenant
 # The numeric columns, in their order in the file, and their array type codes.
 _NUMBERS = (
@@ -97,15 +100,18 @@ def checkpoint_path(layout: Layout) -> Path:
     return layout.root / CHECKPOINT_NAME
 
 
-def stamp_files(files: list[StoredFile], layout: Layout) -> list[tuple[StoredFile, Stamp]]:
-    """Each file with its stamp now (files gone meanwhile are left out)."""
+def stamp_files(files: list[StoredFile], layout: Layout) -> list[Stamped]:
+    """Each file with its name's digest and its stamp now (files gone meanwhile are left out)."""
     out = []
+    objects = str(layout.objects)
     for f in files:
+        digest = name_digest(f.meta.tenant, f.meta.key)
+        name = digest.hex()
         try:
-            st = os.stat(layout.path_of(f))
+            st = os.stat(f"{objects}/{name[:2]}/{name}{OBJECT_SUFFIX}")
         except FileNotFoundError:
             continue
-        out.append((f, (st.st_ino, st.st_mtime_ns, st.st_size)))
+        out.append((digest, f, (st.st_ino, st.st_mtime_ns, st.st_size)))
     return out
 
 
@@ -144,43 +150,43 @@ def _little(a: array) -> bytes:  # type: ignore[type-arg]
     return a.tobytes()
 
 
-def encode(dirs: list[int], stamped: list[tuple[StoredFile, Stamp]]) -> bytes:
+def encode(dirs: list[int], stamped: list[Stamped]) -> bytes:
     """The checkpoint's body of the directories' stamps ``dirs`` (:func:`stamp_dirs`, taken
-    before the rows) and the files ``stamped`` (module docstring)."""
-    named = sorted(
-        ((bytes.fromhex(object_name(f.meta.tenant, f.meta.key)[:32]), f, st) for f, st in stamped),
-        key=lambda row: row[0],
-    )
+    before the rows) and the files ``stamped`` (module docstring). A column a comprehension:
+    ~7 us an object with a loop over rows (16 s for a checkpoint of 1M objects with the stats)."""
+    rows = sorted(stamped, key=itemgetter(0))
+    metas = [f.meta for _, f, _ in rows]
     kinds: dict[Kind, int] = {}
-    numbers = {name: array(code) for name, code in _NUMBERS}
-    strings: dict[str, list[bytes]] = {name: [] for name in _STRINGS}
-    for _, f, (ino, mtime, size) in named:
-        m = f.meta
-        for name, value in (
-            ("ino", ino), ("mtime", mtime), ("size", size), ("header_len", f.header_len),
-            ("kind", kinds.setdefault(_kind(m), len(kinds))), ("size_bytes", m.size_bytes),
-            ("token_count", m.token_count), ("checksum", m.checksum),
-            ("position", -1 if m.position is None else m.position), ("durable", int(m.durable)),
-        ):  # fmt: skip
-            numbers[name].append(value)
-        strings["key"].append(m.key.encode())
-        strings["context_id"].append(m.context_id.encode())
-        strings["parent"].append(m.parent_context_id.encode())
-        strings["kept"].append(m.kept_indices)
+    columns: dict[str, list[int]] = {
+        "ino": [st[0] for _, _, st in rows],
+        "mtime": [st[1] for _, _, st in rows],
+        "size": [st[2] for _, _, st in rows],
+        "header_len": [f.header_len for _, f, _ in rows],
+        "kind": [kinds.setdefault(_kind(m), len(kinds)) for m in metas],
+        "size_bytes": [m.size_bytes for m in metas],
+        "token_count": [m.token_count for m in metas],
+        "checksum": [m.checksum for m in metas],
+        "position": [-1 if m.position is None else m.position for m in metas],
+        "durable": [int(m.durable) for m in metas],
+    }
+    strings = {
+        "key": [m.key.encode() for m in metas],
+        "context_id": [m.context_id.encode() for m in metas],
+        "parent": [m.parent_context_id.encode() for m in metas],
+        "kept": [m.kept_indices for m in metas],
+    }
     kinds_json = json.dumps([[*k[:2], list(k[2]), *k[3:]] for k in kinds], ensure_ascii=False)
     parts = [struct.pack("<I", len(kinds_json.encode())), kinds_json.encode()]
     parts.append(_little(array("q", dirs)))
-    parts.append(struct.pack("<Q", len(named)))
-    parts += [_little(numbers[name]) for name, _ in _NUMBERS]
-    parts.append(b"".join(name for name, _, _ in named))
+    parts.append(struct.pack("<Q", len(rows)))
+    parts += [_little(array(code, columns[name])) for name, code in _NUMBERS]
+    parts.append(b"".join(digest for digest, _, _ in rows))
     parts += [_little(array("I", map(len, strings[name]))) for name in _STRINGS]
     parts += [b"".join(strings[name]) for name in _STRINGS]
     return b"".join(parts)
 
 
-def write_checkpoint(
-    layout: Layout, dirs: list[int], stamped: list[tuple[StoredFile, Stamp]], sync: bool
-) -> int:
+def write_checkpoint(layout: Layout, dirs: list[int], stamped: list[Stamped], sync: bool) -> int:
     """Write the checkpoint (:func:`encode`) atomically; returns its size in bytes."""
     body = encode(dirs, stamped)
     head = _HEAD.pack(_MAGIC, _VERSION, len(body), xxhash.xxh3_64_intdigest(body))

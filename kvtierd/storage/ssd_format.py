@@ -119,6 +119,11 @@ def object_name(tenant: str, key: str) -> str:
     return digest + OBJECT_SUFFIX
 
 
+def name_digest(tenant: str, key: str) -> bytes:
+    """The 16 bytes whose hex is :func:`object_name`'s (without its suffix)."""
+    return xxhash.xxh3_128_digest(f"{len(tenant)}:{tenant}\x00{key}".encode())
+
+
 def data_checksum(view: memoryview) -> int:
     """xxh3_64 of the object's bytes, as stored in ``ObjectMeta.checksum``."""
     return int(xxhash.xxh3_64_intdigest(view))
