@@ -68,7 +68,6 @@ from kvtierd.storage.ssd_format import (
     check_parent_field,
     meta_from_doc,
     name_digest,
-    object_name,
 )
 from kvtierd.types import ObjectMeta
 
@@ -341,7 +340,7 @@ def scan_with_checkpoint(subdir: Path, layout: Layout, ckpt: Checkpoint) -> Subd
         row = rows.get(entry.name)
         if row is not None:
             scan.seen += 1
-            found = _from_row(row, ckpt, entry.name, None if unchanged else entry)
+            found = _from_row(row, ckpt, None if unchanged else entry)
             if found is not None:
                 scan.good.append(found)
                 scan.reused.append(found)
@@ -354,8 +353,9 @@ def scan_with_checkpoint(subdir: Path, layout: Layout, ckpt: Checkpoint) -> Subd
     return scan
 
 
-# One row: its numbers in _NUMBERS's order, its strings' bytes in _STRINGS's order.
-_Row = tuple[tuple[int, ...], tuple[bytes, ...]]
+# One row: its file name's digest, its numbers in _NUMBERS's order, its strings' bytes in
+# _STRINGS's order.
+_Row = tuple[bytes, tuple[int, ...], tuple[bytes, ...]]
 
 
 def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
@@ -372,18 +372,16 @@ def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
             pieces.append(blob[at : at + length])
             at += length
         strings.append(pieces)
-    names = (ckpt.names[_NAME_BYTES * i : _NAME_BYTES * (i + 1)] for i in range(lo, hi))
-    rows = zip(zip(*numbers, strict=True), zip(*strings, strict=True), strict=True)
+    names = [ckpt.names[_NAME_BYTES * i : _NAME_BYTES * (i + 1)] for i in range(lo, hi)]
+    rows = zip(names, zip(*numbers, strict=True), zip(*strings, strict=True), strict=True)
     return {name.hex() + OBJECT_SUFFIX: row for name, row in zip(names, rows, strict=True)}
 
 
-def _from_row(
-    row: _Row, ckpt: Checkpoint, name: str, entry: os.DirEntry[str] | None
-) -> StoredFile | None:
-    """The file ``name`` as its row says, or ``None`` where the row does not check or (when
-    its ``entry`` is given: its directory changed) the file's stamp is not the row's."""
-    (ino, mtime, size, header_len, kind_at, size_bytes, token_count, checksum, position,
-     durable), (raw_key, raw_context, raw_parent, kept) = row  # fmt: skip
+def _from_row(row: _Row, ckpt: Checkpoint, entry: os.DirEntry[str] | None) -> StoredFile | None:
+    """The file as its row says, or ``None`` where the row does not check or (when its
+    ``entry`` is given: its directory changed) the file's stamp is not the row's."""
+    digest, (ino, mtime, size, header_len, kind_at, size_bytes, token_count, checksum,
+             position, durable), (raw_key, raw_context, raw_parent, kept) = row  # fmt: skip
     if entry is not None:
         st = entry.stat(follow_symlinks=False)
         if (ino, mtime, size) != (st.st_ino, st.st_mtime_ns, st.st_size):
@@ -395,12 +393,13 @@ def _from_row(
     try:
         key, context_id = raw_key.decode(), raw_context.decode()
         parent = check_parent_field(raw_parent.decode(), context_id, key) if raw_parent else ""
-        context_id = ckpt.context_ids.setdefault(context_id, context_id)
-        parent = ckpt.context_ids.setdefault(parent, parent)
     except (ValueError, TypeError):
         return None
-    if object_name(tenant, key) != name:
+    if name_digest(tenant, key) != digest:
         return None  # a row naming another file's key
+    context_id = ckpt.context_ids.setdefault(context_id, context_id)
+    if parent:
+        parent = ckpt.context_ids.setdefault(parent, parent)
     if header_len < ALIGN or header_len % ALIGN or size < header_len + size_bytes:
         return None
     meta = ObjectMeta(
