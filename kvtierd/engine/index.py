@@ -82,7 +82,7 @@ class ContextIndex:
             ctx.size_bytes = meta.size_bytes
         else:
             ctx.size_bytes += meta.size_bytes
-        ctx.keys[key or meta.key] = None
+        ctx.keys.add(key or meta.key)
         position = meta.position
         if position is not None and position >= ctx.next_position:
             ctx.next_position = position + 1
@@ -106,7 +106,7 @@ class ContextIndex:
         ``ctx.keys``)."""
         obj = self.objects.pop(key)
         ctx = self.contexts[obj.meta.context]
-        del ctx.keys[key]
+        ctx.keys.remove(key)
         ctx.size_bytes -= obj.meta.size_bytes
         if not ctx.keys:
             self.forget_context(ctx)

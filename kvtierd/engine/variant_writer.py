@@ -138,7 +138,7 @@ class VariantWriter:
             # durable only by the client's promise: an object that is merely on a persistent
             # tier moves up without leaving a copy there (an uncharged copy filled the SSD)
             index.objects[obj.client_key] = ObjectRecord(meta, tier, shadow=shadow, durable=durable)
-            ctx.keys[obj.client_key] = None
+            ctx.keys.add(obj.client_key)
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
         # a chunk a client adds later is numbered after these (placeholders count from 0)
         numbered = [m.position + 1 for m in metas_new if m.position is not None]
@@ -184,7 +184,7 @@ class VariantWriter:
                         await self._tiers[tier].put(meta, memoryview(await mover.copy_out(rec)))
                     rec = ObjectRecord(meta, tier, shadow=ref, durable=True)
                 index.objects[meta.key] = rec
-                ctx.keys[meta.key] = None
+                ctx.keys.add(meta.key)
             ctx.size_bytes = sum(m.size_bytes for m, _ in reference)
             ctx.variant = ORIGINAL_VARIANT
             ctx.reference = None
