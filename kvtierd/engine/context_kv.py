@@ -39,7 +39,11 @@ def variant_key(key: str, variant: str) -> str:
 
 def client_key(storage_key: str) -> str:
     """The key a client knows an object by: its own key for a quantized variant
-    (``key\0variant``), the derived key itself for a token-dropped chunk (``ctx\0variant\0i``)."""
+    (``key\0variant``), the derived key itself for a token-dropped chunk (``ctx\0variant\0i``).
+    A client's key in the original (most objects) is returned without a ``split`` (a list per
+    object; a restart asks for every object's, issue 42)."""
+    if SEPARATOR not in storage_key:
+        return storage_key
     parts = storage_key.split(SEPARATOR)
     return parts[0] if len(parts) == 2 else storage_key
 

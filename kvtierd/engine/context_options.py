@@ -61,7 +61,10 @@ class ContextOptions:
         self._profiler = profiler
         self._variants: list[str] = []
         self._variants_of: object = None
-        self._geometry_cache: dict[str, tuple[tuple[str, int, int], Geometry]] = {}
+        # context -> (variant, keys, reference copies, its geometry): the stamp it was worked
+        # out for and the value in one tuple (a stamp tuple in a pair was 48 bytes more a
+        # context, issue 42)
+        self._geometry_cache: dict[str, tuple[str, int, int, Geometry]] = {}
         # Bumped when a profile appears, goes, or a context changes form (its grid may
         # shrink to the form it has): what derived figures (the write advice's prior) key on.
         self.version = 0
@@ -75,7 +78,7 @@ class ContextOptions:
         geometry was never asked for)."""
         self.version += 1
         cached = self._geometry_cache.pop(context_id, None)
-        return 0 if cached is None else cached[1][1]
+        return 0 if cached is None else cached[3][1]
 
     def variants(self) -> list[str]:
         """The running policy's grid (cached per policy)."""
@@ -198,12 +201,12 @@ class ContextOptions:
         context gains objects or changes form (a put of chunk k would otherwise re-parse the
         k layouts before it). The stamp is read off the record, not off :meth:`sources`:
         listing the sources to check the cache is itself a pass over the context's keys."""
-        stamp = (ctx.variant, len(ctx.keys), len(ctx.reference or ()))
+        variant, keys, reference = ctx.variant, len(ctx.keys), len(ctx.reference or ())
         cached = self._geometry_cache.get(ctx.context_id)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
+        if cached is not None and (cached[0], cached[1], cached[2]) == (variant, keys, reference):
+            return cached[3]
         value = _geometry(self.sources(ctx))
-        self._geometry_cache[ctx.context_id] = (stamp, value)
+        self._geometry_cache[ctx.context_id] = (variant, keys, reference, value)
         return value
 
     def profiled(self, context_id: str) -> dict[str, VariantProfile]:

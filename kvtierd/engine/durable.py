@@ -58,7 +58,8 @@ class DurableGuard:
             for key in list(ctx.keys):
                 obj = index.objects[key]
                 if not obj.unread:
-                    del index.objects[key], ctx.keys[key]  # out of the index before the await
+                    del index.objects[key]  # out of the index before the await
+                    ctx.keys.remove(key)
                     ctx.size_bytes -= obj.meta.size_bytes
                     await mover.remove_object_bytes(obj)
                 elif obj.shadow and not self._tiers[obj.tier].persistent:

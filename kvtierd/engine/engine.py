@@ -45,7 +45,7 @@ from kvtierd.engine.lookup_decision import LookupDecision, decide, restore_share
 from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.option_table import Option, ReasonSources, placement_reason, utility_table
-from kvtierd.engine.placing import Placing
+from kvtierd.engine.placing import Placing, collector_paused
 from kvtierd.engine.profiling.ancestor_kv import AncestorReader
 from kvtierd.engine.profiling.profile_inputs import ProfileInputs
 from kvtierd.engine.profiling.profile_runs import RunLog
@@ -322,6 +322,15 @@ class Engine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start the tiers, rebuild the index from what they hold, start the background work.
+        The cyclic garbage collector waits meanwhile: the tiers' indexes and the engine's are
+        millions of long-lived objects at 1,000,000 stored (issue 42), and each full
+        collection the start would trigger walks all of them (~1 s of a 100k-object start);
+        the daemon collects once after (``server.main.tune_gc``)."""
+        with collector_paused():
+            await self._start()
+
+    async def _start(self) -> None:
         started: list[Tier] = []
         try:
             for tier in self.tiers.values():

@@ -73,18 +73,31 @@ class ContextIndex:
 
     def context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:
         """Add an indexed object to its context, last (the caller numbered it)."""
-        ctx = self.contexts.get(meta.context)
+        context_id = meta.context
+        ctx = self.contexts.get(context_id)
         if ctx is None:
-            ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant,
-                                namespace=self.namespace_of(meta))  # fmt: skip
-            self.contexts[meta.context] = ctx
+            ctx = self._new_context(meta)
+            # Its size is its first object's, the same int object (not a new one from 0 + n:
+            # 32 bytes a context, issue 42).
+            ctx.size_bytes = meta.size_bytes
+        else:
+            ctx.size_bytes += meta.size_bytes
+        ctx.keys.add(key or meta.key)
+        position = meta.position
+        if position is not None and position >= ctx.next_position:
+            ctx.next_position = position + 1
+        return ctx
+
+    def _new_context(self, meta: ObjectMeta) -> ContextRecord:
+        """The context ``meta`` is the first object of, indexed, below the parent it names
+        when that is held (a restart: checked again)."""
+        space = self.namespace_of(meta) if self.namespace_quotas else ""
+        ctx = ContextRecord(meta.context, meta.variant, tenant=meta.tenant, namespace=space)
+        self.contexts[ctx.context_id] = ctx
+        if meta.parent_context_id:
             parent = self.contexts.get(meta.parent_context_id)
-            if parent is not None and parent.tenant == ctx.tenant:  # a restart: check again
+            if parent is not None and parent.tenant == ctx.tenant:
                 self.set_parent(ctx, parent.context_id)
-        ctx.keys[key or meta.key] = None
-        ctx.size_bytes += meta.size_bytes
-        if meta.position is not None:
-            ctx.next_position = max(ctx.next_position, meta.position + 1)
         return ctx
 
     def remove(self, key: str) -> ContextRecord:
@@ -93,7 +106,7 @@ class ContextIndex:
         ``ctx.keys``)."""
         obj = self.objects.pop(key)
         ctx = self.contexts[obj.meta.context]
-        del ctx.keys[key]
+        ctx.keys.remove(key)
         ctx.size_bytes -= obj.meta.size_bytes
         if not ctx.keys:
             self.forget_context(ctx)
@@ -111,21 +124,30 @@ class ContextIndex:
             if kid is not None:
                 kid.parent, kid.after_key = "", ""
 
-    def relink(self) -> None:
+    def relink(self, named: Mapping[str, str] | None = None) -> None:
         """Link every root context whose objects name a parent that is held now (at start,
         objects are found in no particular order), unless the link would make a cycle (damaged
-        files) or the parent is another tenant's."""
-        for ctx in self.contexts.values():
-            if ctx.parent:
+        files) or the parent is another tenant's. ``named``: context -> the parent its first
+        object naming one names, when the caller kept them as it added the objects (a restart
+        of 100,000 contexts, none of them in a tree, then passes over none of them)."""
+        if named is None:
+            named = {c.context_id: p for c in self.contexts.values()
+                     if not c.parent and (p := self._parent_named(c))}  # fmt: skip
+        if not named:
+            return
+        for ctx in self.contexts.values():  # in index order: which link of a cycle is refused
+            if ctx.parent or ctx.context_id not in named:
                 continue
-            named = next((p for k in ctx.keys
-                          if (p := self.objects[k].meta.parent_context_id)), "")  # fmt: skip
-            parent = self.contexts.get(named)
+            parent = self.contexts.get(named[ctx.context_id])
             if parent is None or parent.tenant != ctx.tenant:
                 continue
-            above = [named, *self.ancestors(parent)]
+            above = [parent.context_id, *self.ancestors(parent)]
             if ctx.context_id not in above and len(above) <= MAX_DEPTH:
-                self.set_parent(ctx, named)
+                self.set_parent(ctx, parent.context_id)
+
+    def _parent_named(self, ctx: ContextRecord) -> str:
+        """The parent the context's first object naming one names (``""``: none does)."""
+        return next((p for k in ctx.keys if (p := self.objects[k].meta.parent_context_id)), "")
 
     def set_parent(self, ctx: ContextRecord, parent: str, after_key: str = "") -> None:
         """Link ``ctx`` below ``parent`` (``""``: make it a root), after the parent's chunk

@@ -1,18 +1,26 @@
 """The index after a restart: every object the persistent tiers still hold, found where it
-lives, and each context handed to the placer where it is."""
+lives, and each context handed to the placer where it is.
+
+A restart indexes every object the persistent tiers hold before the daemon serves (issue 42:
+1,000,000 objects within 30 s), so what :meth:`ContextIndex.add` does per object is done here
+once per restart where it can be: the bytes are charged in one sum per (tenant, tier), only
+contexts whose objects name a parent are linked, and the cyclic garbage collector waits (each
+full collection it would start walks every object the growing index holds).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.executor import Executor
-from kvtierd.engine.index import ContextIndex, found_order
+from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
-from kvtierd.engine.placing import Placing
+from kvtierd.engine.placing import Placing, collector_paused
 from kvtierd.engine.state import ObjectRecord
-from kvtierd.engine.variant_writer import settle_variants
+from kvtierd.engine.variant_writer import Settled, settle_variants
 from kvtierd.errors import KvtierError
 from kvtierd.storage import Tier
 from kvtierd.types import ObjectMeta
@@ -29,6 +37,16 @@ async def rebuild_index(
 ) -> None:
     """Index every object ``tiers`` still hold (after a restart); the placer adopts each
     context where it is, through ``executor`` (many in the background: ``Placing.adopt_found``)."""
+    with collector_paused():
+        await _index_found(index, tiers, mover)
+    placing.adopt_found(list(index.contexts.values()), executor.submit)
+    if index.objects:
+        logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
+                    len(index.contexts))  # fmt: skip
+
+
+async def _index_found(index: ContextIndex, tiers: Mapping[str, Tier], mover: TierMover) -> None:
+    """Index what the tiers list, leftovers of compressions cut short deleted first."""
     found: list[tuple[ObjectMeta, str]] = []
     for tier in tiers.values():
         try:
@@ -38,28 +56,78 @@ async def rebuild_index(
             # on demand (``ReadPath._fetch_shared``) once it is back.
             logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
     # Each context's objects in the order they were put: tiers list them in scan order.
-    found.sort(key=lambda item: found_order(item[0]))
+    sort_found(found)
     settled = await settle_variants(found, tiers, mover.reference_tier())
-    for meta, tier_name in settled.objects:
+    add_found(index, settled.objects)
+    add_variants(index, settled)
+
+
+def sort_found(found: list[tuple[ObjectMeta, str]]) -> None:
+    """Sort ``found`` by :func:`~kvtierd.engine.index.found_order` of each meta, as two stable
+    sorts of one plain key each (the key, then the position, an object without one first:
+    positions are >= 0, ``ssd_format.check_position_field``). Python compares a list of plain
+    ``str`` or small ``int`` keys without a tuple per object: 2-3x faster at 100,000."""
+    found.sort(key=lambda item: item[0].key)
+    found.sort(key=lambda item: -1 if item[0].position is None else item[0].position)
+
+
+def add_found(index: ContextIndex, found: Iterable[tuple[ObjectMeta, str]]) -> None:
+    """:meth:`ContextIndex.add` of every object found on a persistent tier (in :func:`sort_found`
+    order; a key found in two tiers is indexed once), with their bytes charged per (tenant,
+    tier) at the end and their contexts linked to the parents they name
+    (:meth:`ContextIndex.relink`)."""
+    objects = index.objects
+    charged: dict[str, list[ObjectMeta]] = {}  # tier -> the objects indexed there
+    named: dict[str, str] = {}  # context -> the parent its first object naming one names
+    for meta, tier in found:
         key = client_key(meta.key)
-        if key in index.objects:
+        if key in objects:
             logger.warning("object %r found in two tiers; keeping one copy", key)
             continue
         # Found on persistent storage: keep it persistent; one committed durable is
         # protected again until read (the daemon does not know whether it was before).
-        record = ObjectRecord(meta, tier_name, durable=True, unread=meta.durable)
-        index.add(record, key, found=True)
-    index.relink()  # a child found before its parent
-    for ctx in index.contexts.values():
-        ctx.marker = settled.markers.get(ctx.context_id)
-        if ctx.marker is not None:
-            index.marker_owner[ctx.marker[0].key] = ctx.context_id
-        ctx.reference = settled.references.get(ctx.context_id)
-        for meta, where in ctx.reference or ():
+        objects[key] = ObjectRecord(meta, tier, durable=True, unread=meta.durable)
+        ctx = index.context_add(meta, key)
+        if meta.parent_context_id and not ctx.parent:
+            named.setdefault(ctx.context_id, meta.parent_context_id)
+        charged.setdefault(tier, []).append(meta)
+    for tier, metas in charged.items():
+        charge(index, metas, tier)
+    index.relink(named)  # a child found before its parent
+
+
+def charge(index: ContextIndex, metas: list[ObjectMeta], tier: str) -> None:
+    """:meth:`ContextIndex.account` of ``metas`` in ``tier``, in one sum per tenant when no
+    tenant has namespaces (a ``(tenant, tier)`` key per object was 0.8 s of 100,000)."""
+    if any(index.namespace_quotas.values()):
+        for meta in metas:
+            index.account(meta, tier, +1)
+        return
+    tenants = {meta.tenant for meta in metas}
+    if len(tenants) == 1:
+        index.usage[tenants.pop(), tier] += sum(meta.size_bytes for meta in metas)
+        return
+    per_tenant: Counter[str] = Counter()
+    for meta in metas:
+        per_tenant[meta.tenant] += meta.size_bytes
+    for tenant, nbytes in per_tenant.items():
+        index.usage[tenant, tier] += nbytes
+
+
+def add_variants(index: ContextIndex, settled: Settled) -> None:
+    """Give each context the marker of its daemon-made variant and the reference copy of its
+    original that the tiers hold (the contexts that have none keep ``None``), and charge them."""
+    for context_id, marker in settled.markers.items():
+        ctx = index.contexts.get(context_id)
+        if ctx is None:
+            continue
+        ctx.marker = marker
+        index.marker_owner[marker[0].key] = context_id
+        index.account(marker[0], marker[1], +1)
+    for context_id, reference in settled.references.items():
+        ctx = index.contexts.get(context_id)
+        if ctx is None:
+            continue
+        ctx.reference = reference
+        for meta, where in reference:
             index.account(meta, where, +1)
-        if ctx.marker is not None:
-            index.account(ctx.marker[0], ctx.marker[1], +1)
-    placing.adopt_found(list(index.contexts.values()), executor.submit)
-    if index.objects:
-        logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
-                    len(index.contexts))  # fmt: skip

@@ -42,8 +42,10 @@ ADOPT_SLICE = 1_000  # contexts adopted between two turns of the event loop
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block (as it was after)."""
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (as it was after): for a pass that
+    allocates a few long-lived objects per context, where each full collection it would start
+    walks every object the daemon holds (placing's rebalance, a restart's index)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -142,7 +144,7 @@ class Placing:
         there (:meth:`reconcile`). Python's cyclic garbage collector waits meanwhile: the
         pass allocates a few objects per context, and each full collection it would trigger
         walks every object the daemon holds (millions at 100,000 contexts: seconds each)."""
-        with _collector_paused():
+        with collector_paused():
             self.placer.refresh_tiers(self.tier_models())
             self._link_all(self.placer)
             self.placer.rebalance_options(self.placed_options(), self.quota_floors())

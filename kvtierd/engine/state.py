@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from kvtierd.engine.key_set import KeySet
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.storage.allocator import Block
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
@@ -34,7 +35,7 @@ class ContextRecord:
     variant: str = ORIGINAL_VARIANT
     tenant: str = ""
     namespace: str = ""  # the configured namespace of its tenant its first object names
-    keys: dict[str, None] = field(default_factory=dict)  # ordered set
+    keys: KeySet = field(default_factory=KeySet)  # in put order; one key without a dict
     size_bytes: int = 0
     hits: int = 0
     last_access_s: float = 0.0

@@ -133,7 +133,7 @@ class TreeJoins:
         child_id = tail[0]  # a context's id is the key of its first chunk
         for key in tail:
             obj = index.objects[key]
-            del ctx.keys[key]
+            ctx.keys.remove(key)
             ctx.size_bytes -= obj.meta.size_bytes
             obj.meta = dataclasses.replace(
                 obj.meta, context_id=child_id, parent_context_id=ctx.context_id

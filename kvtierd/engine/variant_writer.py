@@ -138,7 +138,7 @@ class VariantWriter:
             # durable only by the client's promise: an object that is merely on a persistent
             # tier moves up without leaving a copy there (an uncharged copy filled the SSD)
             index.objects[obj.client_key] = ObjectRecord(meta, tier, shadow=shadow, durable=durable)
-            ctx.keys[obj.client_key] = None
+            ctx.keys.add(obj.client_key)
         ctx.size_bytes = sum(m.size_bytes for m in metas_new)
         # a chunk a client adds later is numbered after these (placeholders count from 0)
         numbered = [m.position + 1 for m in metas_new if m.position is not None]
@@ -184,7 +184,7 @@ class VariantWriter:
                         await self._tiers[tier].put(meta, memoryview(await mover.copy_out(rec)))
                     rec = ObjectRecord(meta, tier, shadow=ref, durable=True)
                 index.objects[meta.key] = rec
-                ctx.keys[meta.key] = None
+                ctx.keys.add(meta.key)
             ctx.size_bytes = sum(m.size_bytes for m, _ in reference)
             ctx.variant = ORIGINAL_VARIANT
             ctx.reference = None
@@ -224,17 +224,18 @@ class Settled:
 async def settle_variants(
     found: list[tuple[ObjectMeta, str]], tiers: Mapping[str, Tier], reference_tier: str
 ) -> Settled:
-    """Drop the leftovers of compressions a crash cut short (module docstring)."""
+    """Drop the leftovers of compressions a crash cut short (module docstring). The objects
+    to index keep the order of ``found`` (``out.objects`` may be ``found`` itself)."""
     markers: dict[tuple[str, str], tuple[ObjectMeta, str]] = {}
-    for meta, tier in found:
-        if meta.layout != MARKER_LAYOUT:
-            continue
+    for meta, tier in [item for item in found if item[0].layout == MARKER_LAYOUT]:
         if (meta.context, meta.variant) in markers:
             # A move a crash cut short between writing the marker and deleting its old copy
             # (TierMover.move_context): one is kept, so none is left to mark a later variant.
             await _delete_leftover(tiers[tier], meta)
             continue
         markers[meta.context, meta.variant] = (meta, tier)
+    if not markers:
+        return await _settle_unmarked(found, tiers)
     made: dict[str, set[str]] = {}  # context -> the forms the daemon completed of it
     for c, v in markers:
         made.setdefault(c, set()).add(v)
@@ -247,7 +248,8 @@ async def settle_variants(
         # A client's object of a context the daemon made another form of was superseded: its
         # original, or its quantized chunks a variant was made from (ContextIndex.sources); a
         # client's object stored in the compressed form (added after the compression) was not.
-        superseded = not made_by_daemon and bool(made.get(meta.context, set()) - {meta.variant})
+        forms = None if made_by_daemon else made.get(meta.context)
+        superseded = forms is not None and bool(forms - {meta.variant})
         if superseded and meta.variant == ORIGINAL_VARIANT and tier == reference_tier:
             out.references.setdefault(meta.context, []).append((meta, tier))
             continue
@@ -261,6 +263,20 @@ async def settle_variants(
             await tiers[tier].delete(meta.key, tenant=meta.tenant)
     out.markers = {c: mt for (c, _), mt in markers.items() if c in kept_contexts}
     return out
+
+
+async def _settle_unmarked(
+    found: list[tuple[ObjectMeta, str]], tiers: Mapping[str, Tier]
+) -> Settled:
+    """:func:`settle_variants` when no variant the daemon made is complete (most restarts: one
+    pass, not a lookup per object; issue 42): every object the daemon made is a leftover."""
+    kept = [item for item in found if SEPARATOR not in item[0].key]
+    if len(kept) == len(found):
+        return Settled(objects=found)
+    for meta, tier in found:
+        if SEPARATOR in meta.key:
+            await _delete_leftover(tiers[tier], meta)
+    return Settled(objects=kept)
 
 
 async def _delete_leftover(tier: Tier, meta: ObjectMeta) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from kvtierd.policies.base import Placer, PlacerParams
 from kvtierd.policies.plan_order import Change, order_changes
@@ -26,22 +25,19 @@ from kvtierd.types import (
 )
 
 
-@dataclass(slots=True)
-class _Entry:
-    size_bytes: int
-    tier: int
-    pinned: bool
-    variant: str = ORIGINAL_VARIANT
-
-
 class LruPlacer(Placer):
     name = "lru"
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         super().__init__(tiers, params)
-        self._entries: dict[str, _Entry] = {}
-        # One recency list per tier, least recently used first.
-        self._lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in self.tiers]
+        # Per context its tier (an index into ``self.tiers``), and in that tier's recency list
+        # (least recently used first) its size in bytes. The few pinned contexts and those in
+        # another form than the original are kept aside: an entry object per context was 64
+        # bytes of a restart's ~1 KB an object (issue 42).
+        self._tier_of: dict[str, int] = {}
+        self._lru: list[OrderedDict[str, int]] = [OrderedDict() for _ in self.tiers]
+        self._pinned: set[str] = set()
+        self._variants: dict[str, str] = {}  # context -> its form, when not the original
         self._used = [0] * len(self.tiers)
         self._gone: dict[str, int] = {}  # sizes of contexts dropped while building a plan
 
@@ -80,20 +76,21 @@ class LruPlacer(Placer):
         size = profile.variant(variant).size_bytes
         cid = profile.context_id
         self._touch(cid)
-        old = self._entries.get(cid)
-        source = self.placement(cid) if old else DROPPED
-        if old is not None:
-            self._detach(cid, old)
+        known = cid in self._tier_of
+        source = self.placement(cid) if known else DROPPED
+        if known:
+            self._unplace(cid)
         if not self._fits_anywhere(size):
-            self._entries.pop(cid, None)
+            self._forget_form(cid)
             op = Operation(OpKind.DROP, cid, source, DROPPED, "larger than every tier")
-            return Plan((op,)) if old is not None else Plan()
-        entry = _Entry(size, max(self._first_tier_for(size), top), profile.pinned, variant)
-        self._attach(cid, entry)
-        target = Placement(variant, self.tiers[entry.tier].name)
-        kind = OpKind.PLACE if old is None else OpKind.MOVE
+            return Plan((op,)) if known else Plan()
+        tier = max(self._first_tier_for(size), top)
+        self._place(cid, tier, size)
+        self._set_form(cid, profile.pinned, variant)
+        target = Placement(variant, self.tiers[tier].name)
+        kind = OpKind.MOVE if known else OpKind.PLACE
         ops = [] if source == target else [Operation(kind, cid, source, target, "most recent")]
-        return self._ordered(Plan(tuple(ops)) + self._spill(entry.tier, protect=cid), cid, size)
+        return self._ordered(Plan(tuple(ops)) + self._spill(tier, protect=cid), cid, size)
 
     def adopt(self, profile: ContextProfile, placement: Placement) -> Plan:
         if placement.tier is None:
@@ -101,45 +98,45 @@ class LruPlacer(Placer):
         tier = self._tier_index(placement.tier)
         self.remove(profile.context_id)
         size = profile.variant(placement.variant).size_bytes
-        entry = _Entry(size, tier, profile.pinned, placement.variant)
-        self._attach(profile.context_id, entry)
-        return self._spill(entry.tier, protect=profile.context_id)
+        self._place(profile.context_id, tier, size)
+        self._set_form(profile.context_id, profile.pinned, placement.variant)
+        return self._spill(tier, protect=profile.context_id)
 
     def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
-        entry = self._entries.get(context_id)
-        if entry is None:
+        tier = self._tier_of.get(context_id)
+        if tier is None:
             return Plan()
         self._touch(context_id)
         top = self._tier_index(fastest) if fastest else 0
-        if entry.tier <= top or entry.pinned:
-            self._lru[entry.tier].move_to_end(context_id)
+        if tier <= top or context_id in self._pinned:
+            self._lru[tier].move_to_end(context_id)
             return Plan()
         source = self.placement(context_id)
-        self._detach(context_id, entry)
-        entry.tier = max(self._first_tier_for(entry.size_bytes), top)
-        self._attach(context_id, entry)
-        target = Placement(entry.variant, self.tiers[entry.tier].name)
+        size = self._unplace(context_id)
+        tier = max(self._first_tier_for(size), top)
+        self._place(context_id, tier, size)
+        target = Placement(source.variant, self.tiers[tier].name)
         if source == target:
             return Plan()
         op = Operation(OpKind.MOVE, context_id, source, target, "promoted on access")
-        return self._ordered(
-            Plan((op,)) + self._spill(entry.tier, protect=context_id), context_id, entry.size_bytes
-        )
+        return self._ordered(Plan((op,)) + self._spill(tier, protect=context_id), context_id, size)
 
     def remove(self, context_id: str) -> None:
-        entry = self._entries.pop(context_id, None)
-        if entry is not None:
-            self._detach(context_id, entry)
+        if context_id in self._tier_of:
+            self._unplace(context_id)
+            self._forget_form(context_id)
 
     def placement(self, context_id: str) -> Placement:
-        entry = self._entries[context_id]
-        return Placement(entry.variant, self.tiers[entry.tier].name)
+        tier = self._tier_of[context_id]
+        return Placement(self._variants.get(context_id, ORIGINAL_VARIANT), self.tiers[tier].name)
 
     def rebalance(
         self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
     ) -> Plan:
-        before = {cid: self.placement(cid) for cid in self._entries}
-        self._entries.clear()
+        before = {cid: self.placement(cid) for cid in self._tier_of}
+        self._tier_of.clear()
+        self._pinned.clear()
+        self._variants.clear()
         self._lru = [OrderedDict() for _ in self.tiers]
         self._used = [0] * len(self.tiers)
         plan = Plan()
@@ -149,13 +146,13 @@ class LruPlacer(Placer):
         # Express the result relative to what was placed before the rebalance.
         ops = []
         for cid, source in before.items():
-            target = self.placement(cid) if cid in self._entries else DROPPED
+            target = self.placement(cid) if cid in self._tier_of else DROPPED
             if source != target:
                 kind = OpKind.DROP if target.dropped else OpKind.MOVE
                 ops.append(Operation(kind, cid, source, target, "rebalance"))
-        for cid, entry in self._entries.items():
+        for cid in self._tier_of:
             if cid not in before:
-                target = Placement(entry.variant, self.tiers[entry.tier].name)
+                target = self.placement(cid)
                 ops.append(Operation(OpKind.PLACE, cid, DROPPED, target, "rebalance"))
         return Plan(tuple(ops))
 
@@ -165,7 +162,7 @@ class LruPlacer(Placer):
         """Net change per context, ordered so no prefix overflows a tier (spills run first).
 
         ``cid`` is the inserted or promoted context (its size may be new); every other context
-        keeps its size. Dropped contexts are no longer in ``_entries``.
+        keeps its size. Dropped contexts are no longer in ``_tier_of``.
         """
         first: dict[str, Placement] = {}
         last: dict[str, Placement] = {}
@@ -174,8 +171,12 @@ class LruPlacer(Placer):
             last[op.context_id] = op.target
         changes = []
         for c, src in first.items():
-            entry = self._entries.get(c)
-            size = size_bytes if c == cid else (entry.size_bytes if entry else self._gone.get(c, 0))
+            tier = self._tier_of.get(c)
+            size = (
+                size_bytes
+                if c == cid
+                else (self._lru[tier][c] if tier is not None else self._gone.get(c, 0))
+            )
             changes.append(Change(c, src, last[c], size, size, "lru"))
         self._gone.clear()
         used = {t.name: float(u) for t, u in zip(self.tiers, self._used, strict=True)}
@@ -193,14 +194,35 @@ class LruPlacer(Placer):
                 return i
         raise AssertionError("caller checked _fits_anywhere")
 
-    def _attach(self, cid: str, entry: _Entry) -> None:
-        self._entries[cid] = entry
-        self._lru[entry.tier][cid] = None
-        self._used[entry.tier] += entry.size_bytes
+    def _place(self, cid: str, tier: int, size_bytes: int) -> None:
+        """Put the context in ``tier``, most recently used."""
+        self._tier_of[cid] = tier
+        self._lru[tier][cid] = size_bytes
+        self._used[tier] += size_bytes
 
-    def _detach(self, cid: str, entry: _Entry) -> None:
-        del self._lru[entry.tier][cid]
-        self._used[entry.tier] -= entry.size_bytes
+    def _unplace(self, cid: str) -> int:
+        """Take the context out of its tier's recency list; returns its size (its tier and
+        form stay known until :meth:`_place` or :meth:`_forget_form`)."""
+        tier = self._tier_of[cid]
+        size = self._lru[tier].pop(cid)
+        self._used[tier] -= size
+        return size
+
+    def _set_form(self, cid: str, pinned: bool, variant: str) -> None:
+        if pinned:
+            self._pinned.add(cid)
+        else:
+            self._pinned.discard(cid)
+        if variant == ORIGINAL_VARIANT:
+            self._variants.pop(cid, None)
+        else:
+            self._variants[cid] = variant
+
+    def _forget_form(self, cid: str) -> None:
+        """The context leaves the placer (taken out of its tier first)."""
+        self._tier_of.pop(cid, None)
+        self._pinned.discard(cid)
+        self._variants.pop(cid, None)
 
     def _over(self, tier: int) -> bool:
         cap = self.tiers[tier].capacity_bytes
@@ -217,24 +239,22 @@ class LruPlacer(Placer):
                 cid = next(victims, None)
                 if cid is None:
                     break  # only pinned or protected contexts left: nothing movable
-                entry = self._entries[cid]
-                if entry.pinned:
+                if cid in self._pinned:
                     continue
-                ops.append(self._demote(cid, entry, level))
+                ops.append(self._demote(cid, level))
         return Plan(tuple(ops))
 
-    def _demote(self, cid: str, entry: _Entry, level: int) -> Operation:
-        source = Placement(entry.variant, self.tiers[level].name)
-        self._detach(cid, entry)
+    def _demote(self, cid: str, level: int) -> Operation:
+        source = self.placement(cid)
+        size = self._unplace(cid)
         below = level + 1
         while below < len(self.tiers):
             cap = self.tiers[below].capacity_bytes
-            if cap is None or entry.size_bytes <= cap:
-                entry.tier = below
-                self._attach(cid, entry)
-                target = Placement(entry.variant, self.tiers[below].name)
+            if cap is None or size <= cap:
+                self._place(cid, below, size)
+                target = Placement(source.variant, self.tiers[below].name)
                 return Operation(OpKind.MOVE, cid, source, target, "least recently used")
             below += 1
-        del self._entries[cid]
-        self._gone[cid] = entry.size_bytes
+        self._forget_form(cid)
+        self._gone[cid] = size
         return Operation(OpKind.DROP, cid, source, DROPPED, "least recently used, last tier full")

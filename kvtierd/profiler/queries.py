@@ -117,6 +117,12 @@ class QueryStore:
             e = self._entries.get(context_id)
             return 0 if e is None else len(e.tokens)
 
+    def token_counts(self) -> dict[str, int]:
+        """:meth:`known_tokens` of every context a writer registered ids for (a restart asks
+        for all of them: one lock, not one per context, issue 42)."""
+        with self._lock:
+            return {cid: len(e.tokens) for cid, e in self._entries.items() if e.tokens}
+
     def profiling_set(self, context_id: str) -> tuple[str, tuple[ProfilingQuery, ...]]:
         """``(source, queries)`` to profile on: user + traffic, else the initial local set."""
         with self._lock:

@@ -178,3 +178,38 @@ def test_a_child_found_before_its_parent_is_linked_at_start() -> None:
     assert index.contexts["b"].parent == "a"
     assert (index.contexts["x"].parent, index.contexts["y"].parent) == ("", "x")
     assert index.ancestors(index.contexts["b"]) == ["a"]
+
+
+def test_a_restart_indexes_as_add_does_in_one_pass() -> None:
+    """Issue 42: the restart's bulk path (two plain sorts, bytes charged per tenant and tier
+    at the end, only contexts naming a parent relinked) gives what :func:`found_order` and
+    ``ContextIndex.add`` one object at a time give."""
+    from kvtierd.engine.index_rebuild import add_found, sort_found
+
+    metas = [
+        ObjectMeta("b/1", 10, "b", tenant="t", position=1, parent_context_id="a"),
+        ObjectMeta("b/0", 20, "b", tenant="t", position=0),
+        ObjectMeta("a/0", 30, "a", tenant="t", position=0),
+        ObjectMeta("old", 40, "old", tenant="u"),  # from before positions were kept
+        ObjectMeta("c/0", 50, "c", tenant="u", position=0, parent_context_id="a"),  # not t's
+        ObjectMeta("a/0", 30, "a", tenant="t", position=0),  # the same key in a second tier
+    ]
+    found = [(m, "ssd" if i % 2 else "remote") for i, m in enumerate(metas)]
+    want = sorted(found, key=lambda item: found_order(item[0]))
+    sort_found(found)
+    assert found == want
+    bulk, one_by_one = ContextIndex(), ContextIndex()
+    add_found(bulk, found)
+    for meta, tier in found:
+        if meta.key not in one_by_one.objects:
+            one_by_one.add(ObjectRecord(meta, tier), found=True)
+    one_by_one.relink()
+    assert bulk.usage == one_by_one.usage
+    assert (bulk.usage["t", "remote"], bulk.usage["t", "ssd"]) == (30 + 10, 20)
+    assert {k: list(c.keys) for k, c in bulk.contexts.items()} == {
+        k: list(c.keys) for k, c in one_by_one.contexts.items()
+    }
+    assert list(bulk.contexts) == ["old", "a", "b", "c"]
+    got = [(c.parent, c.size_bytes) for c in bulk.contexts.values()]
+    assert got == [("", 40), ("", 30), ("a", 30), ("", 50)]
+    assert all(r.durable for r in bulk.objects.values())

@@ -264,3 +264,13 @@ def test_records_added_during_a_pass_over_them_do_not_end_it(
     )
     p.flush()
     assert sorted(p.profiled_ids()) == ["a", "b", "c"]
+
+
+def test_token_counts_are_known_tokens_of_every_context_with_ids() -> None:
+    """What a restart reads in one call (issue 42): only contexts a writer gave ids for."""
+    q = QueryStore()
+    q.set_tokens("a", range(96))
+    q.set_tokens("b", range(7))
+    q.add_user("c", [ProfilingQuery(text="who?")])  # queries, no ids
+    assert q.token_counts() == {"a": 96, "b": 7}
+    assert {c: q.known_tokens(c) for c in "abc"} == {"a": 96, "b": 7, "c": 0}

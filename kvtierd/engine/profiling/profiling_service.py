@@ -296,9 +296,11 @@ class ProfilingService:
 
     def start(self) -> None:
         if self.profiler is not None:  # ids an earlier run kept count against their tenant
-            for ctx in self._index.contexts.values():
-                count = self.profiler.queries.known_tokens(ctx.context_id)
-                self.tokens.known(ctx.context_id, ctx.tenant, count)
+            contexts = self._index.contexts
+            for cid, count in self.profiler.queries.token_counts().items():
+                ctx = contexts.get(cid)
+                if ctx is not None:
+                    self.tokens.known(cid, ctx.tenant, count)
             for cid in self.profiler.profiled_ids():  # kept from contexts dropped before
                 if cid not in self._index.contexts:
                     self.profiler.set_aside(cid)
