@@ -61,10 +61,11 @@ def restart(d: DaemonProcess, adopted: bool = False) -> Restart:
     """Start ``d``, time it to answering (and, with ``adopted``, until the placer has every
     context: the background adoption's last line, or at once for a few contexts), then kill
     it."""
+    seen = len(d.logs())  # the log file is appended to by every start (and kept by --dir)
     started = time.perf_counter()
     d.start(timeout_s=3600)
     serving = time.perf_counter() - started
-    line = [ln for ln in d.logs().splitlines() if "ssd tier ssd at" in ln][-1]
+    line = [ln for ln in d.logs()[seen:].splitlines() if "ssd tier ssd at" in ln][-1]
     index = (
         line.split("bytes (", 1)[1].split(", in ")[0] + ", " + line.split(", in ")[1].split(")")[0]
     )
@@ -72,8 +73,9 @@ def restart(d: DaemonProcess, adopted: bool = False) -> Restart:
     if adopted:
         deadline = time.monotonic() + 3600
         while (
-            "in the background" in d.logs()
-            and "contexts found at start in" not in (d.logs().split("in the background", 1)[1])
+            "in the background" in d.logs()[seen:]
+            and "contexts found at start in"
+            not in (d.logs()[seen:].split("in the background", 1)[1])
         ):
             if time.monotonic() > deadline or (d.proc is not None and d.proc.poll() is not None):
                 raise RuntimeError(f"the daemon did not finish adopting: {d.logs()[-2000:]}")
