@@ -200,13 +200,16 @@ class ContextOptions:
         quantized chunks count as the original they dequantize to); cached until the
         context gains objects or changes form (a put of chunk k would otherwise re-parse the
         k layouts before it). The stamp is read off the record, not off :meth:`sources`:
-        listing the sources to check the cache is itself a pass over the context's keys."""
+        listing the sources to check the cache is itself a pass over the context's keys. A
+        context without a chunk layout is not cached: its first object says so at once, and
+        an entry was 110 bytes a context (issue 42: 1M one-object contexts)."""
         variant, keys, reference = ctx.variant, len(ctx.keys), len(ctx.reference or ())
         cached = self._geometry_cache.get(ctx.context_id)
         if cached is not None and (cached[0], cached[1], cached[2]) == (variant, keys, reference):
             return cached[3]
         value = _geometry(self.sources(ctx))
-        self._geometry_cache[ctx.context_id] = (variant, keys, reference, value)
+        if value[0] is not None:  # no layout: found at the first object again, nothing kept
+            self._geometry_cache[ctx.context_id] = (variant, keys, reference, value)
         return value
 
     def profiled(self, context_id: str) -> dict[str, VariantProfile]:

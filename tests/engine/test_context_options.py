@@ -130,3 +130,19 @@ def test_a_segment_of_a_tree_is_offered_quantization_but_no_token_dropping() -> 
     index.remove("doc/1")  # the parent is gone: its child is a root, offered everything again
     assert child.parent == "" and index.children == {}
     assert "knorm@0.5" in [v.variant for v in options.grid(child)]
+
+
+def test_a_context_without_a_chunk_layout_keeps_no_geometry_and_one_with_it_does() -> None:
+    """Issue 42: 1M one-object contexts without a layout kept a 110-byte cache entry each for
+    a geometry their first object tells at once; a chunked context keeps its entry (a put of
+    chunk k would re-parse k layouts) and forgetting it returns its tokens."""
+    index = ContextIndex()
+    options = _options(index)
+    blob = index.add(ObjectRecord(ObjectMeta(key="blob", size_bytes=100), "cpu"))
+    assert options.geometry_of(blob) == (None, 0, 0)
+    assert options.geometry_of(blob) == (None, 0, 0)
+    chunked = _context(index, "none")
+    assert options.geometry_of(chunked)[1:] == (2 * T, 2 * CHUNK_BYTES)
+    assert list(options._geometry_cache) == ["doc"]
+    assert options.forget("blob") == 0
+    assert options.forget("doc") == 2 * T
