@@ -73,8 +73,9 @@ class OptionRows:
         """The context's :class:`ContextProfile` from its row (the online path: one context)."""
         slot = self.row(ctx, fresh=fresh)
         k = int(self.count[slot])
+        whole = ctx.size_bytes  # its int, not one more an object (issue 42: 32 B a context)
         variants = tuple(
-            VariantProfile(name, int(size), q, r)
+            VariantProfile(name, whole if size == whole else int(size), q, r)
             for name, size, q, r in zip(
                 self._names[slot], self.size[slot, :k].tolist(), self.quality[slot, :k].tolist(),
                 self.restore[slot, :k].tolist(), strict=True,
