@@ -65,6 +65,16 @@ def _intact(found: dict[str, bytes], keys: set[str]) -> bool:
     return set(found) == keys and all(found[k] == _data(int(k[1:])) for k in keys)
 
 
+async def _restarts_whole(path: Path, keys: set[str], source: str) -> None:
+    """A restart at ``path`` finds ``keys`` as put, its index found as ``source`` says."""
+    t, found = await _restarted(path)
+    try:
+        assert _intact(found, keys)
+        assert t.index_source.startswith(source), t.index_source
+    finally:
+        await t.close()
+
+
 async def test_a_batch_is_stored_whole_and_a_valid_checkpoint_is_used_at_restart(tmp_path):
     keys = await _filled(tmp_path / "ssd")
     assert checkpoint_path(_tier(tmp_path / "ssd").layout).exists()
@@ -159,14 +169,7 @@ async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
     files[0] = dataclasses.replace(files[0], meta=dataclasses.replace(files[0].meta, shape=("x",)))
     files[1] = dataclasses.replace(files[1], meta=dataclasses.replace(files[1].meta, position=-5))
     write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
-    t, found = await _restarted(path)
-    try:
-        assert _intact(found, keys)
-        assert t.index_source.startswith(
-            f"index checkpoint: {N - 2} objects from it, 2 headers read"
-        )
-    finally:
-        await t.close()
+    await _restarts_whole(path, keys, f"index checkpoint: {N - 2} objects from it, 2 headers read")
 
 
 async def test_a_checkpoint_with_bytes_after_its_last_field_is_not_used(tmp_path):
@@ -177,14 +180,11 @@ async def test_a_checkpoint_with_bytes_after_its_last_field_is_not_used(tmp_path
     magic, version, _, _ = head.unpack_from(raw)
     body = raw[head.size :] + b"\x00"  # checksummed as written: only the parse can tell
     ckpt.write_bytes(head.pack(magic, version, len(body), xxhash.xxh3_64_intdigest(body)) + body)
-    t, found = await _restarted(tmp_path / "ssd")
-    try:
-        assert _intact(found, keys)
-        assert t.index_source.startswith(
-            f"header scan of {N} files (index checkpoint malformed (1 bytes after the last field)"
-        )
-    finally:
-        await t.close()
+    await _restarts_whole(
+        tmp_path / "ssd",
+        keys,
+        f"header scan of {N} files (index checkpoint malformed (1 bytes after the last field)",
+    )
 
 
 async def test_a_directory_unchanged_since_the_checkpoint_vouches_for_its_files(tmp_path):
