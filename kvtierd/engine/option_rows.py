@@ -33,6 +33,7 @@ from kvtierd.policies.model import BoolArray, FloatArray, IntArray, OptionArrays
 from kvtierd.types import ContextProfile, VariantProfile
 
 Stamp = tuple[object, ...]
+SHARED_STAMPS = 65_536  # distinct stamps kept for sharing (the table is emptied past this)
 Array = TypeVar("Array", FloatArray, IntArray)
 
 
@@ -44,6 +45,9 @@ class OptionRows:
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
         self._stamp: list[Stamp | None] = []
+        # One tuple for equal stamps without a profile record: a tuple a row was 80 bytes of
+        # a restart's ~1.2 KB an object (issue 42). Compared by value, never by identity.
+        self._shared_stamps: dict[Stamp, Stamp] = {}
         self._names: list[tuple[str, ...]] = []
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._epoch: tuple[object, ...] = ()
@@ -169,6 +173,10 @@ class OptionRows:
         fallback = self._options.profiled_prefill_s(ctx.context_id)
         self.profile_prefill[slot] = UNKNOWN_PREFILL_S if fallback is None else fallback
         self._names[slot] = self._interned.setdefault(row.names, row.names)
+        if stamp[-1] is None:  # unprofiled: contexts of one form, size and count share it
+            if len(self._shared_stamps) >= SHARED_STAMPS:
+                self._shared_stamps.clear()
+            stamp = self._shared_stamps.setdefault(stamp, stamp)
         self._stamp[slot] = stamp
         self.rebuilt += 1
         return slot

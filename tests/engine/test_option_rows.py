@@ -130,3 +130,16 @@ def test_frequency_and_prefill_arrays_are_the_per_context_values_bit_for_bit():
     tokens = [options.tokens_of(ctx) for ctx in ctxs]
     assert prefill.tobytes() == np.array([profiler.ttft.prefill_s(t) for t in tokens]).tobytes()
     assert len(set(tokens)) > 1
+
+
+def test_unprofiled_contexts_alike_share_one_stamp_and_a_grown_one_gets_its_own():
+    """Issue 42: a stamp tuple a row was 80 bytes an object at 1M one-object contexts; equal
+    stamps without a profile record are one tuple, compared by value as before."""
+    index, _, rows = _setup()
+    a, b = _chunk(index, "a", 0), _chunk(index, "b", 0)
+    rows.arrays([a, b])
+    assert rows._stamp[rows._slot["a"]] is rows._stamp[rows._slot["b"]]
+    _chunk(index, "b", 1)
+    rows.arrays([a, b])
+    assert rows.rebuilt == 3  # b's row was rebuilt: its stamp (two chunks) is not a's
+    assert rows._stamp[rows._slot["a"]] != rows._stamp[rows._slot["b"]]
