@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar, cast, overload
 
 from kvtierd.engine.key_set import KeySet
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.storage.allocator import Block
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -28,20 +31,11 @@ class ObjectRecord:
 
 
 @dataclass(slots=True)
-class ContextRecord:
-    """One context: its objects (in put order), access statistics and protection."""
+class _Rare:
+    """What few contexts have, kept off :class:`ContextRecord` (five slots a context more at
+    1M one-object contexts: issue 42). Read and written through :class:`_RareField`s."""
 
-    context_id: str
-    variant: str = ORIGINAL_VARIANT
-    tenant: str = ""
-    namespace: str = ""  # the configured namespace of its tenant its first object names
-    keys: KeySet = field(default_factory=KeySet)  # in put order; one key without a dict
-    size_bytes: int = 0
-    hits: int = 0
-    last_access_s: float = 0.0
-    pinned: bool = False
-    hold_until_s: float = 0.0
-    _lock: asyncio.Lock | None = field(default=None, repr=False)
+    _lock: asyncio.Lock | None = None
     # The object that marks a daemon-made variant complete (written last), and its tier.
     marker: tuple[ObjectMeta, str] | None = None
     # The original's objects (meta, tier) kept in an unbounded tier while the context is
@@ -54,17 +48,72 @@ class ContextRecord:
     # and the key of the parent's chunk it follows ("" = the parent's last, or not known).
     parent: str = ""
     after_key: str = ""
+
+
+class _RareField(Generic[T]):
+    """An attribute of :class:`ContextRecord` kept in its :class:`_Rare` (made when a value
+    other than the default is first set)."""
+
+    def __init__(self, default: T) -> None:
+        self.default = default
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, record: None, owner: type) -> _RareField[T]: ...
+    @overload
+    def __get__(self, record: ContextRecord, owner: type) -> T: ...
+    def __get__(self, record: ContextRecord | None, owner: type) -> T | _RareField[T]:
+        if record is None:
+            return self
+        rare = record._rare
+        return self.default if rare is None else cast(T, getattr(rare, self.name))
+
+    def __set__(self, record: ContextRecord, value: T) -> None:
+        if record._rare is None:
+            if value == self.default:
+                return
+            record._rare = _Rare()
+        setattr(record._rare, self.name, value)
+
+
+@dataclass(slots=True)
+class ContextRecord:
+    """One context: its objects (in put order), access statistics and protection; what few
+    contexts have (a marker, a reference copy, a parent, ...) is in ``_rare``."""
+
+    context_id: str
+    variant: str = ORIGINAL_VARIANT
+    tenant: str = ""
+    namespace: str = ""  # the configured namespace of its tenant its first object names
+    keys: KeySet = field(default_factory=KeySet)  # in put order; one key without a dict
+    size_bytes: int = 0
+    hits: int = 0
+    last_access_s: float = 0.0
+    pinned: bool = False
+    hold_until_s: float = 0.0
     # The position the next object joining the context gets (ObjectMeta.position): one past
     # the highest it has held, so that positions only grow, even after a chunk is removed.
     next_position: int = 0
+    _rare: _Rare | None = field(default=None, repr=False)
+
+    marker = _RareField[tuple[ObjectMeta, str] | None](None)
+    reference = _RareField[list[tuple[ObjectMeta, str]] | None](None)
+    durable_held = _RareField[bool](False)
+    parent = _RareField[str]("")
+    after_key = _RareField[str]("")
+    _lock = _RareField[asyncio.Lock | None](None)
 
     @property
     def lock(self) -> asyncio.Lock:
         """Held while the context's bytes move or are read (made on first use: an
         ``asyncio.Lock`` is ~350 bytes, and most contexts of a large daemon never need one)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
+        lock = self._lock
+        if lock is None:
+            lock = self._lock = asyncio.Lock()
+        return lock
 
 
 @dataclass(slots=True)
