@@ -213,3 +213,21 @@ def test_a_restart_indexes_as_add_does_in_one_pass() -> None:
     got = [(c.parent, c.size_bytes) for c in bulk.contexts.values()]
     assert got == [("", 40), ("", 30), ("a", 30), ("", 50)]
     assert all(r.durable for r in bulk.objects.values())
+
+
+def test_a_context_keeps_its_rare_fields_aside_until_one_is_set():
+    """Issue 42: the lock, marker, reference copy, durable hold and tree link of a context
+    are unset for nearly all of a large daemon's; they take no room until one is set."""
+    from kvtierd.engine.state import ContextRecord
+
+    ctx = ContextRecord("c")
+    assert (ctx.marker, ctx.reference, ctx.durable_held, ctx.parent, ctx.after_key) == (
+        None, None, False, "", "",
+    )  # fmt: skip
+    ctx.parent = ""  # the default: still nothing aside
+    assert ctx._rare is None
+    ctx.parent, ctx.after_key = "p", "p/3"
+    assert (ctx.parent, ctx.after_key, ctx.marker) == ("p", "p/3", None)
+    assert ctx._rare is not None and ctx.lock is ctx.lock
+    ctx.parent = ""
+    assert ctx.parent == "" and ctx.after_key == "p/3"
