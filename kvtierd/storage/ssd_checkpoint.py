@@ -19,10 +19,10 @@ reads one file instead of one header per object (issue 42: 1M objects).
                     then the lengths (u32) of key, context_id, parent_context_id and the kept
                     indices, then their bytes, each field's strings one after the other
 
-Columns of fixed-width numbers, not a JSON row an object: a restart of 1M objects decoded
-rows at ~16 us each from JSON (most of it checking each row's fields, and a Python object for
-each value: ~1.5 KB an object that the memory allocator keeps after the restart); here the
-shared fields are checked once a kind.
+Columns of fixed-width numbers, not a JSON row an object: a restart of 1M objects took ~31 us
+a file with JSON rows (30.8 s; most of it checking each row's fields, and a Python object for
+each value: ~1.5 KB an object that the memory allocator kept after the restart); here the
+shared fields are checked once a kind (~10 us a file at 1M, benchmarks/RESULTS.md).
 
 It is written at stop and every ``index_checkpoint_s`` (to a temp name, fsynced, renamed, as an
 object is). At start it is trusted only where it agrees with the files: a torn, truncated or
