@@ -102,12 +102,10 @@ def checkpoint_path(layout: Layout) -> Path:
 def stamp_files(files: list[StoredFile], layout: Layout) -> list[Stamped]:
     """Each file with its name's digest and its stamp now (files gone meanwhile are left out)."""
     out = []
-    objects = str(layout.objects)
     for f in files:
         digest = name_digest(f.meta.tenant, f.meta.key)
-        name = digest.hex()
         try:
-            st = os.stat(f"{objects}/{name[:2]}/{name}{OBJECT_SUFFIX}")
+            st = os.stat(layout.named_path(digest.hex() + OBJECT_SUFFIX))
         except FileNotFoundError:
             continue
         out.append((digest, f, (st.st_ino, st.st_mtime_ns, st.st_size)))

@@ -69,7 +69,10 @@ class Layout:
         return [self.objects / f"{i:02x}" for i in range(_FANOUT)]
 
     def object_path(self, tenant: str, key: str) -> str:
-        name = _object_name(tenant, key)
+        return self.named_path(_object_name(tenant, key))
+
+    def named_path(self, name: str) -> str:
+        """Where the object file called ``name`` (:func:`ssd_format.object_name`) is."""
         return f"{self.objects}/{name[:2]}/{name}"
 
     def path_of(self, f: StoredFile) -> str:

@@ -115,8 +115,7 @@ def duplicate_positions(metas: Iterable[ObjectMeta]) -> dict[str, str]:
 
 def object_name(tenant: str, key: str) -> str:
     """The file name of ``(tenant, key)``: 32 hex digits of xxh3_128 plus the suffix."""
-    digest = xxhash.xxh3_128_hexdigest(f"{len(tenant)}:{tenant}\x00{key}".encode())
-    return digest + OBJECT_SUFFIX
+    return name_digest(tenant, key).hex() + OBJECT_SUFFIX
 
 
 def name_digest(tenant: str, key: str) -> bytes:
