@@ -3,9 +3,9 @@ lives, and each context handed to the placer where it is.
 
 A restart indexes every object the persistent tiers hold before the daemon serves (issue 42:
 1,000,000 objects within 30 s), so what :meth:`ContextIndex.add` does per object is done here
-once per restart where it can be: the bytes are charged in one sum per (tenant, tier), only
-contexts whose objects name a parent are linked, and the cyclic garbage collector waits (each
-full collection it would start walks every object the growing index holds).
+once per restart where it can be: the bytes are charged in one sum per (tenant, tier), and only
+contexts whose objects name a parent are linked. (``Engine.start`` keeps the cyclic garbage
+collector waiting over the whole start: each full collection would walk the growing index.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from kvtierd.engine.context_kv import client_key
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
-from kvtierd.engine.placing import Placing, collector_paused
+from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import ObjectRecord
 from kvtierd.engine.variant_writer import Settled, settle_variants
 from kvtierd.errors import KvtierError
@@ -37,8 +37,7 @@ async def rebuild_index(
 ) -> None:
     """Index every object ``tiers`` still hold (after a restart); the placer adopts each
     context where it is, through ``executor`` (many in the background: ``Placing.adopt_found``)."""
-    with collector_paused():
-        await _index_found(index, tiers, mover)
+    await _index_found(index, tiers, mover)  # (the collector waits: Engine.start)
     placing.adopt_found(list(index.contexts.values()), executor.submit)
     if index.objects:
         logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
@@ -102,10 +101,6 @@ def charge(index: ContextIndex, metas: list[ObjectMeta], tier: str) -> None:
     if any(index.namespace_quotas.values()):
         for meta in metas:
             index.account(meta, tier, +1)
-        return
-    tenants = {meta.tenant for meta in metas}
-    if len(tenants) == 1:
-        index.usage[tenants.pop(), tier] += sum(meta.size_bytes for meta in metas)
         return
     per_tenant: Counter[str] = Counter()
     for meta in metas:

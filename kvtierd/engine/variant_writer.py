@@ -270,13 +270,12 @@ async def _settle_unmarked(
 ) -> Settled:
     """:func:`settle_variants` when no variant the daemon made is complete (most restarts: one
     pass, not a lookup per object; issue 42): every object the daemon made is a leftover."""
-    kept = [item for item in found if SEPARATOR not in item[0].key]
-    if len(kept) == len(found):
+    leftovers = [item for item in found if SEPARATOR in item[0].key]
+    if not leftovers:
         return Settled(objects=found)
-    for meta, tier in found:
-        if SEPARATOR in meta.key:
-            await _delete_leftover(tiers[tier], meta)
-    return Settled(objects=kept)
+    for meta, tier in leftovers:
+        await _delete_leftover(tiers[tier], meta)
+    return Settled(objects=[item for item in found if SEPARATOR not in item[0].key])
 
 
 async def _delete_leftover(tier: Tier, meta: ObjectMeta) -> None:
