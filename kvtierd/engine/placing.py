@@ -17,6 +17,7 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.option_rows import OptionRows
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import ConfigError
+from kvtierd.heap import trim
 from kvtierd.policies import Placer, PlacerParams, placer_class
 from kvtierd.policies.model import OptionArrays
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
@@ -226,6 +227,7 @@ class Placing:
         self._unadopted.clear()
         logger.info("adopted %d contexts found at start in %.1f s (in the background)",
                     adopted, time.perf_counter() - started)  # fmt: skip
+        trim("adopting the contexts found at start")
 
     @property
     def unadopted(self) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import gc
 import json
 import logging
@@ -15,6 +14,7 @@ from collections.abc import Callable
 
 from kvtierd.config import default_config, load_daemon_config
 from kvtierd.errors import KvtierError
+from kvtierd.heap import trim, tune_malloc
 
 logger = logging.getLogger("kvtierd")
 
@@ -38,20 +38,6 @@ def _setup_logging(level: str, as_json: bool) -> None:
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-
-
-def tune_malloc() -> None:
-    """Keep large buffers in the heap instead of fresh mmaps: protobuf and gRPC allocate a
-    new buffer per message, and page-faulting fresh 4 MiB mappings costs ~10x the copy
-    (notes/machine-limits.md: 2.5 -> 14.6 GB/s for protobuf serialisation)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    libc.mallopt(m_mmap_threshold, 32 << 20)
-    libc.mallopt(m_trim_threshold, 16 << 30)
-    libc.mallopt(m_top_pad, 256 << 20)
 
 
 def limit_compute_threads(requested: int) -> int:
@@ -120,6 +106,7 @@ async def _serve(config_path: str | None) -> None:
     daemon = Daemon(config)
     await daemon.start()
     tune_gc()
+    trim("start-up")
     tune_numpy()
     await daemon.serve_until_stopped()
 
