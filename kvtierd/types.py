@@ -9,13 +9,50 @@ of operations produced by a placer.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import Any
 
 ORIGINAL_VARIANT = "none"
 """Name of the uncompressed variant of every context (ratio 1.0)."""
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectKind:
+    """The fields of an object that most objects share with many others (one model's chunks:
+    one variant, dtype, shape, layout, tenant, token count): one instance for all of them
+    (:meth:`of`), referenced by each :class:`ObjectMeta`."""
+
+    variant: str = ORIGINAL_VARIANT
+    dtype: str = "uint8"
+    shape: tuple[int, ...] = ()
+    layout: str = ""
+    tenant: str = ""
+    token_count: int = 0
+    durable: bool = False
+
+    @staticmethod
+    def of(*, variant: str, dtype: str, shape: tuple[int, ...], layout: str, tenant: str,
+           token_count: int, durable: bool) -> ObjectKind:  # fmt: skip
+        """The shared instance with these fields (a new one once :data:`_KINDS_HELD` distinct
+        kinds are held: sharing saves memory, it is never needed for correctness)."""
+        fields = (variant, dtype, shape, layout, tenant, token_count, durable)
+        kind = _KINDS.get(fields)
+        if kind is None:
+            if len(_KINDS) >= _KINDS_HELD:
+                _KINDS.clear()  # kinds from hostile or unusual puts must not pile up
+            kind = _KINDS[fields] = ObjectKind(*fields)
+        return kind
+
+
+_KINDS: dict[tuple[object, ...], ObjectKind] = {}
+_KINDS_HELD = 4096
+
+_OBJECT_FIELDS = (
+    "key", "size_bytes", "context_id", "variant", "dtype", "shape", "layout", "token_count",
+    "kept_indices", "tenant", "checksum", "durable", "parent_context_id", "position",
+)  # fmt: skip
+
+
 class ObjectMeta:
     """What the daemon knows about one stored object, independent of the tier holding it.
 
@@ -24,34 +61,148 @@ class ObjectMeta:
     compressed variant), empty for originals. ``checksum`` is xxh3_64 of the bytes (0 = not yet
     computed, e.g. while an object lives only in shared memory). ``durable``: committed durable
     (kept with its persistent copies, so that a restart still knows the placer may not drop
-    it before it is read: docs/daemon.md).
+    it before it is read: docs/daemon.md). ``parent_context_id``: the context this object's
+    context continues (a branch after a shared prefix, issue 29; "" = a root), kept with
+    persistent copies so that the tree survives a restart. ``position``: the object's place in
+    its context's order (issue 31), numbered as chunks join it and kept with persistent copies
+    so that a restart lists them in put order (``ssd_format.check_position_field``); ``None``:
+    not numbered yet (a put not indexed yet), or a copy written before positions were kept.
+
+    Immutable (:meth:`replace` makes a changed copy), compared and hashed by those fields.
+    The fields most objects share with others are one :class:`ObjectKind` (``kind``), read
+    through properties of their own names: a daemon holds one of these per stored object, a
+    million of them at issue 42's scale, and seven slots fewer is 56 bytes an object.
     """
 
+    __slots__ = (
+        "checksum",
+        "context_id",
+        "kept_indices",
+        "key",
+        "kind",
+        "parent_context_id",
+        "position",
+        "size_bytes",
+    )  # fmt: skip
     key: str
     size_bytes: int
-    context_id: str = ""
-    variant: str = ORIGINAL_VARIANT
-    dtype: str = "uint8"
-    shape: tuple[int, ...] = ()
-    layout: str = ""
-    token_count: int = 0
-    kept_indices: bytes = b""
-    tenant: str = ""
-    checksum: int = 0
-    durable: bool = False
-    # The context this object's context continues (a branch after a shared prefix, issue 29;
-    # "" = a root). Kept with persistent copies, so that the tree survives a restart.
-    parent_context_id: str = ""
-    # The object's place in its context's order (issue 31): the index numbers a context's
-    # chunks as they join it, kept with persistent copies so that a restart lists them in
-    # put order (ssd_format.check_position_field). None: not numbered yet (a put not indexed
-    # yet), or a copy written before positions were kept.
-    position: int | None = None
+    context_id: str
+    kind: ObjectKind
+    kept_indices: bytes
+    checksum: int
+    parent_context_id: str
+    position: int | None
+
+    def __init__(
+        self,
+        key: str,
+        size_bytes: int,
+        context_id: str = "",
+        *,
+        variant: str = ORIGINAL_VARIANT,
+        dtype: str = "uint8",
+        shape: tuple[int, ...] = (),
+        layout: str = "",
+        token_count: int = 0,
+        kept_indices: bytes = b"",
+        tenant: str = "",
+        checksum: int = 0,
+        durable: bool = False,
+        parent_context_id: str = "",
+        position: int | None = None,
+    ) -> None:
+        kind = ObjectKind.of(variant=variant, dtype=dtype, shape=shape, layout=layout,
+                             tenant=tenant, token_count=token_count, durable=durable)  # fmt: skip
+        _set_fields(self, key, size_bytes, context_id, kind, kept_indices, checksum,
+                    parent_context_id, position)  # fmt: skip
+
+    @classmethod
+    def of_kind(cls, key: str, size_bytes: int, context_id: str, kind: ObjectKind, *,
+                kept_indices: bytes = b"", checksum: int = 0, parent_context_id: str = "",
+                position: int | None = None) -> ObjectMeta:  # fmt: skip
+        """An object of a ``kind`` the caller holds already (a restart's many rows)."""
+        meta = cls.__new__(cls)
+        _set_fields(meta, key, size_bytes, context_id, kind, kept_indices, checksum,
+                    parent_context_id, position)  # fmt: skip
+        return meta
+
+    def replace(self, **changes: Any) -> ObjectMeta:
+        """A copy with ``changes`` (field names as the constructor's)."""
+        unknown = changes.keys() - _OBJECT_FIELDS
+        if unknown:
+            raise TypeError(f"ObjectMeta has no field {sorted(unknown)[0]!r}")
+        return ObjectMeta(**{name: getattr(self, name) for name in _OBJECT_FIELDS} | changes)
+
+    @property
+    def variant(self) -> str:
+        return self.kind.variant
+
+    @property
+    def dtype(self) -> str:
+        return self.kind.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.kind.shape
+
+    @property
+    def layout(self) -> str:
+        return self.kind.layout
+
+    @property
+    def tenant(self) -> str:
+        return self.kind.tenant
+
+    @property
+    def token_count(self) -> int:
+        return self.kind.token_count
+
+    @property
+    def durable(self) -> bool:
+        return self.kind.durable
 
     @property
     def context(self) -> str:
         """The context this object belongs to; an object without one is its own context."""
         return self.context_id or self.key
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in _OBJECT_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not ObjectMeta:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _OBJECT_FIELDS)
+        return f"ObjectMeta({fields})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+_set_object = object.__setattr__
+
+
+def _set_fields(  # noqa: PLR0917 (positional: once an object at a restart of 1M)
+    meta: ObjectMeta, key: str, size_bytes: int, context_id: str, kind: ObjectKind,
+    kept_indices: bytes, checksum: int, parent_context_id: str, position: int | None,
+) -> None:  # fmt: skip
+    _set_object(meta, "key", key)
+    _set_object(meta, "size_bytes", size_bytes)
+    _set_object(meta, "context_id", context_id)
+    _set_object(meta, "kind", kind)
+    _set_object(meta, "kept_indices", kept_indices)
+    _set_object(meta, "checksum", checksum)
+    _set_object(meta, "parent_context_id", parent_context_id)
+    _set_object(meta, "position", position)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,9 +127,8 @@ def _aligned(n: int) -> memoryview:
 
 
 def _renamed(meta: ObjectMeta, tag: str) -> ObjectMeta:
-    from dataclasses import replace
 
-    return replace(meta, key=f"bench-{tag}/{meta.key}")
+    return meta.replace(key=f"bench-{tag}/{meta.key}")
 
 
 async def direct_copy(engine: Engine, cid: str, to_ssd: bool) -> float:

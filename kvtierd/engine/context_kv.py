@@ -14,7 +14,7 @@ router finds by the digest of the ``N`` tokens and the plugin loads them through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvtierd.engine.profiling.observation_window import form_queries, window_of
@@ -165,7 +165,7 @@ def _encode_dropped(
         key = f"{context_id}{SEPARATOR}{v}{SEPARATOR}{i}"
         kept = c.kept[:, :, lo:hi].contiguous().numpy().astype("<i4").tobytes()
         # numbered as they follow each other (base's position is the context's first's)
-        meta = with_fields(base, key=key, token_count=chunk, kept_indices=kept, position=i)
+        meta = base.replace(key=key, token_count=chunk, kept_indices=kept, position=i)
         out.append(_encoded(key, key, meta, kept_kv[:, :, lo:hi], heads=heads, v=v))
     card = form.card
     ids = placeholder_ids(form.digest, str(v), form.num_kept, card.vocab_size, card.special_ids)
@@ -182,8 +182,7 @@ def _encoded(
 
     encoded = encode_chunk(chunk.contiguous(), fmt).contiguous().view(-1)
     data = encoded.view(torch.uint8).numpy().tobytes()
-    new = replace(
-        meta,
+    new = meta.replace(
         key=storage,
         variant=str(v),
         layout=fmt.layout(),

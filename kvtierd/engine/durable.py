@@ -12,7 +12,6 @@ comes back to it once they are read. The rule survives a restart: the persistent
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -105,7 +104,7 @@ class DurableGuard:
             obj = self._index.objects.get(meta.key)
             if obj is not None:
                 obj.durable = obj.unread = True
-                obj.meta = dataclasses.replace(obj.meta, durable=True)
+                obj.meta = obj.meta.replace(durable=True)
 
     async def write_through(self, metas: Sequence[ObjectMeta]) -> None:
         """Give each object :meth:`mark` marked a copy on the first persistent tier before the

@@ -4,7 +4,6 @@ index. Everything here runs on the daemon's event loop."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -68,7 +67,7 @@ class ContextIndex:
         ctx = self.contexts.get(meta.context)
         next_at = ctx.next_position if ctx is not None else 0
         if meta.position is None or meta.position < next_at:
-            return dataclasses.replace(meta, position=next_at)
+            return meta.replace(position=next_at)
         return meta
 
     def context_add(self, meta: ObjectMeta, key: str = "") -> ContextRecord:

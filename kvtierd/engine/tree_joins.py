@@ -36,7 +36,6 @@ whole prefix and loads it only after that prefix.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,9 +134,7 @@ class TreeJoins:
             obj = index.objects[key]
             ctx.keys.remove(key)
             ctx.size_bytes -= obj.meta.size_bytes
-            obj.meta = dataclasses.replace(
-                obj.meta, context_id=child_id, parent_context_id=ctx.context_id
-            )
+            obj.meta = obj.meta.replace(context_id=child_id, parent_context_id=ctx.context_id)
             index.context_add(obj.meta, key)
         child = index.contexts[child_id]
         # The reads so far were the whole context's: the child counts only its own from now
@@ -169,7 +166,7 @@ class TreeJoins:
         for key in kid.keys:
             obj = self._index.objects[key]
             if obj.meta.parent_context_id != parent:
-                obj.meta = dataclasses.replace(obj.meta, parent_context_id=parent)
+                obj.meta = obj.meta.replace(parent_context_id=parent)
                 self._unsaved.append(key)
 
     async def save(self) -> None:

@@ -241,8 +241,8 @@ class RemoteTier(Tier):
             if raw is None:
                 raise NotFoundError(f"remote tier {self.name}: no object {meta.key!r}")
             old = ObjectHeader.decode(raw)
-            new = dataclasses.replace(old, meta=dataclasses.replace(
-                old.meta, context_id=meta.context_id, parent_context_id=meta.parent_context_id
+            new = dataclasses.replace(old, meta=old.meta.replace(
+                context_id=meta.context_id, parent_context_id=meta.parent_context_id
             ))  # fmt: skip
             if new == old:
                 return

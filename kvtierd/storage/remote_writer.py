@@ -8,7 +8,6 @@ values several times faster than the asyncio one (module docstring of ``remote_c
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -71,7 +70,7 @@ class ObjectWriter:
         keys = object_keys(self.opts.namespace, meta.tenant, meta.key)
         part_bytes = self.opts.value_bytes
         header = ObjectHeader(
-            dataclasses.replace(meta, checksum=checksum),
+            meta.replace(checksum=checksum),
             part_bytes,
             part_count(meta.size_bytes, part_bytes),
             new_generation(),

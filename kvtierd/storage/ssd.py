@@ -366,8 +366,8 @@ class SsdTier(Tier):
         if found is None:
             raise NotFoundError(f"object {meta.key!r} not found in tier {self.name}")
         entry = self._file(found)
-        new = dataclasses.replace(
-            entry.meta, context_id=meta.context_id, parent_context_id=meta.parent_context_id
+        new = entry.meta.replace(
+            context_id=meta.context_id, parent_context_id=meta.parent_context_id
         )
         if new == entry.meta:
             return
@@ -470,7 +470,7 @@ class SsdTier(Tier):
                     f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to "
                     f"{checksum:#x}"
                 )
-            stored = dataclasses.replace(meta, checksum=checksum)
+            stored = meta.replace(checksum=checksum)
             await self._io.run(self._finish_file, fd, encode_header(stored), direct)
             return stored
         finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +114,7 @@ def _write_temp(item: BatchItem, layout: Layout) -> Temp:
         raise InvalidArgumentError(
             f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to {checksum:#x}"
         )
-    stored = dataclasses.replace(meta, checksum=checksum)
+    stored = meta.replace(checksum=checksum)
     header = encode_header(stored)
     final = layout.object_path(meta.tenant, meta.key)
     temp = layout.temp_path(final)

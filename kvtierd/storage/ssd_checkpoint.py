@@ -69,7 +69,7 @@ from kvtierd.storage.ssd_format import (
     meta_from_doc,
     name_digest,
 )
-from kvtierd.types import ObjectMeta
+from kvtierd.types import ObjectKind, ObjectMeta
 
 CHECKPOINT_NAME = "index.ckpt"
 _MAGIC = b"KVTIDX\r\n"
@@ -243,6 +243,8 @@ class Checkpoint:
     # One string for each context id: a context's chunks (and its children's) name it once
     # each, one copy an object otherwise (~60 bytes and more: LMCache's chunks of one prompt).
     context_ids: dict[str, str] = field(default_factory=dict)
+    # The ObjectKind of each (kind, token count, durable) the rows name: one lookup a row.
+    object_kinds: dict[tuple[int, int, int], ObjectKind] = field(default_factory=dict)
 
 
 def load_checkpoint(layout: Layout) -> tuple[Checkpoint | None, str]:
@@ -400,10 +402,15 @@ def _from_row(row: _Row, ckpt: Checkpoint, entry: os.DirEntry[str] | None) -> St
         parent = ckpt.context_ids.setdefault(parent, parent)
     if header_len < ALIGN or header_len % ALIGN or size < header_len + size_bytes:
         return None
-    meta = ObjectMeta(
-        key, size_bytes, context_id, variant, dtype, shape, layout, token_count, kept, tenant,
-        checksum, durable == 1, parent, None if position < 0 else position,
-    )  # fmt: skip
+    shared = ckpt.object_kinds.get((kind_at, token_count, durable))
+    if shared is None:
+        shared = ckpt.object_kinds[kind_at, token_count, durable] = ObjectKind.of(
+            variant=variant, dtype=dtype, shape=shape, layout=layout, tenant=tenant,
+            token_count=token_count, durable=durable == 1,
+        )  # fmt: skip
+    meta = ObjectMeta.of_kind(key, size_bytes, context_id, shared, kept_indices=kept,
+                              checksum=checksum, parent_context_id=parent,
+                              position=None if position < 0 else position)  # fmt: skip
     return StoredFile(meta, header_len)
 
 

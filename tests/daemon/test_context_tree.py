@@ -4,7 +4,6 @@ context it extends, and every bad parent link is refused by name."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -278,7 +277,7 @@ def test_files_from_before_splits_were_kept_still_load(daemon):
     for key in ("a0", "k0"):
         path, meta = _files(daemon)[key]
         old = {"a0": ("s0", ""), "k0": ("k0", "s0")}[key]
-        _rewrite(path, replace(meta, context_id=old[0], parent_context_id=old[1]))
+        _rewrite(path, meta.replace(context_id=old[0], parent_context_id=old[1]))
     daemon.start()
     with KVClient(daemon.socket_path, timeout_s=20) as c:
         assert tree(c) == {"s0": ("", 3), "k0": ("s0", 1), "b0": ("s0", 2), "c0": ("s0", 1)}
@@ -292,7 +291,7 @@ def test_a_file_naming_a_hostile_parent_is_refused_by_name(daemon):
         _split_tree(c)
     assert daemon.stop() == 0
     path, meta = _files(daemon)["c0"]
-    _rewrite(path, replace(meta, parent_context_id="c0"))
+    _rewrite(path, meta.replace(parent_context_id="c0"))
     daemon.start()
     with KVClient(daemon.socket_path, timeout_s=20) as c:
         assert tree(c) == {

@@ -7,7 +7,6 @@ while the daemon keeps serving every other."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,7 +89,7 @@ async def test_an_unexpected_error_sets_one_context_aside(
         # what the edge now refuses: the second chunk's bytes described as 4 layers of one head
         obj = engine.index.objects["bad/1"]
         other = ChunkFormat((2, 4, T, D), "bfloat16", 1).layout()  # as many bytes
-        obj.meta = replace(obj.meta, layout=other)
+        obj.meta = obj.meta.replace(layout=other)
         ctx = engine.contexts["bad"]
         where = engine.index.placement_of(ctx)
         compress = Operation(OpKind.COMPRESS, "bad", where, Placement("int8", where.tier), "t")

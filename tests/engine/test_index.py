@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from kvtierd.engine.index import ContextIndex, found_order
@@ -40,17 +38,17 @@ def test_objects_are_numbered_in_their_context_and_numbers_only_grow() -> None:
     index.add(later)
     assert later.meta.position == 3
     found = [ObjectRecord(_meta(k, ctx="old"), "ssd") for k in ("a", "b")]
-    found.append(ObjectRecord(replace(_meta("c", ctx="old"), position=9), "ssd"))
+    found.append(ObjectRecord(_meta("c", ctx="old").replace(position=9), "ssd"))
     for rec in found:
         index.add(rec, found=True)
     assert [r.meta.position for r in found] == [None, None, 9]
-    new = ObjectRecord(replace(_meta("d", ctx="old"), position=4), "cpu")  # another numbering
+    new = ObjectRecord(_meta("d", ctx="old").replace(position=4), "cpu")  # another numbering
     index.add(new)
     assert new.meta.position == 10
 
 
 def test_found_objects_are_ordered_by_position_those_without_one_first_by_key() -> None:
-    metas = [replace(_meta(k), position=p) for k, p in (("x", 2), ("y", None), ("z", 0),
+    metas = [_meta(k).replace(position=p) for k, p in (("x", 2), ("y", None), ("z", 0),
                                                          ("a", None), ("b", 2))]  # fmt: skip
     assert [m.key for m in sorted(metas, key=found_order)] == ["a", "y", "z", "b", "x"]
 

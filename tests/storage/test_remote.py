@@ -7,7 +7,6 @@ Exact assertions on bytes and on the keys left in Redis; faults are injected by 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import re
 import socket
@@ -246,8 +245,8 @@ async def test_relabel_rewrites_the_header_for_every_daemon(remote_tier, raw_red
     stored = await _put(a, "k", data, tenant="acme")
     header = object_keys(a.options.namespace, "acme", "k").header
     before = set(_keys_of(raw_redis, a.options.namespace))
-    await a.relabel(dataclasses.replace(stored, context_id="k", parent_context_id="prompt"))
-    moved = dataclasses.replace(stored, context_id="k", parent_context_id="prompt")
+    await a.relabel(stored.replace(context_id="k", parent_context_id="prompt"))
+    moved = stored.replace(context_id="k", parent_context_id="prompt")
     assert b.get_meta("k", tenant="acme") == moved
     assert [m for m in b.metas() if m.key == "k"] == [moved]
     assert await _get(b, "k", len(data), tenant="acme") == data

@@ -14,7 +14,6 @@ import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +206,8 @@ async def test_relabel_rewrites_the_header_and_survives_a_restart(tmp_path: Path
     t = make_tier(tmp_path, part_bytes="1MiB")
     await t.start()
     stored = await t.put(meta("k", size, context_id="prompt"), memoryview(payload(size)))
-    await t.relabel(replace(stored, context_id="k", parent_context_id="prompt", variant="x"))
-    moved = replace(stored, context_id="k", parent_context_id="prompt")  # identity only
+    await t.relabel(stored.replace(context_id="k", parent_context_id="prompt", variant="x"))
+    moved = stored.replace(context_id="k", parent_context_id="prompt")  # identity only
     assert t.get_meta("k") == moved
     dst = bytearray(size)
     assert await t.read_into("k", memoryview(dst)) == moved
