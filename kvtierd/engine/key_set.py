@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Protocol
+
+Held = str | dict[str, None] | None
+"""What a :class:`KeySet` keeps in its holder: ``None`` when empty, the key when it holds one,
+a dict from two keys on (back to the bare key when one is left)."""
+
+
+class KeyHolder(Protocol):
+    """An object with a slot that a :class:`KeySet` keeps its keys in."""
+
+    held_keys: Held
+
+
+class _Holder:
+    __slots__ = ("held_keys",)
+
+    def __init__(self) -> None:
+        self.held_keys: Held = None
 
 
 class KeySet:
@@ -11,18 +29,28 @@ class KeySet:
 
     Most contexts of a large daemon hold one chunk (issue 42: a restart of 1,000,000 objects
     within 1 KB each), and a one-key dict is 184 bytes (64 for the dict, 120 for its table);
-    this holds the key itself, 40 bytes. It holds ``None`` when empty, the key when it holds
-    one, a dict from two keys on, and goes back to the bare key when one is left.
+    a key set of one key holds the key itself. It keeps its keys in a ``held_keys`` slot of its
+    ``holder`` (:data:`Held`): a :class:`~kvtierd.engine.state.ContextRecord` lends its own, so
+    a context pays no object for its keys (40 bytes an object at 1M), and each
+    ``ctx.keys`` is a view made on access; without a holder it makes one of its own.
 
     Iterating it while it changes is as unsafe as a dict's (callers that change it iterate a
     ``list`` of it)."""
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_holder",)
 
-    def __init__(self, keys: Iterable[str] = ()) -> None:
-        self._keys: str | dict[str, None] | None = None
+    def __init__(self, keys: Iterable[str] = (), holder: KeyHolder | None = None) -> None:
+        self._holder: KeyHolder = _Holder() if holder is None else holder
         for key in keys:
             self.add(key)
+
+    @property
+    def _keys(self) -> Held:
+        return self._holder.held_keys
+
+    @_keys.setter
+    def _keys(self, held: Held) -> None:
+        self._holder.held_keys = held
 
     def add(self, key: str) -> None:
         """Add ``key`` last; a key held already keeps its place."""

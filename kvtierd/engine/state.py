@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast, overload
 
-from kvtierd.engine.key_set import KeySet
+from kvtierd.engine.key_set import Held, KeySet
 from kvtierd.policy_config import PolicyConfig
 from kvtierd.storage.allocator import Block
 from kvtierd.types import ORIGINAL_VARIANT, ObjectMeta
@@ -88,7 +88,7 @@ class ContextRecord:
     variant: str = ORIGINAL_VARIANT
     tenant: str = ""
     namespace: str = ""  # the configured namespace of its tenant its first object names
-    keys: KeySet = field(default_factory=KeySet)  # in put order; one key without a dict
+    held_keys: Held = field(default=None, repr=False)  # kept for :attr:`keys`
     size_bytes: int = 0
     hits: int = 0
     last_access_s: float = 0.0
@@ -105,6 +105,11 @@ class ContextRecord:
     parent = _RareField[str]("")
     after_key = _RareField[str]("")
     _lock = _RareField[asyncio.Lock | None](None)
+
+    @property
+    def keys(self) -> KeySet:
+        """Its objects' keys, in put order (a view of :attr:`held_keys`)."""
+        return KeySet(holder=self)
 
     @property
     def lock(self) -> asyncio.Lock:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import tracemalloc
 
 import pytest
 
 from kvtierd.engine.key_set import KeySet
+from kvtierd.engine.state import ContextRecord
 
 
 def test_it_behaves_as_an_ordered_set_through_zero_one_and_two_keys() -> None:
@@ -62,16 +64,31 @@ def test_changing_it_while_iterating_its_dict_is_refused_as_a_dicts() -> None:
             keys.remove(key)
 
 
-def test_one_key_costs_no_dict() -> None:
-    """The point of the class: 10,000 one-key sets take well under a third of one-key dicts."""
+def test_a_contexts_keys_cost_no_object() -> None:
+    """The point of the class: a context's one key is kept in the context's own slot, so
+    10,000 contexts of a key each take their records' bytes and the list's, no more (a dict
+    each would be ~184 bytes more, a key set object of their own 40)."""
+    ids = [f"c{i}" for i in range(10_000)]
     names = [f"key-{i}" for i in range(10_000)]
+    record_bytes = sys.getsizeof(ContextRecord("c"))
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        sets = [KeySet((n,)) for n in names]
-        lean = tracemalloc.get_traced_memory()[0] - before
-        dicts = [{n: None} for n in names]
-        full = tracemalloc.get_traced_memory()[0] - before - lean
+        records = [ContextRecord(cid) for cid in ids]
+        for ctx, name in zip(records, names, strict=True):
+            ctx.keys.add(name)
+        grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(sets) == len(dicts) and lean * 3 < full
+    assert [list(ctx.keys) for ctx in records[:2]] == [["key-0"], ["key-1"]]
+    assert grown < 10_000 * (record_bytes + 16), (grown, record_bytes)
+
+
+def test_a_contexts_keys_are_its_own() -> None:
+    a, b = ContextRecord("a"), ContextRecord("b")
+    a.keys.add("x")
+    a.keys.add("y")
+    b.keys.add("z")
+    assert (list(a.keys), list(b.keys), len(a.keys)) == (["x", "y"], ["z"], 2)
+    a.keys.remove("x")
+    assert a.held_keys == "y" and "x" not in a.keys and "y" in a.keys
