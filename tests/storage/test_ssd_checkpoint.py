@@ -4,7 +4,6 @@ when the checkpoint is missing, torn, stale or disagrees with the files."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import struct
@@ -149,7 +148,7 @@ async def test_a_checkpoint_that_disagrees_with_a_file_header_is_discarded(tmp_p
     files = [t._file(m) for m in t._index.values()]
     await t.close()
     # a row whose file stamp still matches but whose metadata is not the header's
-    files[0] = dataclasses.replace(files[0], meta=files[0].meta.replace(checksum=1))
+    files[0] = files[0]._replace(meta=files[0].meta.replace(checksum=1))
     write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
     t, found = await _restarted(path)
     try:
@@ -167,8 +166,8 @@ async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
     files = [t._file(m) for m in sorted(t._index.values(), key=lambda m: m.key)]
     await t.close()
     # a kind no header could hold (a shape of strings), and a position past the largest
-    files[0] = dataclasses.replace(files[0], meta=files[0].meta.replace(shape=("x",)))
-    files[1] = dataclasses.replace(files[1], meta=files[1].meta.replace(position=-5))
+    files[0] = files[0]._replace(meta=files[0].meta.replace(shape=("x",)))
+    files[1] = files[1]._replace(meta=files[1].meta.replace(position=-5))
     write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
     await _restarts_whole(path, keys, f"index checkpoint: {N - 2} objects from it, 2 headers read")
 
