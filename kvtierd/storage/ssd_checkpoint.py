@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 
+import numpy as np
 import xxhash
 
 from kvtierd.errors import CorruptObjectError
@@ -79,6 +80,7 @@ SAMPLE = 16  # rows taken from the checkpoint that are also checked against thei
 RACY_NS = 50_000_000  # a directory changed this recently is not vouched for (clock ticks)
 RACY_COARSE_NS = 2_000_000_000  # the same where mtimes are whole seconds
 _FANOUT = 256
+_NO_KIND = ObjectKind()  # a row whose kind does not check (never made into an object)
 
 Stamp = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
 Stamped = tuple[bytes, StoredFile, Stamp]  # a file's name digest (ssd_format.name_digest)
@@ -246,6 +248,20 @@ class Checkpoint:
     # The ObjectKind of each (kind, token count, durable) the rows name: one lookup a row.
     object_kinds: dict[tuple[int, int, int], ObjectKind] = field(default_factory=dict)
 
+    def object_kind(self, kind_at: int, token_count: int, durable: int) -> ObjectKind:
+        """The ObjectKind of a row that checked (its kind is one of :attr:`kinds`)."""
+        found = self.object_kinds.get((kind_at, token_count, durable))
+        if found is None:
+            kind = self.kinds[kind_at] if kind_at < len(self.kinds) else None
+            if kind is None:
+                return _NO_KIND  # its row does not check: left out by _rows_of
+            variant, dtype, shape, layout, tenant = kind
+            found = self.object_kinds[kind_at, token_count, durable] = ObjectKind.of(
+                variant=variant, dtype=dtype, shape=shape, layout=layout, tenant=tenant,
+                token_count=token_count, durable=durable == 1,
+            )  # fmt: skip
+        return found
+
 
 def load_checkpoint(layout: Layout) -> tuple[Checkpoint | None, str]:
     """The checkpoint, or ``None`` and why it cannot be used."""
@@ -353,18 +369,36 @@ def scan_with_checkpoint(subdir: Path, layout: Layout, ckpt: Checkpoint) -> Subd
     return scan
 
 
-# One row: its file name's digest, its numbers in _NUMBERS's order, its strings' bytes in
-# _STRINGS's order.
-_Row = tuple[bytes, tuple[int, ...], tuple[bytes, ...]]
+# One row that checks: its file name's digest; the file's stamp (st_ino, st_mtime_ns,
+# st_size); header_len, size_bytes, checksum, position (None: not numbered); its ObjectKind;
+# the bytes of key, context_id, parent_context_id and the kept indices.
+_Row = tuple[bytes, int, int, int, int, int, int, "int | None", ObjectKind, bytes, bytes, bytes,
+             bytes]  # fmt: skip
 
 
 def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
-    """The rows of the fan-out directory ``first`` (a file name's first byte) by file name."""
+    """The rows of the fan-out directory ``first`` (a file name's first byte) by file name,
+    those whose numbers check (a kind that checked, a position, durable flag and header length
+    in range, a file long enough for its header and data) checked at once, with numpy: a file
+    whose row does not check is not in it (its header is read)."""
     lo, hi = ckpt.ranges[first]
-    numbers = [ckpt.numbers[name][lo:hi].tolist() for name, _ in _NUMBERS]
-    for name in _SHARED:
-        column = numbers[_COLUMN[name]]
-        column[:] = [ckpt.shared.setdefault(v, v) for v in column]
+    col = {name: np.frombuffer(ckpt.numbers[name], dtype=np.dtype(code))[lo:hi]
+           for name, code in _NUMBERS}  # fmt: skip
+    kind_ok = np.array([k is not None for k in ckpt.kinds] + [False], dtype=bool)
+    size, header_len = col["size"], col["header_len"].astype(np.uint64)
+    ok = (
+        kind_ok[np.minimum(col["kind"], len(ckpt.kinds))]
+        & (col["position"] >= -1) & (col["position"] <= MAX_POSITION) & (col["durable"] <= 1)
+        & (header_len >= ALIGN) & (header_len % ALIGN == 0)
+        & (size >= header_len) & (size - np.minimum(size, header_len) >= col["size_bytes"])
+    )  # fmt: skip
+    shared = ckpt.shared
+    header_lens = [shared.setdefault(v, v) for v in col["header_len"].tolist()]
+    sizes = [shared.setdefault(v, v) for v in col["size_bytes"].tolist()]
+    positions = [None if p < 0 else p for p in col["position"].tolist()]
+    kind_of = ckpt.object_kind
+    kinds = list(map(kind_of, col["kind"].tolist(), col["token_count"].tolist(),
+                     col["durable"].tolist()))  # fmt: skip
     strings = []
     for name in _STRINGS:
         blob, at, pieces = ckpt.blobs[name], ckpt.starts[first][name], []
@@ -373,44 +407,38 @@ def _rows_of(ckpt: Checkpoint, first: int) -> dict[str, _Row]:
             at += length
         strings.append(pieces)
     names = [ckpt.names[_NAME_BYTES * i : _NAME_BYTES * (i + 1)] for i in range(lo, hi)]
-    rows = zip(names, zip(*numbers, strict=True), zip(*strings, strict=True), strict=True)
-    return {name.hex() + OBJECT_SUFFIX: row for name, row in zip(names, rows, strict=True)}
+    stamps = col["ino"].tolist(), col["mtime"].tolist(), size.tolist()
+    rows = zip(names, *stamps, header_lens, sizes, col["checksum"].tolist(), positions, kinds,
+               *strings, strict=True)  # fmt: skip
+    return {
+        name.hex() + OBJECT_SUFFIX: row
+        for name, row, good in zip(names, rows, ok.tolist(), strict=True)
+        if good
+    }
 
 
 def _from_row(row: _Row, ckpt: Checkpoint, entry: os.DirEntry[str] | None) -> StoredFile | None:
     """The file as its row says, or ``None`` where the row does not check or (when its
     ``entry`` is given: its directory changed) the file's stamp is not the row's."""
-    digest, (ino, mtime, size, header_len, kind_at, size_bytes, token_count, checksum,
-             position, durable), (raw_key, raw_context, raw_parent, kept) = row  # fmt: skip
+    (digest, ino, mtime, size, header_len, size_bytes, checksum, position, kind, raw_key,
+     raw_context, raw_parent, kept) = row  # fmt: skip
     if entry is not None:
         st = entry.stat(follow_symlinks=False)
         if (ino, mtime, size) != (st.st_ino, st.st_mtime_ns, st.st_size):
             return None  # rewritten or replaced since the checkpoint
-    kind = ckpt.kinds[kind_at] if kind_at < len(ckpt.kinds) else None
-    if kind is None or not -1 <= position <= MAX_POSITION or durable not in (0, 1):
-        return None  # the header itself says what the file is
-    variant, dtype, shape, layout, tenant = kind
     try:
         key, context_id = raw_key.decode(), raw_context.decode()
         parent = check_parent_field(raw_parent.decode(), context_id, key) if raw_parent else ""
     except (ValueError, TypeError):
         return None
-    if name_digest(tenant, key) != digest:
+    if name_digest(kind.tenant, key) != digest:
         return None  # a row naming another file's key
     context_id = ckpt.context_ids.setdefault(context_id, context_id)
     if parent:
         parent = ckpt.context_ids.setdefault(parent, parent)
-    if header_len < ALIGN or header_len % ALIGN or size < header_len + size_bytes:
-        return None
-    shared = ckpt.object_kinds.get((kind_at, token_count, durable))
-    if shared is None:
-        shared = ckpt.object_kinds[kind_at, token_count, durable] = ObjectKind.of(
-            variant=variant, dtype=dtype, shape=shape, layout=layout, tenant=tenant,
-            token_count=token_count, durable=durable == 1,
-        )  # fmt: skip
-    meta = ObjectMeta.of_kind(key, size_bytes, context_id, shared, kept_indices=kept,
+    meta = ObjectMeta.of_kind(key, size_bytes, context_id, kind, kept_indices=kept,
                               checksum=checksum, parent_context_id=parent,
-                              position=None if position < 0 else position)  # fmt: skip
+                              position=position)  # fmt: skip
     return StoredFile(meta, header_len)
 
 

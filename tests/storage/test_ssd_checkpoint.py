@@ -165,11 +165,15 @@ async def test_rows_whose_fields_do_not_check_have_their_headers_read(tmp_path):
     await t.start()
     files = [t._file(m) for m in sorted(t._index.values(), key=lambda m: m.key)]
     await t.close()
-    # a kind no header could hold (a shape of strings), and a position past the largest
+    # a kind no header could hold (a shape of strings), a position past the largest, a header
+    # length that is not whole pages, one longer than the file, data that ends past the file
     files[0] = files[0]._replace(meta=files[0].meta.replace(shape=("x",)))
     files[1] = files[1]._replace(meta=files[1].meta.replace(position=-5))
+    files[2] = files[2]._replace(meta=files[2].meta.replace(size_bytes=1), header_len=4096 + 100)
+    files[3] = files[3]._replace(meta=files[3].meta.replace(size_bytes=0), header_len=4096 * 1000)
+    files[4] = files[4]._replace(meta=files[4].meta.replace(size_bytes=1 << 40))
     write_checkpoint(t.layout, stamp_dirs(t.layout), stamp_files(files, t.layout), sync=False)
-    await _restarts_whole(path, keys, f"index checkpoint: {N - 2} objects from it, 2 headers read")
+    await _restarts_whole(path, keys, f"index checkpoint: {N - 5} objects from it, 5 headers read")
 
 
 async def test_a_checkpoint_with_bytes_after_its_last_field_is_not_used(tmp_path):
