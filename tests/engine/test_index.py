@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvtierd.engine.index import ContextIndex, found_order
-from kvtierd.engine.state import ObjectRecord
+from kvtierd.engine.state import ContextRecord, ObjectRecord
 from kvtierd.errors import CapacityError
 from kvtierd.types import DROPPED, ObjectMeta, Placement
 
@@ -211,6 +213,48 @@ def test_a_restart_indexes_as_add_does_in_one_pass() -> None:
     got = [(c.parent, c.size_bytes) for c in bulk.contexts.values()]
     assert got == [("", 40), ("", 30), ("a", 30), ("", 50)]
     assert all(r.durable for r in bulk.objects.values())
+    # The contexts add_found makes itself (no parent named) are those add would make.
+    assert [_record(c) for c in bulk.contexts.values()] == [
+        _record(c) for c in one_by_one.contexts.values()
+    ]
+    assert [c.next_position for c in bulk.contexts.values()] == [0, 1, 2, 1]
+
+
+def _record(ctx: ContextRecord) -> tuple[object, ...]:
+    fields = (f.name for f in dataclasses.fields(ctx) if f.name not in ("keys", "_rare"))
+    return (*(getattr(ctx, f) for f in fields), list(ctx.keys), ctx.parent, ctx.after_key)
+
+
+def test_a_restart_of_unparented_contexts_indexes_as_add_does() -> None:
+    """Issue 42: add_found makes the context of a first object naming no parent itself (not
+    through ``ContextIndex.context_add``): its form, tenant, namespace, keys, size and next
+    position are those ``add`` gives, with and without configured namespaces, durable or not,
+    with and without a position, for a derived key too."""
+    from kvtierd.engine.context_kv import client_key
+    from kvtierd.engine.index_rebuild import add_found, sort_found
+
+    metas = [
+        ObjectMeta("t/ns:ns1:a", 10, "a", tenant="t", position=4, durable=True),
+        ObjectMeta("t/ns:ns1:a2", 20, "a", tenant="t", position=7),
+        ObjectMeta("b", 30, variant="int8", tenant="u"),
+        ObjectMeta("c\x00int8", 40, "c", variant="int8", position=0),
+    ]
+    for spaces in ({}, {"t": {"ns1": {"ssd": 100}}}):
+        found = [(m, "ssd") for m in metas]
+        sort_found(found)
+        bulk = ContextIndex(namespace_quotas=spaces)
+        one_by_one = ContextIndex(namespace_quotas=spaces)
+        add_found(bulk, found)
+        for meta, tier in found:
+            record = ObjectRecord(meta, tier, durable=True, unread=meta.durable)
+            one_by_one.add(record, client_key(meta.key), found=True)
+        assert [_record(c) for c in bulk.contexts.values()] == [
+            _record(c) for c in one_by_one.contexts.values()
+        ]
+        assert bulk.objects == one_by_one.objects and bulk.usage == one_by_one.usage
+        assert bulk.namespace_usage == one_by_one.namespace_usage
+    assert bulk.contexts["a"].namespace == "ns1" and bulk.contexts["a"].next_position == 8
+    assert list(bulk.objects) == ["b", "c", "t/ns:ns1:a", "t/ns:ns1:a2"]
 
 
 def test_a_context_keeps_its_rare_fields_aside_until_one_is_set():
