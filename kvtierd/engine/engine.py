@@ -326,7 +326,7 @@ class Engine:
         The cyclic garbage collector waits meanwhile: the tiers' indexes and the engine's are
         millions of long-lived objects at 1,000,000 stored (issue 42), and each full
         collection the start would trigger walks all of them (~1 s of a 100k-object start);
-        the daemon collects once after (``server.main.tune_gc``)."""
+        the daemon freezes what the start made (``server.main.gc_tuned_after_start``)."""
         with collector_paused():
             await self._start()
 
