@@ -30,11 +30,11 @@ class LruPlacer(Placer):
 
     def __init__(self, tiers: Sequence[TierModel], params: PlacerParams | None = None) -> None:
         super().__init__(tiers, params)
-        # Per context its tier (an index into ``self.tiers``), and in that tier's recency list
-        # (least recently used first) its size in bytes. The few pinned contexts and those in
-        # another form than the original are kept aside: an entry object per context was 64
-        # bytes of a restart's ~1 KB an object (issue 42).
-        self._tier_of: dict[str, int] = {}
+        # Per tier its recency list (least recently used first): each context's size in bytes,
+        # in the list of the tier it is in (:meth:`_level` looks it up there: a dict of each
+        # context's tier was 38 bytes of a restart's ~1.1 KB an object, issue 42). The few
+        # pinned contexts and those in another form than the original are kept aside: an
+        # entry object per context was 64 bytes an object.
         self._lru: list[OrderedDict[str, int]] = [OrderedDict() for _ in self.tiers]
         self._pinned: set[str] = set()
         self._variants: dict[str, str] = {}  # context -> its form, when not the original
@@ -76,10 +76,11 @@ class LruPlacer(Placer):
         size = profile.variant(variant).size_bytes
         cid = profile.context_id
         self._touch(cid)
-        known = cid in self._tier_of
+        level = self._level(cid)
+        known = level is not None
         source = self.placement(cid) if known else DROPPED
-        if known:
-            self._unplace(cid)
+        if level is not None:
+            self._unplace(cid, level)
         if not self._fits_anywhere(size):
             self._forget_form(cid)
             op = Operation(OpKind.DROP, cid, source, DROPPED, "larger than every tier")
@@ -103,7 +104,7 @@ class LruPlacer(Placer):
         return self._spill(tier, protect=profile.context_id)
 
     def access(self, context_id: str, now_s: float, fastest: str = "") -> Plan:
-        tier = self._tier_of.get(context_id)
+        tier = self._level(context_id)
         if tier is None:
             return Plan()
         self._touch(context_id)
@@ -112,7 +113,7 @@ class LruPlacer(Placer):
             self._lru[tier].move_to_end(context_id)
             return Plan()
         source = self.placement(context_id)
-        size = self._unplace(context_id)
+        size = self._unplace(context_id, tier)
         tier = max(self._first_tier_for(size), top)
         self._place(context_id, tier, size)
         target = Placement(source.variant, self.tiers[tier].name)
@@ -122,19 +123,21 @@ class LruPlacer(Placer):
         return self._ordered(Plan((op,)) + self._spill(tier, protect=context_id), context_id, size)
 
     def remove(self, context_id: str) -> None:
-        if context_id in self._tier_of:
-            self._unplace(context_id)
+        level = self._level(context_id)
+        if level is not None:
+            self._unplace(context_id, level)
             self._forget_form(context_id)
 
     def placement(self, context_id: str) -> Placement:
-        tier = self._tier_of[context_id]
+        tier = self._level(context_id)
+        if tier is None:
+            raise KeyError(context_id)
         return Placement(self._variants.get(context_id, ORIGINAL_VARIANT), self.tiers[tier].name)
 
     def rebalance(
         self, profiles: Sequence[ContextProfile], fastest: Mapping[str, str] | None = None
     ) -> Plan:
-        before = {cid: self.placement(cid) for cid in self._tier_of}
-        self._tier_of.clear()
+        before = {cid: self.placement(cid) for recency in self._lru for cid in recency}
         self._pinned.clear()
         self._variants.clear()
         self._lru = [OrderedDict() for _ in self.tiers]
@@ -146,11 +149,11 @@ class LruPlacer(Placer):
         # Express the result relative to what was placed before the rebalance.
         ops = []
         for cid, source in before.items():
-            target = self.placement(cid) if cid in self._tier_of else DROPPED
+            target = self.placement(cid) if self._level(cid) is not None else DROPPED
             if source != target:
                 kind = OpKind.DROP if target.dropped else OpKind.MOVE
                 ops.append(Operation(kind, cid, source, target, "rebalance"))
-        for cid in self._tier_of:
+        for cid in [cid for recency in self._lru for cid in recency]:
             if cid not in before:
                 target = self.placement(cid)
                 ops.append(Operation(OpKind.PLACE, cid, DROPPED, target, "rebalance"))
@@ -162,7 +165,7 @@ class LruPlacer(Placer):
         """Net change per context, ordered so no prefix overflows a tier (spills run first).
 
         ``cid`` is the inserted or promoted context (its size may be new); every other context
-        keeps its size. Dropped contexts are no longer in ``_tier_of``.
+        keeps its size. Dropped contexts are in no tier's recency list any more.
         """
         first: dict[str, Placement] = {}
         last: dict[str, Placement] = {}
@@ -171,7 +174,7 @@ class LruPlacer(Placer):
             last[op.context_id] = op.target
         changes = []
         for c, src in first.items():
-            tier = self._tier_of.get(c)
+            tier = self._level(c)
             size = (
                 size_bytes
                 if c == cid
@@ -194,16 +197,22 @@ class LruPlacer(Placer):
                 return i
         raise AssertionError("caller checked _fits_anywhere")
 
+    def _level(self, cid: str) -> int | None:
+        """The tier the context is in (an index into ``self.tiers``; ``None``: in none), found
+        in the tiers' recency lists: two or three lookups, not a dict entry per context."""
+        for level, recency in enumerate(self._lru):
+            if cid in recency:
+                return level
+        return None
+
     def _place(self, cid: str, tier: int, size_bytes: int) -> None:
         """Put the context in ``tier``, most recently used."""
-        self._tier_of[cid] = tier
         self._lru[tier][cid] = size_bytes
         self._used[tier] += size_bytes
 
-    def _unplace(self, cid: str) -> int:
-        """Take the context out of its tier's recency list; returns its size (its tier and
-        form stay known until :meth:`_place` or :meth:`_forget_form`)."""
-        tier = self._tier_of[cid]
+    def _unplace(self, cid: str, tier: int) -> int:
+        """Take the context out of ``tier``'s recency list (the tier it is in); returns its
+        size (its form stays known until :meth:`_place` or :meth:`_forget_form`)."""
         size = self._lru[tier].pop(cid)
         self._used[tier] -= size
         return size
@@ -220,7 +229,6 @@ class LruPlacer(Placer):
 
     def _forget_form(self, cid: str) -> None:
         """The context leaves the placer (taken out of its tier first)."""
-        self._tier_of.pop(cid, None)
         self._pinned.discard(cid)
         self._variants.pop(cid, None)
 
@@ -246,7 +254,7 @@ class LruPlacer(Placer):
 
     def _demote(self, cid: str, level: int) -> Operation:
         source = self.placement(cid)
-        size = self._unplace(cid)
+        size = self._unplace(cid, level)
         below = level + 1
         while below < len(self.tiers):
             cap = self.tiers[below].capacity_bytes

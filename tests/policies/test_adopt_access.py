@@ -209,3 +209,32 @@ def test_a_rebalance_places_no_context_above_the_fastest_tier_named_for_it(two_t
     placer.rebalance([a, b], {"B": "slow"})
     assert placer.placement("B") == Placement("none", "slow")
     assert placer.placement("A") == Placement("none", "fast")
+
+
+def test_lru_keeps_each_context_only_in_its_tiers_recency_list():
+    """Issue 42: at 1,000,000 contexts adopted at start, a dict of each context's tier beside
+    the recency lists was 38 bytes a context; the tier is looked up in those lists instead.
+    10,000 contexts cost the placer about what one ordered dict of them costs."""
+    import tracemalloc
+    from collections import OrderedDict
+
+    tiers = [TierModel("fast", 1 << 20, 1e10), TierModel("slow", None, 1e9)]
+    found = [profile(f"c{i}", {"none": (64, 1.0)}) for i in range(10_000)]
+    placer = LruPlacer(tiers)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for p in found:
+            assert not placer.adopt(p, Placement("none", "slow"))
+        placer_bytes = tracemalloc.get_traced_memory()[0] - before
+        alone = OrderedDict((p.context_id, 64) for p in found)
+        list_bytes = tracemalloc.get_traced_memory()[0] - before - placer_bytes
+    finally:
+        tracemalloc.stop()
+    assert len(alone) == len(found) and placer_bytes < 1.15 * list_bytes
+    assert placer.placement("c7") == Placement("none", "slow")
+    assert placer.access("c7", 1.0).operations[0].target == Placement("none", "fast")
+    assert placer.placement("c7") == Placement("none", "fast")
+    placer.remove("c7")
+    with pytest.raises(KeyError):
+        placer.placement("c7")
