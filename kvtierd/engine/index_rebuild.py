@@ -20,7 +20,7 @@ from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.placing import Placing
 from kvtierd.engine.state import ContextRecord, ObjectRecord
-from kvtierd.engine.variant_writer import Settled, settle_variants
+from kvtierd.engine.variant_writer import Settled, made_or_marking, settle_variants
 from kvtierd.errors import KvtierError
 from kvtierd.storage import Tier
 from kvtierd.types import ObjectMeta
@@ -54,9 +54,13 @@ async def _index_found(index: ContextIndex, tiers: Mapping[str, Tier], mover: Ti
             # A shared tier that is down at start is not fatal: its objects are found
             # on demand (``ReadPath._fetch_shared``) once it is back.
             logger.warning("tier %s: cannot list objects at start: %s", tier.name, e)
+    # The objects settle_variants looks at again, picked out in the order the tiers list them
+    # (a pass in key order met each meta at another place in memory: 5x as long at 1M).
+    picked = made_or_marking(found)
     # Each context's objects in the order they were put: tiers list them in scan order.
     sort_found(found)
-    settled = await settle_variants(found, tiers, mover.reference_tier())
+    sort_found(picked)
+    settled = await settle_variants(found, picked, tiers, mover.reference_tier())
     add_found(index, settled.objects)
     add_variants(index, settled)
 

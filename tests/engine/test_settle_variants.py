@@ -9,7 +9,7 @@ import asyncio
 from typing import cast
 
 from kvtierd.engine.context_kv import MARKER_LAYOUT, variant_key
-from kvtierd.engine.variant_writer import Settled, settle_variants
+from kvtierd.engine.variant_writer import Settled, made_or_marking, settle_variants
 from kvtierd.kernels.placeholder import manifest_key
 from kvtierd.storage import Tier
 from kvtierd.types import ObjectMeta
@@ -26,7 +26,8 @@ class _Tier:
 def _settle(found: list[tuple[ObjectMeta, str]]) -> tuple[Settled, list[str]]:
     tier = _Tier()
     tiers = {"ssd": cast(Tier, tier), "remote": cast(Tier, tier)}
-    return asyncio.run(settle_variants(found, tiers, "remote")), tier.deleted
+    picked = made_or_marking(found)
+    return asyncio.run(settle_variants(found, picked, tiers, "remote")), tier.deleted
 
 
 def test_without_a_marker_the_objects_the_daemon_made_are_leftovers() -> None:
