@@ -69,9 +69,14 @@ def sort_found(found: list[tuple[ObjectMeta, str]]) -> None:
     """Sort ``found`` by :func:`~kvtierd.engine.index.found_order` of each meta, as two stable
     sorts of one plain key each (the key, then the position, an object without one first:
     positions are >= 0, ``ssd_format.check_position_field``). Python compares a list of plain
-    ``str`` or small ``int`` keys without a tuple per object: 2-3x faster at 100,000."""
+    ``str`` or small ``int`` keys without a tuple per object: 2-3x faster at 100,000. The
+    second sort is left out when every object has one position (one-object contexts: each
+    its first): its pass, in key order, met each meta at another place in memory (0.4 s at
+    1,000,000; the positions are read first in the order the tiers list them, ~0.1 s)."""
+    positions = {item[0].position for item in found}
     found.sort(key=lambda item: item[0].key)
-    found.sort(key=lambda item: -1 if item[0].position is None else item[0].position)
+    if len(positions) > 1:
+        found.sort(key=lambda item: -1 if item[0].position is None else item[0].position)
 
 
 def add_found(index: ContextIndex, found: Iterable[tuple[ObjectMeta, str]]) -> None:

@@ -180,6 +180,20 @@ def test_a_child_found_before_its_parent_is_linked_at_start() -> None:
     assert index.ancestors(index.contexts["b"]) == ["a"]
 
 
+def test_found_objects_of_one_position_are_in_key_order() -> None:
+    """Issue 42: with one position for all (one-object contexts), sort_found sorts by key
+    alone, as found_order does; one object with another position is sorted by it first."""
+    from kvtierd.engine.index_rebuild import sort_found
+
+    for position in (None, 0):
+        found = [(ObjectMeta(k, 1, position=position), "ssd") for k in ("k3", "k10", "k1", "k2")]
+        sort_found(found)
+        assert [m.key for m, _ in found] == ["k1", "k10", "k2", "k3"]
+    found = [(ObjectMeta(k, 1, position=p), "ssd") for k, p in (("b", 0), ("a", 1), ("c", 0))]
+    sort_found(found)
+    assert [m.key for m, _ in found] == ["b", "c", "a"]
+
+
 def test_a_restart_indexes_as_add_does_in_one_pass() -> None:
     """Issue 42: the restart's bulk path (two plain sorts, bytes charged per tenant and tier
     at the end, only contexts naming a parent relinked) gives what :func:`found_order` and
