@@ -57,7 +57,7 @@ class LeaseTable:
         records: list[AllocationRecord] = []
         try:
             for meta in metas:
-                block = self._cpu.stage(meta.size_bytes)
+                block = self._cpu.stage_put(meta.size_bytes)
                 now = time.monotonic()
                 rec = AllocationRecord(
                     allocation_id=f"{self.instance_id}:a{next(self._ids)}",

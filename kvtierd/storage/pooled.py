@@ -98,16 +98,22 @@ class PooledTier(Tier):
             if not self._pins[block.offset]:
                 del self._pins[block.offset]
 
-    def allocate(self, allocator: FreeListAllocator, nbytes: int) -> Block:
+    def allocate(self, allocator: FreeListAllocator, nbytes: int, least_freed: int = 0) -> Block:
         """A block of ``nbytes`` from ``allocator`` (this tier's pool), compacting the pool
         when its free bytes would hold one but no free block does (module docstring). Raises
-        ``CapacityError`` when the bytes are not free, or when what may not move is in the
-        way."""
+        ``CapacityError`` when the bytes are not free, when what may not move is in the way,
+        or when a compaction could not free ``least_freed`` bytes in one block (half the free
+        bytes: a caller that can wait asks for a compaction only where it pays for itself)."""
         try:
             return allocator.allocate(nbytes)
-        except CapacityError:
+        except CapacityError as e:
             if allocator.free_bytes < allocator.round_up(nbytes):
                 raise
+            if allocator.free_bytes // 2 < least_freed:
+                raise CapacityError(
+                    f"{e}: too little free to compact for ({allocator.free_bytes} bytes free, "
+                    f"{least_freed * 2} wanted); retry once the daemon has moved contexts down"
+                ) from e
         keys = {
             block.offset: key
             for key, block in self._index.blocks()

@@ -239,3 +239,30 @@ async def test_a_nearly_full_pool_is_not_compacted_at_any_price() -> None:
             assert bytes(out) == blobs[f"o{i}"]
     finally:
         await tier.close()
+
+
+async def test_a_put_compacts_only_for_room_that_pays_for_the_pass() -> None:
+    """A put's stage compacts a fragmented arena only where half its free bytes are at least
+    1/64 of it: with less free (puts outrunning the moves down) it is refused at once, without
+    the pass over every object, and retried by the client; the daemon's own stage (a place the
+    placer counted room for) still compacts (issue 40.9)."""
+    pages = 256
+    tier = CpuTier(TierConfig("cpu", "cpu", pages * P, options={"staging_bytes": 0}))
+    await tier.start()
+    try:
+        for i in range(pages):
+            await tier.put(ObjectMeta(key=f"o{i}", size_bytes=P), memoryview(bytes(P)))
+        for i in (10, 20, 30):  # three pages free, none beside another: 3 < 2 * 256/64
+            await tier.delete(f"o{i}")
+        with pytest.raises(CapacityError, match=r"too little free to compact for"):
+            tier.stage_put(2 * P)
+        assert tier.compacted_bytes == 0
+        assert tier.stage(2 * P).length == 2 * P  # the daemon's own stage compacts
+        assert tier.compacted_bytes > 0
+        for i in (40, 50, 60, 70, 80, 90, 100, 110, 120):  # ten free pages: 5 >= 256/64
+            await tier.delete(f"o{i}")
+        moved = tier.compacted_bytes
+        assert tier.stage_put(2 * P).length == 2 * P
+        assert tier.compacted_bytes > moved
+    finally:
+        await tier.close()
