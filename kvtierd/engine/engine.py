@@ -39,7 +39,7 @@ from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.executor import Executor
 from kvtierd.engine.in_flight_reports import InFlightReports
 from kvtierd.engine.index import ContextIndex
-from kvtierd.engine.index_rebuild import rebuild_index
+from kvtierd.engine.index_rebuild import adopt_found, rebuild_index
 from kvtierd.engine.leases import LeaseTable
 from kvtierd.engine.lookup_decision import LookupDecision, decide, restore_share
 from kvtierd.engine.margin import decision_margin, room_bytes
@@ -348,8 +348,9 @@ class Engine:
         # cards first: one kept from vLLM's last start may name the model profiles read
         self.model_cards.update(load_cards(self.config.data_dir))
         self.profiling.configure()
-        await rebuild_index(self.index, self.tiers, self.mover, self.executor, self.placing)
-        restore_access_times(self.index, self.config.data_dir)
+        await rebuild_index(self.index, self.tiers, self.mover)
+        restored = restore_access_times(self.index, self.config.data_dir)
+        adopt_found(self.index, self.executor, self.placing, restored > 0)
         self.executor.start()
         self.profiling.start()
         self._reaper = asyncio.create_task(self._reap_forever(), name="kvtierd-reaper")

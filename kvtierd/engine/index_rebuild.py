@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 
 from kvtierd.engine.context_kv import SEPARATOR, client_key
 from kvtierd.engine.executor import Executor
@@ -28,20 +29,27 @@ from kvtierd.types import ObjectMeta
 logger = logging.getLogger(__name__)
 
 
-async def rebuild_index(
-    index: ContextIndex,
-    tiers: Mapping[str, Tier],
-    mover: TierMover,
-    executor: Executor,
-    placing: Placing,
-) -> None:
-    """Index every object ``tiers`` still hold (after a restart); the placer adopts each
-    context where it is, through ``executor`` (many in the background: ``Placing.adopt_found``)."""
+async def rebuild_index(index: ContextIndex, tiers: Mapping[str, Tier], mover: TierMover) -> None:
+    """Index every object ``tiers`` still hold (after a restart); the placer adopts the
+    contexts after (:func:`adopt_found`)."""
     await _index_found(index, tiers, mover)  # (the collector waits: Engine.start)
-    placing.adopt_found(list(index.contexts.values()), executor.submit)
     if index.objects:
         logger.info("rebuilt index: %d objects in %d contexts", len(index.objects),
                     len(index.contexts))  # fmt: skip
+
+
+def adopt_found(
+    index: ContextIndex, executor: Executor, placing: Placing, access_times_restored: bool
+) -> None:
+    """The placer adopts each context found at start where it is, through ``executor`` (many
+    in the background: ``Placing.adopt_found``), the least recently accessed first where the
+    last stop saved access times: an LRU placer ranks a context it adopts most recent, so
+    adopted in index order its order after a restart was the keys' (the one a rebalance would
+    restore, once, from ``last_access_s``)."""
+    found = list(index.contexts.values())
+    if access_times_restored:
+        found.sort(key=attrgetter("last_access_s"))
+    placing.adopt_found(found, executor.submit)
 
 
 async def _index_found(index: ContextIndex, tiers: Mapping[str, Tier], mover: TierMover) -> None:

@@ -5,7 +5,11 @@ never twice: a context the placer learned of otherwise first is passed over."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import random
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ import pytest
 from kvtierd.config import DaemonConfig, TierConfig
 from kvtierd.engine import Engine
 from kvtierd.engine import placing as placing_module
+from kvtierd.engine.shutdown_flush import ACCESS_TIMES_FILE
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.types import ObjectMeta, Plan
 
@@ -110,6 +115,44 @@ def test_few_contexts_are_adopted_before_the_daemon_serves(tmp_path: Path):
             assert engine.placing.adopting is None
             for ctx in engine.index.contexts.values():
                 assert engine.placing.target(ctx.context_id) == engine.index.placement_of(ctx)
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["before-serving", "in-the-background"])
+def test_an_lru_restart_keeps_the_saved_recency_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, many: bool
+):
+    """A graceful stop saves each context's last access; the restart adopts the least recent
+    first, so that the LRU placer's order in a tier is the saved one, not the keys' (each
+    context it adopts it ranks most recent). Contexts the stop saved no time for come last."""
+    if many:
+        monkeypatch.setattr(placing_module, "ADOPT_BEFORE_SERVING", 5)
+        monkeypatch.setattr(placing_module, "ADOPT_SLICE", 4)
+
+    async def run() -> None:
+        await _fill_ssd(tmp_path)
+        policy = tmp_path / "lru.yaml"
+        policy.write_text("name: lru\nplacer: lru\n")
+        config = dataclasses.replace(_config(tmp_path), policy_file=str(policy))
+        recency = [f"c{i}" for i in random.Random(0).sample(range(CONTEXTS), CONTEXTS)]
+        saved = recency[:-3]  # the last three: no time saved
+        now = time.time()
+        times = {cid: now - 1000 + i for i, cid in enumerate(saved)}
+        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        (Path(config.data_dir) / ACCESS_TIMES_FILE).write_text(json.dumps(times))
+        engine = Engine(config)
+        await engine.start()
+        try:
+            if engine.placing.adopting is not None:
+                await engine.placing.adopting
+            assert (engine.placing.adopting is not None) == many
+            ssd = engine.placing.placer._lru[1]  # type: ignore[attr-defined]
+            order = list(ssd)  # least recent first
+            assert order[: len(saved)] == saved
+            assert sorted(order[len(saved) :]) == sorted(recency[-3:])
         finally:
             await engine.close()
 
