@@ -1,13 +1,16 @@
-"""The C heap under Python's: glibc's ``malloc`` tuned for the daemon's large buffers, and the
-memory a one-off burst freed handed back to the system.
-
-Both are no-ops where the C library is not glibc (``mallopt`` and ``malloc_trim`` are glibc's).
+"""The daemon's memory housekeeping: the C heap under Python's (glibc's ``malloc`` tuned for
+the daemon's large buffers, the memory a one-off burst freed handed back to the system; both
+no-ops where the C library is not glibc: ``mallopt`` and ``malloc_trim`` are glibc's), and the
+cyclic garbage collector paused over passes that make many long-lived objects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import logging
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -47,3 +50,17 @@ def trim(why: str) -> bool:
     released = bool(libc.malloc_trim(0))
     logger.debug("heap trimmed after %s: %s", why, "released" if released else "nothing free")
     return released
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block (as it was after): for a pass that
+    allocates a few long-lived objects per context, where each full collection it would start
+    walks every object the daemon holds (placing's rebalance, a restart's index)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()

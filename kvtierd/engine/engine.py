@@ -45,7 +45,7 @@ from kvtierd.engine.lookup_decision import LookupDecision, decide, restore_share
 from kvtierd.engine.margin import decision_margin, room_bytes
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.option_table import Option, ReasonSources, placement_reason, utility_table
-from kvtierd.engine.placing import Placing, collector_paused
+from kvtierd.engine.placing import Placing
 from kvtierd.engine.profiling.ancestor_kv import AncestorReader
 from kvtierd.engine.profiling.profile_inputs import ProfileInputs
 from kvtierd.engine.profiling.profile_runs import RunLog
@@ -85,6 +85,7 @@ from kvtierd.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from kvtierd.heap import collector_paused
 from kvtierd.kernels.placeholder import ModelCard
 from kvtierd.metrics import Metrics
 from kvtierd.policies.loader import default_policy, load_policy

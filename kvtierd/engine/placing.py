@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvtierd.engine.context_options import ContextOptions
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.option_rows import OptionRows
 from kvtierd.engine.state import ContextRecord, RunningPolicy
 from kvtierd.errors import ConfigError
-from kvtierd.heap import trim
+from kvtierd.heap import collector_paused, trim
 from kvtierd.policies import Placer, PlacerParams, placer_class
 from kvtierd.policies.model import OptionArrays
 from kvtierd.policy_config import PLACER_PARAMS_FIELDS, PolicyConfig
@@ -40,20 +39,6 @@ logger = logging.getLogger(__name__)
 # option rows, the placer's table), minutes at 1M, while the index alone is enough to serve.
 ADOPT_BEFORE_SERVING = 10_000
 ADOPT_SLICE = 1_000  # contexts adopted between two turns of the event loop
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for the block (as it was after): for a pass that
-    allocates a few long-lived objects per context, where each full collection it would start
-    walks every object the daemon holds (placing's rebalance, a restart's index)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def tier_models(tiers: Mapping[str, Tier], cpu: CpuTier) -> list[TierModel]:

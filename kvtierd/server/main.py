@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from kvtierd.config import default_config, load_daemon_config
 from kvtierd.errors import KvtierError
-from kvtierd.heap import trim, tune_malloc
+from kvtierd.heap import collector_paused, trim, tune_malloc
 
 logger = logging.getLogger("kvtierd")
 
@@ -78,14 +78,9 @@ def gc_tuned_after_start() -> Iterator[None]:
     on, then a full one) for ~2.9 s of a 1,000,000-object restart before the daemon answered,
     and found nothing to free (no unreachable object after ``Daemon.start`` at 100,000)."""
     gc.collect()
-    was = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         yield
         gc.freeze()
-    finally:
-        if was:
-            gc.enable()
     gc.set_threshold(10_000, 10, 10)
 
 
