@@ -23,6 +23,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
+from kvtierd.engine.down_batch import DownBatch, down_objects, down_target
 from kvtierd.engine.durable import DurableGuard
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
@@ -36,6 +37,7 @@ from kvtierd.types import ORIGINAL_VARIANT, Operation, OpKind, Placement, Plan
 
 logger = logging.getLogger(__name__)
 
+GATHER_PLANS = 256  # plans queued behind each other carried out together (their moves batch)
 MAX_SET_ASIDE = 10_000  # reasons kept for contexts set aside (the oldest forgotten first)
 
 
@@ -64,6 +66,7 @@ class Executor:
         self._running = 0  # plans taken off the queue and not yet finished (0 or 1)
         self.done = Counter[str]()
         self.failed = Counter[str]()
+        self.down_batches = 0  # batches of moves down written (``down_batch``)
         self._relearnt: set[str] = set()  # failed, and adopted where they are since
         self.deferred: list[Operation] = []  # waiting for a hold to end (module docstring)
         self._wake: asyncio.TimerHandle | None = None
@@ -108,19 +111,23 @@ class Executor:
 
     async def _run_forever(self) -> None:
         while True:
-            plan = await self._queue.get()
-            self._running = 1
+            plans = [await self._queue.get()]
+            while len(plans) < GATHER_PLANS and not self._queue.empty():
+                plans.append(self._queue.get_nowait())  # their moves down share batches
+            self._running = len(plans)
             try:
-                await self.run(plan)
+                await self.run(*plans)
             finally:
                 self._running = 0
-                self._queue.task_done()
+                for _ in plans:
+                    self._queue.task_done()
 
-    async def run(self, plan: Plan) -> None:
+    async def run(self, *plans: Plan) -> None:
+        """Carry out ``plans`` in order (and the deferred operations still planned first)."""
         retry, self.deferred = self.deferred, []
         current = tuple(op for op in retry if self._still_planned(op))
         try:
-            await self._run_ops((*current, *plan.operations))
+            await self._run_ops((*current, *(op for plan in plans for op in plan.operations)))
         finally:
             self._mover.publish_tier_state()
 
@@ -145,24 +152,100 @@ class Executor:
         self._queue.put_nowait(Plan())  # an empty plan runs the deferred operations
 
     async def _run_ops(self, ops: tuple[Operation, ...]) -> None:
+        """Apply ``ops`` in order, except that moves of small objects down to the SSD tier
+        join a batch written with one sync (``down_batch``): when it is full, at the end, and
+        before any operation that could depend on it (:meth:`_waits_for`)."""
+        target = down_target(self._mover.tiers)
+        down = DownBatch[Operation](self._index, self._mover, target) if target else None
         for op in ops:
-            try:
-                await self.apply(op)
-            except KvtierError as e:
-                self.failed[op.kind.value] += 1
-                logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
-                self._learn_where_it_is(op.context_id)
-            except Exception as e:
-                # What a client stored can fail an operation in ways no check foresaw: that
-                # context is set aside, the others and health go on. One such error used to
-                # mark the daemon NOT_SERVING until restart, for every tenant (issue 40.2).
-                self.failed[op.kind.value] += 1
-                self._set_aside(op, e)
-            else:
-                self._relearnt.discard(op.context_id)
-                self.done[op.kind.value] += 1
-                self._metrics.record_operation(op.kind.value)
-                self._metrics.record_placement(op.target.variant, op.target.tier)
+            if down is not None:
+                if self._join_down(op, down):
+                    if down.full:
+                        await self._write_down(down)
+                    continue
+                if down and self._waits_for(op, down):
+                    await self._write_down(down)
+            await self._apply_counted(op)
+        if down:
+            await self._write_down(down)
+
+    async def _apply_counted(self, op: Operation) -> None:
+        try:
+            await self.apply(op)
+        except KvtierError as e:
+            self.failed[op.kind.value] += 1
+            logger.error("plan operation %s on %r failed: %s", op.kind.value, op.context_id, e)
+            self._learn_where_it_is(op.context_id)
+        except Exception as e:
+            # What a client stored can fail an operation in ways no check foresaw: that
+            # context is set aside, the others and health go on. One such error used to
+            # mark the daemon NOT_SERVING until restart, for every tenant (issue 40.2).
+            self.failed[op.kind.value] += 1
+            self._set_aside(op, e)
+        else:
+            self._count_done(op)
+
+    def _count_done(self, op: Operation) -> None:
+        self._relearnt.discard(op.context_id)
+        self.done[op.kind.value] += 1
+        self._metrics.record_operation(op.kind.value)
+        self._metrics.record_placement(op.target.variant, op.target.tier)
+
+    def _join_down(self, op: Operation, down: DownBatch[Operation]) -> bool:
+        """Whether ``op`` joined the batch: a move (or place) of a context in the form it has,
+        to the batch's tier, that is only writes of small objects from the CPU tier and
+        that its tenant's quota lets go there (else :meth:`apply` finds where it goes)."""
+        target = down.target.name
+        if op.kind is OpKind.DROP or op.target.tier != target or op.context_id in down:
+            return False
+        ctx = self._index.contexts.get(op.context_id)
+        if ctx is None or ctx.durable_held or op.target.variant != ctx.variant:
+            return False
+        objs = down_objects(self._index, ctx, self._mover.cpu.name, target)
+        if not objs:
+            return False
+        if self._index.has_quotas and (
+            self._index.quota_tier(ctx, target, self._tier_names) != target
+        ):
+            return False
+        logger.debug("plan operation %s on %r: %s in %s -> %s (%s, batched)", op.kind.value,
+                     ctx.context_id, ctx.variant, op.source.tier, target, op.reason)  # fmt: skip
+        down.add(ctx, objs, op)
+        return True
+
+    def _waits_for(self, op: Operation, down: DownBatch[Operation]) -> bool:
+        """Whether ``op`` must wait until the batch is written: it is on a context in the
+        batch, or it needs room a move down frees. A drop, and a move of a context already
+        wholly where the plan puts it in the form it has (a put's place in the CPU tier, queued
+        between moves down), go first."""
+        if op.context_id in down:
+            return True
+        if op.kind is OpKind.DROP:
+            return False
+        ctx = self._index.contexts.get(op.context_id)
+        if ctx is None or ctx.durable_held:
+            return False  # (apply does nothing with it)
+        tier = op.target.tier
+        objects = self._index.objects
+        return not (
+            tier is not None
+            and op.target.variant == ctx.variant
+            and ctx.marker is None
+            and all(objects[k].tier == tier for k in ctx.keys if k in objects)
+        )
+
+    async def _write_down(self, down: DownBatch[Operation]) -> None:
+        """Write the batch; each operation whose context changed since it joined, or all of
+        them when the batch failed as a whole, is applied alone, with its own outcome."""
+        wrote = await down.write()
+        if wrote.error is not None:
+            logger.warning("a batch of %d moves down to %s failed (%s); each is tried alone",
+                           len(wrote.failed), down.target.name, wrote.error)  # fmt: skip
+        self.down_batches += bool(wrote.written)
+        for op in wrote.written:
+            self._count_done(op)
+        for op in (*wrote.changed, *wrote.failed):
+            await self._apply_counted(op)
 
     def _set_aside(self, op: Operation, error: Exception) -> None:
         """After an unexpected error in ``op``: log it with the context, keep the reason

@@ -28,6 +28,7 @@ from kvtierd.metrics import Metrics
 from kvtierd.storage import CpuTier, Tier
 from kvtierd.storage.allocator import Block
 from kvtierd.storage.pooled import PooledTier
+from kvtierd.storage.ssd import SsdTier
 from kvtierd.types import ObjectMeta
 
 if TYPE_CHECKING:
@@ -285,6 +286,23 @@ class TierMover:
             obj.shadow = ""
         obj.tier = target
         return meta.size_bytes
+
+    async def write_down(self, objs: list[ObjectRecord], target: SsdTier) -> int:
+        """Write ``objs``, each in the CPU tier and already charged to ``target``, with one
+        sync (``SsdTier.put_many``), then drop their CPU copies; returns the bytes written.
+        The caller holds their contexts' locks (``down_batch``). On an error nothing has
+        moved, and it is raised."""
+        cpu = self.cpu
+        with contextlib.ExitStack() as pins:  # a compaction must not move them meanwhile
+            items = [(o.meta, cpu.view(pins.enter_context(cpu.pinned(o.meta.key)))) for o in objs]
+            started = time.perf_counter()
+            await target.put_many(items)
+        nbytes = sum(o.meta.size_bytes for o in objs)
+        self._metrics.observe_store(target.name, time.perf_counter() - started, nbytes)
+        for obj in objs:
+            await self.remove_from_tier(obj.meta, cpu.name)
+            obj.tier = target.name
+        return nbytes
 
     async def copy_object(self, obj: ObjectRecord, target: str) -> None:
         """Put a copy of the object in ``target``, charged there."""

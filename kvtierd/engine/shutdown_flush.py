@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvtierd.engine.down_batch import DownBatch, down_objects
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
-from kvtierd.engine.state import ContextRecord, ObjectRecord
+from kvtierd.engine.state import ContextRecord
 from kvtierd.errors import KvtierError
 from kvtierd.storage import Tier
 from kvtierd.storage.ssd import SsdTier
@@ -63,11 +64,6 @@ def _on_cpu(ctx: ContextRecord, index: ContextIndex, cpu: str) -> bool:
     return any(index.objects[k].tier == cpu for k in ctx.keys if k in index.objects)
 
 
-BATCH_OBJECT_BYTES = 1 << 20  # objects up to this size go in batches; larger ones one by one
-BATCH_BYTES = 16 << 20  # a batch is written when it holds this much...
-BATCH_OBJECTS = 1024  # ...or this many objects
-
-
 async def flush_cpu_tier(
     index: ContextIndex, mover: TierMover, tiers: Mapping[str, Tier], bound_s: float
 ) -> FlushReport:
@@ -75,7 +71,7 @@ async def flush_cpu_tier(
     ``bound_s`` seconds. A context is only started when the rate measured so far says it
     finishes in time (its first one always is), and only when the SSD tier has room for it
     within its tenant's quota there. Contexts of small objects are written in batches, with
-    one filesystem sync per batch (``SsdTier.put_many``), others one by one."""
+    one filesystem sync per batch (``down_batch``), others one by one."""
     target = flush_target(tiers)
     cpu = mover.cpu.name
     hot = sorted(
@@ -95,15 +91,14 @@ async def flush_cpu_tier(
         flush.done,
         flush.written,
         time.perf_counter() - flush.started,
-        flush.batches,
+        flush.batch.batches if flush.batch is not None else 0,
     )
     _log(report, bound_s)
     return report
 
 
 class _Flush:
-    """One flush's progress: what is written, and the batch being filled (its contexts'
-    locks held and their bytes charged to the target from the moment each joins it)."""
+    """One flush's progress: what is written, and the batch being filled."""
 
     def __init__(
         self, index: ContextIndex, mover: TierMover, target: Tier | None, bound_s: float
@@ -111,10 +106,9 @@ class _Flush:
         self.index, self.mover, self.bound_s = index, mover, bound_s
         self.target = target
         self.started = time.perf_counter()
-        self.written = self.done = self.batches = 0
-        self.batch: list[tuple[ContextRecord, list[ObjectRecord]]] = []
-        self.batch_bytes = self.batch_objects = 0
-        self.locks = contextlib.AsyncExitStack()
+        self.written = self.done = 0
+        ssd = target if isinstance(target, SsdTier) else None
+        self.batch = DownBatch[ContextRecord](index, mover, ssd) if ssd else None
 
     def _in_time(self, nbytes: int) -> bool:
         elapsed = time.perf_counter() - self.started
@@ -124,77 +118,47 @@ class _Flush:
     async def offer(self, ctx: ContextRecord) -> bool:
         """Write ``ctx`` (now, or in the batch); False once the time is spent."""
         assert self.target is not None
-        target = self.target
-        if not self._in_time(self.batch_bytes + ctx.size_bytes):
+        target, batch = self.target, self.batch
+        queued = batch.nbytes if batch else 0
+        if not self._in_time(queued + ctx.size_bytes):
             return False
-        room = target.capacity_bytes - target.used_bytes() - self.batch_bytes
-        if ctx.size_bytes > room:
+        if ctx.size_bytes > target.capacity_bytes - target.used_bytes() - queued:
             return True  # no room for this one; a smaller one may fit
-        if not self._batchable(ctx) or not isinstance(target, SsdTier):
+        if self.index.quota_tier(ctx, target.name, [target.name]) is None:
+            return True  # beyond its tenant's quota there (issue 40.7)
+        objs = down_objects(self.index, ctx, self.mover.cpu.name, target.name)
+        if batch is None or not objs:
             await self.write_batch()
-            if self.index.quota_tier(ctx, target.name, [target.name]) is None:
-                return True  # beyond its tenant's quota there (issue 40.7)
-            try:
-                self.written += await self.mover.move_context(ctx, target.name)
-            except KvtierError as e:  # e.g. the SSD tier filled up under us: keep what is done
-                logger.warning("shutdown flush: context %s not written: %s", ctx.context_id, e)
-                return True
-            self.done += 1
+            await self._move(ctx)
             return True
-        await self.locks.enter_async_context(ctx.lock)
-        objs = [o for o in self._objects(ctx) if o.tier == self.mover.cpu.name]
-        if (
-            not self._batchable(ctx)
-            or self.index.quota_tier(ctx, target.name, [target.name]) is None
-        ):
-            return True  # changed while we waited for its lock, or beyond its quota there
-        for obj in objs:  # charged now: the quota check of the next context counts these
-            self.index.account(obj.meta, target.name, +1)
-        self.batch.append((ctx, objs))
-        self.batch_bytes += sum(o.meta.size_bytes for o in objs)
-        self.batch_objects += len(objs)
-        if self.batch_bytes >= BATCH_BYTES or self.batch_objects >= BATCH_OBJECTS:
+        batch.add(ctx, objs, ctx)
+        if batch.full:
             await self.write_batch()
         return True
 
-    def _objects(self, ctx: ContextRecord) -> list[ObjectRecord]:
-        return [self.index.objects[k] for k in ctx.keys if k in self.index.objects]
-
-    def _batchable(self, ctx: ContextRecord) -> bool:
-        """Whether the context's move is only writes of small CPU-tier objects to the target:
-        no marker to place, no shadow copy to drop, nothing on a third tier."""
+    async def _move(self, ctx: ContextRecord) -> None:
         assert self.target is not None
-        where = (self.mover.cpu.name, self.target.name)
-        return ctx.marker is None and all(
-            o.tier in where and not o.shadow and o.meta.size_bytes <= BATCH_OBJECT_BYTES
-            for o in self._objects(ctx)
-        )
+        try:
+            self.written += await self.mover.move_context(ctx, self.target.name)
+        except KvtierError as e:  # e.g. the SSD tier filled up under us: keep what is done
+            logger.warning("shutdown flush: context %s not written: %s", ctx.context_id, e)
+            return
+        self.done += 1
 
     async def write_batch(self) -> None:
-        """Write the batch's objects with one sync, then drop their CPU-tier copies."""
-        batch, self.batch, self.batch_bytes, self.batch_objects = self.batch, [], 0, 0
-        locks, self.locks = self.locks, contextlib.AsyncExitStack()
-        async with locks:
-            if not batch:
-                return
-            target, cpu = self.target, self.mover.cpu
-            assert isinstance(target, SsdTier)
-            objs = [o for _, ctx_objs in batch for o in ctx_objs]
-            items = [(o.meta, cpu.view(cpu.block_of(o.meta.key))) for o in objs]
-            try:
-                await target.put_many(items)
-            except (KvtierError, OSError) as e:
-                for o in objs:
-                    self.index.account(o.meta, target.name, -1)
-                logger.warning("shutdown flush: a batch of %d contexts not written: %s",
-                               len(batch), e)  # fmt: skip
-                return
-            for o in objs:
-                await self.mover.remove_from_tier(o.meta, cpu.name)
-                o.tier = target.name
-                self.written += o.meta.size_bytes
-            self.done += len(batch)
-            self.batches += 1
+        """Write the batch with one sync; a context that changed since it joined is moved
+        alone."""
+        if not self.batch:
+            return
+        wrote = await self.batch.write()
+        if wrote.error is not None:
+            logger.warning("shutdown flush: a batch of %d contexts not written: %s",
+                           len(wrote.failed), wrote.error)  # fmt: skip
+        self.written += wrote.nbytes
+        self.done += len(wrote.written)
+        for ctx in wrote.changed:
+            if self.index.contexts.get(ctx.context_id) is ctx:
+                await self._move(ctx)
 
 
 def _log(report: FlushReport, bound_s: float) -> None:

@@ -35,7 +35,8 @@ class _Rare:
     """What few contexts have, kept off :class:`ContextRecord` (five slots a context more at
     1M one-object contexts: issue 42). Read and written through :class:`_RareField`s."""
 
-    _lock: asyncio.Lock | None = None
+    # The context's lock and how many hold it or wait for it (:class:`ContextLock`).
+    _lock: _LockState | None = None
     # The object that marks a daemon-made variant complete (written last), and its tier.
     marker: tuple[ObjectMeta, str] | None = None
     # The original's objects (meta, tier) kept in an unbounded tier while the context is
@@ -48,6 +49,9 @@ class _Rare:
     # and the key of the parent's chunk it follows ("" = the parent's last, or not known).
     parent: str = ""
     after_key: str = ""
+
+
+_ALL_DEFAULT = _Rare()
 
 
 class _RareField(Generic[T]):
@@ -72,11 +76,65 @@ class _RareField(Generic[T]):
         return self.default if rare is None else cast(T, getattr(rare, self.name))
 
     def __set__(self, record: ContextRecord, value: T) -> None:
-        if record._rare is None:
+        rare = record._rare
+        if rare is None:
             if value == self.default:
                 return
-            record._rare = _Rare()
-        setattr(record._rare, self.name, value)
+            rare = record._rare = _Rare()
+        setattr(rare, self.name, value)
+        if value == self.default and rare == _ALL_DEFAULT:
+            record._rare = None  # nothing aside any more: the room goes with it
+
+
+class _LockState:
+    """A context's ``asyncio.Lock`` while anyone holds it or waits for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class ContextLock:
+    """``async with ctx.lock``: held while the context's bytes move or are read.
+
+    The ``asyncio.Lock`` behind it (~350 bytes with its record) is made when a first user
+    comes and let go when the last one leaves: a daemon moves nearly every context of a large
+    cache down a tier once, and keeping each one's lock afterwards cost ~450 B a context at 1M
+    one-object contexts (issue 42's 1 KB an object)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: ContextRecord) -> None:
+        self._ctx = ctx
+
+    def locked(self) -> bool:
+        state = self._ctx._lock
+        return state is not None and state.lock.locked()
+
+    async def __aenter__(self) -> None:
+        ctx = self._ctx
+        state = ctx._lock
+        if state is None:
+            state = ctx._lock = _LockState()
+        state.users += 1
+        try:
+            await state.lock.acquire()
+        except BaseException:
+            self._leave(state)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        state = self._ctx._lock
+        assert state is not None
+        state.lock.release()
+        self._leave(state)
+
+    def _leave(self, state: _LockState) -> None:
+        state.users -= 1
+        if not state.users:
+            self._ctx._lock = None
 
 
 @dataclass(slots=True)
@@ -104,7 +162,7 @@ class ContextRecord:
     durable_held = _RareField[bool](False)
     parent = _RareField[str]("")
     after_key = _RareField[str]("")
-    _lock = _RareField[asyncio.Lock | None](None)
+    _lock = _RareField[_LockState | None](None)
 
     @property
     def keys(self) -> KeySet:
@@ -112,13 +170,9 @@ class ContextRecord:
         return KeySet(holder=self)
 
     @property
-    def lock(self) -> asyncio.Lock:
-        """Held while the context's bytes move or are read (made on first use: an
-        ``asyncio.Lock`` is ~350 bytes, and most contexts of a large daemon never need one)."""
-        lock = self._lock
-        if lock is None:
-            lock = self._lock = asyncio.Lock()
-        return lock
+    def lock(self) -> ContextLock:
+        """Held while the context's bytes move or are read (``async with ctx.lock``)."""
+        return ContextLock(self)
 
 
 @dataclass(slots=True)

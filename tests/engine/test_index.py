@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 
 import pytest
@@ -284,6 +286,41 @@ def test_a_context_keeps_its_rare_fields_aside_until_one_is_set():
     assert ctx._rare is None
     ctx.parent, ctx.after_key = "p", "p/3"
     assert (ctx.parent, ctx.after_key, ctx.marker) == ("p", "p/3", None)
-    assert ctx._rare is not None and ctx.lock is ctx.lock
+    assert ctx._rare is not None
     ctx.parent = ""
     assert ctx.parent == "" and ctx.after_key == "p/3"
+    ctx.after_key = ""  # every field back to its default: the room goes with it
+    assert ctx._rare is None
+
+
+async def test_a_context_lock_excludes_and_is_let_go_when_no_one_holds_or_waits():
+    """Issue 42: the lock is made for its first user and let go after its last, so that the
+    contexts a daemon has moved keep no lock; meanwhile it excludes as an asyncio.Lock does."""
+    ctx = ContextRecord("c")
+    order: list[str] = []
+
+    async def hold(name: str) -> None:
+        async with ctx.lock:
+            order.append(f"{name} in")
+            await asyncio.sleep(0.01)
+            order.append(f"{name} out")
+
+    first = asyncio.ensure_future(hold("a"))
+    await asyncio.sleep(0)
+    assert ctx.lock.locked() and ctx._rare is not None
+    await asyncio.gather(first, hold("b"), hold("c"))
+    assert order == ["a in", "a out", "b in", "b out", "c in", "c out"]
+    assert not ctx.lock.locked() and ctx._rare is None  # let go once the last one left
+
+    ctx.parent = "p"  # another rare field set: the lock's going leaves it
+    holder = asyncio.ensure_future(hold("d"))
+    await asyncio.sleep(0)
+    waiter = asyncio.ensure_future(hold("e"))
+    await asyncio.sleep(0)
+    waiter.cancel()  # cancelled while it waits, then the holder while it holds
+    holder.cancel()
+    for task in (waiter, holder):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert order[-1] == "d in"
+    assert ctx._rare is not None and ctx._rare._lock is None and ctx.parent == "p"
