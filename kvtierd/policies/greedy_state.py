@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,8 +73,10 @@ class GreedyState:
         self.capacities = capacities
         self.selection = selection
         self.caps = capacity_array(capacities)
+        self._caps: list[float] = self.caps.tolist()
         self.slots = Slots(len(capacities))
         self.used = [0.0] * len(capacities)
+        self.held = [0] * len(capacities)  # contexts placed in each tier
         self._heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in capacities]
         self._live = [0] * len(capacities)
         self._seq = 0
@@ -97,6 +100,7 @@ class GreedyState:
         size = table.size_bytes[np.flatnonzero(placed), variant[placed]]
         used = np.bincount(tier[placed], weights=size, minlength=table.n_tiers)
         state.used = [float(u) for u in used]
+        state.held = np.bincount(tier[placed], minlength=table.n_tiers).tolist()
         state._unqueued = {t for t in range(table.n_tiers) if used[t] > 0}
         return state
 
@@ -124,6 +128,7 @@ class GreedyState:
         self._bump(slot)
         if tier >= 0:
             self.used[tier] += float(s.size[slot, variant])
+            self.held[tier] += 1
             self._push(slot)
 
     def discard(self, key: str) -> bool:
@@ -135,6 +140,7 @@ class GreedyState:
         t = int(s.tier[slot])
         if t >= 0:
             self.used[t] -= float(s.size[slot, s.variant[slot]])
+            self.held[t] -= 1
             if s.queued[slot]:
                 self._live[t] -= 1
         s.queued[slot] = False
@@ -225,6 +231,40 @@ class GreedyState:
         tgt_v = np.where(k < n_var, k, np.where(tgt_t == DROP, 0, var))
         return best, tgt_v.astype(np.int64), tgt_t.astype(np.int64)
 
+    def best_op(self, slot: int, t: int) -> tuple[float, int, int]:
+        """:meth:`best_ops` of one slot, in plain floats, with the same result (the same
+        candidates in the same order, the first of equal scores). The heaps ask for one slot
+        at a time, once or twice an insert, and the vectorised form's fixed cost was ~90 us
+        of it (issue 42: a daemon taking a million small objects)."""
+        s = self.slots
+        sizes: list[float] = s.size[slot].tolist()
+        util: list[list[float]] = s.util[slot].tolist()
+        cur_v = int(s.variant[slot])
+        cur_s, cur_u = sizes[cur_v], util[cur_v][t]
+        per_byte = self.selection is Selection.PER_BYTE
+        best, best_v, best_t = math.inf, 0, t  # (argmin's answer when every score is inf)
+        for v, size in enumerate(sizes):  # compress in place
+            gain = util[v][t]
+            if size < cur_s and math.isfinite(gain):
+                score = (cur_u - gain) / (cur_s - size) if per_byte else cur_u - gain
+                if score < best:
+                    best, best_v, best_t = score, v, t
+        if cur_s > 0:
+            caps = self._caps
+            for tt in range(t + 1, len(caps)):  # move down, tier by tier
+                for v, size in enumerate(sizes):
+                    gain = util[v][tt]
+                    if size <= caps[tt] and math.isfinite(gain):
+                        score = (cur_u - gain) / cur_s if per_byte else cur_u - gain
+                        if score < best:
+                            best, best_v, best_t = score, v, tt
+            gain = float(s.drop[slot])
+            if math.isfinite(gain):
+                score = (cur_u - gain) / cur_s if per_byte else cur_u - gain
+                if score < best:
+                    best, best_v, best_t = score, 0, DROP
+        return best, best_v, best_t
+
     # -- heaps -------------------------------------------------------------------------------
 
     def _bump(self, slot: int) -> None:
@@ -236,12 +276,12 @@ class GreedyState:
         t = int(s.tier[slot])
         if t < 0 or self.capacities[t] is None or s.pinned[slot]:
             return
-        score, _, _ = self.best_ops(np.array([slot]), t)
-        if not np.isfinite(score[0]):
+        score, _, _ = self.best_op(slot, t)
+        if not math.isfinite(score):
             return
         self._seq += 1
         heap = self._heaps[t]
-        heapq.heappush(heap, (float(score[0]), self._seq, slot, int(s.version[slot])))
+        heapq.heappush(heap, (score, self._seq, slot, int(s.version[slot])))
         s.queued[slot] = True
         self._live[t] += 1
         if len(heap) > 2 * self._live[t] + 64:
@@ -287,9 +327,9 @@ class GreedyState:
             slot = head[2]
             s.queued[slot] = False
             self._live[t] -= 1
-            score, v, tt = self.best_ops(np.array([slot]), t)
-            if np.isfinite(score[0]):
-                return slot, (int(v[0]), int(tt[0]))
+            score, v, tt = self.best_op(slot, t)
+            if math.isfinite(score):
+                return slot, (v, tt)
         raise CapacityError(
             f"tier {t} is over capacity ({self.used[t]:.0f} > {self.capacities[t]} bytes) and "
             "holds only pinned contexts"
@@ -311,10 +351,12 @@ class GreedyState:
         dst_v, dst_t = op
         if src_t >= 0:
             self.used[src_t] -= float(s.size[slot, src_v])
+            self.held[src_t] -= 1
         s.variant[slot], s.tier[slot] = dst_v, dst_t
         self._bump(slot)
         if dst_t >= 0:
             self.used[dst_t] += float(s.size[slot, dst_v])
+            self.held[dst_t] += 1
             self._push(slot)
         return Step(
             s.keys[slot], src_v, None if src_t < 0 else src_t, dst_v, None if dst_t < 0 else dst_t

@@ -56,7 +56,8 @@ def test_inserts_never_overflow_and_plans_replay_exactly(inst, selection):
 
 
 def _check_consistent(placer, state, sizes, tiers):
-    """Exactly one placement per context, equal to the replayed one; tiers within capacity."""
+    """Exactly one placement per context, equal to the replayed one; tiers within capacity;
+    the placer's count of contexts per tier right."""
     for cid, placement in state.items():
         assert placer.placement(cid) == placement
     used = placer.used_bytes()
@@ -64,6 +65,8 @@ def _check_consistent(placer, state, sizes, tiers):
         expect = sum(sizes[c][p.variant] for c, p in state.items() if p.tier == tier.name)
         assert used[t] == pytest.approx(expect)
         assert tier.capacity_bytes is None or used[t] <= tier.capacity_bytes
+        # the count per tier an insert reads instead of a pass over every context (issue 42)
+        assert placer._state.held[t] == sum(1 for p in state.values() if p.tier == tier.name)
 
 
 @settings(max_examples=60, deadline=None)
@@ -97,3 +100,22 @@ def test_quality_zero_compression_equals_eviction_only(inst):
         inc_full.insert(p)
         inc_evict.insert(o)
     assert inc_full.total_utility() == pytest.approx(inc_evict.total_utility())
+
+
+@settings(max_examples=80, deadline=None)
+@given(instances(), st.sampled_from(["per_byte", "absolute"]))
+def test_the_one_slot_cheapest_operation_is_the_vectorised_one(inst, selection):
+    """``GreedyState.best_op`` (plain floats, what the heaps ask for one slot at a time) gives
+    exactly ``best_ops``'s score and target for every placed context, at every insert."""
+    tiers, profiles = inst
+    placer = EvicPressPlacer(tiers, PlacerParams(alpha=10.0, selection=selection))
+    for p in profiles:
+        placer.insert(p)
+        state = placer._state
+        for slot in np.flatnonzero(state.slots.alive & (state.slots.tier >= 0)).tolist():
+            t = int(state.slots.tier[slot])
+            score, v, tt = state.best_ops(np.array([slot]), t)
+            one = state.best_op(slot, t)
+            assert one[0] == score[0] or (np.isnan(one[0]) and np.isnan(score[0]))
+            if np.isfinite(score[0]):
+                assert one[1:] == (int(v[0]), int(tt[0]))
