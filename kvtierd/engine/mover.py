@@ -296,12 +296,13 @@ class TierMover:
         with contextlib.ExitStack() as pins:  # a compaction must not move them meanwhile
             items = [(o.meta, cpu.view(pins.enter_context(cpu.pinned(o.meta.key)))) for o in objs]
             started = time.perf_counter()
-            await target.put_many(items)
+            stored = await target.put_many(items)
         nbytes = sum(o.meta.size_bytes for o in objs)
         self._metrics.observe_store(target.name, time.perf_counter() - started, nbytes)
-        for obj in objs:
+        for obj, meta in zip(objs, stored, strict=True):
             await self.remove_from_tier(obj.meta, cpu.name)
             obj.tier = target.name
+            obj.meta = meta  # with its checksum: one ObjectMeta for the index and the tier
         return nbytes
 
     async def copy_object(self, obj: ObjectRecord, target: str) -> None:

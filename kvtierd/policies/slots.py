@@ -35,7 +35,8 @@ class Slots:
         self.version: IntArray = np.zeros(capacity, dtype=np.int64)
         self.queued: BoolArray = np.zeros(capacity, dtype=bool)
         self.alive: BoolArray = np.zeros(capacity, dtype=bool)
-        self._free: list[int] = list(range(capacity - 1, -1, -1))
+        self._free: list[int] = []  # released slots, taken again first (the last first)
+        self._fresh = 0  # slots from here on were never taken (no list of a million ints)
         self._shared = False
 
     @classmethod
@@ -55,7 +56,7 @@ class Slots:
         s.version = np.zeros(n, dtype=np.int64)
         s.queued = np.zeros(n, dtype=bool)
         s.alive = np.ones(n, dtype=bool)
-        s._free = []
+        s._free, s._fresh = [], n
         s._shared = True
         return s
 
@@ -65,9 +66,12 @@ class Slots:
             raise ValueError(f"context {key!r} already has a slot")
         n_var = table.size_bytes.shape[1]
         self._own(n_var)
-        if not self._free:
-            self._grow(max(16, 2 * self.size.shape[0]), self.size.shape[1])
-        slot = self._free.pop()
+        if self._free:
+            slot = self._free.pop()
+        else:
+            if self._fresh == self.size.shape[0]:
+                self._grow(max(16, 2 * self.size.shape[0]), self.size.shape[1])
+            slot, self._fresh = self._fresh, self._fresh + 1
         self.index[key] = slot
         self.keys[slot], self.names[slot] = key, names
         self.size[slot] = 0.0
@@ -112,8 +116,12 @@ class Slots:
         extra = capacity - old
         size = np.zeros((capacity, n_var))
         size[:old, :old_var] = self.size
-        util = np.full((capacity, n_var, self.n_tiers), -np.inf)
+        # Rows past ``old`` are left unwritten (``add`` sets a slot's row): a large array's
+        # pages untouched are not resident, and half of them wait for contexts after a growth
+        # (issue 42: ~250 B an object at 1M contexts of a 30-variant grid).
+        util = np.empty((capacity, n_var, self.n_tiers))
         util[:old, :old_var] = self.util
+        util[:old, old_var:] = -np.inf
         self.size, self.util = size, util
         self.drop = np.concatenate([self.drop, np.zeros(extra)])
         self.freq = np.concatenate([self.freq, np.zeros(extra)])
@@ -125,5 +133,4 @@ class Slots:
         self.alive = np.concatenate([self.alive, np.zeros(extra, dtype=bool)])
         self.keys.extend([""] * extra)
         self.names.extend([()] * extra)
-        self._free.extend(range(capacity - 1, old - 1, -1))
         self._shared = False

@@ -34,6 +34,10 @@ _CALIBRATION_BYTES = 64 << 20
 """Twice the last-level cache of the machines measured (32 MiB): a copy this large runs from
 memory, as a reader's copy of an object that has sat in the arena does, not from cache."""
 PUT_COMPACTION_SHARE = 64  # a put compacts the arena only to free 1/64 of it in one block
+# A put leaves 1/64 of the arena free: with puts outrunning the moves down the arena stayed
+# all but full, and every read into it (a client's load from the SSD tier, the profiler's)
+# failed "arena full" (issue 42's bench_scale at 1M).
+PUT_RESERVE_SHARE = 64
 
 
 class CpuTier(PooledTier):
@@ -106,7 +110,8 @@ class CpuTier(PooledTier):
         return self._stage(nbytes, 0)
 
     def stage_put(self, nbytes: int) -> Block:
-        """A block for a client's put: as :meth:`stage`, but a fragmented arena is compacted
+        """A block for a client's put: as :meth:`stage`, but refused where it would leave
+        less than 1/:data:`PUT_RESERVE_SHARE` of the arena free, and a fragmented arena is compacted
         only where that frees at least 1/:data:`PUT_COMPACTION_SHARE` of it in one block;
         otherwise the put is refused (``CapacityError``: RESOURCE_EXHAUSTED, retried by the
         client) until the daemon has moved contexts down. Puts outrunning the moves keep the
@@ -114,7 +119,15 @@ class CpuTier(PooledTier):
         block of a few KiB was 47% of the daemon's CPU at 45k objects and held puts to 118 a
         second (issue 42's bench_scale at 1M); the daemon's own stages (moves, reads, its
         variants) still compact for what they need (issue 40.9)."""
-        return self._stage(nbytes, self.arena.allocator.size_bytes // PUT_COMPACTION_SHARE)
+        allocator = self.arena.allocator
+        reserve = allocator.size_bytes // PUT_RESERVE_SHARE
+        if allocator.free_bytes - allocator.round_up(nbytes) < reserve:
+            raise CapacityError(
+                f"shared-memory arena full for puts: {allocator.free_bytes} bytes free, of "
+                f"which {reserve} are kept for the daemon's reads (loads from slower tiers, "
+                "profiling); retry once the daemon has moved contexts down"
+            )
+        return self._stage(nbytes, allocator.size_bytes // PUT_COMPACTION_SHARE)
 
     def _stage(self, nbytes: int, least_freed: int) -> Block:
         try:

@@ -470,7 +470,7 @@ class SsdTier(Tier):
                     f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to "
                     f"{checksum:#x}"
                 )
-            stored = meta.replace(checksum=checksum)
+            stored = meta if meta.checksum == checksum else meta.replace(checksum=checksum)
             await self._io.run(self._finish_file, fd, encode_header(stored), direct)
             return stored
         finally:

@@ -114,7 +114,7 @@ def _write_temp(item: BatchItem, layout: Layout) -> Temp:
         raise InvalidArgumentError(
             f"put {meta.key!r}: checksum {meta.checksum:#x} given, bytes hash to {checksum:#x}"
         )
-    stored = meta.replace(checksum=checksum)
+    stored = meta if meta.checksum == checksum else meta.replace(checksum=checksum)
     header = encode_header(stored)
     final = layout.object_path(meta.tenant, meta.key)
     temp = layout.temp_path(final)

@@ -310,3 +310,33 @@ async def test_profiles_score_and_size_the_kept_counts_the_daemon_stores(engine:
     profiled = {v.variant: v.size_bytes for v in record.profile.variants}
     assert profiled == grid
     assert grid["knorm@0.3"] == CHUNK_BYTES  # one chunk of the four
+
+
+async def test_a_first_profile_without_room_in_the_arena_waits_and_is_not_an_error(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 42: with puts outrunning the moves down, the arena had no room to read contexts
+    in, and each first profile failed with an ERROR, one after another without a pause. Now
+    the context is profiled again once there is room, the pass waits, and the log says so
+    once, at WARNING."""
+    from kvtierd.errors import CapacityError
+
+    await _apply_knorm_policy(engine, "")
+    tensors, refused = engine.mover.context_tensors, []
+
+    async def full_twice(ctx):  # the arena full for the first two reads, as in the bench
+        if len(refused) < 2:
+            refused.append(ctx.context_id)
+            raise CapacityError("shared-memory arena full: no free block of 8192 bytes")
+        return await tensors(ctx)
+
+    engine.mover.context_tensors = full_twice  # type: ignore[method-assign]
+    with caplog.at_level("DEBUG", logger="kvtierd.engine.profiling.profiling_service"):
+        await _put_context(engine, "doc")
+        await _until(lambda: engine.profiling.runs["ok"] >= 1)
+    assert refused == ["doc", "doc"] and engine.profiling.runs["no room"] == 2
+    assert engine.profiling.runs["failed"] == 0
+    assert "doc" not in engine.profiling.failed_why
+    waits = [r for r in caplog.records if "waits for room in the arena" in r.getMessage()]
+    assert [r.levelname for r in waits] == ["WARNING", "DEBUG"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -87,6 +87,12 @@ async def test_moves_down_of_queued_plans_share_one_batch(engine: Engine) -> Non
     assert engine.executor.down_batches == 2  # c0's, then the 47 queued behind it
     assert engine.executor.done["move"] == 3 * IN_CPU and not engine.executor.failed
     await _check_in_step(engine, [f"c{i}" for i in range(3 * IN_CPU)])
+    # one ObjectMeta an object, shared by the index and the SSD tier (issue 42's 1 KB)
+    ssd = engine.mover.tiers["ssd"]
+    assert isinstance(ssd, SsdTier)
+    for i in range(3 * IN_CPU):
+        meta = engine.objects[f"c{i}"].meta
+        assert meta.checksum and meta is ssd._index[f"c{i}"]
 
 
 async def test_a_batch_that_fails_is_retried_one_move_at_a_time(

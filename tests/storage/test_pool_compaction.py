@@ -252,17 +252,40 @@ async def test_a_put_compacts_only_for_room_that_pays_for_the_pass() -> None:
     try:
         for i in range(pages):
             await tier.put(ObjectMeta(key=f"o{i}", size_bytes=P), memoryview(bytes(P)))
-        for i in (10, 20, 30):  # three pages free, none beside another: 3 < 2 * 256/64
+        # seven pages free, none beside another: 7 // 2 < 256/64 (and 7 - 2 pages leave the
+        # reserve for reads, 256/64: test_a_put_leaves_room_for_the_daemons_reads)
+        for i in (10, 20, 30, 40, 50, 60, 70):
             await tier.delete(f"o{i}")
         with pytest.raises(CapacityError, match=r"too little free to compact for"):
             tier.stage_put(2 * P)
         assert tier.compacted_bytes == 0
         assert tier.stage(2 * P).length == 2 * P  # the daemon's own stage compacts
         assert tier.compacted_bytes > 0
-        for i in (40, 50, 60, 70, 80, 90, 100, 110, 120):  # ten free pages: 5 >= 256/64
+        for i in (80, 90, 100, 110, 120, 130, 140, 150, 160):  # fourteen free: 7 >= 256/64
             await tier.delete(f"o{i}")
         moved = tier.compacted_bytes
-        assert tier.stage_put(2 * P).length == 2 * P
+        assert tier.stage_put(6 * P).length == 6 * P  # (the largest free block is 5 pages)
         assert tier.compacted_bytes > moved
+    finally:
+        await tier.close()
+
+
+async def test_a_put_leaves_room_for_the_daemons_reads() -> None:
+    """A put is refused where it would leave less than 1/64 of the arena free: that room is
+    kept for what the daemon reads into the arena (a client's load from the SSD tier, the
+    profiler's), which failed "arena full" while puts outran the moves down (issue 42)."""
+    pages = 256
+    tier = CpuTier(TierConfig("cpu", "cpu", pages * P, options={"staging_bytes": 0}))
+    await tier.start()
+    try:
+        for i in range(pages - 6):
+            await tier.put(ObjectMeta(key=f"o{i}", size_bytes=P), memoryview(bytes(P)))
+        with pytest.raises(CapacityError, match=r"kept for the daemon's reads"):
+            tier.stage_put(3 * P)  # 6 - 3 pages free after it < 256/64
+        block = tier.stage_put(2 * P)  # 6 - 2: the reserve is left
+        assert block.length == 2 * P
+        with pytest.raises(CapacityError, match=r"kept for the daemon's reads"):
+            tier.stage_put(P)
+        assert tier.stage(4 * P).length == 4 * P  # the daemon's own read takes the reserve
     finally:
         await tier.close()

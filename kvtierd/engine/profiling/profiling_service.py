@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+ROOM_RETRY_S = 1.0  # how long first profiles wait after the arena had no room for one
+
 NO_TOKEN_IDS = (
     "evaluator {name!r} needs the context's token ids, and none were registered for it "
     "(LMCache gives the daemon chunk hashes, never tokens; kvtierd router registers the tokens "
@@ -114,6 +116,8 @@ class ProfilingService:
         self._running = False
         self.reprofiled = 0
         self.runs: Counter[str] = Counter()
+        self._room_wait_until = 0.0  # first profiles wait until then (:meth:`_short_of_room`)
+        self._room_logged_at = -60.0
         self.last_error = ""
         self.failed_why: dict[str, str] = {}  # contexts whose last profile failed, and why
         self._prior_to_redo: set[str] = set()  # prior-only profiles a model found since redoes
@@ -344,6 +348,9 @@ class ProfilingService:
         now = time.monotonic()
         ready = [(c, t) for c, t in self._changed.items() if now - t >= self.settle_s]
         for cid, since in ready:
+            await asyncio.sleep(0)  # contexts with nothing to profile take no await at all
+            if time.monotonic() < self._room_wait_until:
+                break  # the arena had no room to read a context in (:meth:`_short_of_room`)
             overdue = time.monotonic() - since >= self.settle_s + self.yield_gate.max_wait_s
             if self._loads_busy() and not overdue:
                 break
@@ -432,6 +439,10 @@ class ProfilingService:
                           form=self.options.stored_form_of(ctx), refine=refine,
                           prefix=prefix)  # fmt: skip
             await asyncio.get_running_loop().run_in_executor(self._worker, run)
+        except CapacityError as e:
+            if refine:
+                return self._failed(ctx, started, str(e))
+            return self._short_of_room(ctx, started, e)
         except KvtierError as e:
             return self._failed(ctx, started, str(e))
         except Exception as e:
@@ -465,6 +476,25 @@ class ProfilingService:
         # queries that arrived while it ran found no finished profile to compare against
         self.inputs.recheck(ctx.context_id)
         return True
+
+    def _short_of_room(self, ctx: ContextRecord, started: float, error: CapacityError) -> bool:
+        """No room in the arena to read the context in: puts are outrunning the moves down.
+        Nothing is wrong with the context: it is profiled again once it has settled again, and
+        first profiles wait :data:`ROOM_RETRY_S` (the next would find the arena as full). Each
+        used to fail at once with an ERROR, one after another without a pause, each after a
+        pass over the arena's objects: at issue 42's 1M puts they held the event loop for
+        seconds at a time."""
+        self.runs["no room"] += 1
+        self._metrics.observe_profile_run(time.perf_counter() - started, ok=False)
+        now = time.monotonic()
+        self._room_wait_until = now + ROOM_RETRY_S
+        self._changed[ctx.context_id] = now
+        log = logger.debug
+        if now - self._room_logged_at >= 60.0:  # one line a minute at most
+            self._room_logged_at, log = now, logger.warning
+        log("profiling waits for room in the arena (%d contexts so far): %s",
+            self.runs["no room"], error)  # fmt: skip
+        return False
 
     def _failed(self, ctx: ContextRecord, started: float, reason: str) -> bool:
         self.runs["failed"] += 1
