@@ -52,12 +52,14 @@ class LeaseTable:
 
     # -- allocations ---------------------------------------------------------------------------
 
-    def allocate(self, metas: Sequence[ObjectMeta], timeout_s: float) -> list[AllocationRecord]:
-        """Stage an arena block per object (all or none)."""
+    def allocate(
+        self, metas: Sequence[ObjectMeta], timeout_s: float, keep_reserve: bool = True
+    ) -> list[AllocationRecord]:
+        """Stage an arena block per object (all or none; ``CpuTier.stage_put``)."""
         records: list[AllocationRecord] = []
         try:
             for meta in metas:
-                block = self._cpu.stage_put(meta.size_bytes)
+                block = self._cpu.stage_put(meta.size_bytes, keep_reserve)
                 now = time.monotonic()
                 rec = AllocationRecord(
                     allocation_id=f"{self.instance_id}:a{next(self._ids)}",

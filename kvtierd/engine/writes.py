@@ -84,7 +84,9 @@ class WritePath:
         held.update(self._card_bytes())  # a tenant's cards count against its quota
         spaces = self._index.namespace_bytes(a.meta for a in table.allocations.values())
         self._index.check_quota(metas, held, spaces)
-        return table.allocate(metas, self._config.allocation_timeout_s)
+        # the arena's reserve for reads holds while queued moves down will free room
+        return table.allocate(metas, self._config.allocation_timeout_s,
+                              keep_reserve=self._executor.pending > 0)  # fmt: skip
 
     def _same_context(self, meta: ObjectMeta, batch: Sequence[ObjectMeta]) -> Iterator[ObjectMeta]:
         """The objects of ``meta``'s context: held, being put, and the rest of this put."""

@@ -109,9 +109,13 @@ class CpuTier(PooledTier):
         raises ``CapacityError`` when the arena is full."""
         return self._stage(nbytes, 0)
 
-    def stage_put(self, nbytes: int) -> Block:
+    def stage_put(self, nbytes: int, keep_reserve: bool = True) -> Block:
         """A block for a client's put: as :meth:`stage`, but refused where it would leave
-        less than 1/:data:`PUT_RESERVE_SHARE` of the arena free, and a fragmented arena is compacted
+        less than 1/:data:`PUT_RESERVE_SHARE` of the arena free (``keep_reserve``: the caller
+        knows moves down are queued, which free room; without any, a put is what makes the
+        placer move contexts down, and a CPU tier whose objects fill its capacity can fill the
+        arena with their 4 KiB rounding: every put refused and nothing queued wedged issue
+        42's bench_scale at 1M at 530k objects), and a fragmented arena is compacted
         only where that frees at least 1/:data:`PUT_COMPACTION_SHARE` of it in one block;
         otherwise the put is refused (``CapacityError``: RESOURCE_EXHAUSTED, retried by the
         client) until the daemon has moved contexts down. Puts outrunning the moves keep the
@@ -121,7 +125,7 @@ class CpuTier(PooledTier):
         variants) still compact for what they need (issue 40.9)."""
         allocator = self.arena.allocator
         reserve = allocator.size_bytes // PUT_RESERVE_SHARE
-        if allocator.free_bytes - allocator.round_up(nbytes) < reserve:
+        if keep_reserve and allocator.free_bytes - allocator.round_up(nbytes) < reserve:
             raise CapacityError(
                 f"shared-memory arena full for puts: {allocator.free_bytes} bytes free, of "
                 f"which {reserve} are kept for the daemon's reads (loads from slower tiers, "

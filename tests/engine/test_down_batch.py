@@ -172,3 +172,37 @@ def test_only_plain_moves_of_small_objects_from_the_cpu_tier_are_batched() -> No
     index.remove("x/3")
     ctx.marker = (ObjectMeta(key="x@marker", size_bytes=1, context_id="x"), "cpu")
     assert down_objects(index, ctx, "cpu", "ssd") is None
+
+
+async def test_a_put_leaves_the_arena_reserve_only_while_moves_down_are_queued(
+    engine: Engine,
+) -> None:
+    """A put leaves 1/64 of the arena free for the daemon's reads while queued moves down will
+    free room; with none queued it may take it, since only a put makes the placer move
+    contexts down (bench_scale at 1M wedged: the arena full of a CPU tier's 4 KiB rounding,
+    every put refused, nothing queued)."""
+    from kvtierd.errors import CapacityError
+
+    for i in range(IN_CPU):
+        await _put(engine, f"c{i}")
+    await engine.executor.idle()
+    async with engine.contexts["c0"].lock:  # c0's move down waits: a move is queued
+        await _put(engine, f"c{IN_CPU}")
+        await asyncio.sleep(0.05)
+        assert engine.executor.pending == 1
+        filled = 0
+        with pytest.raises(CapacityError, match="kept for the daemon's reads"):
+            while True:  # uncommitted allocations hold the arena up to the reserve
+                engine.allocate([ObjectMeta(key=f"f{filled}", size_bytes=SIZE,
+                                            context_id=f"f{filled}")])  # fmt: skip
+                filled += 1
+        assert filled > 0
+        with pytest.raises(CapacityError, match="kept for the daemon's reads"):
+            await _put(engine, "late")
+    await engine.executor.idle()
+    allocator = engine.mover.cpu.arena.allocator
+    while allocator.free_bytes - SIZE >= allocator.size_bytes // 64:  # (c0 freed its block)
+        engine.allocate([ObjectMeta(key=f"f{filled}", size_bytes=SIZE, context_id=f"f{filled}")])
+        filled += 1
+    await _put(engine, "late")  # nothing queued: it takes the reserve, and its plan moves c1
+    assert engine.objects["late"].tier == "cpu"

@@ -286,6 +286,9 @@ async def test_a_put_leaves_room_for_the_daemons_reads() -> None:
         assert block.length == 2 * P
         with pytest.raises(CapacityError, match=r"kept for the daemon's reads"):
             tier.stage_put(P)
-        assert tier.stage(4 * P).length == 4 * P  # the daemon's own read takes the reserve
+        assert tier.stage(3 * P).length == 3 * P  # the daemon's own read takes the reserve
+        # and a put takes it where no move down is queued (the caller's keep_reserve): only a
+        # put then makes the placer move contexts down to free the arena
+        assert tier.stage_put(P, keep_reserve=False).length == P
     finally:
         await tier.close()
