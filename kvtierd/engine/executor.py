@@ -61,6 +61,7 @@ class Executor:
         self._placing = placing
         self._metrics = metrics
         self._tier_names: Sequence[str] = list(mover.tiers)
+        self._down_target = down_target(mover.tiers)  # where moves down are batched
         self._queue: asyncio.Queue[Plan] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._running = 0  # plans taken off the queue and not yet finished (0 or 1)
@@ -155,7 +156,7 @@ class Executor:
         """Apply ``ops`` in order, except that moves of small objects down to the SSD tier
         join a batch written with one sync (``down_batch``): when it is full, at the end, and
         before any operation that could depend on it (:meth:`_waits_for`)."""
-        target = down_target(self._mover.tiers)
+        target = self._down_target
         down = DownBatch[Operation](self._index, self._mover, target) if target else None
         for op in ops:
             if down is not None:

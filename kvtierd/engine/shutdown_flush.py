@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtierd.engine.down_batch import DownBatch, down_objects
+from kvtierd.engine.down_batch import DownBatch, down_objects, down_target
 from kvtierd.engine.index import ContextIndex
 from kvtierd.engine.mover import TierMover
 from kvtierd.engine.state import ContextRecord
@@ -55,11 +55,6 @@ class FlushReport:
         return self.bytes_written / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
-def flush_target(tiers: Mapping[str, Tier]) -> Tier | None:
-    """The tier a graceful stop writes to: the first of kind ``ssd``."""
-    return next((t for t in tiers.values() if t.kind == "ssd"), None)
-
-
 def _on_cpu(ctx: ContextRecord, index: ContextIndex, cpu: str) -> bool:
     return any(index.objects[k].tier == cpu for k in ctx.keys if k in index.objects)
 
@@ -72,7 +67,7 @@ async def flush_cpu_tier(
     finishes in time (its first one always is), and only when the SSD tier has room for it
     within its tenant's quota there. Contexts of small objects are written in batches, with
     one filesystem sync per batch (``down_batch``), others one by one."""
-    target = flush_target(tiers)
+    target = down_target(tiers)  # the tier a graceful stop writes to
     cpu = mover.cpu.name
     hot = sorted(
         (c for c in index.contexts.values() if _on_cpu(c, index, cpu)),
@@ -101,14 +96,13 @@ class _Flush:
     """One flush's progress: what is written, and the batch being filled."""
 
     def __init__(
-        self, index: ContextIndex, mover: TierMover, target: Tier | None, bound_s: float
+        self, index: ContextIndex, mover: TierMover, target: SsdTier | None, bound_s: float
     ) -> None:
         self.index, self.mover, self.bound_s = index, mover, bound_s
         self.target = target
         self.started = time.perf_counter()
         self.written = self.done = 0
-        ssd = target if isinstance(target, SsdTier) else None
-        self.batch = DownBatch[ContextRecord](index, mover, ssd) if ssd else None
+        self.batch = DownBatch[ContextRecord](index, mover, target) if target else None
 
     def _in_time(self, nbytes: int) -> bool:
         elapsed = time.perf_counter() - self.started
