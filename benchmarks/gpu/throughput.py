@@ -1,8 +1,9 @@
 """Step ``throughput``: each Triton kernel's bytes/s as a fraction of this device's own
 device-to-device copy, measured in the same run (32 layers, 8 KV heads, head_dim 128, bf16,
-8192 and 32768 tokens). Goal: >= 60 % for the score (knorm, keydiff, paged_eviction), gather
-and quantize kernels; top-k compaction, dequantize and snapkv (compute-bound) are reported
-without a goal.
+8192 and 32768 tokens). Goal: >= 80 % at the largest size (32768 tokens) for the score
+(knorm, keydiff, paged_eviction), gather and quantize kernels; the smaller size, where a call's
+host time is a visible share, is reported without a goal, as are top-k compaction, dequantize
+and snapkv (compute-bound).
 
 Bytes are the minimum a kernel must move, reads plus writes (benchmarks/micro/bench_kernels.py's
 accounting); the copy counts its read and its write. Each row prints the bytes it counts and of
@@ -34,7 +35,7 @@ from kvtierd.kernels.quant import dequantize, quantize_kv
 from kvtierd.kernels.registry import get_method
 from kvtierd.kernels.rope import RopeSpec
 
-GOAL = 0.60
+GOAL = 0.80  # of the copy bandwidth, at the largest token count
 HEADS, DIM, QUERY_HEADS, WINDOW = 8, 128, 32, 64
 
 
@@ -190,8 +191,9 @@ def main() -> None:
                 )
                 if case.flops:
                     figure += f", {case.flops / t / 1e12:.1f} TFLOP/s"
-                goal = f"goal >= {GOAL:.0%}" if case.held else "no goal (reported)"
-                return (ratio >= GOAL or not case.held), figure, goal
+                held = case.held and tokens == max(token_counts)
+                goal = f"goal >= {GOAL:.0%}" if held else "no goal (reported)"
+                return (ratio >= GOAL or not held), figure, goal
 
             rec.run(f"N={tokens} {case.kernel}", one)
         if torch.cuda.is_available():
