@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 # option rows, the placer's table), minutes at 1M, while the index alone is enough to serve.
 ADOPT_BEFORE_SERVING = 10_000
 ADOPT_SLICE = 1_000  # contexts adopted between two turns of the event loop
+ROUNDING_SLACK_SHARE = 64  # held back beyond the CPU tier's rounding: 1/64 of its arena
 
 
 def tier_models(tiers: Mapping[str, Tier], cpu: CpuTier) -> list[TierModel]:
@@ -73,6 +74,7 @@ class Placing:
         self._tiers = tiers
         self._cpu = cpu
         self._policy = policy
+        self._held_back = 0  # of the CPU tier, for its blocks' rounding (hold_back_rounding)
         self.placer = self.make_placer(policy.current)
         self.rows = OptionRows(options)
         # Contexts found at start that the placer has not been told of yet (adopt_found).
@@ -98,6 +100,8 @@ class Placing:
         )
         placer = cls(self.tier_models(), params)
         self._link_all(placer)
+        if self._held_back:
+            placer.hold_back(self._cpu.name, self._held_back)  # nothing placed yet: no plan
         return placer
 
     def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
@@ -132,10 +136,52 @@ class Placing:
         walks every object the daemon holds (millions at 100,000 contexts: seconds each)."""
         with collector_paused():
             self.placer.refresh_tiers(self.tier_models())
+            if self._held_back:  # at today's mix of object sizes; the rebalance places anew
+                self.hold_back_rounding(refused=False)
             self._link_all(self.placer)
             self.placer.rebalance_options(self.placed_options(), self.quota_floors())
             self.all_adopted()
             return self.reconcile(reason)
+
+    def hold_back_rounding(self, refused: bool = True) -> Plan:
+        """Have the placer keep free the room the CPU tier's blocks take beyond its objects'
+        bytes, and return the plan that frees it (empty when the amount held is unchanged).
+
+        The placer counts a context's bytes; the arena gives each object whole 4 KiB blocks.
+        A CPU tier of 1-16 KiB objects at its capacity in bytes filled its arena (capacity +
+        staging) with the rounding: every put refused, and no move planned, since only a put
+        makes the placer move contexts down (issue 42's bench_scale wedged at 569k objects).
+
+        ``refused``: a put found the arena full and no move queued (the write path). Where
+        the tier's blocks then take more than its capacity, the amount held back grows by at
+        least 1/:data:`ROUNDING_SLACK_SHARE` of the arena, so each such put frees room. Else
+        (puts in flight, reads) nothing is held back for it. A rebalance passes ``False``:
+        the amount follows the present mix of sizes, when it moved by that much. The amount
+        is the rounding of a full tier at that mix: with ``r`` bytes of rounding per byte held
+        now, a tier of capacity ``C`` holds ``C / (1 + r)`` bytes, so ``C * r / (1 + r)``,
+        plus the same 1/64 of the arena for the mix to drift."""
+        cpu = self._cpu
+        used, capacity = cpu.used_bytes(), cpu.capacity_bytes
+        rounding = cpu.rounding_bytes()
+        if not used or not capacity or (refused and used + rounding <= capacity):
+            return Plan()
+        held, slack = self._held_back, cpu.arena.allocator.size_bytes // ROUNDING_SLACK_SHARE
+        r = rounding / used
+        wanted = int(capacity * r / (1 + r)) + slack
+        if refused:
+            wanted = max(wanted, held + slack)
+        elif abs(wanted - held) < slack:
+            return Plan()
+        wanted = min(capacity, wanted)
+        if wanted == held:
+            return Plan()
+        logger.info(
+            "tier %s: the placer keeps %d MiB of it free for the arena's block rounding "
+            "(%d objects take %.2fx their bytes; was %d MiB)",
+            cpu.name, wanted >> 20, cpu.object_count(), 1 + r, held >> 20,
+        )  # fmt: skip
+        self._held_back = wanted
+        return self.placer.hold_back(cpu.name, wanted)
 
     # -- telling the placer --------------------------------------------------------------------
 

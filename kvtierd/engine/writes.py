@@ -85,8 +85,13 @@ class WritePath:
         spaces = self._index.namespace_bytes(a.meta for a in table.allocations.values())
         self._index.check_quota(metas, held, spaces)
         # the arena's reserve for reads holds while queued moves down will free room
-        return table.allocate(metas, self._config.allocation_timeout_s,
-                              keep_reserve=self._executor.pending > 0)  # fmt: skip
+        queued = self._executor.pending > 0
+        try:
+            return table.allocate(metas, self._config.allocation_timeout_s, keep_reserve=queued)
+        except CapacityError:
+            if not queued:  # nothing queued will free the arena: the placer's count is short
+                self._executor.submit(self._placing.hold_back_rounding())
+            raise
 
     def _same_context(self, meta: ObjectMeta, batch: Sequence[ObjectMeta]) -> Iterator[ObjectMeta]:
         """The objects of ``meta``'s context: held, being put, and the rest of this put."""

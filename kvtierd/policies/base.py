@@ -73,6 +73,8 @@ class Placer(abc.ABC):
         if not tiers:
             raise ValueError("a placer needs at least one tier")
         self.tiers: tuple[TierModel, ...] = tuple(tiers)
+        self._configured = self.tiers  # as given: ``tiers`` is this less what is held back
+        self.held_back = [0] * len(self.tiers)  # bytes of each tier kept free (hold_back)
         self.params = params or PlacerParams()
         # Contexts that continue another's prefix (issue 29): child -> parent, and back. A
         # placer that honours precedence (evicpress) reads them; the baselines ignore them.
@@ -171,10 +173,41 @@ class Placer(abc.ABC):
         """Take the tiers' current load model (bandwidth, overhead: measured online) before a
         :meth:`rebalance`. Names and capacities must not change (that is a new placer)."""
         fresh = tuple(tiers)
-        shape = [(t.name, t.capacity_bytes) for t in self.tiers]
+        shape = [(t.name, t.capacity_bytes) for t in self._configured]
         if [(t.name, t.capacity_bytes) for t in fresh] != shape:
             raise ValueError(f"refresh_tiers: tiers must keep their names and capacities {shape}")
-        self.tiers = fresh
+        self._configured = fresh
+        self.tiers = self._less_held_back()
+
+    def hold_back(self, tier: str, nbytes: int) -> Plan:
+        """Keep ``nbytes`` of ``tier`` free of contexts from now on, in place of what was held
+        back there before, and return the plan that frees them now. For a tier whose store
+        takes more room than the bytes the placer counts: the CPU arena gives each object whole
+        4 KiB blocks, and a CPU tier of 1-16 KiB objects filled its arena while the placer saw
+        it within capacity, every put refused and no move planned (issue 42). Every placement
+        and rebalance after this sees the tier ``nbytes`` smaller."""
+        names = [t.name for t in self._configured]
+        if tier not in names:
+            raise ValueError(f"hold_back: unknown tier {tier!r}; tiers: {', '.join(names)}")
+        i = names.index(tier)
+        if self._configured[i].capacity_bytes is None:
+            raise ValueError(f"hold_back: tier {tier!r} is unbounded: nothing to hold back")
+        self.held_back[i] = max(0, int(nbytes))
+        self.tiers = self._less_held_back()
+        return self._capacity_changed(i)
+
+    def _less_held_back(self) -> tuple[TierModel, ...]:
+        return tuple(
+            t if not held or t.capacity_bytes is None
+            else replace(t, capacity_bytes=max(0, t.capacity_bytes - held))
+            for t, held in zip(self._configured, self.held_back, strict=True)
+        )  # fmt: skip
+
+    def _capacity_changed(self, tier: int) -> Plan:
+        """The plan that brings every context within ``self.tiers`` after tier ``tier``'s
+        capacity changed (:meth:`hold_back`). This default, for placers that keep no account
+        of bytes, plans nothing."""
+        return Plan()
 
 
 PLACERS: Registry[Placer] = Registry(

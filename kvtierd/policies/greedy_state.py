@@ -82,6 +82,14 @@ class GreedyState:
         self._seq = 0
         self._unqueued: set[int] = set()
 
+    def set_capacities(self, capacities: tuple[int | None, ...]) -> None:
+        """New tier capacities (``Placer.hold_back``); :meth:`resolve` then fits them."""
+        if len(capacities) != len(self.capacities):
+            raise ValueError(f"{len(capacities)} capacities for {len(self.capacities)} tiers")
+        self.capacities = capacities
+        self.caps = capacity_array(capacities)
+        self._caps = self.caps.tolist()
+
     @classmethod
     def from_table(
         cls,

@@ -161,6 +161,10 @@ class LruPlacer(Placer):
 
     # -- internals -------------------------------------------------------------------------
 
+    def _capacity_changed(self, tier: int) -> Plan:
+        """Spill the least recently used contexts of a tier that shrank (:meth:`hold_back`)."""
+        return self._spill(tier, protect="")
+
     def _ordered(self, plan: Plan, cid: str, size_bytes: int) -> Plan:
         """Net change per context, ordered so no prefix overflows a tier (spills run first).
 

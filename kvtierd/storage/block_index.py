@@ -22,12 +22,14 @@ class BlockIndex:
         self.tier_name = tier_name
         self._objects: dict[str, Stored] = {}
         self.used_bytes = 0
+        self.block_bytes = 0  # the objects' blocks: their bytes rounded up to the alignment
 
     def add(self, meta: ObjectMeta, block: Block) -> None:
         if meta.key in self._objects:
             raise AlreadyExistsError(f"object {meta.key!r} is already in tier {self.tier_name!r}")
         self._objects[meta.key] = Stored(meta, block)
         self.used_bytes += meta.size_bytes
+        self.block_bytes += block.padded
 
     def check_absent(self, key: str) -> None:
         if key in self._objects:
@@ -43,6 +45,7 @@ class BlockIndex:
         stored = self.get(key)
         del self._objects[key]
         self.used_bytes -= stored.meta.size_bytes
+        self.block_bytes -= stored.block.padded
         return stored
 
     def blocks(self) -> Iterator[tuple[str, Block]]:
@@ -55,6 +58,7 @@ class BlockIndex:
         if block.length != stored.block.length:
             raise ValueError(f"object {key!r}: a block of {block.length} bytes for {stored.block}")
         self._objects[key] = Stored(stored.meta, block)
+        self.block_bytes += block.padded - stored.block.padded
 
     def metas(self) -> Iterator[ObjectMeta]:
         return (s.meta for s in list(self._objects.values()))
@@ -62,6 +66,7 @@ class BlockIndex:
     def clear(self) -> None:
         self._objects.clear()
         self.used_bytes = 0
+        self.block_bytes = 0
 
     def __len__(self) -> int:
         return len(self._objects)

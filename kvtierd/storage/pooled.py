@@ -64,6 +64,12 @@ class PooledTier(Tier):
         self._compactions = 0  # since the last INFO line about them
         self._compaction_logged_at = -COMPACTION_LOG_S
 
+    def rounding_bytes(self) -> int:
+        """What the objects' blocks take beyond their bytes (each is rounded up to the
+        allocator's 4 KiB alignment): room the tier's capacity, counted in object bytes, does
+        not show (``Placer.hold_back``)."""
+        return self._index.block_bytes - self._index.used_bytes
+
     @abstractmethod
     def block_of(self, key: str) -> Block:
         """The block holding an object's bytes."""
