@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import time
 import uuid
@@ -28,6 +29,27 @@ from kvtierd.storage.ssd_format import object_name as _object_name
 from kvtierd.types import ObjectMeta
 
 _FANOUT = 256
+
+
+class _TempNames:
+    """Temp file names: this process's random token (a forked child draws its own), then a
+    count. A uuid4 a file read 16 bytes of os.urandom each: 20% of the SSD I/O threads' time
+    in a shutdown flush of 16,384 objects (py-spy, bench_flush). O_EXCL still refuses a name
+    in use."""
+
+    def __init__(self) -> None:
+        self.renew()
+        os.register_at_fork(after_in_child=self.renew)
+
+    def renew(self) -> None:
+        self.token = uuid.uuid4().hex[:12]
+        self.ids = itertools.count()
+
+    def next(self, stem: str, directory: Path) -> str:
+        return f"{directory}/{stem}.{self.token}{next(self.ids):x}.tmp"
+
+
+_TEMP_NAMES = _TempNames()
 
 
 class StoredFile(NamedTuple):
@@ -81,7 +103,7 @@ class Layout:
         return self.object_path(f.meta.tenant, f.meta.key)
 
     def temp_path(self, final: str) -> str:
-        return str(self.tmp / f"{Path(final).stem}.{uuid.uuid4().hex}.tmp")
+        return _TEMP_NAMES.next(os.path.splitext(os.path.basename(final))[0], self.tmp)
 
     def create(self) -> None:
         """Create every directory (idempotent) and make their names durable."""
