@@ -4,8 +4,11 @@ A rebalance tells the placer the options of every context (``context_options.py`
 out afresh, that is a grid of variants to list, check for servability and size per context:
 about 2 ms a context with 60 variants, 250 s for 100,000. Most of it does not change between
 two rebalances, so each context keeps a row here: variant names, sizes, quality and restore
-seconds (``(V,)`` each, padded), its token count and the recompute time its profile gives. A
-row is rebuilt only when what it was built from changed:
+seconds, its token count and the recompute time its profile gives. A row of one variant (a
+context without a chunk layout, stored as it came: 9 contexts in 10 of issue 42's bench_scale)
+keeps its three numbers in ``first``; a wider one keeps its ``(3, V)`` in ``wide``, at the row
+``wide_at`` names. Rows as wide as the widest grid took 744 bytes a context (31 variants) where
+a one-variant row needs 24. A row is rebuilt only when what it was built from changed:
 
 * the context itself (its form, its objects, its reference copy, its bytes: the row's stamp);
 * its profile (the profiler's record of it, compared by value; a new profiler is a new epoch);
@@ -51,9 +54,10 @@ class OptionRows:
         self._names: list[tuple[str, ...]] = []
         self._interned: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._epoch: tuple[object, ...] = ()
-        self.size: FloatArray = np.zeros((0, 1))
-        self.quality: FloatArray = np.zeros((0, 1))
-        self.restore: FloatArray = np.zeros((0, 1))
+        self.first: FloatArray = np.zeros((0, 3))  # size, quality, restore of 1-variant rows
+        self.wide_at: IntArray = np.zeros(0, dtype=np.int64)  # the row's in ``wide``, else -1
+        self.wide: FloatArray = np.zeros((0, 3, 2))  # size, quality, restore of wider rows
+        self._wide_free: list[int] = []
         self.count: IntArray = np.zeros(0, dtype=np.int64)
         self.tokens: IntArray = np.zeros(0, dtype=np.int64)
         self.profile_prefill: FloatArray = np.zeros(0)
@@ -76,15 +80,14 @@ class OptionRows:
     def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
         """The context's :class:`ContextProfile` from its row (the online path: one context)."""
         slot = self.row(ctx, fresh=fresh)
-        k = int(self.count[slot])
+        k, w = int(self.count[slot]), int(self.wide_at[slot])
+        columns = self.first[slot, :, None] if w < 0 else self.wide[w, :, :k]
+        sizes, quality, restore = columns.tolist()
         whole = ctx.size_bytes  # its int, not one more an object (issue 42: 32 B a context)
         variants = tuple(
             VariantProfile(name, whole if size == whole else int(size), q, r)
-            for name, size, q, r in zip(
-                self._names[slot], self.size[slot, :k].tolist(), self.quality[slot, :k].tolist(),
-                self.restore[slot, :k].tolist(), strict=True,
-            )
-        )  # fmt: skip
+            for name, size, q, r in zip(self._names[slot], sizes, quality, restore, strict=True)
+        )
         freq = self._frequencies([ctx], time.time())
         prefill = self._prefill(np.array([slot], dtype=np.int64))
         return ContextProfile(ctx.context_id, variants, float(freq[0]), float(prefill[0]),
@@ -95,6 +98,7 @@ class OptionRows:
         if slot is not None:
             self._stamp[slot] = None
             self._names[slot] = ()
+            self._narrow(slot)
             self._free.append(slot)
 
     # -- every context --------------------------------------------------------------------------
@@ -122,12 +126,18 @@ class OptionRows:
         width = int(self.count[at].max()) if at.size else 1
         valid: BoolArray = np.arange(width)[None, :] < self.count[at][:, None]
         names = self._names
+        columns = np.zeros((3, at.size, width))  # size, quality, restore
+        w = self.wide_at[at]
+        one = np.flatnonzero(w < 0)
+        columns[:, one, 0] = self.first[at[one]].T
+        many = np.flatnonzero(w >= 0)
+        columns[:, many] = self.wide[w[many], :, :width].transpose(1, 0, 2)
         return OptionArrays(
             context_ids=tuple(ids),
             variant_names=tuple(names[s] for s in slots),
-            size_bytes=self.size[at, :width],
-            quality=self.quality[at, :width],
-            restore_s=self.restore[at, :width],
+            size_bytes=columns[0],
+            quality=columns[1],
+            restore_s=columns[2],
             valid=valid,
             frequency=self._frequencies(ctxs, time.time(), ids),
             prefill_s=self._prefill(at),
@@ -163,11 +173,13 @@ class OptionRows:
         if slot is None:
             slot = self._new_slot(ctx.context_id)
         k = len(row.names)
-        self._fit(k)
-        self.size[slot, :k] = row.size_bytes
-        self.quality[slot, :k] = row.quality
-        self.restore[slot, :k] = row.restore_s
-        self.size[slot, k:] = 0.0
+        if k == 1:
+            self._narrow(slot)
+            self.first[slot] = (row.size_bytes[0], row.quality[0], row.restore_s[0])
+        else:
+            w = self._widen(slot, k)
+            self.wide[w, :, :k] = (row.size_bytes, row.quality, row.restore_s)
+            self.wide[w, :, k:] = 0.0
         self.count[slot] = k
         self.tokens[slot] = self._options.tokens_of(ctx)
         fallback = self._options.profiled_prefill_s(ctx.context_id)
@@ -216,32 +228,45 @@ class OptionRows:
 
     def _grow(self, capacity: int) -> None:
         old = self.count.size
-
-        def more(a: Array) -> Array:
-            b = np.zeros((capacity, *a.shape[1:]), dtype=a.dtype)
-            b[:old] = a
-            return b
-
-        self.size, self.quality, self.restore = (
-            more(self.size),
-            more(self.quality),
-            more(self.restore),
-        )
-        self.count, self.tokens = more(self.count), more(self.tokens)
-        self.profile_prefill = more(self.profile_prefill)
+        self.first, self.count, self.tokens = (
+            _more(self.first, capacity), _more(self.count, capacity), _more(self.tokens, capacity)
+        )  # fmt: skip
+        self.profile_prefill = _more(self.profile_prefill, capacity)
+        self.wide_at = _more(self.wide_at, capacity, fill=-1)
         self._stamp += [None] * (capacity - old)
         self._names += [()] * (capacity - old)
         self._free.extend(range(capacity - 1, old - 1, -1))
 
-    def _fit(self, width: int) -> None:
-        """Room for ``width`` variants per row."""
-        have = self.size.shape[1]
-        if width <= have:
-            return
-        pad = ((0, 0), (0, width - have))
-        self.size = np.pad(self.size, pad)
-        self.quality = np.pad(self.quality, pad)
-        self.restore = np.pad(self.restore, pad)
+    def _narrow(self, slot: int) -> None:
+        """The slot keeps no wide row (it has one variant, or is freed)."""
+        w = int(self.wide_at[slot])
+        if w >= 0:
+            self._wide_free.append(w)
+            self.wide_at[slot] = -1
+
+    def _widen(self, slot: int, width: int) -> int:
+        """The slot's wide row, taken when it has none, with room for ``width`` variants."""
+        have = self.wide.shape[2]
+        if width > have:
+            self.wide = np.pad(self.wide, ((0, 0), (0, 0), (0, width - have)))
+        w = int(self.wide_at[slot])
+        if w < 0:
+            if not self._wide_free:
+                old = self.wide.shape[0]
+                self.wide = _more(self.wide, max(16, 2 * old))
+                self._wide_free.extend(range(self.wide.shape[0] - 1, old - 1, -1))
+            w = self._wide_free.pop()
+            self.wide_at[slot] = w
+        return w
+
+
+def _more(a: Array, capacity: int, fill: float = 0) -> Array:
+    """``a`` with room for ``capacity`` rows, the new ones ``fill`` (zeros are left unwritten:
+    pages no row has taken yet are not resident)."""
+    shape = (capacity, *a.shape[1:])
+    b = np.zeros(shape, dtype=a.dtype) if fill == 0 else np.full(shape, fill, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
 
 
 def _hits(ctxs: list[ContextRecord], which: BoolArray) -> FloatArray:

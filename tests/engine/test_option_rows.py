@@ -143,3 +143,38 @@ def test_unprofiled_contexts_alike_share_one_stamp_and_a_grown_one_gets_its_own(
     rows.arrays([a, b])
     assert rows.rebuilt == 3  # b's row was rebuilt: its stamp (two chunks) is not a's
     assert rows._stamp[rows._slot["a"]] != rows._stamp[rows._slot["b"]]
+
+
+def _plain(index: ContextIndex, cid: str, size: int) -> ContextRecord:
+    """A context of one object without a chunk layout: one option, itself as stored."""
+    return index.add(ObjectRecord(ObjectMeta(key=cid, size_bytes=size, context_id=cid), "cpu"))
+
+
+def test_one_variant_rows_take_no_wide_row_and_read_back_beside_wide_ones():
+    """Issue 42: rows were as wide as the widest grid, 744 bytes a context for 31 variants
+    where a context without a chunk layout has one. Now a one-variant row keeps its three
+    numbers in ``first``; only wider rows take a row of ``wide``, given back when forgotten."""
+    index, _, rows = _setup()
+    plain = [_plain(index, f"p{i}", 1000 + i) for i in range(40)]
+    wide = [_chunk(index, f"w{i}", 0) for i in range(3)]
+    mixed = [*plain[:20], *wide, *plain[20:]]
+    got = rows.arrays(mixed)
+    options = rows._options
+    for i, ctx in enumerate(mixed):
+        grid = options.grid(ctx)
+        k = len(grid)
+        assert got.variant_names[i] == tuple(v.variant for v in grid)
+        assert got.size_bytes[i, :k].tolist() == [v.size_bytes for v in grid]
+        assert got.quality[i, :k].tolist() == [v.quality for v in grid]
+        assert got.restore_s[i, :k].tolist() == [v.restore_s for v in grid]
+        assert got.size_bytes[i, k:].tolist() == [0.0] * (got.size_bytes.shape[1] - k)
+        assert rows.profile(ctx).variants == tuple(grid)
+    assert len(plain[0].keys) == 1 and len(options.grid(plain[0])) == 1
+    assert (rows.wide_at[[rows.row(c) for c in plain]] == -1).all()
+    assert len({int(rows.wide_at[rows.row(c)]) for c in wide}) == 3
+    assert rows.wide.shape[0] - len(rows._wide_free) == 3  # rows of wide taken: one each
+    rows.forget("w1")
+    assert rows.wide.shape[0] - len(rows._wide_free) == 2
+    again = _chunk(index, "w3", 0)
+    assert rows.profile(again).variants == tuple(options.grid(again))
+    assert rows.wide.shape[0] - len(rows._wide_free) == 3
