@@ -227,7 +227,7 @@ class EvicPressPlacer(Placer):
         slot = self._state.add(cid, table.variant_names[row], table, row)
         self._note_contested(cid, slot)
         s = self._state.slots
-        variant, tier = self._state.best_start(s.size[slot], s.util[slot], float(s.drop[slot]))
+        variant, tier = self._state.best_start(*s.row(slot), float(s.drop[slot]))
         if tier != DROP:
             self._state.place(slot, variant, tier)
         return self._resolve(cid, before, max(tier, 0), "utility (Algorithm 1)", repair=True)
@@ -320,9 +320,7 @@ class EvicPressPlacer(Placer):
             self._contested = None
             return
         s = self._state.slots
-        one = Problem(
-            s.size[[slot]], s.util[[slot]], s.drop[[slot]], s.pinned[[slot]], self._caps_f
-        )
+        one = Problem(*s.gather(np.array([slot])), s.drop[[slot]], s.pinned[[slot]], self._caps_f)
         if contested(one).size:
             self._contested.add(cid)
         else:
@@ -340,7 +338,7 @@ class EvicPressPlacer(Placer):
         live = np.flatnonzero(s.alive)
         if not (coarse or self._few_contested(live)):
             return []
-        problem = Problem(s.size[live], s.util[live], s.drop[live], s.pinned[live], self._caps_f)
+        problem = Problem(*s.gather(live), s.drop[live], s.pinned[live], self._caps_f)
         tier = s.tier[live]
         current = Assignment(
             variant=np.where(tier < 0, 0, s.variant[live]),
@@ -398,7 +396,7 @@ class EvicPressPlacer(Placer):
         if np.count_nonzero(held) > EXACT_MAX:
             return False  # checked first: O(n), where counting the contested reads (n, V, T)
         if self._contested is None:
-            whole = Problem(s.size[live], s.util[live], s.drop[live], s.pinned[live], self._caps_f)
+            whole = Problem(*s.gather(live), s.drop[live], s.pinned[live], self._caps_f)
             self._contested = {s.keys[i] for i in live[contested(whole)].tolist()}
         return len(self._contested) <= EXACT_MAX
 
@@ -409,7 +407,7 @@ class EvicPressPlacer(Placer):
             t = step.src_tier
             if t is None or step.dst_tier == t or not np.isfinite(self._caps_f[t]):
                 continue
-            size = float(s.size[s.index[step.key], step.src_variant])
+            size = s.size_of(s.index[step.key], step.src_variant)
             if size >= COARSE_SHARE * self._caps_f[t]:
                 return True
         return False
@@ -419,7 +417,7 @@ class EvicPressPlacer(Placer):
         slot = s.index.get(cid)
         if slot is None or s.tier[slot] < 0:
             return DROPPED, 0.0
-        return self.placement(cid), float(s.size[slot, s.variant[slot]])
+        return self.placement(cid), s.size_of(slot, int(s.variant[slot]))
 
     def _step_source(self, step: Step) -> tuple[Placement, float]:
         if step.src_tier is None:
@@ -427,9 +425,7 @@ class EvicPressPlacer(Placer):
         s = self._state.slots
         slot = s.index[step.key]
         name = s.names[slot][step.src_variant]
-        return Placement(name, self.tiers[step.src_tier].name), float(
-            s.size[slot, step.src_variant]
-        )
+        return Placement(name, self.tiers[step.src_tier].name), s.size_of(slot, step.src_variant)
 
     def _plan(self, sources: dict[str, tuple[Placement, float]], reason: str) -> Plan:
         """Net changes from ``sources`` (placement before) to now, safely ordered."""

@@ -135,7 +135,7 @@ class GreedyState:
         s.variant[slot], s.tier[slot] = variant, tier
         self._bump(slot)
         if tier >= 0:
-            self.used[tier] += float(s.size[slot, variant])
+            self.used[tier] += s.size_of(slot, variant)
             self.held[tier] += 1
             self._push(slot)
 
@@ -147,7 +147,7 @@ class GreedyState:
         s = self.slots
         t = int(s.tier[slot])
         if t >= 0:
-            self.used[t] -= float(s.size[slot, s.variant[slot]])
+            self.used[t] -= s.size_of(slot, int(s.variant[slot]))
             self.held[t] -= 1
             if s.queued[slot]:
                 self._live[t] -= 1
@@ -198,9 +198,8 @@ class GreedyState:
         """Sum of the current placements' utilities."""
         s = self.slots
         live = np.flatnonzero(s.alive)
-        v, t = s.variant[live], s.tier[live]
-        cached = s.util[live, v, np.maximum(t, 0)]
-        return float(np.where(t >= 0, cached, s.drop[live]).sum())
+        _, cached = s.chosen(live)
+        return float(np.where(s.tier[live] >= 0, cached, s.drop[live]).sum())
 
     # -- the cheapest operation of each context ----------------------------------------------
 
@@ -213,14 +212,14 @@ class GreedyState:
         """
         s = self.slots
         m = slots.size
-        size = s.size[slots]
+        size, util = s.gather(slots)
         cur_v = s.variant[slots]
         cur_s = size[np.arange(m), cur_v]
-        cur_u = s.util[slots, cur_v, t]
+        cur_u = util[np.arange(m), cur_v, t]
         n_var = size.shape[1]
-        comp = s.util[slots, :, t]
+        comp = util[:, :, t]
         comp = np.where((size < cur_s[:, None]) & np.isfinite(comp), comp, -np.inf)
-        lower = s.util[slots, :, t + 1 :]
+        lower = util[:, :, t + 1 :]
         lower = np.where(size[:, :, None] <= self.caps[None, None, t + 1 :], lower, -np.inf)
         gain = np.concatenate(
             [comp, lower.transpose(0, 2, 1).reshape(m, -1), s.drop[slots, None]], 1
@@ -245,8 +244,9 @@ class GreedyState:
         at a time, once or twice an insert, and the vectorised form's fixed cost was ~90 us
         of it (issue 42: a daemon taking a million small objects)."""
         s = self.slots
-        sizes: list[float] = s.size[slot].tolist()
-        util: list[list[float]] = s.util[slot].tolist()
+        row_size, row_util = s.row(slot)
+        sizes: list[float] = row_size.tolist()
+        util: list[list[float]] = row_util.tolist()
         cur_v = int(s.variant[slot])
         cur_s, cur_u = sizes[cur_v], util[cur_v][t]
         per_byte = self.selection is Selection.PER_BYTE
@@ -358,12 +358,12 @@ class GreedyState:
         src_v, src_t = int(s.variant[slot]), int(s.tier[slot])
         dst_v, dst_t = op
         if src_t >= 0:
-            self.used[src_t] -= float(s.size[slot, src_v])
+            self.used[src_t] -= s.size_of(slot, src_v)
             self.held[src_t] -= 1
         s.variant[slot], s.tier[slot] = dst_v, dst_t
         self._bump(slot)
         if dst_t >= 0:
-            self.used[dst_t] += float(s.size[slot, dst_v])
+            self.used[dst_t] += s.size_of(slot, dst_v)
             self.held[dst_t] += 1
             self._push(slot)
         return Step(

@@ -43,7 +43,8 @@ class LazyPlan(Plan):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Snapshot:
-    """Placements of every live slot at one moment: ids, variant names, sizes, choices."""
+    """Placements of every live slot at one moment: ids, variant names, choices and the
+    size of each slot's chosen variant."""
 
     keys: Sequence[str]
     names: Sequence[tuple[str, ...]]
@@ -58,7 +59,7 @@ class Snapshot:
         return cls(
             list(slots.keys),
             list(slots.names),
-            slots.size,
+            slots.chosen(np.arange(len(slots.keys)))[0],
             slots.variant.copy(),
             slots.tier.copy(),
             dict(slots.index),
@@ -69,7 +70,7 @@ class Snapshot:
         if t < 0:
             return DROPPED, 0.0
         v = int(self.variant[slot])
-        return Placement(self.names[slot][v], tiers[t].name), float(self.size[slot, v])
+        return Placement(self.names[slot][v], tiers[t].name), float(self.size[slot])
 
 
 def rebalance_plan(
