@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtierd.kernels._tl_common import block_d, check_device, layer_runs, token_offset
+from kvtierd.kernels._tl_common import block_d, check_device, source_runs, token_offset
 from kvtierd.kernels.layout import KVSource
 
 MODE_KNORM = 0
@@ -101,7 +101,7 @@ def _unit_key_sum_kernel(
 def _launch_norm(source: KVSource, mode: int, anchors: torch.Tensor | None) -> torch.Tensor:
     lyr, h, n, d = source.num_layers, source.num_kv_heads, source.num_tokens, source.head_dim
     out = torch.empty((lyr, h, n), dtype=torch.float32, device=source.device)
-    for run in layer_runs(source.layer_keys, source.layer_values):
+    for run in source_runs(source):
         k, v, first = run.keys, run.values, run.first
         anchor = anchors[first:] if anchors is not None else out[first:]
         _norm_score_kernel[(h, triton.cdiv(n, BLOCK_N), k.shape[0])](
@@ -124,7 +124,7 @@ def keydiff_anchors(source: KVSource) -> torch.Tensor:
     chunk = min(ANCHOR_CHUNK, BLOCK_N * triton.cdiv(n, BLOCK_N))
     chunks = triton.cdiv(n, chunk)
     partial = torch.empty((lyr, h, chunks, d), dtype=torch.float32, device=source.device)
-    for run in layer_runs(source.layer_keys, source.layer_values):
+    for run in source_runs(source):
         k = run.keys
         _unit_key_sum_kernel[(h, chunks, k.shape[0])](
             k, source.block_table, partial[run.first :], h, n, d, source.block_size,
