@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kvtierd.errors import InvalidArgumentError
+from kvtierd.kernels.layout import KVSource
 
 MAX_HEAD_DIM = 512
 
@@ -87,6 +88,13 @@ def layer_runs(
         LayerRun(i, kl.unsqueeze(0), vl.unsqueeze(0))
         for i, (kl, vl) in enumerate(zip(layer_keys, layer_values, strict=True))
     ]
+
+
+def source_runs(source: KVSource) -> list[LayerRun]:
+    """``layer_runs`` of a source, or at once its one stacked run where it was made with one."""
+    if source.stacked is not None:
+        return [LayerRun(0, *source.stacked)]
+    return layer_runs(source.layer_keys, source.layer_values)
 
 
 def block_d(head_dim: int) -> int:

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtierd.kernels._tl_common import block_d, check_device, layer_runs, token_offset
+from kvtierd.kernels._tl_common import block_d, check_device, source_runs, token_offset
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.rope import RopeSpec, rotation_tables
 
@@ -38,7 +38,7 @@ NO_ROTATION, HALVES, PARTNER = 0, 1, 2
 @triton.jit
 def _gather_kernel(
     k_ptr, v_ptr, bt_ptr, kept_ptr, ok_ptr, ov_ptr, cos_ptr, sin_ptr, partner_ptr,
-    H, M, D, block_size,
+    H, N, M, D, block_size,
     ks_l, ks_blk, ks_slot, ks_h, ks_d, vs_l, vs_blk, vs_slot, vs_h, vs_d,
     os_l, os_h, os_m, os_d,
     R, ROTATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -51,11 +51,11 @@ def _gather_kernel(
     ok_ptr += layer * os_l
     ov_ptr += layer * os_l
     j = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    jm = j < M
+    t = tl.load(kept_ptr + h * M + j, mask=j < M, other=0)
+    jm = (j < M) & (t >= 0) & (t < N)  # the launcher raises after the launch on any other
     d = tl.arange(0, BLOCK_D)
     dm = d < D
     mask = jm[:, None] & dm[None, :]
-    t = tl.load(kept_ptr + h * M + j, mask=jm, other=0)
     k_row = token_offset(bt_ptr, t, jm, block_size, ks_blk, ks_slot) + h * ks_h
     v_row = token_offset(bt_ptr, t, jm, block_size, vs_blk, vs_slot) + h * vs_h
     o_row = h * os_h + j.to(tl.int64) * os_m
@@ -122,12 +122,12 @@ def gather(
         else PARTNER
     )
     r = rope.rotary_dim if rope is not None else d
-    for run in layer_runs(source.layer_keys, source.layer_values):
+    for run in source_runs(source):
         k, v, first = run.keys, run.values, run.first
         ok, ov = out_k[first:], out_v[first:]
         _gather_kernel[(h, triton.cdiv(m, BLOCK_M), k.shape[0])](
             k, v, source.block_table, kept_c[first:], ok, ov, cos, sin, partner,
-            h, m, d, source.block_size, *k.stride(), *v.stride(), *ok.stride(),
+            h, source.num_tokens, m, d, source.block_size, *k.stride(), *v.stride(), *ok.stride(),
             r, ROTATE=mode, BLOCK_M=BLOCK_M, BLOCK_D=block_d(d),
             BLOCK_H=max(1, int(triton.next_power_of_2(r // 2))),
         )  # fmt: skip

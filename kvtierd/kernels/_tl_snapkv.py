@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvtierd.kernels._tl_common import block_d, check_device, layer_runs, token_offset
+from kvtierd.kernels._tl_common import block_d, check_device, source_runs, token_offset
 from kvtierd.kernels.layout import KVSource
 
 BLOCK_N = 64
@@ -154,7 +154,7 @@ def window_attention(source: KVSource, queries: torch.Tensor) -> torch.Tensor:
         "BLOCK_W": max(16, int(triton.next_power_of_2(w))),
         "BLOCK_D": block_d(d),
     }
-    runs = layer_runs(source.layer_keys, source.layer_values)
+    runs = source_runs(source)
     for run in runs:
         k, q, first = run.keys, queries[run.first :], run.first
         _block_stats[(h, nb, k.shape[0])](

@@ -9,7 +9,7 @@ import pytest
 import torch
 from _kernel_helpers import make_kv, paged_source
 
-from kvtierd.kernels._tl_common import layer_runs
+from kvtierd.kernels._tl_common import layer_runs, source_runs
 from kvtierd.kernels.base import gather_kv, select_kept
 from kvtierd.kernels.layout import KVSource
 from kvtierd.kernels.registry import get_method
@@ -50,6 +50,23 @@ def test_layer_runs_stack_when_the_memory_allows(name: str) -> None:
             for got, want in ((r.keys[i], source.layer_keys), (r.values[i], source.layer_values)):
                 # (unused paged blocks hold NaN)
                 torch.testing.assert_close(got, want[r.first + i], atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("make", ["contiguous", "kv_2ltd"])
+def test_sources_made_from_one_tensor_carry_their_stacked_run(make: str) -> None:
+    """``source_runs`` takes the stacked views without looking at each layer's: they are
+    exactly the run ``layer_runs`` finds."""
+    k, v = make_kv(L, H, N, D, torch.bfloat16)
+    if make == "contiguous":
+        source = KVSource.from_contiguous(k, v)
+    else:
+        kv = torch.stack([k, v]).permute(0, 1, 3, 2, 4).reshape(2, L, N, H * D)
+        source = KVSource.from_kv_2ltd(kv, H)
+    (got,) = source_runs(source)
+    (want,) = layer_runs(source.layer_keys, source.layer_values)
+    assert got.first == want.first == 0
+    for a, b in ((got.keys, want.keys), (got.values, want.values)):
+        assert (a.data_ptr(), a.shape, a.stride()) == (b.data_ptr(), b.shape, b.stride())
 
 
 def test_uneven_layers_are_not_stacked() -> None:
