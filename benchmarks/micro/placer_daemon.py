@@ -185,8 +185,7 @@ async def measure(n: int, grid: str, seed: int = 0) -> DaemonRebalance:
             t3 = time.perf_counter()
             fresh_cpu = time.process_time() - c0
             gc.enable()
-            rows = placing.rows
-            rows_bytes = sum(a.nbytes for a in (rows.size, rows.quality, rows.restore))
+            rows_bytes = placing.rows.nbytes
             return DaemonRebalance(
                 n=n, n_variants=len(engine.policy.variants), first_s=first, again_s=again,
                 again_cpu_s=again_cpu, fresh_cpu_s=fresh_cpu,

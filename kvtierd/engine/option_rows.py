@@ -66,6 +66,11 @@ class OptionRows:
     def __len__(self) -> int:
         return len(self._slot)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows' variant arrays (one-variant and wide rows)."""
+        return self.first.nbytes + self.wide.nbytes
+
     # -- one context ----------------------------------------------------------------------------
 
     def row(self, ctx: ContextRecord, *, fresh: bool = False) -> int:
