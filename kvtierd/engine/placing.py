@@ -101,7 +101,7 @@ class Placing:
         placer = cls(self.tier_models(), params)
         self._link_all(placer)
         if self._held_back:
-            placer.hold_back(self._cpu.name, self._held_back)  # nothing placed yet: no plan
+            placer.hold_back(self._cpu.name, self._held_back, plan=False)  # nothing placed yet
         return placer
 
     def profile(self, ctx: ContextRecord, *, fresh: bool = False) -> ContextProfile:
@@ -145,7 +145,8 @@ class Placing:
 
     def hold_back_rounding(self, refused: bool = True) -> Plan:
         """Have the placer keep free the room the CPU tier's blocks take beyond its objects'
-        bytes, and return the plan that frees it (empty when the amount held is unchanged).
+        bytes, and return the plan that frees it (empty when the amount held is unchanged, and
+        for a rebalance, which places every context anew).
 
         The placer counts a context's bytes; the arena gives each object whole 4 KiB blocks.
         A CPU tier of 1-16 KiB objects at its capacity in bytes filled its arena (capacity +
@@ -181,7 +182,7 @@ class Placing:
             cpu.name, wanted >> 20, cpu.object_count(), 1 + r, held >> 20,
         )  # fmt: skip
         self._held_back = wanted
-        return self.placer.hold_back(cpu.name, wanted)
+        return self.placer.hold_back(cpu.name, wanted, plan=refused)
 
     # -- telling the placer --------------------------------------------------------------------
 

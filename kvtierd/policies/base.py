@@ -179,13 +179,15 @@ class Placer(abc.ABC):
         self._configured = fresh
         self.tiers = self._less_held_back()
 
-    def hold_back(self, tier: str, nbytes: int) -> Plan:
+    def hold_back(self, tier: str, nbytes: int, *, plan: bool = True) -> Plan:
         """Keep ``nbytes`` of ``tier`` free of contexts from now on, in place of what was held
         back there before, and return the plan that frees them now. For a tier whose store
         takes more room than the bytes the placer counts: the CPU arena gives each object whole
         4 KiB blocks, and a CPU tier of 1-16 KiB objects filled its arena while the placer saw
         it within capacity, every put refused and no move planned (issue 42). Every placement
-        and rebalance after this sees the tier ``nbytes`` smaller."""
+        and rebalance after this sees the tier ``nbytes`` smaller. ``plan=False`` only records
+        it, for a caller about to rebalance (which places every context anew) or a placer that
+        holds nothing yet: the plan would be worked out and thrown away."""
         names = [t.name for t in self._configured]
         if tier not in names:
             raise ValueError(f"hold_back: unknown tier {tier!r}; tiers: {', '.join(names)}")
@@ -194,7 +196,7 @@ class Placer(abc.ABC):
             raise ValueError(f"hold_back: tier {tier!r} is unbounded: nothing to hold back")
         self.held_back[i] = max(0, int(nbytes))
         self.tiers = self._less_held_back()
-        return self._capacity_changed(i)
+        return self._capacity_changed(i, plan)
 
     def _less_held_back(self) -> tuple[TierModel, ...]:
         return tuple(
@@ -203,10 +205,10 @@ class Placer(abc.ABC):
             for t, held in zip(self._configured, self.held_back, strict=True)
         )  # fmt: skip
 
-    def _capacity_changed(self, tier: int) -> Plan:
-        """The plan that brings every context within ``self.tiers`` after tier ``tier``'s
-        capacity changed (:meth:`hold_back`). This default, for placers that keep no account
-        of bytes, plans nothing."""
+    def _capacity_changed(self, tier: int, plan: bool) -> Plan:
+        """Take ``self.tiers`` after tier ``tier``'s capacity changed (:meth:`hold_back`)
+        and, when ``plan``, return what brings every context within it. This default, for
+        placers that keep no account of bytes, plans nothing."""
         return Plan()
 
 

@@ -257,12 +257,14 @@ class EvicPressPlacer(Placer):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _capacity_changed(self, tier: int) -> Plan:
+    def _capacity_changed(self, tier: int, plan: bool) -> Plan:
         """Algorithm 1's cheapest operations in a tier that shrank (:meth:`hold_back`), as
         for an overflow: compress, move down or drop what gives up least utility."""
         self._caps = tuple(t.capacity_bytes for t in self.tiers)
         self._caps_f = capacity_array(self._caps)
         self._state.set_capacities(self._caps)
+        if not plan:
+            return Plan()
         steps = self._state.resolve(tier)
         touched = {s.key: self._step_source(s) for s in reversed(steps)}
         return self._plan(touched, "room held back in the tier")

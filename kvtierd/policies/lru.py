@@ -161,9 +161,9 @@ class LruPlacer(Placer):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _capacity_changed(self, tier: int) -> Plan:
+    def _capacity_changed(self, tier: int, plan: bool) -> Plan:
         """Spill the least recently used contexts of a tier that shrank (:meth:`hold_back`)."""
-        return self._spill(tier, protect="")
+        return self._spill(tier, protect="") if plan else Plan()
 
     def _ordered(self, plan: Plan, cid: str, size_bytes: int) -> Plan:
         """Net change per context, ordered so no prefix overflows a tier (spills run first).

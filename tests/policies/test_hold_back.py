@@ -42,6 +42,10 @@ def test_hold_back_frees_the_room_and_keeps_it_free(name: str) -> None:
     replay(placer.rebalance([_one(f"c{i}", 1.0 + i) for i in range(40)]), state, sizes, TIERS)
     assert sum(p.tier == "cpu" for p in state.values()) == 10
 
+    assert not placer.hold_back("cpu", 32 * KIB, plan=False).operations  # recorded only
+    replay(placer.rebalance([_one(f"c{i}", 1.0 + i) for i in range(40)]), state, sizes, TIERS)
+    assert sum(p.tier == "cpu" for p in state.values()) == 8  # the rebalance honours it
+
     replay(placer.hold_back("cpu", 0), state, sizes, TIERS)  # released: fills again
     replay(placer.rebalance([_one(f"c{i}", 1.0 + i) for i in range(40)]), state, sizes, TIERS)
     assert sum(p.tier == "cpu" for p in state.values()) == 16
