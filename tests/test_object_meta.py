@@ -77,3 +77,18 @@ def test_kinds_held_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [m.layout for m in metas] == [f"L{i}" for i in range(20)]
     assert ObjectKind.of(variant="none", dtype="uint8", shape=(), layout="L19", tenant="",
                          token_count=0, durable=False) is metas[-1].kind  # fmt: skip
+
+
+def test_a_put_shares_its_size_and_kind_strings_with_other_puts() -> None:
+    """Two puts decoded from the wire: equal sizes are one int object, not one each (issue 42:
+    28 bytes an object above 256). A context id is left to the index (``numbered``)."""
+    from kvtierd.rpc import kvtier_pb2 as pb
+    from kvtierd.server.convert import meta_from_spec
+    from kvtierd.server.identity import Caller
+
+    specs = [pb.ObjectSpec(key=k, context_id="ctx", size_bytes=int("70000"), dtype="uint8")
+             for k in ("a", "b")]  # fmt: skip
+    a, b = (meta_from_spec(s, Caller()) for s in specs)
+    assert a.size_bytes == b.size_bytes == 70000
+    assert a.size_bytes is b.size_bytes
+    assert a.kind is b.kind

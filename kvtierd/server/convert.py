@@ -22,15 +22,16 @@ if TYPE_CHECKING:
 
 def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
     """Keys and context ids become daemon-wide names scoped by the caller's tenant. The
-    strings many objects repeat (context id, variant, dtype, layout, tenant) are interned and
-    equal shapes share one tuple: each put would otherwise bring its own copies, ~200 bytes an
-    object for a daemon holding a million (issue 42)."""
+    strings many objects repeat (variant, dtype, layout, tenant) are interned, and equal
+    shapes and sizes share one object: each put would otherwise bring its own copies, ~200
+    bytes an object for a daemon holding a million (issue 42). A context id is not interned:
+    the index gives each object its context's own string (``ContextIndex.numbered``)."""
     intern = sys.intern
     parent = caller.scoped(spec.parent_context_id) if spec.parent_context_id else ""
     return ObjectMeta(
         key=caller.scoped(spec.key),
-        size_bytes=spec.size_bytes,
-        context_id=intern(caller.scoped(spec.context_id)),
+        size_bytes=_shared_int(spec.size_bytes),
+        context_id=caller.scoped(spec.context_id),  # the index's string (``numbered``)
         tenant=intern(caller.tenant),
         variant=intern(spec.variant or ORIGINAL_VARIANT),
         dtype=intern(spec.dtype or "uint8"),
@@ -47,6 +48,13 @@ def meta_from_spec(spec: pb.ObjectSpec, caller: Caller) -> ObjectMeta:
 def _shared_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """One tuple for equal shapes (the cache hands back the first one it was given)."""
     return shape
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared_int(n: int) -> int:
+    """One int object for equal sizes: chunks of one model are one size, and each put would
+    otherwise bring its own int above 256 (28 bytes an object, issue 42)."""
+    return n
 
 
 def spec_from_meta(meta: ObjectMeta, caller: Caller) -> pb.ObjectSpec:

@@ -51,6 +51,19 @@ def test_objects_are_numbered_in_their_context_and_numbers_only_grow() -> None:
     assert new.meta.position == 10
 
 
+def test_objects_take_their_contexts_own_id_string() -> None:
+    """Each put decodes its own copy of the context id; indexed, the object holds the
+    context's string instead (issue 42: one string a context, not one an object)."""
+    index = ContextIndex()
+    first, second = (ObjectRecord(_meta(k, ctx="".join(["con", "text"])), "cpu") for k in "ab")
+    assert first.meta.context_id is not second.meta.context_id  # two decoded copies
+    ctx = index.add(first)
+    index.add(second)
+    assert second.meta.context_id == "context"
+    assert first.meta.context_id is ctx.context_id and second.meta.context_id is ctx.context_id
+    assert index.objects["b"] is second and second.meta.position == 1
+
+
 def test_found_objects_are_ordered_by_position_those_without_one_first_by_key() -> None:
     metas = [_meta(k).replace(position=p) for k, p in (("x", 2), ("y", None), ("z", 0),
                                                          ("a", None), ("b", 2))]  # fmt: skip
