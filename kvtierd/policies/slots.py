@@ -20,6 +20,8 @@ caller's table is never modified.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from kvtierd.policies.model import BoolArray, FloatArray, IntArray, UtilityTable
@@ -144,7 +146,7 @@ class Slots:
                 self._grow(max(16, 2 * self.capacity), self.wsize.shape[1])
             slot, self._fresh = self._fresh, self._fresh + 1
         self.index[key] = slot
-        self.keys[slot], self.names[slot] = key, names
+        self.keys[slot], self.names[slot] = key, shared_names(names)
         if len(names) <= 1:
             self._narrow(slot)
             self.size1[slot] = table.size_bytes[row, 0]
@@ -247,3 +249,10 @@ class Slots:
         util[:old, :old_var] = self.wutil
         util[:old, old_var:] = -np.inf
         self.wsize, self.wutil = size, util
+
+
+@functools.lru_cache(maxsize=4096)
+def shared_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple for equal variant names: an insert's table makes its own for the one context
+    it describes, and most contexts share a grid (issue 42: 49 bytes a one-variant context)."""
+    return names

@@ -127,3 +127,14 @@ def test_one_variant_contexts_take_no_wide_row() -> None:
     assert slots.wsize.shape[0] - len(slots._wide_free) == 1
     per_slot = (slots.size1.nbytes + slots.util1.nbytes + slots.wide_at.nbytes) / slots.capacity
     assert per_slot == 8 + 2 * 8 + 8  # bytes a slot for its row, where a padded row was 744
+
+
+def test_contexts_of_one_grid_share_one_tuple_of_names() -> None:
+    """Each insert's table makes its own tuple of variant names for its one context; the slots
+    keep one tuple for equal names (issue 42: 49 bytes a one-variant context)."""
+    tables = [_table([1]) for _ in range(3)]
+    assert tables[0].variant_names[0] is not tables[1].variant_names[0]
+    slots = Slots(2)
+    taken = [slots.add(f"c{i}", t.variant_names[0], t, 0) for i, t in enumerate(tables)]
+    assert slots.names[taken[0]] == ("v0",)
+    assert all(slots.names[s] is slots.names[taken[0]] for s in taken)
