@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import Counter
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ROOM_RETRY_S = 1.0  # how long first profiles wait after the arena had no room for one
+FIRST_BATCH = 4096  # settled contexts a round of first profiles takes at most (5 rounds a s)
 
 NO_TOKEN_IDS = (
     "evaluator {name!r} needs the context's token ids, and none were registered for it "
@@ -344,9 +346,15 @@ class ProfilingService:
         """The estimator's profile of every context that settled since its put, while vLLM is
         idle (EvicPress §4.3: with free cycles). It is cheap, and every context should have it
         before its next request: under traffic with no gap one starts after
-        ``yield_gate.max_wait_s`` anyway (its steps still wait at the gate)."""
+        ``yield_gate.max_wait_s`` anyway (its steps still wait at the gate). At most
+        :data:`FIRST_BATCH` contexts a round: a list of every settled one, made five times a
+        second, was a pass over the whole backlog while puts outran profiling (issue 42: half
+        a million contexts at 1M puts), to profile the first few."""
         now = time.monotonic()
-        ready = [(c, t) for c, t in self._changed.items() if now - t >= self.settle_s]
+        if now < self._room_wait_until:
+            return  # the arena had no room to read a context in (:meth:`_short_of_room`)
+        settled = ((c, t) for c, t in self._changed.items() if now - t >= self.settle_s)
+        ready = list(itertools.islice(settled, FIRST_BATCH))
         for cid, since in ready:
             await asyncio.sleep(0)  # contexts with nothing to profile take no await at all
             if time.monotonic() < self._room_wait_until:
