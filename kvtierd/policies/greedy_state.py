@@ -11,6 +11,10 @@ on its own state, so an entry stays valid until that context changes; then its `
 bumped and a new entry pushed (lazy invalidation: stale entries are skipped when popped, and a
 heap is rebuilt when more than half of it is stale). Every operation is ``O(log n)``. After a bulk
 install a tier's heap is built (vectorised, one ``heapify``) the first time that tier overflows.
+An entry is ``(score, seq << 32 | slot)``: a push numbers it (``seq``, which breaks ties in push
+order) and makes that number its slot's version, so one int names the slot and the version it
+was pushed at (issue 42: a heap holds an entry for each of a million contexts, and two ints
+fewer an entry is ~60 bytes a context).
 
 Selection rules (``PlacerParams.selection``):
 
@@ -35,6 +39,8 @@ from kvtierd.policies.slots import Slots
 
 DROP = -1
 """Tier index of a dropped context."""
+SEQ_SHIFT = 32  # a heap entry's key: its push number above its slot (the module doc)
+SLOT_MASK = (1 << SEQ_SHIFT) - 1
 
 
 class Selection(enum.Enum):
@@ -77,7 +83,7 @@ class GreedyState:
         self.slots = Slots(len(capacities))
         self.used = [0.0] * len(capacities)
         self.held = [0] * len(capacities)  # contexts placed in each tier
-        self._heaps: list[list[tuple[float, int, int, int]]] = [[] for _ in capacities]
+        self._heaps: list[list[tuple[float, int]]] = [[] for _ in capacities]
         self._live = [0] * len(capacities)
         self._seq = 0
         self._unqueued: set[int] = set()
@@ -288,8 +294,9 @@ class GreedyState:
         if not math.isfinite(score):
             return
         self._seq += 1
+        s.version[slot] = self._seq
         heap = self._heaps[t]
-        heapq.heappush(heap, (score, self._seq, slot, int(s.version[slot])))
+        heapq.heappush(heap, (score, self._seq << SEQ_SHIFT | slot))
         s.queued[slot] = True
         self._live[t] += 1
         if len(heap) > 2 * self._live[t] + 64:
@@ -305,15 +312,16 @@ class GreedyState:
             score, _, _ = self.best_ops(chunk, t)
             ok = np.isfinite(score)
             chunk, score = chunk[ok], score[ok]
-            seqs = np.arange(self._seq + 1, self._seq + 1 + chunk.size)
+            seqs = range(self._seq + 1, self._seq + 1 + chunk.size)
             self._seq += chunk.size
-            entries.extend(zip(score.tolist(), seqs.tolist(), chunk.tolist(),
-                               s.version[chunk].tolist(), strict=True))  # fmt: skip
+            s.version[chunk] = np.fromiter(seqs, np.int64, chunk.size)
+            keys = [q << SEQ_SHIFT | slot for q, slot in zip(seqs, chunk.tolist(), strict=True)]
+            entries.extend(zip(score.tolist(), keys, strict=True))
             s.queued[chunk] = True
             self._live[t] += chunk.size
         heapq.heapify(entries)
 
-    def _head(self, t: int) -> tuple[float, int, int, int] | None:
+    def _head(self, t: int) -> tuple[float, int] | None:
         """Tier ``t``'s heap entry of the cheapest live context, left on the heap (``None``
         when there is none); stale entries above it are garbage and dropped (``_live``
         counts none of them)."""
@@ -322,8 +330,9 @@ class GreedyState:
             self._queue_all(t)
         heap, s = self._heaps[t], self.slots
         while heap:
-            _, _, slot, version = heap[0]
-            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
+            key = heap[0][1]
+            slot = key & SLOT_MASK
+            if s.version[slot] == key >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
                 return heap[0]
             heapq.heappop(heap)
         return None
@@ -332,7 +341,7 @@ class GreedyState:
         s = self.slots
         while (head := self._head(t)) is not None:
             heapq.heappop(self._heaps[t])
-            slot = head[2]
+            slot = head[1] & SLOT_MASK
             s.queued[slot] = False
             self._live[t] -= 1
             score, v, tt = self.best_op(slot, t)
@@ -372,11 +381,11 @@ class GreedyState:
 
     def _compact(self, t: int) -> None:
         s = self.slots
-        live = [
-            e
-            for e in self._heaps[t]
-            if s.version[e[2]] == e[3] and s.alive[e[2]] and s.tier[e[2]] == t
-        ]
+        live = []
+        for e in self._heaps[t]:
+            slot = e[1] & SLOT_MASK
+            if s.version[slot] == e[1] >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
+                live.append(e)
         heapq.heapify(live)
         self._heaps[t] = live
         self._live[t] = len(live)

@@ -10,6 +10,9 @@ import sys
 import numpy as np
 import pytest
 
+from kvtierd.policies.base import PlacerParams
+from kvtierd.policies.evicpress import EvicPressPlacer
+from kvtierd.policies.greedy_state import SEQ_SHIFT, SLOT_MASK
 from kvtierd.policies.model import UtilityTable
 from kvtierd.policies.slots import Slots
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
@@ -138,3 +141,25 @@ def test_contexts_of_one_grid_share_one_tuple_of_names() -> None:
     taken = [slots.add(f"c{i}", t.variant_names[0], t, 0) for i, t in enumerate(tables)]
     assert slots.names[taken[0]] == ("v0",)
     assert all(slots.names[s] is slots.names[taken[0]] for s in taken)
+
+
+def test_a_heap_entry_is_a_score_and_one_int_naming_its_slot_and_version() -> None:
+    """Issue 42: the greedy's heaps hold an entry per placed context. ``(score, seq, slot,
+    version)`` took ~180 bytes with its four number objects; ``(score, seq << 32 | slot)``,
+    the push's number being the slot's version, takes ~116."""
+    tiers = [TierModel("cpu", 100 * 1000, 1e9, 0.0), TierModel("ssd", 10**9, 1e8, 0.0)]
+    placer = EvicPressPlacer(tiers, PlacerParams(alpha=10.0))
+    for i in range(300):  # 300 contexts of 1,000 bytes: the CPU tier holds 100 of them
+        placer.insert(ContextProfile(f"c{i}", (VariantProfile("none", 1000, 1.0),), 1.0 + i, 1.0))
+    state = placer._state
+    s = state.slots
+    live = 0
+    for t, heap in enumerate(state._heaps):
+        for score, key in heap:
+            slot = key & SLOT_MASK
+            if s.version[slot] == key >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
+                live += 1
+                assert score == state.best_op(slot, t)[0]
+            assert sys.getsizeof((score, key)) + sys.getsizeof(score) + sys.getsizeof(key) <= 120
+    assert live == int(np.count_nonzero(s.alive & (s.tier >= 0)))  # one live entry each
+    assert state.held == [100, 200]
