@@ -65,7 +65,9 @@ class Profiler:
 
     ``directory`` (``None``: in memory only) holds ``profiles/`` and ``queries/``, one JSON file
     per context each. ``wall_clock`` dates profiles and decays frequencies (survives restarts);
-    ``clock`` (monotonic) drives the rate limit and ``ContextProfile.last_access_s``.
+    ``clock`` (monotonic) drives the rate limit. A context's last access is not kept here: the
+    daemon keeps it on its record (``ContextRecord.last_access_s``), which is what placements
+    read; a second copy per context here was ~60 bytes a context (issue 42).
     Not thread-safe: the engine calls it from one thread (or serialises calls).
     """
 
@@ -106,7 +108,6 @@ class Profiler:
             clock=clock,
         )
         self._records: dict[str, ProfileRecord] = {}
-        self._last_access: dict[str, float] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()  # set aside, oldest first
         self.gone_kept = GONE_KEPT
 
@@ -228,13 +229,10 @@ class Profiler:
         return len(queries) >= least or self.queries.repeated_requests(context_id, queries) >= least
 
     def profile_of(self, context_id: str) -> ContextProfile:
-        """The context's profile with its frequency and last access as of now."""
+        """The context's profile with its frequency as of now (its ``last_access_s`` is 0.0:
+        the daemon keeps last accesses on its records)."""
         p = self._records[context_id].profile
-        return replace(
-            p,
-            frequency=self.frequency.frequency(context_id, self.wall_clock()),
-            last_access_s=self._last_access.get(context_id, 0.0),
-        )
+        return replace(p, frequency=self.frequency.frequency(context_id, self.wall_clock()))
 
     def record(self, context_id: str) -> ProfileRecord | None:
         return self._records.get(context_id)
@@ -265,7 +263,6 @@ class Profiler:
     def forget(self, context_id: str) -> None:
         """Drop everything kept about a context: profile, queries and counts (files too)."""
         self._records.pop(context_id, None)
-        self._last_access.pop(context_id, None)
         self.frequency.forget(context_id)
         self.queries.forget(context_id)
         if self.store is not None:
@@ -276,7 +273,6 @@ class Profiler:
     def record_access(self, context_id: str, weight: float = 1.0) -> None:
         """A load of the context (frequency only; in memory until :meth:`flush`)."""
         self.frequency.record(context_id, self.wall_clock(), weight)
-        self._last_access[context_id] = self.clock()
 
     def record_query(self, context_id: str, query: ProfilingQuery) -> None:
         """A served request on the context: count the access and keep the query as a sample."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -274,3 +275,28 @@ def test_token_counts_are_known_tokens_of_every_context_with_ids() -> None:
     q.add_user("c", [ProfilingQuery(text="who?")])  # queries, no ids
     assert q.token_counts() == {"a": 96, "b": 7}
     assert {c: q.known_tokens(c) for c in "abc"} == {"a": 96, "b": 7, "c": 0}
+
+
+def test_an_access_keeps_only_the_contexts_decayed_count() -> None:
+    """Issue 42: a put counts as an access of its context, so the profiler holds something per
+    stored context. Its decayed count (a slotted counter, its time, a dict entry) is all: the
+    daemon keeps last accesses on its own records, and a second map of them here cost ~60
+    bytes a context more."""
+
+    class Ticking(Clock):  # a new float at each call, as time.time() and time.monotonic()
+        def __call__(self) -> float:
+            self.t += 1e-6
+            return self.t
+
+    p = make(None, Ticking())
+    ids = [f"context-{i}" for i in range(20_000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for cid in ids:
+            p.record_access(cid)
+        per_context = (tracemalloc.get_traced_memory()[0] - before) / len(ids)
+    finally:
+        tracemalloc.stop()
+    assert per_context < 130, per_context  # counter 56 + its time 24 + the dict's entry
+    assert p.frequency.frequency("context-7", 1000.0) == pytest.approx(1.0, rel=1e-6)
