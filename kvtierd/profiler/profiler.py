@@ -108,6 +108,7 @@ class Profiler:
             clock=clock,
         )
         self._records: dict[str, ProfileRecord] = {}
+        self._unsaved: set[str] = set()  # profiled contexts whose count changed since saved
         self._gone: OrderedDict[str, None] = OrderedDict()  # set aside, oldest first
         self.gone_kept = GONE_KEPT
 
@@ -263,6 +264,7 @@ class Profiler:
     def forget(self, context_id: str) -> None:
         """Drop everything kept about a context: profile, queries and counts (files too)."""
         self._records.pop(context_id, None)
+        self._unsaved.discard(context_id)
         self.frequency.forget(context_id)
         self.queries.forget(context_id)
         if self.store is not None:
@@ -273,6 +275,8 @@ class Profiler:
     def record_access(self, context_id: str, weight: float = 1.0) -> None:
         """A load of the context (frequency only; in memory until :meth:`flush`)."""
         self.frequency.record(context_id, self.wall_clock(), weight)
+        if context_id in self._records:
+            self._unsaved.add(context_id)
 
     def record_query(self, context_id: str, query: ProfilingQuery) -> None:
         """A served request on the context: count the access and keep the query as a sample."""
@@ -347,12 +351,15 @@ class Profiler:
         return len(states)
 
     def flush(self) -> None:
-        """Persist frequencies and sampled queries (call periodically and at shutdown)."""
-        for cid in list(self._records):  # a copy: profiles finish on other threads meanwhile
-            self._save(cid)
+        """Persist the frequencies and sampled queries that changed since they were last
+        written (call periodically and at shutdown); a profile is written when it is made."""
+        for cid in sorted(self._unsaved):  # a copy: profiles finish on other threads meanwhile
+            if cid in self._records:
+                self._save(cid)
         self.queries.flush()
 
     def _save(self, context_id: str) -> None:
+        self._unsaved.discard(context_id)
         if self.store is None:
             return
         record = self._records[context_id]

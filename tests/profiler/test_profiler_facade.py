@@ -27,6 +27,7 @@ from kvtierd.profiler import (
     StoredForm,
     TtftModel,
     evaluator_class,
+    files,
     make_evaluator,
 )
 from kvtierd.profiler.quality import DEFAULT_FORM
@@ -105,6 +106,42 @@ def test_profiles_survive_a_restart(tmp_path: Path) -> None:
     assert q.reprofile_candidates() == ["ctx/α"]
     q.forget("ctx/α")
     assert make(tmp_path, clock).load() == 0
+
+
+def test_a_flush_writes_only_what_changed_since_it_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop flushes the profiler: it wrote every profiled context's two files, one fsync
+    each, changed or not (issue 42: ~26 s of a stop at 1M puts, 5,000 profiled contexts).
+    Now only those whose count or queries changed since they were written."""
+    clock = Clock()
+    p = make(tmp_path, clock)
+    keys, values = kv()
+    for cid in ("a", "b", "c"):
+        p.profile(cid, keys, values)  # written as it is made
+    written: list[str] = []
+    real_write = files.JsonDir.write
+
+    def counted(self: files.JsonDir, context_id: str, doc: dict[str, object]) -> None:
+        written.append(f"{self.directory.name}/{context_id}")
+        real_write(self, context_id, doc)
+
+    monkeypatch.setattr(files.JsonDir, "write", counted)
+    p.flush()
+    assert written == []  # nothing changed since the profiles were written
+    p.record_access("b")
+    p.record_query("c", ProfilingQuery(text="when?"))  # kept in memory until a flush
+    p.flush()
+    assert sorted(written) == ["profiles/b", "profiles/c", "queries/c"]
+    written.clear()
+    p.flush()
+    assert written == []
+    clock.t += 100.0  # one half-life later, in a new process: what was flushed is there
+    q = make(tmp_path, clock)
+    assert q.load() == 3
+    assert q.profile_of("b").frequency == pytest.approx(1.0)  # (1 + 1) accesses, halved once
+    assert q.profile_of("a").frequency == pytest.approx(0.5)
+    assert q.queries.recent("c") == (ProfilingQuery(text="when?"),)
 
 
 def test_a_dropped_context_keeps_its_profile_frequency_and_queries(
