@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 UNKNOWN_PREFILL_S = 60.0
 """Recompute cost assumed for a context of unknown length (documented in docs/daemon.md)."""
+NO_LAYOUT = "no chunk layout: placed as stored, not profiled"  # what happens to opaque objects
 
 Geometry = tuple[ChunkFormat | None, int, int]
 """Chunk format, token count and original bytes of a context's sources."""
@@ -175,7 +176,7 @@ class ContextOptions:
         when the policy names a variant that can be made from it."""
         if self.geometry_of(ctx)[0] is None:
             if self.sources(ctx):  # objects whose layout is no chunk format (opaque bytes)
-                return "no chunk layout: placed as stored, not profiled"
+                return NO_LAYOUT
             # a token-dropped form, no reference copy
             return f"not profiled: it is stored only as {ctx.variant!r}, its original is not kept"
         own = self._index.self_sourced(ctx)
@@ -186,6 +187,11 @@ class ContextOptions:
                 "and the policy names no variant made from it"
             )
         return ""
+
+    def opaque(self, ctx: ContextRecord) -> bool:
+        """Whether the context is stored as objects with no chunk layout (:data:`NO_LAYOUT`);
+        a pass over its objects."""
+        return self.geometry_of(ctx)[0] is None and bool(self.sources(ctx))
 
     def stored_form_of(self, ctx: ContextRecord) -> StoredForm:
         """How the context's variants are stored: in chunks of its objects' size, so the

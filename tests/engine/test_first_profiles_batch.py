@@ -1,6 +1,7 @@
 """First profiles take the settled backlog a batch at a time (issue 42): while puts outran
 profiling, every round (five a second) listed every settled context — half a million at 1M
-puts — to profile the first few, and listed none at all while the arena had no room."""
+puts — to profile the first few, and listed none at all while the arena had no room. A
+context with no chunk layout never joins the backlog: it is said not profiled at its put."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvtierd.engine import Engine
+from kvtierd.engine.context_options import NO_LAYOUT
 from kvtierd.engine.profiling import profiling_service
 from kvtierd.types import ObjectMeta
 from tests.daemon.test_profiling_engine import _config
@@ -28,10 +30,13 @@ async def test_a_round_takes_at_most_a_batch_and_none_while_the_arena_is_full(
     with contextlib.suppress(asyncio.CancelledError):
         await service._task
     try:
-        for i in range(8):  # no chunk layout: each is looked at and not profiled
+        for i in range(8):  # no chunk layout: each is said not profiled at its put
             meta = ObjectMeta(f"k{i}", 16, f"c{i}")
             await engine.put_bytes(meta, memoryview(bytes(16)))
-        assert len(service._changed) == 8
+        assert not service._changed
+        assert service.not_profiled.counts[NO_LAYOUT] == 8
+        for i in range(8):  # asked for anyway (a split context is): each is looked at again
+            service.schedule(f"c{i}")
         for cid in service._changed:
             service._changed[cid] = 0.0  # settled long ago
         service._room_wait_until = float("inf")
@@ -43,6 +48,6 @@ async def test_a_round_takes_at_most_a_batch_and_none_while_the_arena_is_full(
             await service._first_profiles()
             left.append(len(service._changed))
         assert left == [5, 2, 0]
-        assert service.not_profiled.counts["no chunk layout: placed as stored, not profiled"] == 8
+        assert service.not_profiled.counts[NO_LAYOUT] == 16
     finally:
         await engine.close()
