@@ -46,7 +46,8 @@ class OptionRows:
     def __init__(self, options: ContextOptions) -> None:
         self._options = options
         self._slot: dict[str, int] = {}
-        self._free: list[int] = []
+        self._free: list[int] = []  # released rows, taken again first (the last first)
+        self._fresh = 0  # rows from here on were never taken (no list of a million ints)
         self._stamp: list[Stamp | None] = []
         # One tuple for equal stamps without a profile record: a tuple a row was 80 bytes of
         # a restart's ~1.2 KB an object (issue 42). Compared by value, never by identity.
@@ -225,9 +226,12 @@ class OptionRows:
         return out
 
     def _new_slot(self, context_id: str) -> int:
-        if not self._free:
-            self._grow(max(16, 2 * self.count.size))
-        slot = self._free.pop()
+        if self._free:
+            slot = self._free.pop()
+        else:
+            if self._fresh == self.count.size:
+                self._grow(max(16, 2 * self.count.size))
+            slot, self._fresh = self._fresh, self._fresh + 1
         self._slot[context_id] = slot
         return slot
 
@@ -240,7 +244,6 @@ class OptionRows:
         self.wide_at = _more(self.wide_at, capacity, fill=-1)
         self._stamp += [None] * (capacity - old)
         self._names += [()] * (capacity - old)
-        self._free.extend(range(capacity - 1, old - 1, -1))
 
     def _narrow(self, slot: int) -> None:
         """The slot keeps no wide row (it has one variant, or is freed)."""
