@@ -53,8 +53,8 @@ import struct
 import sys
 import time
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -82,8 +82,6 @@ RACY_COARSE_NS = 2_000_000_000  # the same where mtimes are whole seconds
 _FANOUT = 256
 _NO_KIND = ObjectKind()  # a row whose kind does not check (never made into an object)
 
-Stamp = tuple[int, int, int]  # st_ino, st_mtime_ns, st_size
-Stamped = tuple[bytes, StoredFile, Stamp]  # a file's name digest (ssd_format.name_digest)
 Kind = tuple[str, str, tuple[int, ...], str, str]  # variant, dtype, shape, layout, tenant
 # The numeric columns, in their order in the file, and their array type codes.
 _NUMBERS = (
@@ -101,16 +99,56 @@ def checkpoint_path(layout: Layout) -> Path:
     return layout.root / CHECKPOINT_NAME
 
 
-def stamp_files(files: list[StoredFile], layout: Layout) -> list[Stamped]:
-    """Each file with its name's digest and its stamp now (files gone meanwhile are left out)."""
-    out = []
-    for f in files:
-        digest = name_digest(f.meta.tenant, f.meta.key)
+@dataclass(slots=True)
+class StampedFiles:
+    """Files stamped for a checkpoint, as columns: the object, its header length, its name's
+    digest (``ssd_format.name_digest``, 16 bytes a file) and its stamp now (inode, mtime,
+    size). Columns, not a tuple a file: a checkpoint is written every ``index_checkpoint_s``
+    while puts go on, and tuples of a stat, a digest and a file per object were ~800 bytes
+    an object that the allocator kept after each (issue 42: at 300k puts with a checkpoint
+    every 20 s the daemon grew 1,892 bytes an object, without checkpoints 1,027)."""
+
+    metas: list[ObjectMeta] = field(default_factory=list)
+    header_len: array = field(default_factory=lambda: array("I"))  # type: ignore[type-arg]
+    digests: bytearray = field(default_factory=bytearray)
+    ino: array = field(default_factory=lambda: array("Q"))  # type: ignore[type-arg]
+    mtime: array = field(default_factory=lambda: array("q"))  # type: ignore[type-arg]
+    size: array = field(default_factory=lambda: array("Q"))  # type: ignore[type-arg]
+
+    def __len__(self) -> int:
+        return len(self.metas)
+
+    def select(self, keep: list[bool]) -> StampedFiles:
+        """The files ``keep`` marks, in order."""
+        if all(keep):
+            return self
+        out = StampedFiles()
+        for i in (i for i, k in enumerate(keep) if k):
+            out.metas.append(self.metas[i])
+            out.header_len.append(self.header_len[i])
+            out.digests += self.digests[i * _NAME_BYTES : (i + 1) * _NAME_BYTES]
+            out.ino.append(self.ino[i])
+            out.mtime.append(self.mtime[i])
+            out.size.append(self.size[i])
+        return out
+
+
+def stamp_files(files: Iterable[tuple[ObjectMeta, int]], layout: Layout) -> StampedFiles:
+    """Each file ``(meta, header length)`` (a :class:`StoredFile`) with its name's digest and
+    its stamp now (files gone meanwhile are left out)."""
+    out = StampedFiles()
+    for meta, header_len in files:
+        digest = name_digest(meta.tenant, meta.key)
         try:
             st = os.stat(layout.named_path(digest.hex() + OBJECT_SUFFIX))
         except FileNotFoundError:
             continue
-        out.append((digest, f, (st.st_ino, st.st_mtime_ns, st.st_size)))
+        out.metas.append(meta)
+        out.header_len.append(header_len)
+        out.digests += digest
+        out.ino.append(st.st_ino)
+        out.mtime.append(st.st_mtime_ns)
+        out.size.append(st.st_size)
     return out
 
 
@@ -149,43 +187,55 @@ def _little(a: array) -> bytes:  # type: ignore[type-arg]
     return a.tobytes()
 
 
-def encode(dirs: list[int], stamped: list[Stamped]) -> bytes:
+def encode(dirs: list[int], stamped: StampedFiles) -> bytes:
     """The checkpoint's body of the directories' stamps ``dirs`` (:func:`stamp_dirs`, taken
-    before the rows) and the files ``stamped`` (module docstring). A column a comprehension:
-    ~7 us an object with a loop over rows (16 s for a checkpoint of 1M objects with the stats)."""
-    rows = sorted(stamped, key=itemgetter(0))
-    metas = [f.meta for _, f, _ in rows]
+    before the rows) and the files ``stamped`` (module docstring). Each column is built as an
+    array from a generator, and each field's strings into one buffer: no list of an object a
+    row (a loop over rows making tuples took ~7 us an object, 16 s at 1M objects)."""
+    names = np.frombuffer(bytes(stamped.digests), dtype=">u8").reshape(-1, 2)
+    order = np.lexsort((names[:, 1], names[:, 0])).tolist()  # the names' byte order
+    metas = [stamped.metas[i] for i in order]
     kinds: dict[Kind, int] = {}
-    columns: dict[str, list[int]] = {
-        "ino": [st[0] for _, _, st in rows],
-        "mtime": [st[1] for _, _, st in rows],
-        "size": [st[2] for _, _, st in rows],
-        "header_len": [f.header_len for _, f, _ in rows],
-        "kind": [kinds.setdefault(_kind(m), len(kinds)) for m in metas],
-        "size_bytes": [m.size_bytes for m in metas],
-        "token_count": [m.token_count for m in metas],
-        "checksum": [m.checksum for m in metas],
-        "position": [-1 if m.position is None else m.position for m in metas],
-        "durable": [int(m.durable) for m in metas],
+    columns: dict[str, Iterable[int]] = {
+        "ino": (stamped.ino[i] for i in order),
+        "mtime": (stamped.mtime[i] for i in order),
+        "size": (stamped.size[i] for i in order),
+        "header_len": (stamped.header_len[i] for i in order),
+        "kind": (kinds.setdefault(_kind(m), len(kinds)) for m in metas),
+        "size_bytes": (m.size_bytes for m in metas),
+        "token_count": (m.token_count for m in metas),
+        "checksum": (m.checksum for m in metas),
+        "position": (-1 if m.position is None else m.position for m in metas),
+        "durable": (int(m.durable) for m in metas),
     }
+    numbers = [_little(array(code, columns[name])) for name, code in _NUMBERS]
     strings = {
-        "key": [m.key.encode() for m in metas],
-        "context_id": [m.context_id.encode() for m in metas],
-        "parent": [m.parent_context_id.encode() for m in metas],
-        "kept": [m.kept_indices for m in metas],
+        "key": (m.key.encode() for m in metas),
+        "context_id": (m.context_id.encode() for m in metas),
+        "parent": (m.parent_context_id.encode() for m in metas),
+        "kept": (m.kept_indices for m in metas),
     }
+    lengths, blobs = zip(*(_joined(strings[name]) for name in _STRINGS), strict=True)
     kinds_json = json.dumps([[*k[:2], list(k[2]), *k[3:]] for k in kinds], ensure_ascii=False)
     parts = [struct.pack("<I", len(kinds_json.encode())), kinds_json.encode()]
     parts.append(_little(array("q", dirs)))
-    parts.append(struct.pack("<Q", len(rows)))
-    parts += [_little(array(code, columns[name])) for name, code in _NUMBERS]
-    parts.append(b"".join(digest for digest, _, _ in rows))
-    parts += [_little(array("I", map(len, strings[name]))) for name in _STRINGS]
-    parts += [b"".join(strings[name]) for name in _STRINGS]
+    parts.append(struct.pack("<Q", len(metas)))
+    parts += numbers
+    parts.append(names[order].tobytes())
+    parts += [*lengths, *blobs]
     return b"".join(parts)
 
 
-def write_checkpoint(layout: Layout, dirs: list[int], stamped: list[Stamped], sync: bool) -> int:
+def _joined(values: Iterable[bytes]) -> tuple[bytes, bytes]:
+    """The lengths (u32, little-endian) of ``values`` and their bytes one after the other."""
+    lengths, joined = array("I"), bytearray()
+    for value in values:
+        lengths.append(len(value))
+        joined += value
+    return _little(lengths), bytes(joined)
+
+
+def write_checkpoint(layout: Layout, dirs: list[int], stamped: StampedFiles, sync: bool) -> int:
     """Write the checkpoint (:func:`encode`) atomically; returns its size in bytes."""
     body = encode(dirs, stamped)
     head = _HEAD.pack(_MAGIC, _VERSION, len(body), xxhash.xxh3_64_intdigest(body))
