@@ -271,7 +271,8 @@ class SsdTier(Tier):
         # Its columns and the file's body were tens of MB at 1M objects, freed now into a heap
         # that is never trimmed otherwise (kvtierd/heap.py): each checkpoint while puts went on
         # left them resident (issue 42: ~500 bytes an object at 300k puts, one every 20 s).
-        trim("an index checkpoint")
+        # On the I/O thread: a trim walks the heap's free pages, not the event loop's work.
+        await self._io.run(trim, "an index checkpoint")
         self._saved_changes = changes
         logger.info("ssd tier %s: index checkpoint of %d objects written (%d bytes, %.2f s)",
                     self.name, count, nbytes, t.seconds)  # fmt: skip

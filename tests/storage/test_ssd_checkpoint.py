@@ -18,7 +18,7 @@ import xxhash
 
 from kvtierd.config import TierConfig
 from kvtierd.errors import AlreadyExistsError
-from kvtierd.storage import ssd_checkpoint
+from kvtierd.storage import ssd, ssd_checkpoint
 from kvtierd.storage.ssd import SsdTier
 from kvtierd.storage.ssd_checkpoint import (
     checkpoint_path,
@@ -300,3 +300,13 @@ async def test_stamping_files_for_a_checkpoint_keeps_columns_not_an_object_a_fil
                               "index checkpoint: 400 objects from it")  # fmt: skip
     finally:
         await t.close()
+
+
+async def test_a_checkpoint_hands_its_freed_heap_back(tmp_path, monkeypatch):
+    """Its columns and body (tens of MB at 1M objects) are freed into a heap the daemon never
+    trims otherwise (kvtierd/heap.py): each checkpoint trims it once written, off the loop."""
+    trimmed: list[str] = []
+    monkeypatch.setattr(ssd, "trim", lambda why: trimmed.append(why) or True)
+    path = tmp_path / "ssd"
+    await _filled(path, 3)
+    assert trimmed == ["an index checkpoint"]  # the stop's checkpoint
