@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "serve":
         from kvtierd.server.main import main as serve
 
-        return serve(["serve", *rest])
+        return serve(["serve", *rest], exit_at_stop=argv is None)  # a process of its own
     if command == "router":
         from kvtierd.integrations.router import main as router
 

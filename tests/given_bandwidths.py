@@ -39,11 +39,11 @@ def given_bandwidths() -> Iterator[None]:
 
 
 def main(argv: list[str]) -> int:
-    """``kvtierd.server.main`` with given bandwidths."""
+    """``kvtierd.server.main`` with given bandwidths (a process of its own, as the command's)."""
     from kvtierd.server.main import main as serve
 
     with given_bandwidths():
-        return serve(argv)
+        return serve(argv, exit_at_stop=True)
 
 
 if __name__ == "__main__":

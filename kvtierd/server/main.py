@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 from kvtierd.config import default_config, load_daemon_config
 from kvtierd.errors import KvtierError
@@ -122,7 +123,10 @@ async def _serve(config_path: str | None) -> None:
     await daemon.serve_until_stopped()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, exit_at_stop: bool = False) -> int:
+    """Run the daemon until it is stopped; ``exit_at_stop`` (a process started to serve: the
+    command line): end the process as soon as the daemon has stopped cleanly
+    (:func:`exit_without_teardown`)."""
     parser = argparse.ArgumentParser(prog="kvtierd", description="multi-tier KV-cache daemon")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the daemon")
@@ -139,8 +143,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    if exit_at_stop:
+        exit_without_teardown(0)
     return 0
 
 
+def exit_without_teardown(code: int) -> NoReturn:
+    """End the process now, its logs and standard streams flushed. Called once the daemon has
+    stopped: its tiers are closed and synced, its socket removed. What the interpreter's own
+    teardown would do next is free the index object by object, 8-10 s after "kvtierd stopped"
+    at 1,000,000 objects (issue 42), with nothing left to write."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exit_at_stop=True))
