@@ -353,7 +353,7 @@ class Profiler:
     def flush(self) -> None:
         """Persist the frequencies and sampled queries that changed since they were last
         written (call periodically and at shutdown); a profile is written when it is made."""
-        for cid in sorted(self._unsaved):  # a copy: profiles finish on other threads meanwhile
+        for cid in list(self._unsaved):  # a copy: profiles finish on other threads meanwhile
             if cid in self._records:
                 self._save(cid)
         self.queries.flush()

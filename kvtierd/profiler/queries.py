@@ -192,7 +192,7 @@ class QueryStore:
         """Write what changed in memory only since it was last written (each file written at
         every stop took ~26 s of issue 42's stop at 1M puts, with one fsync a file)."""
         with self._lock:
-            for cid in sorted(self._unsaved):
+            for cid in list(self._unsaved):  # a copy: _save takes each out
                 self._save(cid)
 
     def load(self) -> int:
