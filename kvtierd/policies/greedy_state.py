@@ -11,10 +11,11 @@ on its own state, so an entry stays valid until that context changes; then its `
 bumped and a new entry pushed (lazy invalidation: stale entries are skipped when popped, and a
 heap is rebuilt when more than half of it is stale). Every operation is ``O(log n)``. After a bulk
 install a tier's heap is built (vectorised, one ``heapify``) the first time that tier overflows.
-An entry is ``(score, seq << 32 | slot)``: a push numbers it (``seq``, which breaks ties in push
-order) and makes that number its slot's version, so one int names the slot and the version it
-was pushed at (issue 42: a heap holds an entry for each of a million contexts, and two ints
-fewer an entry is ~60 bytes a context).
+An entry is one int, ``score_key(score) << 96 | seq << 32 | slot``: ints order as their scores
+do (:func:`score_key`), then by push number (``seq``, which breaks ties in push order). A push
+makes its number the slot's version, so the entry names the slot and the version it was pushed
+at. Issue 42: a heap holds an entry for each of a million contexts, and one 48-byte int an entry
+is ~64 bytes a context fewer than a ``(score, key)`` tuple with its float and int.
 
 Selection rules (``PlacerParams.selection``):
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,8 +41,40 @@ from kvtierd.policies.slots import Slots
 
 DROP = -1
 """Tier index of a dropped context."""
-SEQ_SHIFT = 32  # a heap entry's key: its push number above its slot (the module doc)
+# A heap entry: its score's key above its push number (64 bits) above its slot (32 bits).
+SEQ_SHIFT = 32
 SLOT_MASK = (1 << SEQ_SHIFT) - 1
+SCORE_SHIFT = SEQ_SHIFT + 64
+SEQ_MASK = (1 << 64) - 1
+_SIGN = 1 << 63
+_F64, _U64 = struct.Struct("<d"), struct.Struct("<Q")
+
+
+def score_key(score: float) -> int:
+    """A 64-bit int that orders as ``score`` does: a float's IEEE bits, the sign bit set for
+    positive ones and every bit flipped for negative ones. ``-0.0`` is keyed as ``0.0`` (they
+    compare equal). NaN is never keyed (a heap holds finite scores only)."""
+    bits: int = _U64.unpack(_F64.pack(score + 0.0))[0]
+    return bits ^ SEQ_MASK if bits & _SIGN else bits | _SIGN
+
+
+def score_keys(scores: FloatArray) -> list[int]:
+    """:func:`score_key` of each score, vectorised (the same ints)."""
+    bits = (scores + 0.0).view(np.uint64)
+    keyed = np.where(bits & np.uint64(_SIGN), ~bits, bits | np.uint64(_SIGN))
+    return keyed.tolist()  # type: ignore[no-any-return]
+
+
+def key_score(entry: int) -> float:
+    """The score of a heap entry (:func:`score_key` inverted)."""
+    key = entry >> SCORE_SHIFT
+    bits = key ^ _SIGN if key & _SIGN else key ^ SEQ_MASK
+    return float(_F64.unpack(_U64.pack(bits))[0])
+
+
+def entry_slot(entry: int) -> tuple[int, int]:
+    """The slot of a heap entry and the version it was pushed at."""
+    return entry & SLOT_MASK, entry >> SEQ_SHIFT & SEQ_MASK
 
 
 class Selection(enum.Enum):
@@ -83,7 +117,7 @@ class GreedyState:
         self.slots = Slots(len(capacities))
         self.used = [0.0] * len(capacities)
         self.held = [0] * len(capacities)  # contexts placed in each tier
-        self._heaps: list[list[tuple[float, int]]] = [[] for _ in capacities]
+        self._heaps: list[list[int]] = [[] for _ in capacities]
         self._live = [0] * len(capacities)
         self._seq = 0
         self._unqueued: set[int] = set()
@@ -198,7 +232,8 @@ class GreedyState:
         head = self._head(t)
         if head is None:
             return float("inf")
-        return head[0] * short if self.selection is Selection.PER_BYTE else head[0]
+        score = key_score(head)
+        return score * short if self.selection is Selection.PER_BYTE else score
 
     def total_utility(self) -> float:
         """Sum of the current placements' utilities."""
@@ -296,7 +331,7 @@ class GreedyState:
         self._seq += 1
         s.version[slot] = self._seq
         heap = self._heaps[t]
-        heapq.heappush(heap, (score, self._seq << SEQ_SHIFT | slot))
+        heapq.heappush(heap, score_key(score) << SCORE_SHIFT | self._seq << SEQ_SHIFT | slot)
         s.queued[slot] = True
         self._live[t] += 1
         if len(heap) > 2 * self._live[t] + 64:
@@ -315,13 +350,15 @@ class GreedyState:
             seqs = range(self._seq + 1, self._seq + 1 + chunk.size)
             self._seq += chunk.size
             s.version[chunk] = np.fromiter(seqs, np.int64, chunk.size)
-            keys = [q << SEQ_SHIFT | slot for q, slot in zip(seqs, chunk.tolist(), strict=True)]
-            entries.extend(zip(score.tolist(), keys, strict=True))
+            entries.extend(
+                k << SCORE_SHIFT | q << SEQ_SHIFT | slot
+                for k, q, slot in zip(score_keys(score), seqs, chunk.tolist(), strict=True)
+            )
             s.queued[chunk] = True
             self._live[t] += chunk.size
         heapq.heapify(entries)
 
-    def _head(self, t: int) -> tuple[float, int] | None:
+    def _head(self, t: int) -> int | None:
         """Tier ``t``'s heap entry of the cheapest live context, left on the heap (``None``
         when there is none); stale entries above it are garbage and dropped (``_live``
         counts none of them)."""
@@ -330,9 +367,8 @@ class GreedyState:
             self._queue_all(t)
         heap, s = self._heaps[t], self.slots
         while heap:
-            key = heap[0][1]
-            slot = key & SLOT_MASK
-            if s.version[slot] == key >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
+            slot, version = entry_slot(heap[0])
+            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
                 return heap[0]
             heapq.heappop(heap)
         return None
@@ -341,7 +377,7 @@ class GreedyState:
         s = self.slots
         while (head := self._head(t)) is not None:
             heapq.heappop(self._heaps[t])
-            slot = head[1] & SLOT_MASK
+            slot = head & SLOT_MASK
             s.queued[slot] = False
             self._live[t] -= 1
             score, v, tt = self.best_op(slot, t)
@@ -383,8 +419,8 @@ class GreedyState:
         s = self.slots
         live = []
         for e in self._heaps[t]:
-            slot = e[1] & SLOT_MASK
-            if s.version[slot] == e[1] >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
+            slot, version = entry_slot(e)
+            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
                 live.append(e)
         heapq.heapify(live)
         self._heaps[t] = live

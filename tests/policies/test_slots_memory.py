@@ -9,10 +9,19 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtierd.policies.base import PlacerParams
 from kvtierd.policies.evicpress import EvicPressPlacer
-from kvtierd.policies.greedy_state import SEQ_SHIFT, SLOT_MASK
+from kvtierd.policies.greedy_state import (
+    SCORE_SHIFT,
+    SEQ_SHIFT,
+    entry_slot,
+    key_score,
+    score_key,
+    score_keys,
+)
 from kvtierd.policies.model import UtilityTable
 from kvtierd.policies.slots import Slots
 from kvtierd.types import ContextProfile, TierModel, VariantProfile
@@ -143,10 +152,11 @@ def test_contexts_of_one_grid_share_one_tuple_of_names() -> None:
     assert all(slots.names[s] is slots.names[taken[0]] for s in taken)
 
 
-def test_a_heap_entry_is_a_score_and_one_int_naming_its_slot_and_version() -> None:
+def test_a_heap_entry_is_one_int_naming_its_score_slot_and_version() -> None:
     """Issue 42: the greedy's heaps hold an entry per placed context. ``(score, seq, slot,
-    version)`` took ~180 bytes with its four number objects; ``(score, seq << 32 | slot)``,
-    the push's number being the slot's version, takes ~116."""
+    version)`` took ~180 bytes with its four number objects, ``(score, seq << 32 | slot)``
+    ~116; one int holding the score's key, the push's number (the slot's version) and the slot
+    takes 48 (and the list's pointer)."""
     tiers = [TierModel("cpu", 100 * 1000, 1e9, 0.0), TierModel("ssd", 10**9, 1e8, 0.0)]
     placer = EvicPressPlacer(tiers, PlacerParams(alpha=10.0))
     for i in range(300):  # 300 contexts of 1,000 bytes: the CPU tier holds 100 of them
@@ -155,11 +165,26 @@ def test_a_heap_entry_is_a_score_and_one_int_naming_its_slot_and_version() -> No
     s = state.slots
     live = 0
     for t, heap in enumerate(state._heaps):
-        for score, key in heap:
-            slot = key & SLOT_MASK
-            if s.version[slot] == key >> SEQ_SHIFT and s.alive[slot] and s.tier[slot] == t:
+        for entry in heap:
+            slot, version = entry_slot(entry)
+            if s.version[slot] == version and s.alive[slot] and s.tier[slot] == t:
                 live += 1
-                assert score == state.best_op(slot, t)[0]
-            assert sys.getsizeof((score, key)) + sys.getsizeof(score) + sys.getsizeof(key) <= 120
+                assert key_score(entry) == state.best_op(slot, t)[0]
+            assert sys.getsizeof(entry) <= 48
     assert live == int(np.count_nonzero(s.alive & (s.tier >= 0)))  # one live entry each
     assert state.held == [100, 200]
+
+
+@given(st.lists(st.floats(allow_nan=False), min_size=2, max_size=50))
+def test_score_keys_order_as_their_scores_and_give_them_back(scores: list[float]) -> None:
+    """A heap entry orders by its score first: keys order as their floats do (ties between
+    equal floats, -0.0 and 0.0 among them, are equal keys), the vectorised keys are the same
+    ints, and an entry gives its score back."""
+    keys = [score_key(x) for x in scores]
+    assert score_keys(np.array(scores)) == keys
+    assert all(0 <= k < 1 << 64 for k in keys)
+    for a, ka in zip(scores, keys, strict=True):
+        for b, kb in zip(scores, keys, strict=True):
+            assert (a < b) == (ka < kb) and (a == b) == (ka == kb)
+        entry = ka << SCORE_SHIFT | 7 << SEQ_SHIFT | 3
+        assert key_score(entry) == a and entry_slot(entry) == (3, 7)
