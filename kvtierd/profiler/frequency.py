@@ -29,6 +29,20 @@ def _check_half_life(half_life_s: float) -> None:
         raise InvalidArgumentError(f"half_life_s must be a positive number, got {half_life_s}")
 
 
+def _added(
+    value: float, t_ref_s: float, half_life_s: float, now_s: float, weight: float
+) -> tuple[float, float]:
+    """A count ``value`` at ``t_ref_s`` with an access at ``now_s`` added: the new value and
+    the time it refers to. A late (out-of-order) access is decayed to ``t_ref_s``."""
+    if weight < 0:
+        raise InvalidArgumentError(f"weight must be >= 0, got {weight}")
+    if value == 0.0:  # nothing to decay (and no 2**(+large) for an earlier access)
+        return weight, now_s
+    if now_s >= t_ref_s:
+        return value * math.exp2(-(now_s - t_ref_s) / half_life_s) + weight, now_s
+    return value + weight * math.exp2(-(t_ref_s - now_s) / half_life_s), t_ref_s
+
+
 @dataclass(slots=True)
 class DecayedCounter:
     """A decayed count (module docstring). ``value`` is the count at ``t_ref_s``."""
@@ -46,15 +60,7 @@ class DecayedCounter:
 
     def add(self, now_s: float, weight: float = 1.0) -> None:
         """Record an access at ``now_s``; a late (out-of-order) access is decayed to ``t_ref``."""
-        if weight < 0:
-            raise InvalidArgumentError(f"weight must be >= 0, got {weight}")
-        if self.value == 0.0:  # nothing to decay (and no 2**(+large) for an earlier access)
-            self.value, self.t_ref_s = weight, now_s
-        elif now_s >= self.t_ref_s:
-            self.value = self.value * self.decay(now_s - self.t_ref_s) + weight
-            self.t_ref_s = now_s
-        else:
-            self.value += weight * self.decay(self.t_ref_s - now_s)
+        self.value, self.t_ref_s = _added(self.value, self.t_ref_s, self.half_life_s, now_s, weight)
 
     def value_at(self, now_s: float) -> float:
         """The count at ``now_s`` (never mutates)."""
@@ -62,66 +68,66 @@ class DecayedCounter:
 
 
 class FrequencyTracker:
-    """Decayed counts per context, with a half-life the policy may change at run time."""
+    """Decayed counts per context, with a half-life the policy may change at run time.
+
+    A context's count is one ``complex``: the value (real part) at the time it refers to
+    (imaginary part). Two floats in one 32-byte object, where a :class:`DecayedCounter` with
+    its time's float took ~100 bytes a context (issue 42: a million contexts).
+    """
 
     def __init__(self, half_life_s: float) -> None:
         _check_half_life(half_life_s)
         self.half_life_s = half_life_s
-        self._counters: dict[str, DecayedCounter] = {}
+        self._counts: dict[str, complex] = {}
 
     def record(self, context_id: str, now_s: float, weight: float = 1.0) -> None:
-        c = self._counters.get(context_id)
-        if c is None:
-            c = self._counters[context_id] = DecayedCounter(self.half_life_s)
-        c.add(now_s, weight)
+        c = self._counts.get(context_id, 0j)
+        value, t_ref = _added(c.real, c.imag, self.half_life_s, now_s, weight)
+        self._counts[context_id] = complex(value, t_ref)
 
     def frequency(self, context_id: str, now_s: float) -> float:
         """Decayed count; 0.0 for a context never recorded."""
-        c = self._counters.get(context_id)
-        return 0.0 if c is None else c.value_at(now_s)
+        c = self._counts.get(context_id)
+        return 0.0 if c is None else c.real * math.exp2(-(now_s - c.imag) / self.half_life_s)
 
     def frequencies(self, context_ids: Sequence[str], now_s: float) -> FloatArray:
         """:meth:`frequency` of each context, as an array: bit for bit the same values (the
         decay's ``exp2`` is ``math.exp2`` per context, which numpy's vectorised one is not
         always; the rest is the same IEEE operations), without a method call per context (a
         rebalance of 100,000 contexts asks for all of them, issue 28)."""
-        get = self._counters.get
-        counters = [get(cid) for cid in context_ids]
-        at = np.fromiter((c is not None for c in counters), dtype=bool, count=len(counters))
-        known = [c for c in counters if c is not None]
-        k = len(known)
-        value = np.fromiter((c.value for c in known), dtype=np.float64, count=k)
-        t_ref = np.fromiter((c.t_ref_s for c in known), dtype=np.float64, count=k)
-        half = np.fromiter((c.half_life_s for c in known), dtype=np.float64, count=k)
-        # DecayedCounter.value_at: value * exp2(-(now - t_ref) / half_life).
-        exponent = -(now_s - t_ref) / half
-        decay = np.fromiter(map(math.exp2, exponent.tolist()), dtype=np.float64, count=k)
-        out = np.zeros(len(counters), dtype=np.float64)
-        out[at] = value * decay
+        get = self._counts.get
+        counts = [get(cid) for cid in context_ids]
+        at = np.fromiter((c is not None for c in counts), dtype=bool, count=len(counts))
+        known = np.array([c for c in counts if c is not None], dtype=np.complex128)
+        # frequency(): value * exp2(-(now - t_ref) / half_life).
+        exponent = -(now_s - known.imag) / self.half_life_s
+        decay = np.fromiter(map(math.exp2, exponent.tolist()), dtype=np.float64, count=known.size)
+        out = np.zeros(len(counts), dtype=np.float64)
+        out[at] = known.real * decay
         return out
 
     def set_half_life(self, half_life_s: float, now_s: float) -> None:
         """Switch half-life: counts so far keep their value at ``now_s`` and decay at the new
         rate from then on (the past cannot be re-weighted: only the sum is kept)."""
         _check_half_life(half_life_s)
-        for cid, c in self._counters.items():
-            self._counters[cid] = DecayedCounter(half_life_s, c.value_at(now_s), now_s)
+        for cid in self._counts:
+            self._counts[cid] = complex(self.frequency(cid, now_s), now_s)
         self.half_life_s = half_life_s
 
     def forget(self, context_id: str) -> None:
-        self._counters.pop(context_id, None)
+        self._counts.pop(context_id, None)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._counters)
+        return iter(self._counts)
 
     def __contains__(self, context_id: object) -> bool:
-        return context_id in self._counters
+        return context_id in self._counts
 
     def state(self, context_id: str) -> tuple[float, float]:
         """``(value, t_ref_s)`` for persistence."""
-        c = self._counters[context_id]
-        return c.value, c.t_ref_s
+        c = self._counts[context_id]
+        return c.real, c.imag
 
     def restore(self, states: Mapping[str, tuple[float, float]]) -> None:
         for cid, (value, t_ref) in states.items():
-            self._counters[cid] = DecayedCounter(self.half_life_s, float(value), float(t_ref))
+            self._counts[cid] = complex(float(value), float(t_ref))

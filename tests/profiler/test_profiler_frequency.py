@@ -95,3 +95,22 @@ def test_frequencies_are_frequency_bit_for_bit() -> None:
     assert got.tobytes() == want.tobytes()
     assert got[-1] == 0.0 and np.all(got[2500:3000] == 0.0) and np.all(got[:2500] > 0)
     assert f.frequencies([], now).shape == (0,)
+
+
+def test_a_context_count_is_one_small_object() -> None:
+    """Issue 42: a daemon of a million contexts keeps a decayed count for each. A counter
+    object with its time's float took ~100 bytes a context besides the map's entry; one complex
+    (value and time) takes 32."""
+    import tracemalloc
+
+    ids = [f"c{i}" for i in range(20_000)]
+    f = FrequencyTracker(half_life_s=600.0)
+    tracemalloc.start()
+    try:
+        for i, cid in enumerate(ids):
+            f.record(cid, 1000.0 + i, 1.0)
+        traced, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert traced / len(ids) < 80  # the map's entry (~33 B at 20k) and the count's 32
+    assert f.frequency("c5", 1005.0) == 1.0 and f.frequency("c5", 1605.0) == 0.5
