@@ -33,6 +33,7 @@ import numpy as np
 from kvtierd.engine.context_options import UNKNOWN_PREFILL_S, ContextOptions
 from kvtierd.engine.state import ContextRecord
 from kvtierd.policies.model import BoolArray, FloatArray, IntArray, OptionArrays
+from kvtierd.shared_ints import shared_row
 from kvtierd.types import ContextProfile, VariantProfile
 
 Stamp = tuple[object, ...]
@@ -231,7 +232,7 @@ class OptionRows:
         else:
             if self._fresh == self.count.size:
                 self._grow(max(16, 2 * self.count.size))
-            slot, self._fresh = self._fresh, self._fresh + 1
+            slot, self._fresh = shared_row(self._fresh), self._fresh + 1
         self._slot[context_id] = slot
         return slot
 

@@ -25,6 +25,7 @@ import functools
 import numpy as np
 
 from kvtierd.policies.model import BoolArray, FloatArray, IntArray, UtilityTable
+from kvtierd.shared_ints import shared_row
 
 
 class Slots:
@@ -144,7 +145,7 @@ class Slots:
         else:
             if self._fresh == self.capacity:
                 self._grow(max(16, 2 * self.capacity), self.wsize.shape[1])
-            slot, self._fresh = self._fresh, self._fresh + 1
+            slot, self._fresh = shared_row(self._fresh), self._fresh + 1
         self.index[key] = slot
         self.keys[slot], self.names[slot] = key, shared_names(names)
         if len(names) <= 1:
