@@ -117,7 +117,7 @@ def add_found(index: ContextIndex, found: Iterable[tuple[ObjectMeta, str]]) -> N
         if plain and not parent and context_id not in contexts:
             position = meta.position
             contexts[context_id] = ContextRecord(
-                context_id, meta.variant, meta.tenant, "", key, meta.size_bytes,
+                context_id, meta.variant, meta.tenant, held_keys=key, size_bytes=meta.size_bytes,
                 next_position=0 if position is None else position + 1,
             )  # fmt: skip
         else:
