@@ -1,13 +1,16 @@
-"""The keys of a context's objects: an ordered set that holds a single key without a dict."""
+"""The keys of a context's objects: an ordered set that holds a few keys without a dict."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from typing import Protocol
 
-Held = str | dict[str, None] | None
+Held = str | tuple[str, ...] | dict[str, None] | None
 """What a :class:`KeySet` keeps in its holder: ``None`` when empty, the key when it holds one,
-a dict from two keys on (back to the bare key when one is left)."""
+a tuple of up to :data:`FEW` keys, a dict past that (back to the bare key when one is left)."""
+
+FEW = 8
+"""Keys a :class:`KeySet` holds in a tuple (a scan of at most this many finds one)."""
 
 
 class KeyHolder(Protocol):
@@ -27,12 +30,13 @@ class KeySet:
     """Keys in the order they were added, as a ``dict[str, None]`` keeps them: add, remove and
     membership O(1), iteration in order (and reversed), but lean while it holds one key.
 
-    Most contexts of a large daemon hold one chunk (issue 42: a restart of 1,000,000 objects
-    within 1 KB each), and a one-key dict is 184 bytes (64 for the dict, 120 for its table);
-    a key set of one key holds the key itself. It keeps its keys in a ``held_keys`` slot of its
-    ``holder`` (:data:`Held`): a :class:`~kvtierd.engine.state.ContextRecord` lends its own, so
-    a context pays no object for its keys (40 bytes an object at 1M), and each
-    ``ctx.keys`` is a view made on access; without a holder it makes one of its own.
+    Most contexts of a large daemon hold one chunk or a few (issue 42: a restart of 1,000,000
+    objects within 1 KB each), and a dict of up to five keys is 184 bytes (64 for the dict,
+    120 for its table): a key set of one key holds the key itself, of a few (up to
+    :data:`FEW`) a tuple of them (64 bytes for three). It keeps its keys in a ``held_keys``
+    slot of its ``holder`` (:data:`Held`): a :class:`~kvtierd.engine.state.ContextRecord`
+    lends its own, so a context pays no object for its keys (40 bytes an object at 1M), and
+    each ``ctx.keys`` is a view made on access; without a holder it makes one of its own.
 
     Iterating it while it changes is as unsafe as a dict's (callers that change it iterate a
     ``list`` of it)."""
@@ -59,8 +63,11 @@ class KeySet:
             self._keys = key
         elif isinstance(held, dict):
             held[key] = None
+        elif isinstance(held, tuple):
+            if key not in held:
+                self._keys = (*held, key) if len(held) < FEW else dict.fromkeys((*held, key))
         elif key != held:
-            self._keys = {held: None, key: None}
+            self._keys = (held, key)
 
     def remove(self, key: str) -> None:
         """Remove ``key``; ``KeyError`` when it is not held."""
@@ -69,6 +76,11 @@ class KeySet:
             del held[key]
             if len(held) == 1:
                 self._keys = next(iter(held))
+        elif isinstance(held, tuple):
+            if key not in held:
+                raise KeyError(key)
+            rest = tuple(k for k in held if k != key)
+            self._keys = rest[0] if len(rest) == 1 else rest
         elif held is not None and held == key:
             self._keys = None
         else:
@@ -84,7 +96,7 @@ class KeySet:
 
     def __contains__(self, key: object) -> bool:
         held = self._keys
-        if isinstance(held, dict):
+        if isinstance(held, (dict, tuple)):
             return key in held
         return held is not None and held == key
 
@@ -92,7 +104,7 @@ class KeySet:
         held = self._keys
         if held is None:
             return 0
-        return len(held) if isinstance(held, dict) else 1
+        return len(held) if isinstance(held, (dict, tuple)) else 1
 
     def __bool__(self) -> bool:
         return self._keys is not None
@@ -101,13 +113,13 @@ class KeySet:
         held = self._keys
         if held is None:
             return iter(())
-        return iter(held) if isinstance(held, dict) else iter((held,))
+        return iter(held) if isinstance(held, (dict, tuple)) else iter((held,))
 
     def __reversed__(self) -> Iterator[str]:
         held = self._keys
         if held is None:
             return iter(())
-        return reversed(held) if isinstance(held, dict) else iter((held,))
+        return reversed(held) if isinstance(held, (dict, tuple)) else iter((held,))
 
     def __repr__(self) -> str:
         return f"KeySet({list(self)!r})"

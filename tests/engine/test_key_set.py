@@ -1,4 +1,4 @@
-"""KeySet: a context's keys, an ordered set that holds one key without a dict (issue 42)."""
+"""KeySet: a context's keys, an ordered set that holds a few keys without a dict (issue 42)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tracemalloc
 
 import pytest
 
-from kvtierd.engine.key_set import KeySet
+from kvtierd.engine.key_set import FEW, KeySet
 from kvtierd.engine.state import ContextRecord
 
 
@@ -58,7 +58,7 @@ def test_a_context_of_thousands_of_chunks_keeps_its_order_through_removals() -> 
 
 
 def test_changing_it_while_iterating_its_dict_is_refused_as_a_dicts() -> None:
-    keys = KeySet(["a", "b", "c"])
+    keys = KeySet([f"k{i}" for i in range(FEW + 1)])
     with pytest.raises(RuntimeError):
         for key in keys:
             keys.remove(key)
@@ -92,3 +92,45 @@ def test_a_contexts_keys_are_its_own() -> None:
     assert (list(a.keys), list(b.keys), len(a.keys)) == (["x", "y"], ["z"], 2)
     a.keys.remove("x")
     assert a.held_keys == "y" and "x" not in a.keys and "y" in a.keys
+
+
+def test_a_few_keys_are_a_tuple_and_more_a_dict_in_order_either_way() -> None:
+    """Up to FEW keys are held as a tuple (added, removed in the middle, added again), one
+    more makes a dict, and the set behaves the same through each."""
+    names = [f"k{i}" for i in range(FEW + 3)]
+    keys = KeySet(names[:3])
+    assert isinstance(keys._keys, tuple) and list(keys) == names[:3]
+    keys.remove("k1")
+    keys.add("k1")
+    keys.add("k0")  # held already: keeps its place
+    assert list(keys) == ["k0", "k2", "k1"] and list(reversed(keys)) == ["k1", "k2", "k0"]
+    with pytest.raises(KeyError):
+        keys.remove("k9")
+    for name in names[3:FEW]:
+        keys.add(name)
+    assert isinstance(keys._keys, tuple) and len(keys) == FEW
+    keys.add(names[FEW])
+    assert isinstance(keys._keys, dict) and len(keys) == FEW + 1
+    assert list(keys) == ["k0", "k2", "k1", *names[3 : FEW + 1]]
+    assert all(n in keys for n in names[: FEW + 1]) and names[FEW + 1] not in keys
+    keys = KeySet(["a", "b"])
+    keys.remove("a")
+    assert keys._keys == "b"  # one left: the bare key
+
+
+def test_a_context_of_three_keys_costs_a_small_tuple() -> None:
+    """Issue 42's bench_scale puts contexts of three and four objects too: a dict of their
+    keys was 184 bytes a context, a tuple of three is 64."""
+    records = [ContextRecord(f"c{i}") for i in range(10_000)]
+    names = [[f"c{i}/{j}" for j in range(3)] for i in range(10_000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for ctx, three in zip(records, names, strict=True):
+            for name in three:
+                ctx.keys.add(name)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert list(records[7].keys) == names[7]
+    assert grown < 10_000 * 80, grown
