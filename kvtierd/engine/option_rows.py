@@ -33,7 +33,7 @@ import numpy as np
 from kvtierd.engine.context_options import UNKNOWN_PREFILL_S, ContextOptions
 from kvtierd.engine.state import ContextRecord
 from kvtierd.policies.model import BoolArray, FloatArray, IntArray, OptionArrays
-from kvtierd.shared_ints import shared_row
+from kvtierd.rows import grown_capacity, shared_row
 from kvtierd.types import ContextProfile, VariantProfile
 
 Stamp = tuple[object, ...]
@@ -231,7 +231,7 @@ class OptionRows:
             slot = self._free.pop()
         else:
             if self._fresh == self.count.size:
-                self._grow(max(16, 2 * self.count.size))
+                self._grow(grown_capacity(self.count.size))
             slot, self._fresh = shared_row(self._fresh), self._fresh + 1
         self._slot[context_id] = slot
         return slot
@@ -262,7 +262,7 @@ class OptionRows:
         if w < 0:
             if not self._wide_free:
                 old = self.wide.shape[0]
-                self.wide = _more(self.wide, max(16, 2 * old))
+                self.wide = _more(self.wide, grown_capacity(old))
                 self._wide_free.extend(range(self.wide.shape[0] - 1, old - 1, -1))
             w = self._wide_free.pop()
             self.wide_at[slot] = w

@@ -25,7 +25,7 @@ import functools
 import numpy as np
 
 from kvtierd.policies.model import BoolArray, FloatArray, IntArray, UtilityTable
-from kvtierd.shared_ints import shared_row
+from kvtierd.rows import grown_capacity, shared_row
 
 
 class Slots:
@@ -144,7 +144,7 @@ class Slots:
             slot = self._free.pop()
         else:
             if self._fresh == self.capacity:
-                self._grow(max(16, 2 * self.capacity), self.wsize.shape[1])
+                self._grow(grown_capacity(self.capacity), self.wsize.shape[1])
             slot, self._fresh = shared_row(self._fresh), self._fresh + 1
         self.index[key] = slot
         self.keys[slot], self.names[slot] = key, shared_names(names)
@@ -207,7 +207,7 @@ class Slots:
             return w
         if not self._wide_free:
             old = self.wsize.shape[0]
-            self._grow_wide(max(16, 2 * old), self.wsize.shape[1])
+            self._grow_wide(grown_capacity(old), self.wsize.shape[1])
             self._wide_free.extend(range(self.wsize.shape[0] - 1, old - 1, -1))
         w = self._wide_free.pop()
         self.wide_at[slot] = w
@@ -223,7 +223,7 @@ class Slots:
         extra = capacity - old
         self._grow_wide(self.wsize.shape[0], n_var)
         # Rows past ``old`` are left unwritten (``add`` sets a slot's row): a large array's
-        # pages untouched are not resident, and half of them wait for contexts after a growth.
+        # pages untouched are not resident (a fifth of them wait for contexts after a growth).
         util1 = np.empty((capacity, self.n_tiers))
         util1[:old] = self.util1
         self.util1 = util1
