@@ -23,7 +23,8 @@ then, over the Ns run, each figure's growth exponent against N (``log(b/a) / log
 
 Run: ``.venv/bin/python -m benchmarks.e2e.bench_scale --n 10000 100000``. On the shared 2-vCPU
 machine at load ~20, ``--n 10000 30000`` took 22 min and 100k did not finish in the time there
-was; ``--n 1000000`` needs ~20 GB of disk.
+was; ``--n 1000000`` needs ~20 GB of disk. ``--keep-logs DIR`` keeps each run's daemon log
+(its directory is removed at the end): where a restart's time went is in it.
 """
 
 from __future__ import annotations
@@ -312,6 +313,9 @@ def main() -> None:
                         help="object counts to run (each on a fresh daemon)")  # fmt: skip
     parser.add_argument("--cpu", default="256MiB",
                         help="the CPU tier's capacity (smaller: full at a smaller N)")  # fmt: skip
+    parser.add_argument("--keep-logs", type=Path, metavar="DIR",
+                        help="copy each run's daemon log here (daemon-N.log) before its "
+                             "directory is removed")  # fmt: skip
     args = parser.parse_args()
     print_machine("bench_scale")
     print(f"# CPU tier {args.cpu}, EvicPress preset, {BATCH} objects a batch", flush=True)
@@ -323,6 +327,9 @@ def main() -> None:
         try:
             results.append(run(n, tmp, args.cpu))
         finally:
+            if args.keep_logs is not None and (tmp / "daemon.log").exists():
+                args.keep_logs.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tmp / "daemon.log", args.keep_logs / f"daemon-{n}.log")
             shutil.rmtree(tmp, ignore_errors=True)
         print(f"# N={n:,}: {asdict(results[-1])}", flush=True)
     report(results)

@@ -28,7 +28,8 @@ class _Holder:
 
 class KeySet:
     """Keys in the order they were added, as a ``dict[str, None]`` keeps them: add, remove and
-    membership O(1), iteration in order (and reversed), but lean while it holds one key.
+    membership O(1) (a scan of at most :data:`FEW` while it holds few), iteration in order
+    (and reversed), but lean while it holds few keys.
 
     Most contexts of a large daemon hold one chunk or a few (issue 42: a restart of 1,000,000
     objects within 1 KB each), and a dict of up to five keys is 184 bytes (64 for the dict,
