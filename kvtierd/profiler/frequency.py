@@ -29,6 +29,11 @@ def _check_half_life(half_life_s: float) -> None:
         raise InvalidArgumentError(f"half_life_s must be a positive number, got {half_life_s}")
 
 
+def _decayed(value: float, t_ref_s: float, half_life_s: float, now_s: float) -> float:
+    """A count ``value`` at ``t_ref_s``, at ``now_s``."""
+    return value * math.exp2(-(now_s - t_ref_s) / half_life_s)
+
+
 def _added(
     value: float, t_ref_s: float, half_life_s: float, now_s: float, weight: float
 ) -> tuple[float, float]:
@@ -39,8 +44,8 @@ def _added(
     if value == 0.0:  # nothing to decay (and no 2**(+large) for an earlier access)
         return weight, now_s
     if now_s >= t_ref_s:
-        return value * math.exp2(-(now_s - t_ref_s) / half_life_s) + weight, now_s
-    return value + weight * math.exp2(-(t_ref_s - now_s) / half_life_s), t_ref_s
+        return _decayed(value, t_ref_s, half_life_s, now_s) + weight, now_s
+    return value + _decayed(weight, now_s, half_life_s, t_ref_s), t_ref_s
 
 
 @dataclass(slots=True)
@@ -64,7 +69,7 @@ class DecayedCounter:
 
     def value_at(self, now_s: float) -> float:
         """The count at ``now_s`` (never mutates)."""
-        return self.value * self.decay(now_s - self.t_ref_s)
+        return _decayed(self.value, self.t_ref_s, self.half_life_s, now_s)
 
 
 class FrequencyTracker:
@@ -88,7 +93,7 @@ class FrequencyTracker:
     def frequency(self, context_id: str, now_s: float) -> float:
         """Decayed count; 0.0 for a context never recorded."""
         c = self._counts.get(context_id)
-        return 0.0 if c is None else c.real * math.exp2(-(now_s - c.imag) / self.half_life_s)
+        return 0.0 if c is None else _decayed(c.real, c.imag, self.half_life_s, now_s)
 
     def frequencies(self, context_ids: Sequence[str], now_s: float) -> FloatArray:
         """:meth:`frequency` of each context, as an array: bit for bit the same values (the
@@ -99,7 +104,7 @@ class FrequencyTracker:
         counts = [get(cid) for cid in context_ids]
         at = np.fromiter((c is not None for c in counts), dtype=bool, count=len(counts))
         known = np.array([c for c in counts if c is not None], dtype=np.complex128)
-        # frequency(): value * exp2(-(now - t_ref) / half_life).
+        # _decayed: value * exp2(-(now - t_ref) / half_life), exp2 per context as there.
         exponent = -(now_s - known.imag) / self.half_life_s
         decay = np.fromiter(map(math.exp2, exponent.tolist()), dtype=np.float64, count=known.size)
         out = np.zeros(len(counts), dtype=np.float64)
