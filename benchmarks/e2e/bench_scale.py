@@ -250,29 +250,43 @@ def run(n: int, tmp: Path, cpu: str) -> Figures:
     return f
 
 
-ROWS = [  # field, label, goal, higher is better (goal 0: no goal)
-    ("rss_anon_per_object_b", "RSS grown per object, all puts (B)", 0, False),
-    ("rss_marginal_per_object_b", "metadata RSS per object, last 9/10 (B)", 1024, False),
-    ("single_per_s", "single puts /s", 0, True),
-    ("single_p50_ms", "single put p50 (ms)", 0, False),
-    ("single_p99_ms", "single put p99 (ms)", 0, False),
-    ("batched_per_s", f"batched puts /s ({BATCH} a batch)", 0, True),
-    ("batch_p50_ms", "batch p50 (ms)", 0, False),
-    ("batch_p99_ms", "batch p99 (ms)", 0, False),
-    ("lookup_p99_ms", "Lookup 1,000 keys p99 (ms)", 0, False),
-    ("first_rebalance_s", "first rebalance, the RPC (s)", 0, False),
-    ("first_rebalance_pass_s", "first rebalance, the placer's pass (s)", 2.0, False),
-    ("warm_rebalance_s", "warm rebalance, median of 3 (s)", 0, False),
-    ("stop_s", "graceful stop (s)", 0, False),
-    ("cpu_kept_by_count", "CPU tier kept by stop, by count", 0.9, True),
-    ("cpu_kept_by_bytes", "CPU tier kept by stop, by bytes", 0.9, True),
-    ("restart_s", "restart to answering (s)", 30, False),
-    ("restart_rebalance_s", "first rebalance after restart, the RPC (s)", 0, False),
-    ("restart_rebalance_pass_s", "  of it, the placer's pass (s)", 2.0, False),
-    ("kill_restart_s", "restart after SIGKILL (s)", 30, False),
-    ("info_lines_per_put", "INFO log lines per put", 0, False),
-    ("refused_full", "puts refused, arena full (retried)", 0, False),
+M = 1_000_000
+# field, label, goal (0: none), higher is better, the N the goal is judged at (issue 42's).
+# The CPU tier's kept share has its goal at 50,000 one-object contexts of 16 KiB: that is
+# bench_flush's run; here it is a figure of each N's mix, with no goal.
+ROWS = [
+    ("rss_anon_per_object_b", "RSS grown per object, all puts (B)", 0, False, 0),
+    ("rss_marginal_per_object_b", "metadata RSS per object, last 9/10 (B)", 1024, False, M),
+    ("single_per_s", "single puts /s", 0, True, 0),
+    ("single_p50_ms", "single put p50 (ms)", 0, False, 0),
+    ("single_p99_ms", "single put p99 (ms)", 0, False, 0),
+    ("batched_per_s", f"batched puts /s ({BATCH} a batch)", 0, True, 0),
+    ("batch_p50_ms", "batch p50 (ms)", 0, False, 0),
+    ("batch_p99_ms", "batch p99 (ms)", 0, False, 0),
+    ("lookup_p99_ms", "Lookup 1,000 keys p99 (ms)", 0, False, 0),
+    ("first_rebalance_s", "first rebalance, the RPC (s)", 0, False, 0),
+    ("first_rebalance_pass_s", "first rebalance, the placer's pass (s)", 2.0, False, 100_000),
+    ("warm_rebalance_s", "warm rebalance, median of 3 (s)", 0, False, 0),
+    ("stop_s", "graceful stop (s)", 0, False, 0),
+    ("cpu_kept_by_count", "CPU tier kept by stop, by count", 0, True, 0),
+    ("cpu_kept_by_bytes", "CPU tier kept by stop, by bytes", 0, True, 0),
+    ("restart_s", "restart to answering (s)", 30, False, M),
+    ("restart_rebalance_s", "first rebalance after restart, the RPC (s)", 0, False, 0),
+    ("restart_rebalance_pass_s", "  of it, the placer's pass (s)", 2.0, False, 100_000),
+    ("kill_restart_s", "restart after SIGKILL (s)", 30, False, M),
+    ("info_lines_per_put", "INFO log lines per put", 0, False, 0),
+    ("refused_full", "puts refused, arena full (retried)", 0, False, 0),
 ]
+
+
+def goal_mark(values: dict[int, float], goal: float, higher: bool, at_n: int) -> str:
+    """The goal and its verdict at the N it is set for ("" without a goal)."""
+    if not goal:
+        return ""
+    sign = ">=" if higher else "<="
+    got = values.get(at_n)
+    result = "not run" if got is None else verdict(got, goal, higher)
+    return f"  {sign} {goal:g} at N={at_n:,}: {result}"
 
 
 def growth(a: tuple[int, float], b: tuple[int, float]) -> float:
@@ -285,15 +299,14 @@ def report(results: list[Figures]) -> None:
     ns = [r.n for r in results]
     head = "".join(f"{f'N={n:,}':>14}" for n in ns)
     grow = "".join(f"{f'exp {a:,}->{b:,}':>22}" for a, b in itertools.pairwise(ns))
-    print(f"{'figure':40}{head}{grow}  goal (at the largest N)")
-    for field, label, goal, higher in ROWS:
+    print(f"{'figure':40}{head}{grow}  goal")
+    for field, label, goal, higher, at_n in ROWS:
         values = [float(asdict(r)[field]) for r in results]
         cells = "".join(f"{v:14.4g}" for v in values)
         exps = "".join(
             f"{growth(a, b):22.2f}" for a, b in itertools.pairwise(zip(ns, values, strict=True))
         )
-        sign = ">=" if higher else "<="
-        mark = f"  {sign} {goal:g}: {verdict(values[-1], goal, higher)}" if goal else ""
+        mark = goal_mark(dict(zip(ns, values, strict=True)), goal, higher, at_n)
         print(f"{label:40}{cells}{exps}{mark}")
     # Per object between two Ns: the daemon's fixed growth (torch, imported at the first
     # profile; arenas' page tables) cancels, which dominates the per-N figure at 10k.
