@@ -236,6 +236,17 @@ class ContextIndex:
         obj = self.record_of(key)
         return obj if obj is not None and obj.meta.tenant == tenant else None
 
+    def owned_all(self, keys: Sequence[str], tenant: str) -> list[ObjectRecord | None]:
+        """:meth:`owned` of each key, in one pass: a Lookup names up to thousands, and two calls
+        a key were a fifth of its time. A key found in the dict as the tenant's is taken as it
+        is; any other goes the whole way (markers, another tenant's object)."""
+        get = self.objects.get
+        return [
+            obj if (obj := get(k)) is not None and obj.meta.tenant == tenant
+            else self.owned(k, tenant)
+            for k in keys
+        ]  # fmt: skip
+
     def record_of(self, key: str) -> ObjectRecord | None:
         """The object under ``key``: a context's, or a daemon-made variant's marker (no
         object of its context, but the router reads it)."""

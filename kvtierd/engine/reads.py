@@ -73,16 +73,17 @@ class ReadPath:
         self, keys: Sequence[str], hold_s: float = 0.0, tenant: str = ""
     ) -> tuple[list[ObjectRecord | None], int]:
         now = self.last_read_s = time.monotonic()
-        found: list[ObjectRecord | None] = [self._index.owned(k, tenant) for k in keys]
+        found = self._index.owned_all(keys, tenant)
         if self._shared:
             self.shared.forget_unusable(found)
             if None in found:
                 await self.shared.fetch_missing(keys, found, tenant)
         prefix = next((i for i, f in enumerate(found) if f is None), len(found))
-        for rec in found:
-            if rec is not None and hold_s > 0:
-                ctx = self._index.contexts[rec.meta.context]
-                ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
+        if hold_s > 0:
+            for rec in found:
+                if rec is not None:
+                    ctx = self._index.contexts[rec.meta.context]
+                    ctx.hold_until_s = max(ctx.hold_until_s, now + hold_s)
         return found, prefix
 
     def record_request_lookup(self, asked: int, prefix: int) -> LookupOutcome:

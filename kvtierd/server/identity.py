@@ -9,7 +9,7 @@ token decides: the daemon's ``token_file`` is the admin of the default tenant, e
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,16 @@ class Caller:
                 f"keys or context ids that begin with a tenant's name and {SEPARATOR!r}"
             )
         return name
+
+    def scoped_all(self, names: Iterable[str]) -> list[str]:
+        """:meth:`scoped` of each name (a Lookup's keys: up to thousands a call); the default
+        tenant's names are checked only where tenants are configured."""
+        if self.tenant:
+            prefix = f"{self.tenant}{SEPARATOR}"
+            return [prefix + name if name else name for name in names]
+        if not self.tenants:
+            return list(names)
+        return [self.scoped(name) for name in names]
 
     def unscoped(self, name: str) -> str:
         prefix = f"{self.tenant}{SEPARATOR}"

@@ -77,7 +77,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         _check_batch(len(request.keys), "Lookup")
         _check_seconds(request.hold_s, "Lookup: hold_s")
         caller = CALLER.get()
-        keys = [caller.scoped(k) for k in request.keys]
+        keys = caller.scoped_all(request.keys)
         found, prefix = await self.engine.lookup(keys, request.hold_s, caller.tenant)
         if request.request and keys:
             self.engine.reads.record_request_lookup(len(keys), prefix)

@@ -100,6 +100,28 @@ def test_a_variant_marker_is_read_as_an_object_of_no_context() -> None:
     assert index.record_of("m") is None
 
 
+def test_owned_all_answers_each_key_as_owned_does() -> None:
+    """A Lookup's keys in one pass: the tenant's objects, another tenant's (by key or by a
+    key it stored before that tenant was configured), a marker and a missing key are each
+    answered as :meth:`ContextIndex.owned` answers them alone."""
+    index = ContextIndex()
+    ctx = index.add(ObjectRecord(_meta("k1"), "cpu"))
+    index.add(ObjectRecord(_meta("A/k2", ctx="A/c", tenant="A"), "ssd"))
+    index.add(ObjectRecord(_meta("A/old", ctx="old"), "ssd"))  # the default tenant's
+    marker = _meta("m", variant="knorm@0.5")
+    ctx.marker = (marker, "ssd")
+    index.marker_owner["m"] = "c"
+    keys = ["k1", "A/k2", "A/old", "m", "missing", "k1"]
+    for tenant in ("", "A", "B"):
+        expected = [index.owned(k, tenant) for k in keys]
+        got = index.owned_all(keys, tenant)
+        assert [None if r is None else (r.meta, r.tier) for r in got] == [
+            None if r is None else (r.meta, r.tier) for r in expected
+        ], tenant
+    assert [r is not None for r in index.owned_all(keys, "")] == [1, 0, 1, 1, 0, 1]
+    assert [r is not None for r in index.owned_all(keys, "A")] == [0, 1, 0, 0, 0, 0]
+
+
 def test_unread_durable_objects_are_counted() -> None:
     index = ContextIndex()
     ctx = index.add(ObjectRecord(_meta("k1"), "ssd", durable=True, unread=True))
