@@ -58,11 +58,17 @@ def _settle(c: KVClient, timeout_s: float = 60) -> None:
 
 
 def _pressure(socket_path: str, prefix: str, stop: threading.Event) -> None:
+    """Non-durable puts until ``stop``; one refused with the arena full (the moves down have
+    not caught up) is retried shortly, as a client would, so the pressure lasts the round."""
     with KVClient(socket_path, timeout_s=60) as c:
         i = 0
         while not stop.is_set():
             key = f"{prefix}-{i}"
-            c.put(key, payload(key, MiB), context_id=key)
+            try:
+                c.put(key, payload(key, MiB), context_id=key)
+            except errors.CapacityError:
+                time.sleep(0.02)
+                continue
             i += 1
 
 
