@@ -22,8 +22,8 @@ then, over the Ns run, each figure's growth exponent against N (``log(b/a) / log
 1 is linear, 0 flat).
 
 Run: ``.venv/bin/python -m benchmarks.e2e.bench_scale --n 10000 100000``. On the shared 2-vCPU
-machine at load ~20, ``--n 10000 30000`` took 22 min and 100k did not finish in the time there
-was; ``--n 1000000`` needs ~20 GB of disk. ``--keep-logs DIR`` keeps each run's daemon log
+machine alone, ``--n 10000 100000 1000000`` took 15 min (2026-11-29; at load ~20, 10k and 30k
+took 22 min); ``--n 1000000`` needs ~20 GB of disk. ``--keep-logs DIR`` keeps each run's daemon log
 (its directory is removed at the end): where a restart's time went is in it.
 """
 
