@@ -59,10 +59,6 @@ class DecayedCounter:
     def __post_init__(self) -> None:
         _check_half_life(self.half_life_s)
 
-    def decay(self, dt_s: float) -> float:
-        """Factor ``2 ** (-dt_s / half_life_s)``."""
-        return math.exp2(-dt_s / self.half_life_s)
-
     def add(self, now_s: float, weight: float = 1.0) -> None:
         """Record an access at ``now_s``; a late (out-of-order) access is decayed to ``t_ref``."""
         self.value, self.t_ref_s = _added(self.value, self.t_ref_s, self.half_life_s, now_s, weight)

@@ -45,12 +45,9 @@ class Caller:
         return name
 
     def scoped_all(self, names: Iterable[str]) -> list[str]:
-        """:meth:`scoped` of each name (a Lookup's keys: up to thousands a call); the default
-        tenant's names are checked only where tenants are configured."""
-        if self.tenant:
-            prefix = f"{self.tenant}{SEPARATOR}"
-            return [prefix + name if name else name for name in names]
-        if not self.tenants:
+        """:meth:`scoped` of each name (a Lookup's keys: up to thousands a call). The default
+        tenant with no tenants configured, the common case, keeps every name as it is."""
+        if not self.tenant and not self.tenants:
             return list(names)
         return [self.scoped(name) for name in names]
 
